@@ -1,0 +1,59 @@
+// autograd/functions.h — differentiable functions over Vars.
+//
+// Each runs its forward op through dispatch and records a backward rule that is itself
+// a composition of catalog ops, so a backend that has the backward ops trains natively.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "core/op_catalog.h"
+
+namespace loom::autograd {
+
+// Elementwise (numpy broadcasting; gradients are summed back to each input's shape).
+Var add(Tape& tape, const Var& a, const Var& b);
+Var sub(Tape& tape, const Var& a, const Var& b);
+Var mul(Tape& tape, const Var& a, const Var& b);
+Var div(Tape& tape, const Var& a, const Var& b);
+Var scale(Tape& tape, const Var& x, double alpha);
+Var exp(Tape& tape, const Var& x);
+Var log(Tape& tape, const Var& x);
+Var tanh(Tape& tape, const Var& x);
+Var relu(Tape& tape, const Var& x);
+Var gelu(Tape& tape, const Var& x);
+Var dropout(Tape& tape, const Var& x, double p, std::uint64_t seed);
+
+// Reductions.
+Var sum(Tape& tape, const Var& x, std::vector<std::int64_t> axes = {}, bool keepdim = false);
+Var mean(Tape& tape, const Var& x, std::vector<std::int64_t> axes = {}, bool keepdim = false);
+Var max(Tape& tape, const Var& x, std::int64_t axis, bool keepdim = false);
+
+// Last-axis softmax family and the fused loss (targets: i32 class ids, [N]).
+Var softmax(Tape& tape, const Var& x);
+Var log_softmax(Tape& tape, const Var& x);
+Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets);
+
+// Linear algebra.
+Var matmul(Tape& tape, const Var& a, const Var& b, bool trans_a = false, bool trans_b = false);
+Var linear(Tape& tape, const Var& x, const Var& weight, const Var& bias, bool trans_b = false);
+
+// Model pieces.
+Var layer_norm(Tape& tape, const Var& x, const Var& weight, const Var& bias, double eps = 1e-5);
+Var embedding(Tape& tape, const Var& weight, const Tensor& ids);
+Var causal_attention(Tape& tape, const Var& qkv, std::int64_t heads);
+Var conv2d(Tape& tape, const Var& x, const Var& weight, const Var& bias, std::int64_t stride, std::int64_t padding);
+Var max_pool2d(Tape& tape, const Var& x, std::int64_t kernel, std::int64_t stride);
+Var avg_pool2d(Tape& tape, const Var& x, std::int64_t kernel, std::int64_t stride);
+
+// Views and layout (the backward of a view is the matching inverse).
+Var reshape(Tape& tape, const Var& x, const Shape& shape);
+Var permute(Tape& tape, const Var& x, const std::vector<int>& order);
+Var slice(Tape& tape, const Var& x, int axis, std::int64_t start, std::int64_t end);
+Var concat(Tape& tape, const std::vector<Var>& xs, int axis);
+
+// Sums `grad` over broadcast dimensions so it has `shape` (the adjoint of broadcasting).
+Tensor sum_to_shape(const Tensor& grad, const Shape& shape);
+
+}  // namespace loom::autograd

@@ -1,0 +1,74 @@
+// autograd/tape.h — tape-based reverse-mode differentiation.
+//
+// A Var is a tensor plus its gradient slot. Each differentiable function runs its
+// forward op through dispatch and, when any input requires a gradient, appends one
+// entry to the Tape: the inputs, the output, and a backward rule written with catalog
+// ops. Tape::backward walks the entries in reverse (the tape order is a topological
+// order by construction) and accumulates gradients into the inputs.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom::autograd {
+
+struct VarState {
+  Tensor value;
+  Tensor grad;  // undefined until a gradient arrives
+  bool requires_grad = false;
+};
+
+class Var {
+ public:
+  Var() = default;
+  explicit Var(Tensor value, bool requires_grad = false);
+
+  bool defined() const { return state_ != nullptr; }
+  const Tensor& value() const { return state_->value; }
+  const Tensor& grad() const { return state_->grad; }
+  bool requires_grad() const { return state_ && state_->requires_grad; }
+  const Shape& shape() const { return state_->value.shape(); }
+  std::int64_t dim(int axis) const { return state_->value.dim(axis); }
+
+  // For optimizers and loaders: replace the value (same shape) or drop the gradient.
+  void set_value(Tensor value) { state_->value = std::move(value); }
+  void zero_grad() { state_->grad = Tensor(); }
+
+  const std::shared_ptr<VarState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<VarState> state_;
+};
+
+// Gradient of the output -> gradients of the inputs (undefined where not needed).
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+
+class Tape {
+ public:
+  // Recording is on by default; turn it off for evaluation (no entries, no saved tensors).
+  void set_recording(bool on) { recording_ = on; }
+  bool recording() const { return recording_; }
+
+  // Wraps `output` as a Var; records the entry when recording and an input needs a gradient.
+  Var record(const std::vector<Var>& inputs, Tensor output, BackwardFn backward);
+
+  // Seeds d(loss)/d(loss) = 1 and runs every entry in reverse; clears the tape afterwards.
+  void backward(const Var& loss);
+  void clear() { entries_.clear(); }
+  std::size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    std::vector<std::shared_ptr<VarState>> inputs;
+    std::shared_ptr<VarState> output;
+    BackwardFn backward;
+  };
+  std::vector<Entry> entries_;
+  bool recording_ = true;
+};
+
+}  // namespace loom::autograd

@@ -1,0 +1,67 @@
+// backends/cpu — the CPU backend: supports every catalog op, the universal fallback.
+//
+// Kernels come from a table indexed by OpId: fast kernels (oneDNN GEMM, OpenMP-threaded
+// loops, fused layer norm / softmax-cross-entropy / attention / AdamW) where written,
+// the reference kernel elsewhere. kernel_source() says which, for `loom ops`.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/op_catalog.h"
+
+namespace loom::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend();
+  ~CpuBackend() override { trim_cache(); }
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+  std::string_view name() const override { return "cpu"; }
+  DeviceInfo info() const override;
+  Buffer allocate(std::size_t bytes, MemoryKind kind) override;
+  std::unique_ptr<Stream> create_stream(StreamKind kind) override;
+  bool supports(const OpCall& call) const override;
+  void launch(const OpCall& call, Stream& stream) override;
+  Stream& default_stream() override { return *default_stream_; }
+  void upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) override;
+  void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
+
+  // "fast" when a CPU-specific kernel is registered for `op`, "reference" otherwise.
+  std::string_view kernel_source(OpId op) const;
+  // Bytes held by the allocator's free lists (reused by later allocations of that size).
+  std::size_t cached_bytes() const;
+  // Returns cached blocks to the system.
+  void trim_cache();
+
+ protected:
+  void release(void* data, std::size_t bytes) noexcept override;
+
+ private:
+  std::array<KernelFn, kNumOps> kernels_{};
+  std::array<bool, kNumOps> fast_{};
+  std::unique_ptr<Stream> default_stream_;
+  // Caching allocator: freed blocks wait in per-size free lists, because a training
+  // step allocates the same sizes every iteration and fresh pages cost page faults.
+  mutable std::mutex cache_mutex_;
+  std::map<std::size_t, std::vector<void*>> free_blocks_;
+  std::size_t cached_bytes_ = 0;
+};
+
+// The process's CPU backend (the CPU is always there; it is the oracle and fallback).
+CpuBackend& backend();
+
+// Sets the number of threads CPU kernels use (OpenMP and oneDNN).
+void set_num_threads(int threads);
+int num_threads();
+
+// Registers the fast kernels (cpu_kernels.cpp, cpu_nn_kernels.cpp) into `table`.
+void register_elementwise_kernels(std::array<KernelFn, kNumOps>& table);
+void register_nn_kernels(std::array<KernelFn, kNumOps>& table);
+
+}  // namespace loom::cpu

@@ -1,0 +1,449 @@
+// Fast CPU kernels, part 1: copies, elementwise, reductions, softmax, GEMM, AdamW.
+//
+// GEMM is oneDNN's dnnl_sgemm (row-major, never hand-written). Loops are OpenMP-threaded
+// above a size where threading pays, and written so the compiler vectorises them.
+// Shapes a fast path does not handle fall through to the reference kernel.
+#include <dnnl.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/reference_util.h"
+
+namespace loom::cpu {
+namespace {
+
+constexpr std::int64_t kParallelGrain = 16384;  // elements below which one thread is faster
+
+// ---- GEMM ----------------------------------------------------------------------
+// C[M,N] = alpha op(A) op(B) + beta C, row-major, through oneDNN.
+void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+           std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
+                                    beta, c, ldc);
+  check(status == dnnl_success, "cpu: dnnl_sgemm failed with status " + std::to_string(status));
+}
+
+}  // namespace
+
+// Shared with cpu_nn_kernels.cpp.
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc) {
+  sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+namespace {
+
+void matmul(const OpCall& call) {
+  const Tensor& a = call.inputs[0];
+  const Tensor& b = call.inputs[1];
+  Tensor& c = call.outputs[0];
+  bool ta = call.attrs.trans_a, tb = call.attrs.trans_b;
+  std::int64_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
+  std::int64_t lda = a.dim(-1), ldb = b.dim(-1);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* pc = c.data<float>();
+  if (b.rank() == 2 && !ta) {  // [..., M, K] x [K, N]: one GEMM with the batch folded into M
+    sgemm(false, tb, c.numel() / std::max<std::int64_t>(n, 1), n, k, 1.0f, pa, lda, pb, ldb, 0.0f, pc, n);
+    return;
+  }
+  Shape batch(c.shape().begin(), c.shape().end() - 2);
+  Strides as = broadcast_strides(Shape(a.shape().begin(), a.shape().end() - 2), batch);
+  Strides bs = broadcast_strides(Shape(b.shape().begin(), b.shape().end() - 2), batch);
+  std::int64_t count = shape_numel(batch);
+  std::int64_t a_mat = a.dim(-2) * a.dim(-1), b_mat = b.dim(-2) * b.dim(-1);
+  std::vector<std::int64_t> a_off(count), b_off(count);
+  for_each_index(batch, [&](std::int64_t i, const std::vector<std::int64_t>& idx) {
+    a_off[i] = offset_of(idx, as) * a_mat;
+    b_off[i] = offset_of(idx, bs) * b_mat;
+  });
+  // Many small products: one GEMM per thread at a time; few large ones: oneDNN threads each.
+  bool small = m * n * k < 64 * 64 * 64;
+#pragma omp parallel for schedule(static) if (small && count > 1)
+  for (std::int64_t i = 0; i < count; ++i)
+    sgemm(ta, tb, m, n, k, 1.0f, pa + a_off[i], lda, pb + b_off[i], ldb, 0.0f, pc + i * m * n, n);
+}
+
+void linear(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  const float* bias = call.inputs[2].data<float>();
+  Tensor& y = call.outputs[0];
+  std::int64_t n = y.dim(-1), k = x.dim(-1), rows = y.numel() / std::max<std::int64_t>(n, 1);
+  float* py = y.data<float>();
+#pragma omp parallel for schedule(static) if (rows * n > kParallelGrain)
+  for (std::int64_t r = 0; r < rows; ++r) std::memcpy(py + r * n, bias, n * sizeof(float));
+  std::int64_t ldw = call.inputs[1].dim(1);
+  sgemm(false, call.attrs.trans_b, rows, n, k, 1.0f, x.data<float>(), k, call.inputs[1].data<float>(), ldw, 1.0f,
+        py, n);
+}
+
+// ---- copies ----------------------------------------------------------------------
+void copy(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  Tensor& y = call.outputs[0];
+  std::size_t esize = dtype_size(x.dtype());
+  auto* src = static_cast<const std::byte*>(x.device_address());
+  auto* dst = static_cast<std::byte*>(y.device_address());
+  if (x.is_contiguous()) {
+    std::memcpy(dst, src, x.nbytes());
+    return;
+  }
+  if (x.rank() == 0 || x.numel() == 0) {
+    reference::copy(call);
+    return;
+  }
+  // Copy row by row: the innermost dimension is one run when its stride is 1.
+  std::int64_t inner = x.dim(-1);
+  std::int64_t rows = x.numel() / inner;
+  bool unit = x.strides().back() == 1;
+  Shape outer_shape(x.shape().begin(), x.shape().end() - 1);
+  Strides outer_strides(x.strides().begin(), x.strides().end() - 1);
+  std::int64_t inner_stride = x.strides().back();
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t rem = r, offset = 0;
+    for (std::size_t d = outer_shape.size(); d-- > 0;) {
+      offset += (rem % outer_shape[d]) * outer_strides[d];
+      rem /= outer_shape[d];
+    }
+    if (unit) {
+      std::memcpy(dst + r * inner * esize, src + offset * esize, inner * esize);
+    } else if (esize == 4) {
+      auto* d32 = reinterpret_cast<std::uint32_t*>(dst) + r * inner;
+      auto* s32 = reinterpret_cast<const std::uint32_t*>(src) + offset;
+      for (std::int64_t j = 0; j < inner; ++j) d32[j] = s32[j * inner_stride];
+    } else {
+      for (std::int64_t j = 0; j < inner; ++j)
+        std::memcpy(dst + (r * inner + j) * esize, src + (offset + j * inner_stride) * esize, esize);
+    }
+  }
+}
+
+void fill(const OpCall& call) {
+  Tensor& y = call.outputs[0];
+  if (y.dtype() != DType::f32) {
+    reference::fill(call);
+    return;
+  }
+  float value = static_cast<float>(call.attrs.alpha);
+  float* p = y.data<float>();
+  std::int64_t n = y.numel();
+  if (value == 0.0f) {
+    std::memset(p, 0, n * sizeof(float));
+    return;
+  }
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) p[i] = value;
+}
+
+// ---- elementwise -----------------------------------------------------------------
+// How operand `in` repeats inside output `out`: the same shape, a scalar, or a trailing
+// block of `period` elements repeated over the leading dimensions (e.g. a bias).
+struct Repeat {
+  enum Kind { same, scalar, trailing, other } kind;
+  std::int64_t period = 0;
+};
+Repeat classify(const Shape& in, const Shape& out) {
+  if (in == out) return {Repeat::same};
+  std::int64_t n = shape_numel(in);
+  if (n == 1) return {Repeat::scalar};
+  // Strip leading ones of `in`; it must then equal the trailing dims of `out`.
+  std::size_t first = 0;
+  while (first < in.size() && in[first] == 1) ++first;
+  std::size_t len = in.size() - first;
+  if (len > out.size()) return {Repeat::other};
+  for (std::size_t i = 0; i < len; ++i)
+    if (in[first + i] != out[out.size() - len + i]) return {Repeat::other};
+  return {Repeat::trailing, n};
+}
+
+template <class F>
+bool binary_fast(const OpCall& call, F f) {
+  const Tensor& a = call.inputs[0];
+  const Tensor& b = call.inputs[1];
+  Tensor& c = call.outputs[0];
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* pc = c.data<float>();
+  std::int64_t n = c.numel();
+  Repeat ra = classify(a.shape(), c.shape()), rb = classify(b.shape(), c.shape());
+  if (ra.kind != Repeat::same) return false;
+  switch (rb.kind) {
+    case Repeat::same:
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+      for (std::int64_t i = 0; i < n; ++i) pc[i] = f(pa[i], pb[i]);
+      return true;
+    case Repeat::scalar: {
+      float s = pb[0];
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+      for (std::int64_t i = 0; i < n; ++i) pc[i] = f(pa[i], s);
+      return true;
+    }
+    case Repeat::trailing: {
+      std::int64_t period = rb.period, rows = n / period;
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+      for (std::int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+        for (std::int64_t j = 0; j < period; ++j) pc[r * period + j] = f(pa[r * period + j], pb[j]);
+      }
+      return true;
+    }
+    case Repeat::other: return false;
+  }
+  return false;
+}
+
+#define LOOM_BINARY(name, expr)                                          \
+  void name(const OpCall& call) {                                        \
+    auto f = [](float a, float b) { return expr; };                     \
+    if (!binary_fast(call, f)) reference::name(call);                    \
+  }
+LOOM_BINARY(add, a + b)
+LOOM_BINARY(sub, a - b)
+LOOM_BINARY(mul, a * b)
+LOOM_BINARY(div, a / b)
+#undef LOOM_BINARY
+
+template <class F>
+void unary_fast(const OpCall& call, F f) {
+  const float* x = call.inputs[0].data<float>();
+  float* y = call.outputs[0].data<float>();
+  std::int64_t n = call.inputs[0].numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+}
+
+template <class F>
+void pairwise_fast(const OpCall& call, F f) {
+  const float* a = call.inputs[0].data<float>();
+  const float* b = call.inputs[1].data<float>();
+  float* y = call.outputs[0].data<float>();
+  std::int64_t n = call.inputs[0].numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i]);
+}
+
+void scale(const OpCall& call) {
+  float alpha = static_cast<float>(call.attrs.alpha);
+  unary_fast(call, [alpha](float x) { return alpha * x; });
+}
+void exp(const OpCall& call) { unary_fast(call, [](float x) { return std::exp(x); }); }
+void log(const OpCall& call) { unary_fast(call, [](float x) { return std::log(x); }); }
+void tanh(const OpCall& call) { unary_fast(call, [](float x) { return std::tanh(x); }); }
+void relu(const OpCall& call) { unary_fast(call, [](float x) { return x > 0.0f ? x : 0.0f; }); }
+void gelu(const OpCall& call) { unary_fast(call, [](float x) { return gelu_tanh(x); }); }
+void relu_backward(const OpCall& call) { pairwise_fast(call, [](float dy, float x) { return x > 0.0f ? dy : 0.0f; }); }
+void gelu_backward(const OpCall& call) { pairwise_fast(call, [](float dy, float x) { return dy * gelu_tanh_grad(x); }); }
+void tanh_backward(const OpCall& call) { pairwise_fast(call, [](float dy, float y) { return dy * (1.0f - y * y); }); }
+
+void dropout(const OpCall& call) {
+  const float* x = call.inputs[0].data<float>();
+  float* y = call.outputs[0].data<float>();
+  std::int64_t n = call.inputs[0].numel();
+  float p = static_cast<float>(call.attrs.p);
+  float keep_scale = 1.0f / (1.0f - p);
+  std::uint64_t seed = call.attrs.seed;
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i)
+    y[i] = dropout_uniform(seed, static_cast<std::uint64_t>(i)) >= p ? x[i] * keep_scale : 0.0f;
+}
+
+// ---- reductions ------------------------------------------------------------------
+// Fast paths for reducing a prefix of axes (column sums, e.g. bias gradients) or a
+// suffix (row sums); other axis sets use the reference kernel.
+bool sum_fast(const OpCall& call, double divide_by_count) {
+  const Tensor& x = call.inputs[0];
+  std::vector<bool> reduce(x.rank(), call.attrs.axes.empty());
+  for (auto a : call.attrs.axes) reduce[normalize_axis(a, x.rank(), "sum")] = true;
+  int split = 0;
+  while (split < x.rank() && reduce[split]) ++split;
+  bool prefix = std::all_of(reduce.begin() + split, reduce.end(), [](bool r) { return !r; });
+  int kept_lead = 0;
+  while (kept_lead < x.rank() && !reduce[kept_lead]) ++kept_lead;
+  bool suffix = std::all_of(reduce.begin() + kept_lead, reduce.end(), [](bool r) { return r; });
+  const float* px = x.data<float>();
+  float* py = call.outputs[0].data<float>();
+  if (prefix) {  // [rows, cols] -> [cols]
+    std::int64_t rows = 1;
+    for (int d = 0; d < split; ++d) rows *= x.shape()[d];
+    std::int64_t cols = rows == 0 ? call.outputs[0].numel() : x.numel() / rows;
+    float inv = divide_by_count ? static_cast<float>(1.0 / std::max<std::int64_t>(rows, 1)) : 1.0f;
+    int threads = cols >= 256 && rows * cols > kParallelGrain ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+    {
+      int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      std::int64_t begin = cols * t / nt, end = cols * (t + 1) / nt;
+      std::vector<double> acc(end - begin, 0.0);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = begin; j < end; ++j) acc[j - begin] += px[r * cols + j];
+      for (std::int64_t j = begin; j < end; ++j) py[j] = static_cast<float>(acc[j - begin] * inv);
+    }
+    return true;
+  }
+  if (suffix) {  // [rows, cols] -> [rows]
+    std::int64_t rows = 1;
+    for (int d = 0; d < kept_lead; ++d) rows *= x.shape()[d];
+    std::int64_t cols = rows == 0 ? 0 : x.numel() / rows;
+    float inv = divide_by_count ? static_cast<float>(1.0 / std::max<std::int64_t>(cols, 1)) : 1.0f;
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double acc = 0.0;
+      for (std::int64_t j = 0; j < cols; ++j) acc += px[r * cols + j];
+      py[r] = static_cast<float>(acc * inv);
+    }
+    return true;
+  }
+  return false;
+}
+
+void sum(const OpCall& call) {
+  if (!sum_fast(call, false)) reference::sum(call);
+}
+void mean(const OpCall& call) {
+  if (!sum_fast(call, true)) reference::mean(call);
+}
+
+void sum_squares(const OpCall& call) {
+  const float* x = call.inputs[0].data<float>();
+  std::int64_t n = call.inputs[0].numel();
+  double acc = 0.0;
+#pragma omp parallel for reduction(+ : acc) schedule(static) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
+  call.outputs[0].data<float>()[0] = static_cast<float>(acc);
+}
+
+// ---- softmax family (rows of the last axis) ---------------------------------------
+template <class RowFn>
+void rows_parallel(const OpCall& call, RowFn f) {
+  const Tensor& x = call.inputs[0];
+  std::int64_t cols = x.rank() == 0 ? 1 : x.dim(-1);
+  std::int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
+  for (std::int64_t r = 0; r < rows; ++r) f(r * cols, cols);
+}
+
+void softmax(const OpCall& call) {
+  const float* x = call.inputs[0].data<float>();
+  float* y = call.outputs[0].data<float>();
+  rows_parallel(call, [&](std::int64_t at, std::int64_t n) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < n; ++j) m = std::max(m, x[at + j]);
+    float s = 0.0f;
+    for (std::int64_t j = 0; j < n; ++j) {
+      y[at + j] = std::exp(x[at + j] - m);
+      s += y[at + j];
+    }
+    float inv = 1.0f / s;
+    for (std::int64_t j = 0; j < n; ++j) y[at + j] *= inv;
+  });
+}
+
+void softmax_backward(const OpCall& call) {
+  const float* dy = call.inputs[0].data<float>();
+  const float* y = call.inputs[1].data<float>();
+  float* dx = call.outputs[0].data<float>();
+  rows_parallel(call, [&](std::int64_t at, std::int64_t n) {
+    float dot = 0.0f;
+    for (std::int64_t j = 0; j < n; ++j) dot += dy[at + j] * y[at + j];
+    for (std::int64_t j = 0; j < n; ++j) dx[at + j] = y[at + j] * (dy[at + j] - dot);
+  });
+}
+
+void log_softmax(const OpCall& call) {
+  const float* x = call.inputs[0].data<float>();
+  float* y = call.outputs[0].data<float>();
+  rows_parallel(call, [&](std::int64_t at, std::int64_t n) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < n; ++j) m = std::max(m, x[at + j]);
+    float s = 0.0f;
+    for (std::int64_t j = 0; j < n; ++j) s += std::exp(x[at + j] - m);
+    float lse = m + std::log(s);
+    for (std::int64_t j = 0; j < n; ++j) y[at + j] = x[at + j] - lse;
+  });
+}
+
+void log_softmax_backward(const OpCall& call) {
+  const float* dy = call.inputs[0].data<float>();
+  const float* y = call.inputs[1].data<float>();
+  float* dx = call.outputs[0].data<float>();
+  rows_parallel(call, [&](std::int64_t at, std::int64_t n) {
+    float total = 0.0f;
+    for (std::int64_t j = 0; j < n; ++j) total += dy[at + j];
+    for (std::int64_t j = 0; j < n; ++j) dx[at + j] = dy[at + j] - std::exp(y[at + j]) * total;
+  });
+}
+
+// ---- optimizer -------------------------------------------------------------------
+void adamw_step(const OpCall& call) {
+  const Attrs& a = call.attrs;
+  const float* param_in = call.inputs[0].data<float>();
+  const float* g = call.inputs[1].data<float>();
+  const float* m_in = call.inputs[2].data<float>();
+  const float* v_in = call.inputs[3].data<float>();
+  float* p = call.outputs[0].data<float>();
+  float* m = call.outputs[1].data<float>();
+  float* v = call.outputs[2].data<float>();
+  std::int64_t n = call.inputs[0].numel();
+  const float b1 = static_cast<float>(a.beta1), b2 = static_cast<float>(a.beta2);
+  const float step_size = static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step))));
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
+  const float decay = static_cast<float>(1.0 - a.lr * a.weight_decay);
+  const float eps = static_cast<float>(a.eps);
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) {
+    float mi = b1 * m_in[i] + (1.0f - b1) * g[i];
+    float vi = b2 * v_in[i] + (1.0f - b2) * g[i] * g[i];
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = param_in[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+}  // namespace
+
+void register_elementwise_kernels(std::array<KernelFn, kNumOps>& table) {
+  auto set = [&](OpId op, KernelFn fn) { table[static_cast<std::size_t>(op)] = fn; };
+  set(OpId::matmul, matmul);
+  set(OpId::linear, linear);
+  set(OpId::copy, copy);
+  set(OpId::fill, fill);
+  set(OpId::add, add);
+  set(OpId::sub, sub);
+  set(OpId::mul, mul);
+  set(OpId::div, div);
+  set(OpId::scale, scale);
+  set(OpId::exp, exp);
+  set(OpId::log, log);
+  set(OpId::tanh, tanh);
+  set(OpId::relu, relu);
+  set(OpId::gelu, gelu);
+  set(OpId::relu_backward, relu_backward);
+  set(OpId::gelu_backward, gelu_backward);
+  set(OpId::tanh_backward, tanh_backward);
+  set(OpId::dropout, dropout);
+  set(OpId::dropout_backward, dropout);
+  set(OpId::sum, sum);
+  set(OpId::mean, mean);
+  set(OpId::sum_squares, sum_squares);
+  set(OpId::softmax, softmax);
+  set(OpId::softmax_backward, softmax_backward);
+  set(OpId::log_softmax, log_softmax);
+  set(OpId::log_softmax_backward, log_softmax_backward);
+  set(OpId::adamw_step, adamw_step);
+}
+
+}  // namespace loom::cpu

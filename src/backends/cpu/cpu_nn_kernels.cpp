@@ -1,0 +1,409 @@
+// Fast CPU kernels, part 2: layer norm, embedding, cross-entropy, causal attention and
+// convolution. Each is one fused pass where the unfused chain would stream the same
+// rows through memory several times.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace loom::cpu {
+
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc);
+
+namespace {
+
+constexpr std::int64_t kParallelGrain = 16384;
+
+// ---- layer norm -------------------------------------------------------------------
+// x is [rows, C]. Forward: y = (x - mean) rstd w + b. Backward (g = dy w, xhat = (x-mean) rstd):
+// dx = rstd (g - mean(g) - xhat mean(g xhat)); dw, db summed over rows per thread, then combined.
+void layer_norm(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  const float* px = x.data<float>();
+  const float* w = call.inputs[1].data<float>();
+  const float* b = call.inputs[2].data<float>();
+  float* y = call.outputs[0].data<float>();
+  float* mean_out = call.outputs[1].data<float>();
+  float* rstd_out = call.outputs[2].data<float>();
+  std::int64_t c = x.dim(-1), rows = c == 0 ? 0 : x.numel() / c;
+  float eps = static_cast<float>(call.attrs.eps);
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = px + r * c;
+    float sum = 0.0f;
+    for (std::int64_t j = 0; j < c; ++j) sum += xr[j];
+    float mean = sum / static_cast<float>(c);
+    float var = 0.0f;
+    for (std::int64_t j = 0; j < c; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+    float rstd = 1.0f / std::sqrt(var / static_cast<float>(c) + eps);
+    float* yr = y + r * c;
+    for (std::int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
+    mean_out[r] = mean;
+    rstd_out[r] = rstd;
+  }
+}
+
+void layer_norm_backward(const OpCall& call) {
+  const float* dy = call.inputs[0].data<float>();
+  const float* x = call.inputs[1].data<float>();
+  const float* w = call.inputs[2].data<float>();
+  const float* mean = call.inputs[3].data<float>();
+  const float* rstd = call.inputs[4].data<float>();
+  float* dx = call.outputs[0].data<float>();
+  float* dw = call.outputs[1].data<float>();
+  float* db = call.outputs[2].data<float>();
+  std::int64_t c = call.inputs[1].dim(-1), rows = c == 0 ? 0 : call.inputs[1].numel() / c;
+  int threads = rows * c > kParallelGrain ? omp_get_max_threads() : 1;
+  std::vector<float> partial(static_cast<std::size_t>(threads) * 2 * c, 0.0f);
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num();
+    float* dw_t = partial.data() + static_cast<std::size_t>(t) * 2 * c;
+    float* db_t = dw_t + c;
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * c;
+      const float* dyr = dy + r * c;
+      float mu = mean[r], rs = rstd[r];
+      float mean_g = 0.0f, mean_gx = 0.0f;
+      for (std::int64_t j = 0; j < c; ++j) {
+        float xhat = (xr[j] - mu) * rs;
+        float g = dyr[j] * w[j];
+        mean_g += g;
+        mean_gx += g * xhat;
+        dw_t[j] += dyr[j] * xhat;
+        db_t[j] += dyr[j];
+      }
+      mean_g /= static_cast<float>(c);
+      mean_gx /= static_cast<float>(c);
+      float* dxr = dx + r * c;
+      for (std::int64_t j = 0; j < c; ++j) {
+        float xhat = (xr[j] - mu) * rs;
+        dxr[j] = rs * (dyr[j] * w[j] - mean_g - xhat * mean_gx);
+      }
+    }
+  }
+  for (std::int64_t j = 0; j < c; ++j) {
+    float sw = 0.0f, sb = 0.0f;
+    for (int t = 0; t < threads; ++t) {
+      sw += partial[static_cast<std::size_t>(t) * 2 * c + j];
+      sb += partial[static_cast<std::size_t>(t) * 2 * c + c + j];
+    }
+    dw[j] = sw;
+    db[j] = sb;
+  }
+}
+
+// ---- embedding --------------------------------------------------------------------
+std::int32_t checked_id(std::int32_t id, std::int64_t limit, const char* op) {
+  check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) + " outside [0, " +
+                                   std::to_string(limit) + ")");
+  return id;
+}
+
+void embedding(const OpCall& call) {
+  const float* weight = call.inputs[0].data<float>();
+  const std::int32_t* ids = call.inputs[1].data<std::int32_t>();
+  std::int64_t v = call.inputs[0].dim(0), c = call.inputs[0].dim(1), n = call.inputs[1].numel();
+  for (std::int64_t i = 0; i < n; ++i) checked_id(ids[i], v, "embedding");
+  float* out = call.outputs[0].data<float>();
+#pragma omp parallel for schedule(static) if (n * c > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) std::memcpy(out + i * c, weight + ids[i] * c, c * sizeof(float));
+}
+
+void embedding_backward(const OpCall& call) {
+  // Scatter-add. Threads split the C columns, so no two threads touch the same element
+  // and the sum order per element is the token order: deterministic.
+  const float* dy = call.inputs[0].data<float>();
+  const std::int32_t* ids = call.inputs[1].data<std::int32_t>();
+  Tensor& dw = call.outputs[0];
+  std::int64_t v = dw.dim(0), c = dw.dim(1), n = call.inputs[1].numel();
+  for (std::int64_t i = 0; i < n; ++i) checked_id(ids[i], v, "embedding_backward");
+  float* pdw = dw.data<float>();
+  std::memset(pdw, 0, dw.nbytes());
+  int threads = n * c > kParallelGrain && c >= 64 ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    std::int64_t begin = c * t / nt, end = c * (t + 1) / nt;
+    for (std::int64_t i = 0; i < n; ++i) {
+      float* row = pdw + ids[i] * c;
+      const float* g = dy + i * c;
+      for (std::int64_t j = begin; j < end; ++j) row[j] += g[j];
+    }
+  }
+}
+
+// ---- cross-entropy ----------------------------------------------------------------
+void cross_entropy(const OpCall& call) {
+  const float* logits = call.inputs[0].data<float>();
+  const std::int32_t* targets = call.inputs[1].data<std::int32_t>();
+  std::int64_t n = call.inputs[0].dim(0), v = call.inputs[0].dim(1);
+  for (std::int64_t r = 0; r < n; ++r) checked_id(targets[r], v, "cross_entropy");
+  float* lse_out = call.outputs[1].data<float>();
+  double total = 0.0;
+#pragma omp parallel for reduction(+ : total) schedule(static) if (n * v > kParallelGrain)
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* row = logits + r * v;
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < v; ++j) m = std::max(m, row[j]);
+    float s = 0.0f;
+    for (std::int64_t j = 0; j < v; ++j) s += std::exp(row[j] - m);
+    float lse = m + std::log(s);
+    lse_out[r] = lse;
+    total += static_cast<double>(lse) - row[targets[r]];
+  }
+  call.outputs[0].data<float>()[0] = static_cast<float>(n > 0 ? total / static_cast<double>(n) : 0.0);
+}
+
+void cross_entropy_backward(const OpCall& call) {
+  float dloss = call.inputs[0].data<float>()[0];
+  const float* logits = call.inputs[1].data<float>();
+  const std::int32_t* targets = call.inputs[2].data<std::int32_t>();
+  const float* lse = call.inputs[3].data<float>();
+  std::int64_t n = call.inputs[1].dim(0), v = call.inputs[1].dim(1);
+  for (std::int64_t r = 0; r < n; ++r) checked_id(targets[r], v, "cross_entropy_backward");
+  float* dx = call.outputs[0].data<float>();
+  float scale = dloss / static_cast<float>(std::max<std::int64_t>(n, 1));
+#pragma omp parallel for schedule(static) if (n * v > kParallelGrain)
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* row = logits + r * v;
+    float* drow = dx + r * v;
+    float l = lse[r];
+    for (std::int64_t j = 0; j < v; ++j) drow[j] = scale * std::exp(row[j] - l);
+    drow[targets[r]] -= scale;
+  }
+}
+
+// ---- causal attention ---------------------------------------------------------------
+// qkv is [B,T,3C]; per (batch, head) the T x D blocks of q, k, v are strided views with
+// leading dimension 3C, which GEMM reads directly: no split, permute or copy.
+struct Heads {
+  std::int64_t b, t, c, h, d;
+};
+Heads heads_of(const Tensor& qkv, std::int64_t heads) {
+  std::int64_t c = qkv.dim(2) / 3;
+  return {qkv.dim(0), qkv.dim(1), c, heads, c / heads};
+}
+
+void causal_attention(const OpCall& call) {
+  const float* qkv = call.inputs[0].data<float>();
+  Heads s = heads_of(call.inputs[0], call.attrs.heads);
+  float* out = call.outputs[0].data<float>();
+  float* lse = call.outputs[1].data<float>();
+  float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  std::int64_t ld = 3 * s.c;
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<std::size_t>(s.t * s.t));
+#pragma omp for schedule(static) collapse(2)
+    for (std::int64_t b = 0; b < s.b; ++b) {
+      for (std::int64_t h = 0; h < s.h; ++h) {
+        const float* q = qkv + b * s.t * ld + h * s.d;
+        const float* k = q + s.c;
+        const float* v = q + 2 * s.c;
+        float* o = out + b * s.t * s.c + h * s.d;
+        // S = scale q k^T (the upper triangle is computed and then ignored).
+        gemm(false, true, s.t, s.t, s.d, scale, q, ld, k, ld, 0.0f, scores.data(), s.t);
+        for (std::int64_t i = 0; i < s.t; ++i) {
+          float* row = scores.data() + i * s.t;
+          float m = -std::numeric_limits<float>::infinity();
+          for (std::int64_t j = 0; j <= i; ++j) m = std::max(m, row[j]);
+          float total = 0.0f;
+          for (std::int64_t j = 0; j <= i; ++j) {
+            row[j] = std::exp(row[j] - m);
+            total += row[j];
+          }
+          float inv = 1.0f / total;
+          for (std::int64_t j = 0; j <= i; ++j) row[j] *= inv;
+          for (std::int64_t j = i + 1; j < s.t; ++j) row[j] = 0.0f;
+          lse[(b * s.h + h) * s.t + i] = m + std::log(total);
+        }
+        gemm(false, false, s.t, s.d, s.t, 1.0f, scores.data(), s.t, v, ld, 0.0f, o, s.c);  // O = P v
+      }
+    }
+  }
+}
+
+void causal_attention_backward(const OpCall& call) {
+  // P recomputed from lse; dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(dO * O));
+  // dQ = scale dS K; dK = scale dS^T Q.
+  const float* dout = call.inputs[0].data<float>();
+  const float* qkv = call.inputs[1].data<float>();
+  const float* out = call.inputs[2].data<float>();
+  const float* lse = call.inputs[3].data<float>();
+  Heads s = heads_of(call.inputs[1], call.attrs.heads);
+  float* dqkv = call.outputs[0].data<float>();
+  float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  std::int64_t ld = 3 * s.c;
+#pragma omp parallel
+  {
+    std::vector<float> p(static_cast<std::size_t>(s.t * s.t)), dp(static_cast<std::size_t>(s.t * s.t));
+#pragma omp for schedule(static) collapse(2)
+    for (std::int64_t b = 0; b < s.b; ++b) {
+      for (std::int64_t h = 0; h < s.h; ++h) {
+        const float* q = qkv + b * s.t * ld + h * s.d;
+        const float* k = q + s.c;
+        const float* v = q + 2 * s.c;
+        const float* o = out + b * s.t * s.c + h * s.d;
+        const float* dot = dout + b * s.t * s.c + h * s.d;
+        float* dq = dqkv + b * s.t * ld + h * s.d;
+        float* dk = dq + s.c;
+        float* dv = dq + 2 * s.c;
+        const float* lse_bh = lse + (b * s.h + h) * s.t;
+        gemm(false, true, s.t, s.t, s.d, scale, q, ld, k, ld, 0.0f, p.data(), s.t);
+        for (std::int64_t i = 0; i < s.t; ++i) {
+          float* row = p.data() + i * s.t;
+          for (std::int64_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] - lse_bh[i]);
+          for (std::int64_t j = i + 1; j < s.t; ++j) row[j] = 0.0f;
+        }
+        gemm(true, false, s.t, s.d, s.t, 1.0f, p.data(), s.t, dot, s.c, 0.0f, dv, ld);   // dV = P^T dO
+        gemm(false, true, s.t, s.t, s.d, 1.0f, dot, s.c, v, ld, 0.0f, dp.data(), s.t);  // dP = dO V^T
+        for (std::int64_t i = 0; i < s.t; ++i) {
+          float delta = 0.0f;
+          for (std::int64_t e = 0; e < s.d; ++e) delta += dot[i * s.c + e] * o[i * s.c + e];
+          float* prow = p.data() + i * s.t;
+          const float* dprow = dp.data() + i * s.t;
+          for (std::int64_t j = 0; j <= i; ++j) prow[j] = prow[j] * (dprow[j] - delta);  // now dS
+        }
+        gemm(false, false, s.t, s.d, s.t, scale, p.data(), s.t, k, ld, 0.0f, dq, ld);  // dQ = scale dS K
+        gemm(true, false, s.t, s.d, s.t, scale, p.data(), s.t, q, ld, 0.0f, dk, ld);   // dK = scale dS^T Q
+      }
+    }
+  }
+}
+
+// ---- convolution through im2col + GEMM ------------------------------------------------
+struct ConvGeometry {
+  std::int64_t n, c, h, w, o, kh, kw, oh, ow, stride, pad;
+  std::int64_t patch() const { return c * kh * kw; }
+  std::int64_t pixels() const { return oh * ow; }
+};
+ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const Attrs& a) {
+  std::int64_t oh = (x.dim(2) + 2 * a.padding - w.dim(2)) / a.stride + 1;
+  std::int64_t ow = (x.dim(3) + 2 * a.padding - w.dim(3)) / a.stride + 1;
+  return {x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0), w.dim(2), w.dim(3), oh, ow, a.stride, a.padding};
+}
+
+// cols[(ci,u,v), (y,x)] = image[ci, y*stride - pad + u, x*stride - pad + v] (0 outside).
+void im2col(const float* image, const ConvGeometry& g, float* cols) {
+  for (std::int64_t ci = 0; ci < g.c; ++ci)
+    for (std::int64_t u = 0; u < g.kh; ++u)
+      for (std::int64_t v = 0; v < g.kw; ++v) {
+        float* row = cols + ((ci * g.kh + u) * g.kw + v) * g.pixels();
+        for (std::int64_t y = 0; y < g.oh; ++y) {
+          std::int64_t iy = y * g.stride - g.pad + u;
+          for (std::int64_t x = 0; x < g.ow; ++x) {
+            std::int64_t ix = x * g.stride - g.pad + v;
+            row[y * g.ow + x] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) ? image[(ci * g.h + iy) * g.w + ix] : 0.0f;
+          }
+        }
+      }
+}
+
+void col2im(const float* cols, const ConvGeometry& g, float* image) {
+  std::memset(image, 0, static_cast<std::size_t>(g.c * g.h * g.w) * sizeof(float));
+  for (std::int64_t ci = 0; ci < g.c; ++ci)
+    for (std::int64_t u = 0; u < g.kh; ++u)
+      for (std::int64_t v = 0; v < g.kw; ++v) {
+        const float* row = cols + ((ci * g.kh + u) * g.kw + v) * g.pixels();
+        for (std::int64_t y = 0; y < g.oh; ++y) {
+          std::int64_t iy = y * g.stride - g.pad + u;
+          if (iy < 0 || iy >= g.h) continue;
+          for (std::int64_t x = 0; x < g.ow; ++x) {
+            std::int64_t ix = x * g.stride - g.pad + v;
+            if (ix >= 0 && ix < g.w) image[(ci * g.h + iy) * g.w + ix] += row[y * g.ow + x];
+          }
+        }
+      }
+}
+
+void conv2d(const OpCall& call) {
+  ConvGeometry g = conv_geometry(call.inputs[0], call.inputs[1], call.attrs);
+  const float* x = call.inputs[0].data<float>();
+  const float* w = call.inputs[1].data<float>();
+  const float* bias = call.inputs[2].data<float>();
+  float* y = call.outputs[0].data<float>();
+#pragma omp parallel
+  {
+    std::vector<float> cols(static_cast<std::size_t>(g.patch() * g.pixels()));
+#pragma omp for schedule(static)
+    for (std::int64_t i = 0; i < g.n; ++i) {
+      im2col(x + i * g.c * g.h * g.w, g, cols.data());
+      float* yi = y + i * g.o * g.pixels();
+      for (std::int64_t oi = 0; oi < g.o; ++oi) std::fill_n(yi + oi * g.pixels(), g.pixels(), bias[oi]);
+      gemm(false, false, g.o, g.pixels(), g.patch(), 1.0f, w, g.patch(), cols.data(), g.pixels(), 1.0f, yi, g.pixels());
+    }
+  }
+}
+
+void conv2d_backward(const OpCall& call) {
+  // Per image: dW += dY cols^T; dcols = W^T dY, then col2im; db = sum of dY over pixels.
+  const float* dy = call.inputs[0].data<float>();
+  ConvGeometry g = conv_geometry(call.inputs[1], call.inputs[2], call.attrs);
+  const float* x = call.inputs[1].data<float>();
+  const float* w = call.inputs[2].data<float>();
+  float* dx = call.outputs[0].data<float>();
+  float* dw = call.outputs[1].data<float>();
+  float* db = call.outputs[2].data<float>();
+  int threads = omp_get_max_threads();
+  std::vector<float> dw_partial(static_cast<std::size_t>(threads) * g.o * g.patch(), 0.0f);
+  std::vector<double> db_partial(static_cast<std::size_t>(threads) * g.o, 0.0);
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num();
+    std::vector<float> cols(static_cast<std::size_t>(g.patch() * g.pixels()));
+    std::vector<float> dcols(cols.size());
+    float* dw_t = dw_partial.data() + static_cast<std::size_t>(t) * g.o * g.patch();
+#pragma omp for schedule(static)
+    for (std::int64_t i = 0; i < g.n; ++i) {
+      const float* dyi = dy + i * g.o * g.pixels();
+      im2col(x + i * g.c * g.h * g.w, g, cols.data());
+      gemm(false, true, g.o, g.patch(), g.pixels(), 1.0f, dyi, g.pixels(), cols.data(), g.pixels(), 1.0f, dw_t, g.patch());
+      gemm(true, false, g.patch(), g.pixels(), g.o, 1.0f, w, g.patch(), dyi, g.pixels(), 0.0f, dcols.data(), g.pixels());
+      col2im(dcols.data(), g, dx + i * g.c * g.h * g.w);
+      for (std::int64_t oi = 0; oi < g.o; ++oi) {
+        double acc = 0.0;
+        for (std::int64_t p = 0; p < g.pixels(); ++p) acc += dyi[oi * g.pixels() + p];
+        db_partial[static_cast<std::size_t>(t) * g.o + oi] += acc;
+      }
+    }
+  }
+  for (std::int64_t j = 0; j < g.o * g.patch(); ++j) {
+    float acc = 0.0f;
+    for (int t = 0; t < threads; ++t) acc += dw_partial[static_cast<std::size_t>(t) * g.o * g.patch() + j];
+    dw[j] = acc;
+  }
+  for (std::int64_t oi = 0; oi < g.o; ++oi) {
+    double acc = 0.0;
+    for (int t = 0; t < threads; ++t) acc += db_partial[static_cast<std::size_t>(t) * g.o + oi];
+    db[oi] = static_cast<float>(acc);
+  }
+}
+
+}  // namespace
+
+void register_nn_kernels(std::array<KernelFn, kNumOps>& table) {
+  auto set = [&](OpId op, KernelFn fn) { table[static_cast<std::size_t>(op)] = fn; };
+  set(OpId::layer_norm, layer_norm);
+  set(OpId::layer_norm_backward, layer_norm_backward);
+  set(OpId::embedding, embedding);
+  set(OpId::embedding_backward, embedding_backward);
+  set(OpId::cross_entropy, cross_entropy);
+  set(OpId::cross_entropy_backward, cross_entropy_backward);
+  set(OpId::causal_attention, causal_attention);
+  set(OpId::causal_attention_backward, causal_attention_backward);
+  set(OpId::conv2d, conv2d);
+  set(OpId::conv2d_backward, conv2d_backward);
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,150 @@
+#include "dispatch/dispatch.h"
+
+#include <array>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <set>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace loom::dispatch {
+namespace {
+
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' && value[0] != '0';
+}
+
+std::string describe_inputs(std::span<const Tensor> inputs) {
+  std::string s;
+  for (const Tensor& t : inputs) {
+    if (!s.empty()) s += ", ";
+    s += t.describe();
+  }
+  return s;
+}
+
+void debug_once(const std::string& backend, OpId op, Path path) {
+  static const bool enabled = env_flag("LOOM_DEBUG_DISPATCH");
+  if (!enabled) return;
+  static std::mutex mutex;
+  static std::set<std::tuple<std::string, OpId, Path>> seen;
+  std::lock_guard lock(mutex);
+  if (seen.insert({backend, op, path}).second)
+    std::cerr << "[dispatch] " << backend << " " << op_name(op) << " -> "
+              << (path == Path::native ? "native" : "cpu fallback") << "\n";
+}
+
+void count(const std::string& backend, OpId op, Path path, std::uint64_t bytes) {
+  PathCount& c = stats().counts[{backend, op, path}];
+  ++c.calls;
+  c.bytes_moved += bytes;
+}
+
+Backend& backend_of(OpId op, std::span<const Tensor> inputs, Backend* device) {
+  Backend* chosen = nullptr;
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    if (chosen == nullptr) chosen = &t.backend();
+    check(&t.backend() == chosen, std::string(op_name(op)) + ": inputs live on different devices (" +
+                                      describe_inputs(inputs) + "); move them with to() first");
+  }
+  if (chosen != nullptr) return *chosen;
+  return device != nullptr ? *device : static_cast<Backend&>(cpu::backend());
+}
+
+// Runs a call whose inputs and outputs are ready on `backend`.
+void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+             const Attrs& attrs) {
+  OpCall call{op, inputs, outputs, attrs};
+  std::string name(backend.name());
+  if (backend.supports(call)) {
+    backend.launch(call, backend.default_stream());
+    count(name, op, Path::native, 0);
+    debug_once(name, op, Path::native);
+    return;
+  }
+  check(!env_flag("LOOM_STRICT"), "LOOM_STRICT: " + std::string(op_name(op)) + " on " + name +
+                                      " would fall back to the CPU (inputs: " + describe_inputs(inputs) + ")");
+  // CPU fallback: copy inputs to the host, run the CPU kernel, copy outputs back.
+  cpu::CpuBackend& host = cpu::backend();
+  std::uint64_t moved = 0;
+  std::vector<Tensor> host_inputs;
+  for (const Tensor& t : inputs) {
+    host_inputs.push_back(t.defined() ? t.to(host) : t);
+    moved += t.defined() ? t.nbytes() : 0;
+  }
+  std::vector<Tensor> host_outputs;
+  for (const Tensor& t : outputs) host_outputs.push_back(Tensor::empty(t.shape(), t.dtype(), host));
+  OpCall host_call{op, host_inputs, host_outputs, attrs};
+  host.launch(host_call, host.default_stream());
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    backend.upload(host_outputs[i].data<void>(), *outputs[i].storage(),
+                   static_cast<std::size_t>(outputs[i].offset()) * dtype_size(outputs[i].dtype()), outputs[i].nbytes());
+    moved += outputs[i].nbytes();
+  }
+  count(name, op, Path::fallback, moved);
+  debug_once(name, op, Path::fallback);
+}
+
+}  // namespace
+
+Stats& stats() {
+  static Stats instance;
+  return instance;
+}
+
+Tensor contiguous(const Tensor& x) {
+  if (!x.defined() || x.is_contiguous()) return x;
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.backend());
+  std::array<Tensor, 1> in{x};
+  std::array<Tensor, 1> out{y};
+  execute(x.backend(), OpId::copy, in, out, Attrs{});
+  return y;
+}
+
+std::vector<Tensor> call(OpId op, std::span<const Tensor> inputs, const Attrs& attrs, Backend* device) {
+  const OpInfo& info = op_info(op);
+  check(info.num_inputs < 0 ? !inputs.empty() : static_cast<int>(inputs.size()) == info.num_inputs,
+        std::string(info.name) + ": got " + std::to_string(inputs.size()) + " inputs, expected " +
+            (info.num_inputs < 0 ? "at least 1" : std::to_string(info.num_inputs)));
+  Backend& backend = backend_of(op, inputs, device);
+  std::vector<TensorSpec> specs = info.infer(inputs, attrs);
+  std::vector<Tensor> ready;
+  ready.reserve(inputs.size());
+  for (const Tensor& t : inputs) ready.push_back(op == OpId::copy ? t : contiguous(t));
+  std::vector<Tensor> outputs;
+  outputs.reserve(specs.size());
+  for (const TensorSpec& spec : specs) outputs.push_back(Tensor::empty(spec.shape, spec.dtype, backend));
+  execute(backend, op, ready, outputs, attrs);
+  return outputs;
+}
+
+std::vector<Tensor> call(OpId op, std::initializer_list<Tensor> inputs, const Attrs& attrs, Backend* device) {
+  return call(op, std::span<const Tensor>(inputs.begin(), inputs.size()), attrs, device);
+}
+
+Tensor call1(OpId op, std::initializer_list<Tensor> inputs, const Attrs& attrs) {
+  return call(op, inputs, attrs).front();
+}
+
+void call_into(OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs, const Attrs& attrs) {
+  const OpInfo& info = op_info(op);
+  check(static_cast<int>(inputs.size()) == info.num_inputs && static_cast<int>(outputs.size()) == info.num_outputs,
+        std::string(info.name) + ": wrong number of inputs or outputs");
+  Backend& backend = backend_of(op, inputs, nullptr);
+  std::vector<TensorSpec> specs = info.infer(inputs, attrs);
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    check(outputs[i].shape() == specs[i].shape && outputs[i].dtype() == specs[i].dtype && outputs[i].is_contiguous() &&
+              &outputs[i].backend() == &backend,
+          std::string(info.name) + ": output " + std::to_string(i) + " is " + outputs[i].describe() +
+              ", expected contiguous " + std::string(dtype_name(specs[i].dtype)) + shape_str(specs[i].shape));
+  }
+  std::vector<Tensor> ready;
+  for (const Tensor& t : inputs) ready.push_back(contiguous(t));
+  execute(backend, op, ready, outputs, attrs);
+}
+
+}  // namespace loom::dispatch

@@ -1,0 +1,89 @@
+#include "nn/gpt.h"
+
+#include <cmath>
+
+#include "autograd/functions.h"
+#include "core/error.h"
+
+namespace loom::nn {
+
+namespace ag = loom::autograd;
+
+void GptConfig::validate() const {
+  auto positive = [](const char* field, std::int64_t value) {
+    check(value > 0, std::string(field) + " = " + std::to_string(value) + ", expected > 0");
+  };
+  positive("vocab", vocab);
+  positive("context", context);
+  positive("layers", layers);
+  positive("heads", heads);
+  positive("width", width);
+  check(width % heads == 0, "width = " + std::to_string(width) + " is not divisible by heads = " + std::to_string(heads));
+  check(dropout >= 0.0 && dropout < 1.0, "dropout = " + std::to_string(dropout) + ", expected 0 <= dropout < 1");
+}
+
+Gpt::Gpt(const GptConfig& config, std::uint64_t seed, Backend& backend) : config_(config) {
+  config.validate();
+  Rng rng(seed);
+  const std::int64_t c = config.width;
+  const double std_dev = 0.02;
+  // GPT-2 scales the residual projections by 1/sqrt(2 * layers) (two per block).
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.layers));
+  auto add = [&](const std::string& name, Tensor value, bool decay) {
+    params_.push_back({name, ag::Var(std::move(value), true), decay});
+    return params_.size() - 1;
+  };
+  // A (weight, bias) pair; returns the weight's index, the bias follows it.
+  auto add_pair = [&](const std::string& name, Tensor weight, Tensor bias, bool decay_weight) {
+    std::size_t w = add(name + ".weight", std::move(weight), decay_weight);
+    add(name + ".bias", std::move(bias), false);
+    return w;
+  };
+  wte_ = add("transformer.wte.weight", normal_tensor({config.vocab, c}, std_dev, rng, backend), true);
+  wpe_ = add("transformer.wpe.weight", normal_tensor({config.context, c}, std_dev, rng, backend), true);
+  for (std::int64_t i = 0; i < config.layers; ++i) {
+    std::string h = "transformer.h." + std::to_string(i);
+    Block b{};
+    b.ln1 = add_pair(h + ".ln_1", constant_tensor({c}, 1.0f, backend), constant_tensor({c}, 0.0f, backend), false);
+    b.attn = add_pair(h + ".attn.c_attn", normal_tensor({c, 3 * c}, std_dev, rng, backend),
+                      constant_tensor({3 * c}, 0.0f, backend), true);
+    b.attn_proj = add_pair(h + ".attn.c_proj", normal_tensor({c, c}, proj_std, rng, backend),
+                           constant_tensor({c}, 0.0f, backend), true);
+    b.ln2 = add_pair(h + ".ln_2", constant_tensor({c}, 1.0f, backend), constant_tensor({c}, 0.0f, backend), false);
+    b.fc = add_pair(h + ".mlp.c_fc", normal_tensor({c, 4 * c}, std_dev, rng, backend),
+                    constant_tensor({4 * c}, 0.0f, backend), true);
+    b.proj = add_pair(h + ".mlp.c_proj", normal_tensor({4 * c, c}, proj_std, rng, backend),
+                      constant_tensor({c}, 0.0f, backend), true);
+    blocks_.push_back(b);
+  }
+  ln_f_ = add_pair("transformer.ln_f", constant_tensor({c}, 1.0f, backend), constant_tensor({c}, 0.0f, backend), false);
+}
+
+ag::Var Gpt::forward(ag::Tape& tape, const Tensor& ids, const ForwardOptions& options) {
+  check(ids.dtype() == DType::i32 && ids.rank() == 2, "gpt: token ids " + ids.describe() + " must be i32 [B,T]");
+  const std::int64_t b = ids.dim(0), t = ids.dim(1), c = config_.width;
+  check(t <= config_.context, "gpt: sequence length " + std::to_string(t) + " exceeds context = " +
+                                  std::to_string(config_.context));
+  const double p = options.training ? config_.dropout : 0.0;
+  std::uint64_t site = 0;  // each dropout site gets its own mask seed
+  auto drop = [&](const ag::Var& x) { return ag::dropout(tape, x, p, mix_seed(options.dropout_seed, ++site)); };
+
+  ag::Var x = ag::add(tape, ag::embedding(tape, param(wte_), ids), ag::slice(tape, param(wpe_), 0, 0, t));
+  x = drop(x);
+  for (const Block& blk : blocks_) {
+    ag::Var h = ag::layer_norm(tape, x, param(blk.ln1), param(blk.ln1 + 1));
+    h = ag::linear(tape, h, param(blk.attn), param(blk.attn + 1));               // [B,T,3C]
+    h = ag::causal_attention(tape, h, config_.heads);                            // [B,T,C]
+    h = drop(ag::linear(tape, h, param(blk.attn_proj), param(blk.attn_proj + 1)));
+    x = ag::add(tape, x, h);
+    h = ag::layer_norm(tape, x, param(blk.ln2), param(blk.ln2 + 1));
+    h = ag::gelu(tape, ag::linear(tape, h, param(blk.fc), param(blk.fc + 1)));  // [B,T,4C]
+    h = drop(ag::linear(tape, h, param(blk.proj), param(blk.proj + 1)));
+    x = ag::add(tape, x, h);
+  }
+  x = ag::layer_norm(tape, x, param(ln_f_), param(ln_f_ + 1));
+  x = ag::reshape(tape, x, {b * t, c});
+  return ag::matmul(tape, x, param(wte_), false, true);  // tied LM head: logits = x wte^T
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,44 @@
+// nn/gpt.h — GPT-2 exactly as Hugging Face defines it: learned token and position
+// embeddings, pre-LN blocks (LayerNorm eps 1e-5), fused qkv projection, causal
+// self-attention, tanh-approximated GELU MLP of width 4C, final LayerNorm, and an LM
+// head tied to the token embedding. Parameters carry HF GPT-2 names and Conv1D
+// layouts ([in, out]), so checkpoints load into transformers' GPT2LMHeadModel.
+#pragma once
+
+#include "nn/init.h"
+#include "nn/model.h"
+
+namespace loom::nn {
+
+struct GptConfig {
+  std::int64_t vocab = 65;
+  std::int64_t context = 64;   // n_positions
+  std::int64_t layers = 4;
+  std::int64_t heads = 4;
+  std::int64_t width = 128;    // n_embd
+  double dropout = 0.0;        // residual and embedding dropout (HF resid_pdrop/embd_pdrop)
+  void validate() const;       // throws naming the field and value
+};
+
+class Gpt final : public Model {
+ public:
+  Gpt(const GptConfig& config, std::uint64_t seed, Backend& backend);
+  std::vector<Parameter>& parameters() override { return params_; }
+  // ids [B,T] i32 with T <= context -> logits [B*T, vocab].
+  autograd::Var forward(autograd::Tape& tape, const Tensor& ids, const ForwardOptions& options) override;
+  std::string kind() const override { return "gpt"; }
+  const GptConfig& config() const { return config_; }
+
+ private:
+  struct Block {  // indices into params_
+    std::size_t ln1, attn, attn_proj, ln2, fc, proj;
+  };
+  autograd::Var& param(std::size_t index) { return params_[index].var; }
+
+  GptConfig config_;
+  std::vector<Parameter> params_;
+  std::size_t wte_ = 0, wpe_ = 0, ln_f_ = 0;
+  std::vector<Block> blocks_;
+};
+
+}  // namespace loom::nn

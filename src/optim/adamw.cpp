@@ -1,0 +1,70 @@
+#include "optim/adamw.h"
+
+#include <array>
+#include <cmath>
+#include <numbers>
+
+#include "dispatch/dispatch.h"
+
+namespace loom::optim {
+
+AdamW::AdamW(std::vector<nn::Parameter>& params, const AdamWConfig& config) : params_(params), config_(config) {
+  for (const nn::Parameter& p : params_) {
+    Attrs zeros;
+    zeros.shape = p.var.shape();
+    zeros.alpha = 0.0;
+    Backend* device = &p.var.value().backend();
+    m_.push_back(dispatch::call(OpId::fill, {}, zeros, device).front());
+    v_.push_back(dispatch::call(OpId::fill, {}, zeros, device).front());
+  }
+}
+
+void AdamW::step(double lr) {
+  ++step_;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    nn::Parameter& p = params_[i];
+    if (!p.var.grad().defined()) continue;
+    Attrs a;
+    a.lr = lr;
+    a.beta1 = config_.beta1;
+    a.beta2 = config_.beta2;
+    a.eps = config_.eps;
+    a.weight_decay = p.weight_decay ? config_.weight_decay : 0.0;
+    a.step = step_;
+    Tensor param = p.var.value();
+    std::array<Tensor, 4> inputs{param, p.var.grad(), m_[i], v_[i]};
+    std::array<Tensor, 3> outputs{param, m_[i], v_[i]};
+    dispatch::call_into(OpId::adamw_step, inputs, outputs, a);
+  }
+}
+
+void AdamW::zero_grad() {
+  for (nn::Parameter& p : params_) p.var.zero_grad();
+}
+
+double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm) {
+  double total = 0.0;
+  for (const nn::Parameter& p : params)
+    if (p.var.grad().defined()) total += dispatch::call1(OpId::sum_squares, {p.var.grad()}).item();
+  double norm = std::sqrt(total);
+  if (norm > max_norm && norm > 0.0) {
+    Attrs a;
+    a.alpha = max_norm / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
+    for (nn::Parameter& p : params) {
+      if (!p.var.grad().defined()) continue;
+      Tensor scaled = dispatch::call1(OpId::scale, {p.var.grad()}, a);
+      p.var.state()->grad = scaled;
+    }
+  }
+  return norm;
+}
+
+double cosine_lr(std::int64_t it, double max_lr, double min_lr, std::int64_t warmup, std::int64_t decay_steps) {
+  if (it < warmup) return max_lr * static_cast<double>(it + 1) / static_cast<double>(warmup + 1);
+  if (it > decay_steps) return min_lr;
+  double ratio = static_cast<double>(it - warmup) / static_cast<double>(std::max<std::int64_t>(decay_steps - warmup, 1));
+  double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * ratio));
+  return min_lr + coeff * (max_lr - min_lr);
+}
+
+}  // namespace loom::optim

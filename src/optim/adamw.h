@@ -1,0 +1,43 @@
+// optim/adamw.h — AdamW with decoupled weight decay, global-norm gradient clipping and
+// the cosine learning-rate schedule with linear warmup (nanoGPT's get_lr).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "nn/model.h"
+
+namespace loom::optim {
+
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.99, eps = 1e-8, weight_decay = 0.1;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<nn::Parameter>& params, const AdamWConfig& config);
+  // One update with learning rate `lr`; the step counter (for bias correction) advances.
+  void step(double lr);
+  void zero_grad();
+  std::int64_t steps_taken() const { return step_; }
+  void set_steps_taken(std::int64_t step) { step_ = step; }
+  // First and second moments, one pair per parameter, in parameter order (checkpoints).
+  std::vector<Tensor>& first_moments() { return m_; }
+  std::vector<Tensor>& second_moments() { return v_; }
+
+ private:
+  std::vector<nn::Parameter>& params_;
+  AdamWConfig config_;
+  std::vector<Tensor> m_, v_;
+  std::int64_t step_ = 0;
+};
+
+// Scales all gradients by max_norm / norm when their global L2 norm exceeds max_norm.
+// Returns the norm before clipping. Parameters without a gradient are skipped.
+double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm);
+
+// lr(it): linear warmup over `warmup` steps to `max_lr`, then cosine decay to `min_lr` at
+// `decay_steps`, constant after (nanoGPT's schedule, same formula).
+double cosine_lr(std::int64_t it, double max_lr, double min_lr, std::int64_t warmup, std::int64_t decay_steps);
+
+}  // namespace loom::optim
