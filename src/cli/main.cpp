@@ -1,1 +1,140 @@
-int main(){}
+// cli/ — the one binary: `loom train | sample | eval | ops`.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/op_catalog.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace {
+
+using loom::train::TrainConfig;
+
+constexpr const char* kBoolFlags[] = {"resume", "json"};
+
+bool is_bool_flag(const std::string& key) {
+  for (const char* k : kBoolFlags)
+    if (key == k) return true;
+  return false;
+}
+
+std::string dashed(std::string key) {
+  for (char& c : key) c = c == '_' ? '-' : c;
+  return key;
+}
+
+int cmd_ops() {
+  // The CPU backend's coverage of the catalog: every op, and whether its kernel is a
+  // CPU-specific fast kernel or the reference kernel.
+  loom::cpu::CpuBackend& cpu = loom::cpu::backend();
+  std::printf("%-28s %-10s %-10s\n", "op", "role", "cpu");
+  int fast = 0;
+  for (std::size_t i = 0; i < loom::kNumOps; ++i) {
+    auto op = static_cast<loom::OpId>(i);
+    std::string_view source = cpu.kernel_source(op);
+    fast += source == "fast";
+    std::printf("%-28s %-10s native (%s)\n", std::string(loom::op_name(op)).c_str(),
+                std::string(loom::role_name(loom::op_info(op).role)).c_str(), std::string(source).c_str());
+  }
+  std::printf("cpu: %zu/%zu ops native (%d fast kernels, %zu reference)\n", loom::kNumOps, loom::kNumOps, fast,
+              loom::kNumOps - static_cast<std::size_t>(fast));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Loom: train anywhere, plan anywhere"};
+  app.require_subcommand(1);
+
+  // ---- train ----------------------------------------------------------------
+  CLI::App* train = app.add_subcommand("train", "train a model (defaults: char-level GPT on tiny Shakespeare)");
+  std::string config_path;
+  train->add_option("config", config_path, "YAML config file (keys as the flags below)");
+  std::map<std::string, std::string> values;
+  std::map<std::string, bool> flags;
+  for (const std::string& key : TrainConfig::keys()) {
+    std::string names = "--" + key + (dashed(key) != key ? ",--" + dashed(key) : "");
+    if (is_bool_flag(key)) {
+      train->add_flag(names, flags[key], TrainConfig::help(key));
+    } else {
+      train->add_option(names, values[key], TrainConfig::help(key));
+    }
+  }
+
+  // ---- sample ---------------------------------------------------------------
+  CLI::App* sample = app.add_subcommand("sample", "generate text from a GPT checkpoint");
+  std::string sample_ckpt, prompt;
+  std::int64_t sample_tokens = 500, sample_seed = 1337;
+  double temperature = 0.8;
+  sample->add_option("checkpoint", sample_ckpt, "checkpoint folder or model.safetensors")->required();
+  sample->add_option("--prompt", prompt, "text to continue");
+  sample->add_option("--tokens", sample_tokens, "characters to generate")->check(CLI::Range(0, 1 << 24));
+  sample->add_option("--temperature", temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+  sample->add_option("--seed", sample_seed, "sampling seed");
+
+  // ---- eval -----------------------------------------------------------------
+  CLI::App* eval = app.add_subcommand("eval", "mean cross-entropy of a GPT checkpoint over a text file");
+  std::string eval_ckpt, eval_data;
+  std::int64_t eval_batch = 64;
+  eval->add_option("checkpoint", eval_ckpt, "checkpoint folder or model.safetensors")->required();
+  eval->add_option("--data", eval_data, "UTF-8 text file")->required();
+  eval->add_option("--batch", eval_batch, "windows per forward pass")->check(CLI::Range(1, 1 << 20));
+  bool eval_json = false;
+  eval->add_flag("--json", eval_json, "print a JSON object");
+
+  // ---- ops ------------------------------------------------------------------
+  CLI::App* ops = app.add_subcommand("ops", "operator coverage of the available backends");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (train->parsed()) {
+      TrainConfig cfg;
+      if (!config_path.empty()) cfg.load_yaml(config_path);
+      for (const std::string& key : TrainConfig::keys()) {
+        std::string flag = "--" + key;
+        if (train->count(flag) == 0) continue;
+        cfg.set(key, is_bool_flag(key) ? (flags[key] ? "true" : "false") : values[key], "command line --" + key);
+      }
+      cfg.finalize();
+      loom::train::Summary summary = loom::train::run_training(cfg);
+      if (cfg.json) {
+        std::printf("%s\n", summary.to_json().c_str());
+      } else {
+        std::printf("done: %lld steps, loss %.4f -> %.4f", static_cast<long long>(summary.steps), summary.loss_first,
+                    summary.loss_last);
+        if (summary.val_loss) std::printf(", val loss %.4f", *summary.val_loss);
+        if (summary.test_accuracy) std::printf(", test accuracy %.2f%%", 100.0 * *summary.test_accuracy);
+        std::printf(", %.0f %s/s, %.1f ms/step, peak RSS %.0f MiB\n", summary.tokens_per_s,
+                    cfg.model == "gpt" ? "tokens" : "images", summary.step_ms_median,
+                    static_cast<double>(summary.peak_rss_bytes) / (1 << 20));
+        std::printf("checkpoint: %s/checkpoint\n", cfg.out.c_str());
+      }
+    } else if (sample->parsed()) {
+      std::printf("%s%s\n", prompt.c_str(),
+                  loom::train::sample_text(sample_ckpt, prompt, sample_tokens, temperature,
+                                           static_cast<std::uint64_t>(sample_seed)).c_str());
+    } else if (eval->parsed()) {
+      double loss = loom::train::evaluate_text(eval_ckpt, eval_data, eval_batch);
+      if (eval_json) std::printf("{\"loss\": %.6f}\n", loss);
+      else std::printf("%.6f\n", loss);
+    } else if (ops->parsed()) {
+      return cmd_ops();
+    }
+  } catch (const loom::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "loom: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,6 +1,7 @@
 #include "dispatch/dispatch.h"
 
 #include <array>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
@@ -37,10 +38,15 @@ void debug_once(const std::string& backend, OpId op, Path path) {
               << (path == Path::native ? "native" : "cpu fallback") << "\n";
 }
 
-void count(const std::string& backend, OpId op, Path path, std::uint64_t bytes) {
+void count(const std::string& backend, OpId op, Path path, std::uint64_t bytes, double seconds) {
   PathCount& c = stats().counts[{backend, op, path}];
   ++c.calls;
   c.bytes_moved += bytes;
+  c.seconds += seconds;
+}
+
+double since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 Backend& backend_of(OpId op, std::span<const Tensor> inputs, Backend* device) {
@@ -60,9 +66,10 @@ void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::spa
              const Attrs& attrs) {
   OpCall call{op, inputs, outputs, attrs};
   std::string name(backend.name());
+  auto start = std::chrono::steady_clock::now();
   if (backend.supports(call)) {
     backend.launch(call, backend.default_stream());
-    count(name, op, Path::native, 0);
+    count(name, op, Path::native, 0, since(start));
     debug_once(name, op, Path::native);
     return;
   }
@@ -85,7 +92,7 @@ void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::spa
                    static_cast<std::size_t>(outputs[i].offset()) * dtype_size(outputs[i].dtype()), outputs[i].nbytes());
     moved += outputs[i].nbytes();
   }
-  count(name, op, Path::fallback, moved);
+  count(name, op, Path::fallback, moved, since(start));
   debug_once(name, op, Path::fallback);
 }
 

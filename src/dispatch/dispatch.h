@@ -26,6 +26,7 @@ enum class Path { native, fallback };
 struct PathCount {
   std::uint64_t calls = 0;
   std::uint64_t bytes_moved = 0;  // host<->device bytes copied for fallbacks
+  double seconds = 0;             // wall time in the kernel (and copies), host-measured
 };
 
 // Counts per (backend name, op, path).

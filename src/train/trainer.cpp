@@ -1,0 +1,295 @@
+#include "train/trainer.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "autograd/functions.h"
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "data/idx.h"
+#include "data/text.h"
+#include "nn/init.h"
+#include "train/checkpoint.h"
+#include "train/progress.h"
+
+namespace loom::train {
+
+namespace ag = loom::autograd;
+namespace fs = std::filesystem;
+
+std::int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::string Summary::to_json() const {
+  nlohmann::ordered_json j{{"steps", steps},
+                           {"tokens_per_s", tokens_per_s},
+                           {"step_ms_median", step_ms_median},
+                           {"peak_rss_bytes", peak_rss_bytes},
+                           {"loss_first", loss_first},
+                           {"loss_last", loss_last}};
+  if (val_loss) j["val_loss"] = *val_loss;
+  if (test_accuracy) j["test_accuracy"] = *test_accuracy;
+  return j.dump();
+}
+
+namespace {
+
+// The training data and how to draw step `s`'s batch from it, deterministically.
+class Source {
+ public:
+  explicit Source(const TrainConfig& cfg) : cfg_(cfg) {
+    if (cfg.model == "gpt") {
+      text_ = cfg.data == "random" ? data::TextDataset::random(cfg.vocab, 1'000'000, static_cast<std::uint64_t>(cfg.seed))
+                                   : data::TextDataset::load(cfg.data);
+      return;
+    }
+    const std::string& dir = cfg.mnist_dir;
+    train_ = data::load_idx(dir + "/train10k-images-idx3-ubyte.gz", dir + "/train10k-labels-idx1-ubyte.gz");
+    test_ = data::load_idx(dir + "/t10k-images-idx3-ubyte.gz", dir + "/t10k-labels-idx1-ubyte.gz");
+    data::normalize_mnist(train_);
+    data::normalize_mnist(test_);
+  }
+
+  bool text() const { return cfg_.model == "gpt"; }
+  const data::TextDataset& dataset() const { return text_; }
+  std::int64_t vocab() const { return text() ? text_.vocab() : 10; }
+  std::int64_t items_per_step() const { return text() ? cfg_.batch * cfg_.context : cfg_.batch; }
+
+  data::Batch batch(std::int64_t step, Backend& backend) {
+    auto seed = static_cast<std::uint64_t>(cfg_.seed);
+    if (text()) return text_.sample(text_.train(), cfg_.batch, cfg_.context, nn::mix_seed(seed, step), backend);
+    // Images: shuffled epochs; the permutation depends only on (seed, epoch).
+    std::int64_t per_epoch = train_.count / cfg_.batch;
+    check(per_epoch > 0, "batch = " + std::to_string(cfg_.batch) + " exceeds the " + std::to_string(train_.count) +
+                             " training images");
+    std::int64_t epoch = step / per_epoch;
+    if (epoch != epoch_) {
+      order_.resize(train_.count);
+      std::iota(order_.begin(), order_.end(), 0);
+      nn::Rng rng(nn::mix_seed(seed ^ 0x5eed, epoch));
+      for (std::int64_t i = train_.count - 1; i > 0; --i)
+        std::swap(order_[i], order_[rng.next() % static_cast<std::uint64_t>(i + 1)]);
+      epoch_ = epoch;
+    }
+    return data::image_batch(train_, order_, (step % per_epoch) * cfg_.batch, cfg_.batch, backend);
+  }
+
+  const data::ImageSet& test_set() const { return test_; }
+
+ private:
+  const TrainConfig& cfg_;
+  data::TextDataset text_;
+  data::ImageSet train_, test_;
+  std::vector<std::int64_t> order_;
+  std::int64_t epoch_ = -1;
+};
+
+double batch_loss(nn::Model& model, const data::Batch& b) {
+  ag::Tape tape;
+  tape.set_recording(false);
+  ag::Var logits = model.forward(tape, b.inputs, {});
+  return ag::cross_entropy(tape, logits, b.targets).value().item();
+}
+
+// Token-weighted mean loss over a list of batches.
+double mean_loss(nn::Model& model, const std::vector<data::Batch>& batches) {
+  double total = 0.0;
+  std::int64_t count = 0;
+  for (const auto& b : batches) {
+    total += batch_loss(model, b) * static_cast<double>(b.targets.numel());
+    count += b.targets.numel();
+  }
+  return count > 0 ? total / static_cast<double>(count) : 0.0;
+}
+
+double test_accuracy(nn::Model& model, const data::ImageSet& test, Backend& backend) {
+  std::vector<std::int64_t> order(test.count);
+  std::iota(order.begin(), order.end(), 0);
+  std::int64_t correct = 0;
+  for (std::int64_t first = 0; first < test.count; first += 500) {
+    std::int64_t n = std::min<std::int64_t>(500, test.count - first);
+    data::Batch b = data::image_batch(test, order, first, n, backend);
+    ag::Tape tape;
+    tape.set_recording(false);
+    std::vector<float> logits = model.forward(tape, b.inputs, {}).value().to_floats();
+    std::vector<std::int32_t> labels = b.targets.to_ints();
+    std::int64_t classes = static_cast<std::int64_t>(logits.size()) / n;
+    for (std::int64_t i = 0; i < n; ++i) {
+      auto row = logits.begin() + i * classes;
+      correct += (std::max_element(row, row + classes) - row) == labels[i];
+    }
+  }
+  return static_cast<double>(correct) / static_cast<double>(test.count);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+Summary run_training(const TrainConfig& cfg) {
+  cpu::set_num_threads(static_cast<int>(cfg.threads));
+  Backend& device = cpu::backend();
+  Source source(cfg);
+  ModelSpec spec{cfg.model, source.vocab(), cfg.context, cfg.layers, cfg.heads, cfg.width, cfg.dropout};
+  std::unique_ptr<nn::Model> model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);
+  if (!cfg.init.empty()) load_weights(cfg.init, *model);
+  optim::AdamW optimizer(model->parameters(), {cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});
+  const std::string ckpt_dir = cfg.out + "/checkpoint";
+  std::int64_t start = cfg.resume ? load_checkpoint(ckpt_dir, *model, optimizer) : 0;
+  check(start <= cfg.steps, ckpt_dir + ": checkpoint is at step " + std::to_string(start) + ", beyond steps = " +
+                                std::to_string(cfg.steps));
+  std::error_code ec;
+  fs::create_directories(cfg.out, ec);
+  check(!ec, cfg.out + ": cannot create the output folder: " + ec.message());
+  std::ofstream metrics(cfg.out + "/metrics.jsonl", cfg.resume ? std::ios::app : std::ios::trunc);
+  check(metrics.good(), cfg.out + "/metrics.jsonl: cannot open for writing");
+  const std::string vocab_utf8 = source.text() && cfg.data != "random" ? source.dataset().tokenizer().alphabet_utf8() : "";
+  const std::string config_json = cfg.to_json();
+  const std::string unit = source.text() ? "tok" : "img";
+
+  if (!cfg.json) {
+    std::printf("loom: training %s (%lld parameters) on %s, %lld steps from step %lld, %lld threads\n",
+                cfg.model.c_str(), static_cast<long long>(model->parameter_count()),
+                source.text() ? source.dataset().source().c_str() : "mnist", static_cast<long long>(cfg.steps),
+                static_cast<long long>(start), static_cast<long long>(cfg.threads));
+  }
+  // A fixed set of validation batches, so estimates at different steps compare.
+  std::vector<data::Batch> val_batches;
+  if (source.text() && cfg.eval_every > 0) {
+    for (std::int64_t i = 0; i < cfg.eval_batches; ++i)
+      val_batches.push_back(source.dataset().sample(source.dataset().val(), cfg.batch, cfg.context,
+                                                    nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xe7a1, i), device));
+  }
+
+  Progress progress(cfg.steps, cfg.progress && !cfg.json, cfg.log_every);
+  Summary summary;
+  std::vector<double> step_seconds;
+  for (std::int64_t step = start; step < cfg.steps; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    double lr = optim::cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps);
+    data::Batch batch = source.batch(step, device);
+    ag::Tape tape;
+    nn::ForwardOptions options{true, nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xd20f, step)};
+    ag::Var loss = ag::cross_entropy(tape, model->forward(tape, batch.inputs, options), batch.targets);
+    tape.backward(loss);
+    if (cfg.grad_clip > 0) optim::clip_grad_norm(model->parameters(), cfg.grad_clip);
+    optimizer.step(lr);
+    optimizer.zero_grad();
+    double loss_value = loss.value().item();
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_seconds.push_back(seconds);
+    check(std::isfinite(loss_value), "training diverged: loss = " + std::to_string(loss_value) + " at step " +
+                                         std::to_string(step + 1) + "; lower --lr");
+    if (step == start) summary.loss_first = loss_value;
+    summary.loss_last = loss_value;
+    progress.update(step, loss_value, static_cast<double>(source.items_per_step()) / seconds, seconds, unit);
+    metrics << nlohmann::json{{"step", step + 1}, {"loss", loss_value}, {"lr", lr}, {"ms", seconds * 1e3}}.dump() << "\n";
+    if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && !val_batches.empty()) {
+      double val = mean_loss(*model, val_batches);
+      progress.message("step " + std::to_string(step + 1) + ": val loss " + std::to_string(val) + " (estimate over " +
+                       std::to_string(cfg.eval_batches) + " batches)");
+      metrics << nlohmann::json{{"step", step + 1}, {"val_loss_estimate", val}}.dump() << "\n";
+    }
+    if (cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 && step + 1 < cfg.steps)
+      save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, step + 1, config_json);
+    metrics.flush();
+  }
+  progress.finish();
+  save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, cfg.steps, config_json);
+
+  summary.steps = cfg.steps - start;
+  // The first step pays one-time costs (allocations, oneDNN kernel selection).
+  std::vector<double> timed(step_seconds.begin() + (step_seconds.size() > 1 ? 1 : 0), step_seconds.end());
+  summary.step_ms_median = median(timed) * 1e3;
+  summary.tokens_per_s = summary.step_ms_median > 0 ? static_cast<double>(source.items_per_step()) / (summary.step_ms_median / 1e3) : 0;
+  if (source.text() && cfg.final_eval) {
+    summary.val_loss = mean_loss(*model, data::eval_windows(source.dataset().val(), cfg.context, 64, device));
+    metrics << nlohmann::json{{"step", cfg.steps}, {"val_loss", *summary.val_loss}}.dump() << "\n";
+  }
+  if (!source.text()) {
+    summary.test_accuracy = test_accuracy(*model, source.test_set(), device);
+    metrics << nlohmann::json{{"step", cfg.steps}, {"test_accuracy", *summary.test_accuracy}}.dump() << "\n";
+  }
+  summary.peak_rss_bytes = peak_rss_bytes();
+  return summary;
+}
+
+std::string sample_text(const std::string& checkpoint, const std::string& prompt, std::int64_t tokens,
+                        double temperature, std::uint64_t seed) {
+  Backend& device = cpu::backend();
+  LoadedModel loaded = load_model_file(checkpoint, device);
+  check(loaded.spec.kind == "gpt", checkpoint + ": a " + loaded.spec.kind + " model does not generate text");
+  check(loaded.tokenizer.size() > 0, checkpoint + ": has no character vocabulary (trained on random tokens?)");
+  std::vector<std::int32_t> ids;
+  if (prompt.empty()) {
+    std::int32_t newline = loaded.tokenizer.encode_char(U'\n');
+    ids.push_back(newline >= 0 ? newline : 0);
+  } else {
+    ids = loaded.tokenizer.encode(data::decode_utf8(prompt, "--prompt"), "--prompt");
+  }
+  std::size_t prompt_len = prompt.empty() ? 0 : ids.size();
+  nn::Rng rng(seed);
+  const std::int64_t v = loaded.spec.vocab;
+  for (std::int64_t n = 0; n < tokens; ++n) {
+    std::int64_t t = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), loaded.spec.context);
+    std::vector<std::int32_t> window(ids.end() - t, ids.end());
+    ag::Tape tape;
+    tape.set_recording(false);
+    Tensor input = Tensor::from_ints({1, t}, window, device);
+    std::vector<float> logits = loaded.model->forward(tape, input, {}).value().to_floats();
+    const float* last = logits.data() + (t - 1) * v;
+    std::int32_t next = 0;
+    if (temperature <= 0.0) {
+      next = static_cast<std::int32_t>(std::max_element(last, last + v) - last);
+    } else {
+      float m = *std::max_element(last, last + v);
+      std::vector<double> p(v);
+      double total = 0.0;
+      for (std::int64_t j = 0; j < v; ++j) total += p[j] = std::exp((last[j] - m) / temperature);
+      double r = rng.uniform() * total;
+      next = static_cast<std::int32_t>(v - 1);
+      for (std::int64_t j = 0; j < v; ++j) {
+        if ((r -= p[j]) <= 0) {
+          next = static_cast<std::int32_t>(j);
+          break;
+        }
+      }
+    }
+    ids.push_back(next);
+  }
+  std::vector<std::int32_t> out(ids.begin() + static_cast<std::ptrdiff_t>(prompt.empty() ? 1 : 0), ids.end());
+  (void)prompt_len;
+  return loaded.tokenizer.decode(out);
+}
+
+double evaluate_text(const std::string& checkpoint, const std::string& data_path, std::int64_t batch) {
+  Backend& device = cpu::backend();
+  LoadedModel loaded = load_model_file(checkpoint, device);
+  check(loaded.spec.kind == "gpt", checkpoint + ": eval needs a gpt checkpoint, this one is " + loaded.spec.kind);
+  check(loaded.tokenizer.size() > 0, checkpoint + ": has no character vocabulary to encode " + data_path);
+  std::ifstream file(data_path, std::ios::binary);
+  check(file.good(), data_path + ": cannot open the data file (missing or unreadable)");
+  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::vector<std::int32_t> ids = loaded.tokenizer.encode(data::decode_utf8(bytes, data_path), data_path);
+  check(static_cast<std::int64_t>(ids.size()) > loaded.spec.context,
+        data_path + ": " + std::to_string(ids.size()) + " tokens; need more than the context of " +
+            std::to_string(loaded.spec.context));
+  return mean_loss(*loaded.model, data::eval_windows(ids, loaded.spec.context, batch, device));
+}
+
+}  // namespace loom::train

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/vec_math.h"
 #include "core/error.h"
 #include "core/reference_util.h"
 
@@ -71,11 +72,18 @@ void matmul(const OpCall& call) {
     a_off[i] = offset_of(idx, as) * a_mat;
     b_off[i] = offset_of(idx, bs) * b_mat;
   });
-  // Many small products: one GEMM per thread at a time; few large ones: oneDNN threads each.
+  // Many small products: one GEMM per thread at a time. Otherwise call oneDNN from
+  // outside any parallel region, so that it threads each product itself (inside a
+  // region, even an inactive one, it runs single-threaded).
   bool small = m * n * k < 64 * 64 * 64;
-#pragma omp parallel for schedule(static) if (small && count > 1)
-  for (std::int64_t i = 0; i < count; ++i)
-    sgemm(ta, tb, m, n, k, 1.0f, pa + a_off[i], lda, pb + b_off[i], ldb, 0.0f, pc + i * m * n, n);
+  if (small && count > 1) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < count; ++i)
+      sgemm(ta, tb, m, n, k, 1.0f, pa + a_off[i], lda, pb + b_off[i], ldb, 0.0f, pc + i * m * n, n);
+  } else {
+    for (std::int64_t i = 0; i < count; ++i)
+      sgemm(ta, tb, m, n, k, 1.0f, pa + a_off[i], lda, pb + b_off[i], ldb, 0.0f, pc + i * m * n, n);
+  }
 }
 
 void linear(const OpCall& call) {
@@ -131,6 +139,21 @@ void copy(const OpCall& call) {
         std::memcpy(dst + (r * inner + j) * esize, src + (offset + j * inner_stride) * esize, esize);
     }
   }
+}
+
+void slice_backward(const OpCall& call) {
+  // dx viewed as [outer, L, inner] is zero except rows [start, start + l) of each block.
+  const Tensor& dy = call.inputs[0];
+  Tensor& dx = call.outputs[0];
+  int axis = normalize_axis(call.attrs.axis, dx.rank(), "slice_backward");
+  std::int64_t outer = 1, inner = 1;
+  for (int d = 0; d < axis; ++d) outer *= dx.shape()[d];
+  for (int d = axis + 1; d < dx.rank(); ++d) inner *= dx.shape()[d];
+  std::int64_t full = dx.shape()[axis] * inner, part = dy.shape()[axis] * inner, at = call.attrs.start * inner;
+  float* out = dx.data<float>();
+  const float* in = dy.data<float>();
+  if (part != full) std::memset(out, 0, dx.nbytes());
+  for (std::int64_t o = 0; o < outer; ++o) std::memcpy(out + o * full + at, in + o * part, part * sizeof(float));
 }
 
 void fill(const OpCall& call) {
@@ -245,9 +268,9 @@ void exp(const OpCall& call) { unary_fast(call, [](float x) { return std::exp(x)
 void log(const OpCall& call) { unary_fast(call, [](float x) { return std::log(x); }); }
 void tanh(const OpCall& call) { unary_fast(call, [](float x) { return std::tanh(x); }); }
 void relu(const OpCall& call) { unary_fast(call, [](float x) { return x > 0.0f ? x : 0.0f; }); }
-void gelu(const OpCall& call) { unary_fast(call, [](float x) { return gelu_tanh(x); }); }
+void gelu(const OpCall& call) { unary_fast(call, [](float x) { return gelu_fast(x); }); }
 void relu_backward(const OpCall& call) { pairwise_fast(call, [](float dy, float x) { return x > 0.0f ? dy : 0.0f; }); }
-void gelu_backward(const OpCall& call) { pairwise_fast(call, [](float dy, float x) { return dy * gelu_tanh_grad(x); }); }
+void gelu_backward(const OpCall& call) { pairwise_fast(call, [](float dy, float x) { return dy * gelu_grad_fast(x); }); }
 void tanh_backward(const OpCall& call) { pairwise_fast(call, [](float dy, float y) { return dy * (1.0f - y * y); }); }
 
 void dropout(const OpCall& call) {
@@ -421,6 +444,7 @@ void register_elementwise_kernels(std::array<KernelFn, kNumOps>& table) {
   set(OpId::linear, linear);
   set(OpId::copy, copy);
   set(OpId::fill, fill);
+  set(OpId::slice_backward, slice_backward);
   set(OpId::add, add);
   set(OpId::sub, sub);
   set(OpId::mul, mul);

@@ -1,0 +1,48 @@
+// train/checkpoint.h — checkpoints as two safetensors files in one folder:
+//   model.safetensors        the weights (Hugging Face GPT-2 names and layouts for GPT),
+//                            metadata: loom_model (architecture JSON), loom_vocab, step
+//   train_state.safetensors  AdamW moments (optimizer.m.<name>, optimizer.v.<name>),
+//                            metadata: step, loom_config (the run's settings)
+// Each file is written atomically; the step is recorded in both and must agree on load.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "data/text.h"
+#include "nn/model.h"
+#include "optim/adamw.h"
+
+namespace loom::train {
+
+struct ModelSpec {
+  std::string kind = "gpt";  // gpt | mlp | cnn
+  std::int64_t vocab = 65, context = 64, layers = 4, heads = 4, width = 128;
+  double dropout = 0.0;
+  std::string to_json() const;
+  static ModelSpec from_json(const std::string& text, const std::string& where);
+};
+
+std::unique_ptr<nn::Model> make_model(const ModelSpec& spec, std::uint64_t seed, Backend& backend);
+
+void save_checkpoint(const std::string& dir, nn::Model& model, const ModelSpec& spec, const std::string& vocab_utf8,
+                     optim::AdamW& optimizer, std::int64_t step, const std::string& config_json);
+
+// Loads weights into `model`; every model parameter must be present with its shape.
+// Known Hugging Face extras (lm_head.weight tied to wte, attention mask buffers) are ignored.
+void load_weights(const std::string& path, nn::Model& model);
+
+// Restores weights and optimizer state; returns the step the checkpoint was taken after.
+std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::AdamW& optimizer);
+
+struct LoadedModel {
+  ModelSpec spec;
+  std::unique_ptr<nn::Model> model;
+  data::CharTokenizer tokenizer;  // empty for image models
+  std::int64_t step = 0;
+};
+// Reads model.safetensors (or a folder holding one) and rebuilds the model it describes.
+LoadedModel load_model_file(const std::string& path, Backend& backend);
+
+}  // namespace loom::train

@@ -1,0 +1,52 @@
+// train/config.h — a training run's settings. Every key can come from a YAML file or a
+// `--key value` flag (flags win); every value is validated with an error naming the
+// source (file or command line), the key, the value and what was expected.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace loom::train {
+
+struct TrainConfig {
+  // model
+  std::string model = "gpt";  // gpt | mlp | cnn
+  std::int64_t layers = 4, width = 128, heads = 4, context = 64;
+  double dropout = 0.0;
+  // data
+  std::string data = "data/tinyshakespeare/input.txt";  // a UTF-8 text file | mnist | random
+  std::int64_t vocab = 65;                              // for data = random
+  std::string mnist_dir = "data/mnist";
+  // optimisation (defaults: nanoGPT's shakespeare_char on CPU)
+  std::int64_t batch = 12, steps = 2000, warmup = 100;
+  double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.99, grad_clip = 1.0;
+  std::int64_t seed = 1337;
+  // execution
+  std::int64_t threads = 2;
+  std::string device = "cpu";
+  // evaluation, logging, checkpoints
+  std::int64_t eval_every = 250, eval_batches = 20, log_every = 10, ckpt_every = 500;
+  std::string out = "out";
+  bool resume = false;
+  std::string init;   // checkpoint whose weights start the run
+  bool json = false;  // print one JSON summary object as the last line
+  bool progress = true;  // progress bar on a terminal
+  bool final_eval = true;  // full deterministic validation pass at the end
+
+  std::set<std::string> explicitly_set;  // keys given by the user (file or flag)
+
+  // Sets `key` from its text form; `source` names where it came from (file or flag).
+  void set(const std::string& key, const std::string& value, const std::string& source);
+  // Loads a YAML mapping of keys to scalars.
+  void load_yaml(const std::string& path);
+  // Cross-field checks; applies image-model defaults for keys the user did not set.
+  void finalize();
+  // Every key, for help text and for `--key` flags.
+  static const std::vector<std::string>& keys();
+  static std::string help(const std::string& key);
+  std::string to_json() const;
+};
+
+}  // namespace loom::train

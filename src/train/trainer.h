@@ -1,0 +1,36 @@
+// train/trainer.h — the training loop and the commands built on trained models.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "train/config.h"
+
+namespace loom::train {
+
+struct Summary {
+  std::int64_t steps = 0;
+  double tokens_per_s = 0;  // tokens (GPT) or images (mlp/cnn) per second, median step
+  double step_ms_median = 0;
+  std::int64_t peak_rss_bytes = 0;
+  double loss_first = 0, loss_last = 0;
+  std::optional<double> val_loss, test_accuracy;
+  std::string to_json() const;
+};
+
+// Runs training as configured (config.finalize() already called). Prints progress.
+Summary run_training(const TrainConfig& config);
+
+// Generates `tokens` characters after `prompt` from a GPT checkpoint (temperature
+// sampling; temperature 0 is greedy).
+std::string sample_text(const std::string& checkpoint, const std::string& prompt, std::int64_t tokens,
+                        double temperature, std::uint64_t seed);
+
+// Mean cross-entropy (nats/token) over all consecutive non-overlapping windows of the
+// model's context length in the UTF-8 file `data_path`.
+double evaluate_text(const std::string& checkpoint, const std::string& data_path, std::int64_t batch);
+
+std::int64_t peak_rss_bytes();
+
+}  // namespace loom::train
