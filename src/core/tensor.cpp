@@ -153,6 +153,14 @@ Tensor Tensor::slice(int axis, std::int64_t start, std::int64_t end) const {
   return t;
 }
 
+Tensor Tensor::select(int axis, std::int64_t index) const {
+  int a = axis < 0 ? axis + rank() : axis;
+  Tensor t = slice(a, index, index + 1);
+  t.shape_.erase(t.shape_.begin() + a);
+  t.strides_.erase(t.strides_.begin() + a);
+  return t;
+}
+
 std::vector<std::byte> Tensor::gather_host_bytes() const {
   std::size_t esize = dtype_size(dtype_);
   std::vector<std::byte> out(nbytes());

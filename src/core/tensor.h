@@ -61,6 +61,7 @@ class Tensor {
   Tensor permute(const std::vector<int>& order) const;
   Tensor transpose(int axis_a, int axis_b) const;
   Tensor slice(int axis, std::int64_t start, std::int64_t end) const;
+  Tensor select(int axis, std::int64_t index) const;  // drops `axis`, keeping one index
 
   // ---- copies ---------------------------------------------------------------
   Tensor to(Backend& backend) const;  // contiguous copy on `backend`

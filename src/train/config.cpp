@@ -111,6 +111,7 @@ const std::map<std::string, Field>& fields() {
       {"ckpt_every", int_field(&TrainConfig::ckpt_every, 0, kBig, "steps between checkpoints (0: only at the end)")},
       {"out", string_field(&TrainConfig::out, {}, "output folder: checkpoint, metrics.jsonl")},
       {"resume", bool_field(&TrainConfig::resume, "resume from the checkpoint in --out")},
+      {"stop_after", int_field(&TrainConfig::stop_after, 0, kBig, "stop with a checkpoint after this step (0: run to --steps)")},
       {"init", string_field(&TrainConfig::init, {}, "safetensors file whose weights start the run")},
       {"json", bool_field(&TrainConfig::json, "print a JSON summary as the last line")},
       {"progress", bool_field(&TrainConfig::progress, "progress bar on a terminal")},

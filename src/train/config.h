@@ -30,6 +30,7 @@ struct TrainConfig {
   std::int64_t eval_every = 250, eval_batches = 20, log_every = 10, ckpt_every = 500;
   std::string out = "out";
   bool resume = false;
+  std::int64_t stop_after = 0;  // stop (with a checkpoint) once this step is done; 0: run to steps
   std::string init;   // checkpoint whose weights start the run
   bool json = false;  // print one JSON summary object as the last line
   bool progress = true;  // progress bar on a terminal

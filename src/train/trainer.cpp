@@ -179,7 +179,8 @@ Summary run_training(const TrainConfig& cfg) {
   Progress progress(cfg.steps, cfg.progress && !cfg.json, cfg.log_every);
   Summary summary;
   std::vector<double> step_seconds;
-  for (std::int64_t step = start; step < cfg.steps; ++step) {
+  const std::int64_t end = cfg.stop_after > 0 ? std::min(cfg.stop_after, cfg.steps) : cfg.steps;
+  for (std::int64_t step = start; step < end; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     double lr = optim::cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps);
     data::Batch batch = source.batch(step, device);
@@ -205,14 +206,14 @@ Summary run_training(const TrainConfig& cfg) {
                        std::to_string(cfg.eval_batches) + " batches)");
       metrics << nlohmann::json{{"step", step + 1}, {"val_loss_estimate", val}}.dump() << "\n";
     }
-    if (cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 && step + 1 < cfg.steps)
+    if (cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 && step + 1 < end)
       save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, step + 1, config_json);
     metrics.flush();
   }
   progress.finish();
-  save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, cfg.steps, config_json);
+  save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, end, config_json);
 
-  summary.steps = cfg.steps - start;
+  summary.steps = end - start;
   // The first step pays one-time costs (allocations, oneDNN kernel selection).
   std::vector<double> timed(step_seconds.begin() + (step_seconds.size() > 1 ? 1 : 0), step_seconds.end());
   summary.step_ms_median = median(timed) * 1e3;

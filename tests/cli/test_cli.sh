@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The loom binary on bad input: a one-line error naming what is wrong, a non-zero exit,
+# and no checkpoint left behind. Usage: test_cli.sh path/to/loom
+set -u
+loom="$1"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+failures=0
+
+expect_error() {  # expect_error "needle" args...
+  local needle="$1"; shift
+  local out rc
+  out=$("$loom" "$@" 2>&1 >/dev/null); rc=$?
+  if [[ $rc -eq 0 ]]; then echo "FAIL: exit 0 for: $*"; failures=$((failures + 1)); return; fi
+  if [[ "$out" != *"$needle"* ]]; then echo "FAIL: '$needle' not in: $out"; failures=$((failures + 1)); return; fi
+  echo "ok: $*"
+}
+
+printf 'lr: [1,\n' > "$dir/bad.yaml"
+printf 'lerning_rate: 0.1\n' > "$dir/unknown.yaml"
+expect_error "bad.yaml: malformed YAML" train "$dir/bad.yaml" --out "$dir/o1"
+expect_error "unknown.yaml: unknown field 'lerning_rate'" train "$dir/unknown.yaml" --out "$dir/o2"
+expect_error "field 'steps': value '-5' is out of range" train --steps=-5 --out "$dir/o3"
+expect_error "missing.txt: cannot open the data file" train --data "$dir/missing.txt" --out "$dir/o4"
+expect_error "no checkpoint to resume from" train --resume --out "$dir/o5"
+printf 'garbage' > "$dir/x.safetensors"
+expect_error "x.safetensors" sample "$dir/x.safetensors"
+expect_error "cannot open" eval "$dir/none.safetensors" --data "$dir/missing.txt"
+for d in o1 o2 o3 o4 o5; do
+  if [[ -e "$dir/$d/checkpoint" ]]; then echo "FAIL: checkpoint left in $d"; failures=$((failures + 1)); fi
+done
+# A tiny successful run: train, sample, eval.
+"$loom" train --data random --vocab 30 --layers 1 --width 16 --heads 2 --context 8 --batch 2 --steps 3 \
+  --out "$dir/ok" --json > "$dir/ok.log" || { echo "FAIL: tiny run"; failures=$((failures + 1)); }
+tail -n 1 "$dir/ok.log" | grep -q '"tokens_per_s"' || { echo "FAIL: last line is not the JSON summary"; failures=$((failures + 1)); }
+echo "$failures failed"
+[[ $failures -eq 0 ]]

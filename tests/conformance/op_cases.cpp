@@ -1,0 +1,268 @@
+#include "conformance/op_cases.h"
+
+#include "dispatch/dispatch.h"
+#include "test_util.h"
+
+namespace loom::testing {
+
+std::vector<Tensor> run_reference(OpId op, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+  std::vector<Tensor> host;
+  for (const Tensor& t : inputs) {
+    Tensor c = t.to(cpu());  // contiguous host copy
+    host.push_back(c);
+  }
+  std::vector<TensorSpec> specs = op_info(op).infer(host, attrs);
+  std::vector<Tensor> outputs;
+  for (const auto& s : specs) outputs.push_back(Tensor::empty(s.shape, s.dtype, cpu()));
+  op_info(op).reference(OpCall{op, host, outputs, attrs});
+  return outputs;
+}
+
+namespace {
+
+struct Builder {
+  nn::Rng rng{20261129};
+  std::vector<OpCase> cases;
+
+  Tensor r(const Shape& s, float lo = -1.0f, float hi = 1.0f) { return random(s, rng, lo, hi); }
+  Tensor nc(const Shape& s) { return non_contiguous(s, rng); }
+  Tensor ids(const Shape& s, std::int64_t limit) { return random_ids(s, limit, rng); }
+
+  void add(std::string label, OpId op, std::vector<Tensor> inputs, Attrs attrs = {},
+           Measure measure = Measure::elementwise, double tol = 1e-4) {
+    cases.push_back({std::string(op_name(op)) + "/" + label, op, std::move(inputs), std::move(attrs), measure, tol});
+  }
+};
+
+Attrs axes_attrs(std::vector<std::int64_t> axes, bool keepdim = false) {
+  Attrs a;
+  a.axes = std::move(axes);
+  a.keepdim = keepdim;
+  return a;
+}
+
+void utility_cases(Builder& b) {
+  b.add("transposed", OpId::copy, {b.nc({3, 5})});
+  b.add("permuted3d", OpId::copy, {b.r({2, 3, 4}).permute({2, 0, 1})});
+  b.add("strided1d", OpId::copy, {b.nc({9})});
+  b.add("sliced", OpId::copy, {b.r({4, 7}).slice(1, 2, 5)});
+  b.add("ints", OpId::copy, {b.ids({3, 4}, 100).transpose(0, 1)});
+  Attrs fill;
+  fill.shape = {3, 7};
+  fill.alpha = 2.5;
+  b.add("3x7", OpId::fill, {}, fill);
+  fill.shape = {100000};
+  fill.alpha = 0.0;
+  b.add("large_zero", OpId::fill, {}, fill);
+  for (DType d : {DType::bf16, DType::f16, DType::i32}) {
+    Attrs cast;
+    cast.dtype = d;
+    b.add(std::string("to_") + std::string(dtype_name(d)), OpId::cast, {b.r({5, 6}, -8.0f, 8.0f)}, cast, Measure::elementwise, 1e-2);
+  }
+  Attrs expand;
+  expand.shape = {2, 3, 4};
+  b.add("3x1_to_2x3x4", OpId::expand, {b.r({3, 1})}, expand);
+  expand.shape = {5};
+  b.add("1_to_5", OpId::expand, {b.r({1})}, expand);
+  Attrs concat;
+  concat.axis = 1;
+  b.add("axis1", OpId::concat, {b.r({2, 3}), b.r({2, 5})}, concat);
+  concat.axis = 0;
+  b.add("axis0_three", OpId::concat, {b.r({1, 4}), b.nc({3, 4}), b.r({2, 4})}, concat);
+  Attrs sb;
+  sb.shape = {2, 7};
+  sb.axis = 1;
+  sb.start = 2;
+  b.add("middle", OpId::slice_backward, {b.r({2, 3})}, sb);
+  sb.shape = {5, 3};
+  sb.axis = 0;
+  sb.start = 0;
+  b.add("whole", OpId::slice_backward, {b.r({5, 3})}, sb);
+}
+
+void elementwise_cases(Builder& b) {
+  for (OpId op : {OpId::add, OpId::sub, OpId::mul, OpId::div}) {
+    bool divide = op == OpId::div;
+    auto rhs = [&](const Shape& s) { return divide ? b.r(s, 0.5f, 2.0f) : b.r(s); };
+    b.add("same", op, {b.r({3, 4}), rhs({3, 4})});
+    b.add("odd_large", op, {b.r({67, 301}), rhs({67, 301})});
+    b.add("bias", op, {b.r({2, 3, 4}), rhs({4})});
+    b.add("bias_large", op, {b.r({64, 384}), rhs({384})});
+    b.add("scalar", op, {b.r({5, 2}), rhs({1})});
+    b.add("both_broadcast", op, {b.r({2, 1, 4}), rhs({3, 1})});
+    b.add("lhs_broadcast", op, {b.r({4}), rhs({3, 4})});
+    b.add("non_contiguous", op, {b.nc({6, 5}), divide ? b.r({5, 6}, 0.5f, 2.0f).transpose(0, 1) : b.nc({6, 5})});
+    b.add("size1", op, {b.r({1}), rhs({1})});
+  }
+  Attrs scale;
+  scale.alpha = -1.75;
+  b.add("small", OpId::scale, {b.r({3, 5})}, scale);
+  b.add("large", OpId::scale, {b.r({300, 257})}, scale);
+  for (OpId op : {OpId::exp, OpId::tanh, OpId::relu, OpId::gelu}) {
+    b.add("odd", op, {b.r({7, 13}, -3.0f, 3.0f)});
+    b.add("large", op, {b.r({300, 257}, -5.0f, 5.0f)});
+    b.add("non_contiguous", op, {b.nc({9, 4})});
+    b.add("size1", op, {b.r({1})});
+  }
+  b.add("odd", OpId::log, {b.r({7, 13}, 0.01f, 10.0f)});
+  b.add("large", OpId::log, {b.r({300, 257}, 0.01f, 10.0f)});
+  for (OpId op : {OpId::relu_backward, OpId::gelu_backward, OpId::tanh_backward}) {
+    b.add("odd", op, {b.r({7, 13}), b.r({7, 13}, -3.0f, 3.0f)});
+    b.add("large", op, {b.r({300, 257}), b.r({300, 257}, -3.0f, 3.0f)});
+  }
+  Attrs drop;
+  drop.p = 0.3;
+  drop.seed = 42;
+  b.add("p0.3", OpId::dropout, {b.r({40, 50})}, drop);
+  b.add("p0.3_large", OpId::dropout, {b.r({300, 257})}, drop);
+  b.add("p0.3", OpId::dropout_backward, {b.r({40, 50})}, drop);
+}
+
+void reduction_cases(Builder& b) {
+  for (OpId op : {OpId::sum, OpId::mean}) {
+    b.add("all", op, {b.r({3, 4, 5})}, axes_attrs({}), Measure::nmse, 1e-10);
+    b.add("axis0", op, {b.r({7, 9})}, axes_attrs({0}), Measure::nmse, 1e-10);
+    b.add("axis1_keepdim", op, {b.r({7, 9})}, axes_attrs({1}, true), Measure::nmse, 1e-10);
+    b.add("axes0_2", op, {b.r({3, 4, 5})}, axes_attrs({0, 2}), Measure::nmse, 1e-10);
+    b.add("prefix_large", op, {b.r({64, 8, 384})}, axes_attrs({0, 1}), Measure::nmse, 1e-10);
+    b.add("suffix_large", op, {b.r({300, 257})}, axes_attrs({-1}), Measure::nmse, 1e-10);
+    b.add("non_contiguous", op, {b.nc({6, 5})}, axes_attrs({0}), Measure::nmse, 1e-10);
+  }
+  Attrs mx;
+  mx.axis = 1;
+  b.add("axis1", OpId::max, {b.r({4, 7})}, mx);
+  mx.axis = 0;
+  mx.keepdim = true;
+  b.add("axis0_keepdim", OpId::max, {b.r({5, 3, 2})}, mx);
+  for (Attrs a : {[] { Attrs x; x.axis = 1; return x; }(), [] { Attrs x; x.axis = 0; x.keepdim = true; return x; }()}) {
+    Tensor x = b.r({5, 6});
+    Tensor y = run_reference(OpId::max, {x}, a)[0];
+    b.add(a.keepdim ? "axis0_keepdim" : "axis1", OpId::max_backward, {b.r(y.shape()), x, y}, a);
+  }
+  b.add("vector", OpId::sum_squares, {b.r({1000})}, {}, Measure::nmse, 1e-10);
+  b.add("large", OpId::sum_squares, {b.r({300, 257})}, {}, Measure::nmse, 1e-10);
+}
+
+void softmax_cases(Builder& b) {
+  for (OpId op : {OpId::softmax, OpId::log_softmax}) {
+    b.add("odd", op, {b.r({5, 11}, -4.0f, 4.0f)});
+    b.add("width1", op, {b.r({3, 1})});
+    b.add("3d_large", op, {b.r({8, 30, 70}, -4.0f, 4.0f)});
+    b.add("non_contiguous", op, {b.nc({6, 5})});
+  }
+  for (auto [fwd, bwd] : {std::pair{OpId::softmax, OpId::softmax_backward}, std::pair{OpId::log_softmax, OpId::log_softmax_backward}}) {
+    Tensor y = run_reference(fwd, {b.r({6, 9}, -3.0f, 3.0f)}, {})[0];
+    b.add("odd", bwd, {b.r({6, 9}), y});
+  }
+  for (auto [n, v] : {std::pair<std::int64_t, std::int64_t>{6, 11}, {1, 3}, {128, 65}, {40, 1000}}) {
+    std::string label = std::to_string(n) + "x" + std::to_string(v);
+    Tensor logits = b.r({n, v}, -5.0f, 5.0f);
+    Tensor targets = b.ids({n}, v);
+    b.add(label, OpId::cross_entropy, {logits, targets}, {}, Measure::elementwise, 1e-4);
+    Tensor lse = run_reference(OpId::cross_entropy, {logits, targets}, {})[1];
+    b.add(label, OpId::cross_entropy_backward, {b.r({}), logits, targets, lse});
+  }
+}
+
+void matmul_cases(Builder& b) {
+  auto mm = [](bool ta, bool tb) {
+    Attrs a;
+    a.trans_a = ta;
+    a.trans_b = tb;
+    return a;
+  };
+  const double t = 1e-9;
+  b.add("5x7_7x3", OpId::matmul, {b.r({5, 7}), b.r({7, 3})}, mm(false, false), Measure::nmse, t);
+  b.add("trans_a", OpId::matmul, {b.r({7, 5}), b.r({7, 3})}, mm(true, false), Measure::nmse, t);
+  b.add("trans_b", OpId::matmul, {b.r({5, 7}), b.r({3, 7})}, mm(false, true), Measure::nmse, t);
+  b.add("trans_ab", OpId::matmul, {b.r({7, 5}), b.r({3, 7})}, mm(true, true), Measure::nmse, t);
+  b.add("batched_shared_b", OpId::matmul, {b.r({2, 3, 4, 5}), b.r({5, 6})}, mm(false, false), Measure::nmse, t);
+  b.add("batched_both", OpId::matmul, {b.r({3, 4, 5}), b.r({3, 5, 6})}, mm(false, false), Measure::nmse, t);
+  b.add("batch_broadcast", OpId::matmul, {b.r({2, 1, 4, 5}), b.r({3, 5, 6})}, mm(false, false), Measure::nmse, t);
+  b.add("batched_trans_a", OpId::matmul, {b.r({3, 5, 4}), b.r({5, 6})}, mm(true, false), Measure::nmse, t);
+  b.add("1x1", OpId::matmul, {b.r({1, 1}), b.r({1, 1})}, mm(false, false), Measure::nmse, t);
+  b.add("k1", OpId::matmul, {b.r({4, 1}), b.r({1, 3})}, mm(false, false), Measure::nmse, t);
+  b.add("large_odd", OpId::matmul, {b.r({129, 67}), b.r({67, 130})}, mm(false, false), Measure::nmse, t);
+  b.add("non_contiguous", OpId::matmul, {b.nc({6, 5}), b.nc({5, 4})}, mm(false, false), Measure::nmse, t);
+  Attrs lin;
+  b.add("3d", OpId::linear, {b.r({2, 3, 5}), b.r({5, 4}), b.r({4})}, lin, Measure::nmse, t);
+  lin.trans_b = true;
+  b.add("trans_b", OpId::linear, {b.r({7, 5}), b.r({4, 5}), b.r({4})}, lin, Measure::nmse, t);
+  b.add("large", OpId::linear, {b.r({96, 128}), b.r({384, 128}), b.r({384})}, lin, Measure::nmse, t);
+}
+
+void nn_cases(Builder& b) {
+  for (Shape s : {Shape{4, 16}, Shape{2, 3, 7}, Shape{3, 1}, Shape{64, 384}}) {
+    Tensor x = b.r(s, -2.0f, 3.0f), w = b.r({s.back()}), bias = b.r({s.back()});
+    b.add(shape_str(s), OpId::layer_norm, {x, w, bias}, {}, Measure::elementwise, 2e-4);
+    std::vector<Tensor> fwd = run_reference(OpId::layer_norm, {x, w, bias}, {});
+    b.add(shape_str(s), OpId::layer_norm_backward, {b.r(s), x, w, fwd[1], fwd[2]}, {}, Measure::nmse, 1e-9);
+  }
+  b.add("11x6", OpId::embedding, {b.r({11, 6}), b.ids({2, 3}, 11)});
+  b.add("large", OpId::embedding, {b.r({65, 128}), b.ids({12, 64}, 65)});
+  Attrs eb;
+  eb.shape = {11, 6};
+  b.add("repeats", OpId::embedding_backward, {b.r({2, 9, 6}), b.ids({2, 9}, 3)}, eb, Measure::nmse, 1e-10);
+  eb.shape = {65, 128};
+  b.add("large", OpId::embedding_backward, {b.r({12, 64, 128}), b.ids({12, 64}, 65)}, eb, Measure::nmse, 1e-10);
+  for (auto [bt, t, c, h] : std::vector<std::array<std::int64_t, 4>>{{2, 5, 8, 2}, {1, 1, 4, 1}, {2, 17, 16, 4}, {3, 64, 32, 2}}) {
+    std::string label = "B" + std::to_string(bt) + "T" + std::to_string(t) + "C" + std::to_string(c) + "H" + std::to_string(h);
+    Attrs a;
+    a.heads = h;
+    Tensor qkv = b.r({bt, t, 3 * c});
+    b.add(label, OpId::causal_attention, {qkv}, a, Measure::nmse, 1e-9);
+    std::vector<Tensor> fwd = run_reference(OpId::causal_attention, {qkv}, a);
+    b.add(label, OpId::causal_attention_backward, {b.r({bt, t, c}), qkv, fwd[0], fwd[1]}, a, Measure::nmse, 1e-9);
+  }
+  struct Conv {
+    Shape x, w;
+    std::int64_t stride, padding;
+  };
+  for (const Conv& c : {Conv{{2, 3, 7, 6}, {4, 3, 3, 3}, 1, 1}, Conv{{1, 2, 9, 9}, {3, 2, 3, 3}, 2, 1},
+                        Conv{{2, 4, 5, 5}, {2, 4, 1, 1}, 1, 0}, Conv{{3, 1, 8, 8}, {5, 1, 5, 5}, 1, 2}}) {
+    Attrs a;
+    a.stride = c.stride;
+    a.padding = c.padding;
+    std::string label = shape_str(c.x) + "*" + shape_str(c.w) + "s" + std::to_string(c.stride) + "p" + std::to_string(c.padding);
+    Tensor x = b.r(c.x), w = b.r(c.w), bias = b.r({c.w[0]});
+    Tensor y = run_reference(OpId::conv2d, {x, w, bias}, a)[0];
+    b.add(label, OpId::conv2d, {x, w, bias}, a, Measure::nmse, 1e-9);
+    b.add(label, OpId::conv2d_backward, {b.r(y.shape()), x, w}, a, Measure::nmse, 1e-9);
+  }
+  for (auto [kernel, stride] : {std::pair<std::int64_t, std::int64_t>{2, 2}, {3, 1}}) {
+    Attrs a;
+    a.kernel = kernel;
+    a.stride = stride;
+    a.shape = {2, 3, 8, 6};
+    std::string label = "k" + std::to_string(kernel) + "s" + std::to_string(stride);
+    Tensor x = b.r(a.shape);
+    std::vector<Tensor> fwd = run_reference(OpId::max_pool2d, {x}, a);
+    b.add(label, OpId::max_pool2d, {x}, a);
+    b.add(label, OpId::max_pool2d_backward, {b.r(fwd[0].shape()), fwd[1]}, a);
+    b.add(label, OpId::avg_pool2d, {x}, a);
+    b.add(label, OpId::avg_pool2d_backward, {b.r(fwd[0].shape())}, a);
+  }
+  Attrs adam;
+  adam.lr = 0.01;
+  adam.weight_decay = 0.1;
+  adam.step = 3;
+  adam.beta2 = 0.99;
+  adam.eps = 1e-8;
+  b.add("small", OpId::adamw_step, {b.r({5, 3}), b.r({5, 3}), b.r({5, 3}, -0.1f, 0.1f), b.r({5, 3}, 0.0f, 0.01f)}, adam);
+  b.add("large", OpId::adamw_step, {b.r({300, 257}), b.r({300, 257}), b.r({300, 257}, -0.1f, 0.1f), b.r({300, 257}, 0.0f, 0.01f)}, adam);
+}
+
+}  // namespace
+
+std::vector<OpCase> all_op_cases() {
+  Builder b;
+  utility_cases(b);
+  elementwise_cases(b);
+  reduction_cases(b);
+  softmax_cases(b);
+  matmul_cases(b);
+  nn_cases(b);
+  return std::move(b.cases);
+}
+
+}  // namespace loom::testing

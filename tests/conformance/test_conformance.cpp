@@ -1,0 +1,101 @@
+// Op conformance: every catalog op on every available backend against its reference
+// kernel. LOOM_CONFORMANCE_MATRIX=1 also prints the op x backend coverage matrix.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "conformance/op_cases.h"
+#include "dispatch/dispatch.h"
+#include "test_util.h"
+
+namespace loom::testing {
+namespace {
+
+struct Param {
+  Backend* backend;
+  OpId op;
+};
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  std::string name = std::string(info.param.backend->name()) + "_" + std::string(op_name(info.param.op));
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return name;
+}
+
+std::vector<Param> all_params() {
+  std::vector<Param> params;
+  for (Backend* b : backends())
+    for (std::size_t i = 0; i < kNumOps; ++i) params.push_back({b, static_cast<OpId>(i)});
+  return params;
+}
+
+const std::vector<OpCase>& cases() {
+  static const std::vector<OpCase> all = all_op_cases();
+  return all;
+}
+
+class Conformance : public ::testing::TestWithParam<Param> {};
+
+TEST_P(Conformance, MatchesReferenceKernel) {
+  const auto [backend, op] = GetParam();
+  int checked = 0;
+  for (const OpCase& c : cases()) {
+    if (c.op != op) continue;
+    SCOPED_TRACE(c.label);
+    std::vector<Tensor> inputs;
+    for (const Tensor& t : c.inputs) inputs.push_back(t.to(*backend));
+    // Keep non-contiguous inputs non-contiguous on the backend too.
+    for (std::size_t i = 0; i < c.inputs.size(); ++i)
+      if (!c.inputs[i].is_contiguous() && &c.inputs[i].backend() == backend) inputs[i] = c.inputs[i];
+    std::vector<Tensor> expected = run_reference(op, c.inputs, c.attrs);
+    std::vector<Tensor> actual = dispatch::call(op, inputs, c.attrs, backend);
+    ASSERT_EQ(actual.size(), expected.size());
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+      ASSERT_EQ(actual[i].shape(), expected[i].shape()) << "output " << i;
+      ASSERT_EQ(actual[i].dtype(), expected[i].dtype()) << "output " << i;
+      std::vector<double> a = values(actual[i]), e = values(expected[i]);
+      if (c.measure == Measure::nmse) {
+        EXPECT_LE(nmse(a, e), c.tolerance) << "output " << i;
+      } else {
+        EXPECT_LE(worst_ratio(a, e, c.tolerance, c.tolerance / 10), 1.0) << "output " << i;
+      }
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << op_name(op) << " has no conformance case: every catalog op needs one";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, Conformance, ::testing::ValuesIn(all_params()), param_name);
+
+// The harness must be able to fail: a kernel that is off by one ulp-scale amount per
+// element in a GEMM passes, one that is wrong does not.
+TEST(ConformanceHarness, DetectsAWrongResult) {
+  std::vector<double> reference{1.0, 2.0, 3.0}, wrong{1.0, 2.1, 3.0}, close{1.0, 2.0000001, 3.0};
+  EXPECT_GT(worst_ratio(wrong, reference, 1e-4, 1e-5), 1.0);
+  EXPECT_LE(worst_ratio(close, reference, 1e-4, 1e-5), 1.0);
+  EXPECT_GT(nmse(wrong, reference), 1e-9);
+}
+
+TEST(ConformanceHarness, CoverageMatrix) {
+  if (std::getenv("LOOM_CONFORMANCE_MATRIX") == nullptr) GTEST_SKIP() << "set LOOM_CONFORMANCE_MATRIX=1 to print";
+  std::printf("%-28s", "op");
+  for (Backend* b : backends()) std::printf(" %-10s", std::string(b->name()).c_str());
+  std::printf("\n");
+  for (std::size_t i = 0; i < kNumOps; ++i) {
+    std::printf("%-28s", std::string(op_name(static_cast<OpId>(i))).c_str());
+    for (Backend* b : backends()) {
+      bool native = true;
+      for (const OpCase& c : cases())
+        if (c.op == static_cast<OpId>(i)) native = native && b->supports(OpCall{c.op, c.inputs, {}, c.attrs});
+      std::printf(" %-10s", native ? "native" : "fallback");
+    }
+    std::printf("\n");
+  }
+}
+
+}  // namespace
+}  // namespace loom::testing

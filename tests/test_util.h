@@ -1,0 +1,33 @@
+// Helpers shared by the test suites: random tensors, comparisons, the backends to test.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "nn/init.h"
+
+namespace loom::testing {
+
+Backend& cpu();
+// Every backend available in this build and on this machine (the conformance suite
+// runs each of them unchanged).
+std::vector<Backend*> backends();
+
+Tensor random(const Shape& shape, nn::Rng& rng, float lo = -1.0f, float hi = 1.0f);
+Tensor random_ids(const Shape& shape, std::int64_t limit, nn::Rng& rng);
+// A tensor with `shape` whose storage is not contiguous (a transposed view).
+Tensor non_contiguous(const Shape& shape, nn::Rng& rng);
+// Values of any f32/bf16/f16/i32 tensor as doubles, in row-major order.
+std::vector<double> values(const Tensor& t);
+
+// Largest |a-b| / (atol + rtol |b|); <= 1 means within tolerance.
+double worst_ratio(const std::vector<double>& a, const std::vector<double>& b, double rtol, double atol);
+// Normalised mean squared error sum (a-b)^2 / sum b^2 (ggml's measure for GEMM/reductions).
+double nmse(const std::vector<double>& a, const std::vector<double>& b);
+
+std::string source_dir();  // the repository root (tests read data/ and tests/fixtures/)
+std::string temp_dir(const std::string& name);  // a fresh empty folder
+
+}  // namespace loom::testing
