@@ -103,6 +103,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;  // "cpu", "opencl:0", "cuda:0"
   virtual DeviceInfo info() const = 0;
+  // Cheap form of info().host_accessible, asked on every host access to a tensor.
+  virtual bool host_accessible() const { return info().host_accessible; }
   virtual Buffer allocate(std::size_t bytes, MemoryKind kind) = 0;
   virtual std::unique_ptr<Stream> create_stream(StreamKind kind) = 0;
   // The coverage truth: can this backend run this call natively (op, dtypes, layout)?

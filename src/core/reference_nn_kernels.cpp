@@ -281,6 +281,9 @@ void pool_windows(const Tensor& x, const Tensor& y, const Attrs& a, Window f) {
 
 void max_pool2d(const OpCall& call) {
   const Tensor& x = call.inputs[0];
+  const float* px = x.data<float>();
+  float* y = call.outputs[0].data<float>();
+  std::int32_t* argmax = call.outputs[1].data<std::int32_t>();
   std::int64_t w = x.dim(3), k = call.attrs.kernel;
   pool_windows(x, call.outputs[0], call.attrs, [&](std::int64_t, std::int64_t plane, std::int64_t at, std::int64_t y0, std::int64_t x0) {
     float best = -std::numeric_limits<float>::infinity();
@@ -288,14 +291,14 @@ void max_pool2d(const OpCall& call) {
     for (std::int64_t u = 0; u < k; ++u)
       for (std::int64_t v = 0; v < k; ++v) {
         std::int64_t flat = (y0 + u) * w + x0 + v;
-        float value = x.data<float>()[plane + flat];
+        float value = px[plane + flat];
         if (value > best) {
           best = value;
           best_at = static_cast<std::int32_t>(flat);
         }
       }
-    call.outputs[0].data<float>()[at] = best;
-    call.outputs[1].data<std::int32_t>()[at] = best_at;
+    y[at] = best;
+    argmax[at] = best_at;
   });
 }
 
@@ -313,24 +316,28 @@ void max_pool2d_backward(const OpCall& call) {
 
 void avg_pool2d(const OpCall& call) {
   const Tensor& x = call.inputs[0];
+  const float* px = x.data<float>();
+  float* y = call.outputs[0].data<float>();
   std::int64_t w = x.dim(3), k = call.attrs.kernel;
   pool_windows(x, call.outputs[0], call.attrs, [&](std::int64_t, std::int64_t plane, std::int64_t at, std::int64_t y0, std::int64_t x0) {
     double acc = 0.0;
     for (std::int64_t u = 0; u < k; ++u)
-      for (std::int64_t v = 0; v < k; ++v) acc += x.data<float>()[plane + (y0 + u) * w + x0 + v];
-    call.outputs[0].data<float>()[at] = static_cast<float>(acc / static_cast<double>(k * k));
+      for (std::int64_t v = 0; v < k; ++v) acc += px[plane + (y0 + u) * w + x0 + v];
+    y[at] = static_cast<float>(acc / static_cast<double>(k * k));
   });
 }
 
 void avg_pool2d_backward(const OpCall& call) {
   const Tensor& dy = call.inputs[0];
+  const float* pdy = dy.data<float>();
   Tensor& dx = call.outputs[0];
-  std::fill_n(dx.data<float>(), dx.numel(), 0.0f);
+  float* pdx = dx.data<float>();
+  std::fill_n(pdx, dx.numel(), 0.0f);
   std::int64_t w = dx.dim(3), k = call.attrs.kernel;
   float inv = 1.0f / static_cast<float>(k * k);
   pool_windows(dx, dy, call.attrs, [&](std::int64_t, std::int64_t plane, std::int64_t at, std::int64_t y0, std::int64_t x0) {
     for (std::int64_t u = 0; u < k; ++u)
-      for (std::int64_t v = 0; v < k; ++v) dx.data<float>()[plane + (y0 + u) * w + x0 + v] += dy.data<float>()[at] * inv;
+      for (std::int64_t v = 0; v < k; ++v) pdx[plane + (y0 + u) * w + x0 + v] += pdy[at] * inv;
   });
 }
 

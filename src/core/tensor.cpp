@@ -80,7 +80,7 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::host_address() const {
   check(defined(), "Tensor::data: undefined tensor");
-  check(backend().info().host_accessible,
+  check(backend().host_accessible(),
         "Tensor::data: " + describe() + " is not host-accessible; copy it with to(cpu) first");
   return static_cast<std::byte*>(storage_->data()) + offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
 }

@@ -41,13 +41,16 @@ Mlp::Mlp(const MlpConfig& config, std::uint64_t seed, Backend& backend) : config
   add_affine(params_, "fc" + std::to_string(config.depth + 1), {config.classes, in}, in, rng, backend);
 }
 
-ag::Var Mlp::forward(ag::Tape& tape, const Tensor& inputs, const ForwardOptions&) {
+ag::Var Mlp::forward(ag::Tape& tape, const Tensor& inputs, const ForwardOptions& options) {
   std::int64_t n = inputs.dim(0);
   check(inputs.numel() == n * config_.inputs, "mlp: input " + inputs.describe() + " does not have " +
                                                   std::to_string(config_.inputs) + " features per sample");
   ag::Var x(inputs.reshape({n, config_.inputs}));
-  for (std::size_t i = 0; i + 2 < params_.size(); i += 2)
+  const double p = options.training ? config_.dropout : 0.0;
+  for (std::size_t i = 0; i + 2 < params_.size(); i += 2) {
     x = ag::relu(tape, ag::linear(tape, x, params_[i].var, params_[i + 1].var, true));
+    x = ag::dropout(tape, x, p, mix_seed(options.dropout_seed, i));
+  }
   return ag::linear(tape, x, params_[params_.size() - 2].var, params_.back().var, true);
 }
 

@@ -8,9 +8,11 @@ namespace loom::nn {
 
 struct MlpConfig {
   std::int64_t inputs = 784, hidden = 256, classes = 10, depth = 2;  // depth = hidden layers
+  double dropout = 0.0;  // after each hidden activation, in training
 };
 
-// x [N, ...] flattened -> (Linear -> ReLU) x depth -> Linear. Weights [out, in] as nn.Linear.
+// x [N, ...] flattened -> (Linear -> ReLU -> Dropout) x depth -> Linear. Weights [out, in]
+// as nn.Linear.
 class Mlp final : public Model {
  public:
   Mlp(const MlpConfig& config, std::uint64_t seed, Backend& backend);

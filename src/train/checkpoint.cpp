@@ -45,6 +45,7 @@ std::unique_ptr<nn::Model> make_model(const ModelSpec& spec, std::uint64_t seed,
     nn::MlpConfig c;
     c.hidden = spec.width;
     c.depth = spec.layers;
+    c.dropout = spec.dropout;
     return std::make_unique<nn::Mlp>(c, seed, backend);
   }
   nn::CnnConfig c;

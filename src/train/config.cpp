@@ -163,12 +163,13 @@ void TrainConfig::finalize() {
     };
     fallback("data", "mnist");
     fallback("batch", "64");
-    fallback("steps", "1600");
+    fallback("steps", model == "mlp" ? "3200" : "1600");
     fallback("warmup", "0");
     fallback("weight_decay", "0");
     fallback("grad_clip", "0");
-    fallback("width", model == "mlp" ? "256" : "128");
+    fallback("width", model == "mlp" ? "512" : "128");
     fallback("layers", "2");
+    fallback("dropout", model == "mlp" ? "0.2" : "0");
     fallback("eval_every", "0");
     fallback("ckpt_every", "0");
     check(data == "mnist", "model '" + model + "' trains on --data mnist, got data = '" + data + "'");

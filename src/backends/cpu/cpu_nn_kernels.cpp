@@ -390,6 +390,51 @@ void conv2d_backward(const OpCall& call) {
   }
 }
 
+// ---- pooling: planes in parallel ---------------------------------------------------
+void max_pool2d(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  const float* px = x.data<float>();
+  float* py = call.outputs[0].data<float>();
+  std::int32_t* arg = call.outputs[1].data<std::int32_t>();
+  std::int64_t planes = x.dim(0) * x.dim(1), h = x.dim(2), w = x.dim(3);
+  std::int64_t oh = call.outputs[0].dim(2), ow = call.outputs[0].dim(3), k = call.attrs.kernel, s = call.attrs.stride;
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
+  for (std::int64_t p = 0; p < planes; ++p) {
+    const float* plane = px + p * h * w;
+    for (std::int64_t yi = 0; yi < oh; ++yi)
+      for (std::int64_t xi = 0; xi < ow; ++xi) {
+        float best = -std::numeric_limits<float>::infinity();
+        std::int64_t best_at = 0;
+        for (std::int64_t u = 0; u < k; ++u)
+          for (std::int64_t v = 0; v < k; ++v) {
+            std::int64_t flat = (yi * s + u) * w + xi * s + v;
+            if (plane[flat] > best) {
+              best = plane[flat];
+              best_at = flat;
+            }
+          }
+        std::int64_t at = (p * oh + yi) * ow + xi;
+        py[at] = best;
+        arg[at] = static_cast<std::int32_t>(best_at);
+      }
+  }
+}
+
+void max_pool2d_backward(const OpCall& call) {
+  const float* dy = call.inputs[0].data<float>();
+  const std::int32_t* arg = call.inputs[1].data<std::int32_t>();
+  Tensor& dx = call.outputs[0];
+  float* pdx = dx.data<float>();
+  std::int64_t planes = dx.dim(0) * dx.dim(1), plane = dx.dim(2) * dx.dim(3);
+  std::int64_t per_plane = call.inputs[0].dim(2) * call.inputs[0].dim(3);
+#pragma omp parallel for schedule(static) if (dx.numel() > kParallelGrain)
+  for (std::int64_t p = 0; p < planes; ++p) {
+    float* out = pdx + p * plane;
+    std::memset(out, 0, plane * sizeof(float));
+    for (std::int64_t i = 0; i < per_plane; ++i) out[arg[p * per_plane + i]] += dy[p * per_plane + i];
+  }
+}
+
 }  // namespace
 
 void register_nn_kernels(std::array<KernelFn, kNumOps>& table) {
@@ -404,6 +449,8 @@ void register_nn_kernels(std::array<KernelFn, kNumOps>& table) {
   set(OpId::causal_attention_backward, causal_attention_backward);
   set(OpId::conv2d, conv2d);
   set(OpId::conv2d_backward, conv2d_backward);
+  set(OpId::max_pool2d, max_pool2d);
+  set(OpId::max_pool2d_backward, max_pool2d_backward);
 }
 
 }  // namespace loom::cpu
