@@ -29,14 +29,14 @@ Gpt::Gpt(const GptConfig& config, std::uint64_t seed, Backend& backend) : config
   const double std_dev = 0.02;
   // GPT-2 scales the residual projections by 1/sqrt(2 * layers) (two per block).
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.layers));
-  auto add = [&](const std::string& name, Tensor value, bool decay) {
-    params_.push_back({name, ag::Var(std::move(value), true), decay});
+  auto add = [&](const std::string& name, Tensor value, bool decay, bool trained = true) {
+    params_.push_back({name, ag::Var(std::move(value), trained), decay});
     return params_.size() - 1;
   };
   // A (weight, bias) pair; returns the weight's index, the bias follows it.
   auto add_pair = [&](const std::string& name, Tensor weight, Tensor bias, bool decay_weight) {
     std::size_t w = add(name + ".weight", std::move(weight), decay_weight);
-    add(name + ".bias", std::move(bias), false);
+    add(name + ".bias", std::move(bias), false, config.bias);
     return w;
   };
   wte_ = add("transformer.wte.weight", normal_tensor({config.vocab, c}, std_dev, rng, backend), true);

@@ -17,6 +17,9 @@ struct GptConfig {
   std::int64_t heads = 4;
   std::int64_t width = 128;    // n_embd
   double dropout = 0.0;        // residual and embedding dropout (HF resid_pdrop/embd_pdrop)
+  bool bias = true;            // false: biases of Linear and LayerNorm stay zero and are not
+                               // trained (nanoGPT's bias=False); they are still saved, as
+                               // zeros, so the checkpoint loads into HF GPT-2 unchanged
   void validate() const;       // throws naming the field and value
 };
 

@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 
 std::string ModelSpec::to_json() const {
   nlohmann::ordered_json j{{"kind", kind}, {"vocab", vocab}, {"context", context}, {"layers", layers},
-                           {"heads", heads}, {"width", width}, {"dropout", dropout}};
+                           {"heads", heads}, {"width", width}, {"dropout", dropout}, {"bias", bias}};
   return j.dump();
 }
 
@@ -29,6 +29,7 @@ ModelSpec ModelSpec::from_json(const std::string& text, const std::string& where
     s.heads = j.at("heads").get<std::int64_t>();
     s.width = j.at("width").get<std::int64_t>();
     s.dropout = j.value("dropout", 0.0);
+    s.bias = j.value("bias", true);
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + ": metadata loom_model is not a valid model description (" + e.what() + ")");
   }
@@ -38,7 +39,7 @@ ModelSpec ModelSpec::from_json(const std::string& text, const std::string& where
 
 std::unique_ptr<nn::Model> make_model(const ModelSpec& spec, std::uint64_t seed, Backend& backend) {
   if (spec.kind == "gpt") {
-    nn::GptConfig c{spec.vocab, spec.context, spec.layers, spec.heads, spec.width, spec.dropout};
+    nn::GptConfig c{spec.vocab, spec.context, spec.layers, spec.heads, spec.width, spec.dropout, spec.bias};
     return std::make_unique<nn::Gpt>(c, seed, backend);
   }
   if (spec.kind == "mlp") {

@@ -90,6 +90,7 @@ const std::map<std::string, Field>& fields() {
       {"heads", int_field(&TrainConfig::heads, 1, 1024, "attention heads (must divide width)")},
       {"context", int_field(&TrainConfig::context, 1, 1 << 20, "context length in tokens")},
       {"dropout", double_field(&TrainConfig::dropout, 0.0, 0.99, "dropout probability")},
+      {"bias", bool_field(&TrainConfig::bias, "gpt: train Linear and LayerNorm biases (false: zero, as nanoGPT's bias=False)")},
       {"data", string_field(&TrainConfig::data, {}, "a UTF-8 text file, 'mnist' or 'random'")},
       {"vocab", int_field(&TrainConfig::vocab, 1, 1 << 24, "vocabulary size for --data random")},
       {"mnist_dir", string_field(&TrainConfig::mnist_dir, {}, "folder with the MNIST IDX .gz files")},

@@ -15,6 +15,7 @@ struct TrainConfig {
   std::string model = "gpt";  // gpt | mlp | cnn
   std::int64_t layers = 4, width = 128, heads = 4, context = 64;
   double dropout = 0.0;
+  bool bias = true;  // gpt: false trains without Linear/LayerNorm biases (kept at zero)
   // data
   std::string data = "data/tinyshakespeare/input.txt";  // a UTF-8 text file | mnist | random
   std::int64_t vocab = 65;                              // for data = random

@@ -145,7 +145,7 @@ Summary run_training(const TrainConfig& cfg) {
   cpu::set_num_threads(static_cast<int>(cfg.threads));
   Backend& device = cpu::backend();
   Source source(cfg);
-  ModelSpec spec{cfg.model, source.vocab(), cfg.context, cfg.layers, cfg.heads, cfg.width, cfg.dropout};
+  ModelSpec spec{cfg.model, source.vocab(), cfg.context, cfg.layers, cfg.heads, cfg.width, cfg.dropout, cfg.bias};
   std::unique_ptr<nn::Model> model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);
   if (!cfg.init.empty()) load_weights(cfg.init, *model);
   optim::AdamW optimizer(model->parameters(), {cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});

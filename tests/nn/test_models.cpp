@@ -98,3 +98,21 @@ TEST(Schedule, CosineWithWarmupMatchesNanoGpt) {
 
 }  // namespace
 }  // namespace loom::testing
+
+namespace loom::testing {
+namespace {
+
+TEST(Gpt, WithoutBiasTheBiasesStayZeroAndUntrained) {
+  nn::Gpt gpt({16, 8, 1, 2, 16, 0.0, /*bias=*/false}, 3, cpu());
+  nn::Rng rng(4);
+  Tensor x = random_ids({2, 8}, 16, rng), y = random_ids({16}, 16, rng);
+  overfit(gpt, x, y, 5, 1e-2);
+  for (nn::Parameter& p : gpt.parameters()) {
+    if (p.name.size() < 5 || p.name.substr(p.name.size() - 5) != ".bias") continue;
+    EXPECT_FALSE(p.var.requires_grad()) << p.name;
+    for (float v : p.var.value().to_floats()) EXPECT_EQ(v, 0.0f) << p.name;
+  }
+}
+
+}  // namespace
+}  // namespace loom::testing
