@@ -117,6 +117,7 @@ const std::map<std::string, Field>& fields() {
       {"json", bool_field(&TrainConfig::json, "print a JSON summary as the last line")},
       {"progress", bool_field(&TrainConfig::progress, "progress bar on a terminal")},
       {"final_eval", bool_field(&TrainConfig::final_eval, "full validation pass at the end")},
+      {"save", bool_field(&TrainConfig::save, "write checkpoints (false: none, e.g. for benchmarks)")},
   };
   return table;
 }

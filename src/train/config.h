@@ -36,6 +36,7 @@ struct TrainConfig {
   bool json = false;  // print one JSON summary object as the last line
   bool progress = true;  // progress bar on a terminal
   bool final_eval = true;  // full deterministic validation pass at the end
+  bool save = true;        // write checkpoints (benchmarks turn this off)
 
   std::set<std::string> explicitly_set;  // keys given by the user (file or flag)
 

@@ -206,12 +206,12 @@ Summary run_training(const TrainConfig& cfg) {
                        std::to_string(cfg.eval_batches) + " batches)");
       metrics << nlohmann::json{{"step", step + 1}, {"val_loss_estimate", val}}.dump() << "\n";
     }
-    if (cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 && step + 1 < end)
+    if (cfg.save && cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 && step + 1 < end)
       save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, step + 1, config_json);
     metrics.flush();
   }
   progress.finish();
-  save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, end, config_json);
+  if (cfg.save) save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, end, config_json);
 
   summary.steps = end - start;
   // The first step pays one-time costs (allocations, oneDNN kernel selection).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/vec_math.h"
 #include "core/error.h"
 
 namespace loom::cpu {
@@ -186,7 +187,11 @@ void cross_entropy_backward(const OpCall& call) {
 
 // ---- causal attention ---------------------------------------------------------------
 // qkv is [B,T,3C]; per (batch, head) the T x D blocks of q, k, v are strided views with
-// leading dimension 3C, which GEMM reads directly: no split, permute or copy.
+// leading dimension 3C, which GEMM reads directly: no split, permute or copy. Queries go
+// in blocks of kQueryBlock rows; block i only meets keys [0, end_i), end_i = its last row
+// + 1, so the masked upper triangle is (almost all) never computed.
+constexpr std::int64_t kQueryBlock = 32;
+
 struct Heads {
   std::int64_t b, t, c, h, d;
 };
@@ -204,7 +209,7 @@ void causal_attention(const OpCall& call) {
   std::int64_t ld = 3 * s.c;
 #pragma omp parallel
   {
-    std::vector<float> scores(static_cast<std::size_t>(s.t * s.t));
+    std::vector<float> scores(static_cast<std::size_t>(kQueryBlock * s.t));
 #pragma omp for schedule(static) collapse(2)
     for (std::int64_t b = 0; b < s.b; ++b) {
       for (std::int64_t h = 0; h < s.h; ++h) {
@@ -212,31 +217,37 @@ void causal_attention(const OpCall& call) {
         const float* k = q + s.c;
         const float* v = q + 2 * s.c;
         float* o = out + b * s.t * s.c + h * s.d;
-        // S = scale q k^T (the upper triangle is computed and then ignored).
-        gemm(false, true, s.t, s.t, s.d, scale, q, ld, k, ld, 0.0f, scores.data(), s.t);
-        for (std::int64_t i = 0; i < s.t; ++i) {
-          float* row = scores.data() + i * s.t;
-          float m = -std::numeric_limits<float>::infinity();
-          for (std::int64_t j = 0; j <= i; ++j) m = std::max(m, row[j]);
-          float total = 0.0f;
-          for (std::int64_t j = 0; j <= i; ++j) {
-            row[j] = std::exp(row[j] - m);
-            total += row[j];
+        float* lse_bh = lse + (b * s.h + h) * s.t;
+        for (std::int64_t i0 = 0; i0 < s.t; i0 += kQueryBlock) {
+          std::int64_t rows = std::min(kQueryBlock, s.t - i0), end = i0 + rows;
+          // S = scale q_block k[0:end]^T, [rows, end] with leading dimension end.
+          gemm(false, true, rows, end, s.d, scale, q + i0 * ld, ld, k, ld, 0.0f, scores.data(), end);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            std::int64_t i = i0 + r;  // keys 0..i are visible
+            float* row = scores.data() + r * end;
+            float m = -std::numeric_limits<float>::infinity();
+            for (std::int64_t j = 0; j <= i; ++j) m = std::max(m, row[j]);
+            float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+            for (std::int64_t j = 0; j <= i; ++j) {
+              row[j] = exp_approx(row[j] - m);
+              total += row[j];
+            }
+            float inv = 1.0f / total;
+            for (std::int64_t j = 0; j <= i; ++j) row[j] *= inv;
+            for (std::int64_t j = i + 1; j < end; ++j) row[j] = 0.0f;
+            lse_bh[i] = m + std::log(total);
           }
-          float inv = 1.0f / total;
-          for (std::int64_t j = 0; j <= i; ++j) row[j] *= inv;
-          for (std::int64_t j = i + 1; j < s.t; ++j) row[j] = 0.0f;
-          lse[(b * s.h + h) * s.t + i] = m + std::log(total);
+          gemm(false, false, rows, s.d, end, 1.0f, scores.data(), end, v, ld, 0.0f, o + i0 * s.c, s.c);  // O = P v
         }
-        gemm(false, false, s.t, s.d, s.t, 1.0f, scores.data(), s.t, v, ld, 0.0f, o, s.c);  // O = P v
       }
     }
   }
 }
 
 void causal_attention_backward(const OpCall& call) {
-  // P recomputed from lse; dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(dO * O));
-  // dQ = scale dS K; dK = scale dS^T Q.
+  // Per query block: P recomputed from lse; dV += P^T dO; dP = dO V^T;
+  // dS = P (dP - rowsum(dO * O)); dQ = scale dS K; dK += scale dS^T Q.
   const float* dout = call.inputs[0].data<float>();
   const float* qkv = call.inputs[1].data<float>();
   const float* out = call.inputs[2].data<float>();
@@ -247,7 +258,7 @@ void causal_attention_backward(const OpCall& call) {
   std::int64_t ld = 3 * s.c;
 #pragma omp parallel
   {
-    std::vector<float> p(static_cast<std::size_t>(s.t * s.t)), dp(static_cast<std::size_t>(s.t * s.t));
+    std::vector<float> p(static_cast<std::size_t>(kQueryBlock * s.t)), dp(p.size());
 #pragma omp for schedule(static) collapse(2)
     for (std::int64_t b = 0; b < s.b; ++b) {
       for (std::int64_t h = 0; h < s.h; ++h) {
@@ -260,23 +271,36 @@ void causal_attention_backward(const OpCall& call) {
         float* dk = dq + s.c;
         float* dv = dq + 2 * s.c;
         const float* lse_bh = lse + (b * s.h + h) * s.t;
-        gemm(false, true, s.t, s.t, s.d, scale, q, ld, k, ld, 0.0f, p.data(), s.t);
-        for (std::int64_t i = 0; i < s.t; ++i) {
-          float* row = p.data() + i * s.t;
-          for (std::int64_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] - lse_bh[i]);
-          for (std::int64_t j = i + 1; j < s.t; ++j) row[j] = 0.0f;
+        for (std::int64_t t = 0; t < s.t; ++t) {  // dK and dV accumulate over query blocks
+          std::fill_n(dk + t * ld, s.d, 0.0f);
+          std::fill_n(dv + t * ld, s.d, 0.0f);
         }
-        gemm(true, false, s.t, s.d, s.t, 1.0f, p.data(), s.t, dot, s.c, 0.0f, dv, ld);   // dV = P^T dO
-        gemm(false, true, s.t, s.t, s.d, 1.0f, dot, s.c, v, ld, 0.0f, dp.data(), s.t);  // dP = dO V^T
-        for (std::int64_t i = 0; i < s.t; ++i) {
-          float delta = 0.0f;
-          for (std::int64_t e = 0; e < s.d; ++e) delta += dot[i * s.c + e] * o[i * s.c + e];
-          float* prow = p.data() + i * s.t;
-          const float* dprow = dp.data() + i * s.t;
-          for (std::int64_t j = 0; j <= i; ++j) prow[j] = prow[j] * (dprow[j] - delta);  // now dS
+        for (std::int64_t i0 = 0; i0 < s.t; i0 += kQueryBlock) {
+          std::int64_t rows = std::min(kQueryBlock, s.t - i0), end = i0 + rows;
+          gemm(false, true, rows, end, s.d, scale, q + i0 * ld, ld, k, ld, 0.0f, p.data(), end);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            std::int64_t i = i0 + r;
+            float* row = p.data() + r * end;
+            float l = lse_bh[i];
+#pragma omp simd
+            for (std::int64_t j = 0; j <= i; ++j) row[j] = exp_approx(row[j] - l);
+            for (std::int64_t j = i + 1; j < end; ++j) row[j] = 0.0f;
+          }
+          const float* dot_blk = dot + i0 * s.c;
+          gemm(true, false, end, s.d, rows, 1.0f, p.data(), end, dot_blk, s.c, 1.0f, dv, ld);   // dV += P^T dO
+          gemm(false, true, rows, end, s.d, 1.0f, dot_blk, s.c, v, ld, 0.0f, dp.data(), end);  // dP = dO V^T
+          for (std::int64_t r = 0; r < rows; ++r) {
+            std::int64_t i = i0 + r;
+            float delta = 0.0f;
+            for (std::int64_t e = 0; e < s.d; ++e) delta += dot[i * s.c + e] * o[i * s.c + e];
+            float* prow = p.data() + r * end;
+            const float* dprow = dp.data() + r * end;
+#pragma omp simd
+            for (std::int64_t j = 0; j <= i; ++j) prow[j] = prow[j] * (dprow[j] - delta);  // now dS
+          }
+          gemm(false, false, rows, s.d, end, scale, p.data(), end, k, ld, 0.0f, dq + i0 * ld, ld);  // dQ = scale dS K
+          gemm(true, false, end, s.d, rows, scale, p.data(), end, q + i0 * ld, ld, 1.0f, dk, ld);   // dK += scale dS^T Q
         }
-        gemm(false, false, s.t, s.d, s.t, scale, p.data(), s.t, k, ld, 0.0f, dq, ld);  // dQ = scale dS K
-        gemm(true, false, s.t, s.d, s.t, scale, p.data(), s.t, q, ld, 0.0f, dk, ld);   // dK = scale dS^T Q
       }
     }
   }
