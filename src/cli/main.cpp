@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
+#include "cli/plan_command.h"
 #include "core/error.h"
 #include "core/op_catalog.h"
 #include "train/config.h"
@@ -92,6 +93,10 @@ int main(int argc, char** argv) {
   // ---- ops ------------------------------------------------------------------
   CLI::App* ops = app.add_subcommand("ops", "operator coverage of the available backends");
 
+  // ---- plan -----------------------------------------------------------------
+  loom::cli::PlanOptions plan_options;
+  CLI::App* plan = loom::cli::add_plan_command(app, plan_options);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (train->parsed()) {
@@ -126,6 +131,8 @@ int main(int argc, char** argv) {
       else std::printf("%.6f\n", loss);
     } else if (ops->parsed()) {
       return cmd_ops();
+    } else if (plan->parsed()) {
+      return loom::cli::run_plan(plan_options);
     }
   } catch (const loom::Error& e) {
     std::fflush(stdout);

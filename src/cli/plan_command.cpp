@@ -1,0 +1,271 @@
+#include "cli/plan_command.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cluster/plan/plan.h"
+#include "core/error.h"
+
+namespace loom::cli {
+namespace {
+
+using namespace loom::cluster;
+
+double parse_count(const std::string& text) {  // "15.6T", "2e12", "800B"
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::logic_error&) {
+    throw Error("--tokens '" + text + "' is not a number (e.g. 15.6T, 800B, 2e12)");
+  }
+  std::string suffix = text.substr(used);
+  if (suffix == "K") v *= 1e3;
+  else if (suffix == "M") v *= 1e6;
+  else if (suffix == "B" || suffix == "G") v *= 1e9;
+  else if (suffix == "T") v *= 1e12;
+  else check(suffix.empty(), "--tokens '" + text + "': unknown suffix '" + suffix + "' (K, M, B, T)");
+  check(v > 0, "--tokens '" + text + "' must be > 0");
+  return v;
+}
+
+Model resolve_model(const Catalog& catalog, const PlanOptions& o) {
+  Model m;
+  if (!o.model.empty()) {
+    m = catalog.model(o.model);
+  } else {
+    check(o.layers && o.hidden && o.heads && o.vocab,
+          "give --model ID, or a custom model with at least --layers --hidden --heads --vocab");
+    m.id = "custom";
+  }
+  if (o.layers) m.layers = *o.layers;
+  if (o.hidden) m.hidden = *o.hidden;
+  if (o.heads) m.heads = *o.heads;
+  if (o.heads && !o.kv_heads && o.model.empty()) m.kv_heads = *o.heads;
+  if (o.kv_heads) m.kv_heads = *o.kv_heads;
+  if (o.ffn) m.ffn = *o.ffn;
+  else if (o.model.empty()) m.ffn = 4 * m.hidden;
+  if (o.vocab) m.vocab = *o.vocab;
+  if (o.experts) m.experts = *o.experts;
+  if (o.top_k) m.top_k = *o.top_k;
+  if (m.experts > 0 && m.expert_ffn == 0) m.expert_ffn = m.ffn;
+  m.validate("model '" + m.id + "'");
+  return m;
+}
+
+Constraints constraints_of(const PlanOptions& o) {
+  Constraints c;
+  c.tp = o.tp;
+  c.pp = o.pp;
+  c.dp = o.dp;
+  c.ep = o.ep;
+  c.cp = o.cp;
+  c.micro_batch = o.micro_batch;
+  c.global_batch = o.global_batch;
+  c.seq = o.seq;
+  c.interleave = o.interleave;
+  if (o.recompute) c.recompute = parse_recompute(*o.recompute);
+  if (o.zero) c.zero = static_cast<int>(*o.zero);
+  return c;
+}
+
+nlohmann::ordered_json layout_json(const Model& m, const Chip& chip, const Candidate& c, double tokens,
+                                   std::optional<double> price) {
+  const Layout& l = c.layout;
+  const Estimate& e = c.estimate;
+  Totals t = totals(e, chip, l, tokens, price.value_or(-1));
+  nlohmann::ordered_json j{{"model", m.id}, {"chip", chip.id}, {"chips", l.chips()}, {"tp", l.tp}, {"pp", l.pp},
+                           {"dp", l.dp}, {"ep", l.ep}, {"cp", l.cp}, {"micro_batch", l.micro_batch},
+                           {"global_batch", l.global_batch}, {"seq", l.seq}, {"interleave", l.interleave},
+                           {"recompute", recompute_name(l.recompute)}, {"zero", l.zero}, {"feasible", e.feasible},
+                           {"reason", e.reason}};
+  if (e.step_time_s > 0) {
+    j.update({{"step_time_s", e.step_time_s}, {"compute_s", e.compute_s}, {"exposed_comm_s", e.exposed_comm_s},
+              {"bubble_s", e.bubble_s}, {"mfu", e.mfu}, {"tflops_per_chip", e.tflops_per_chip},
+              {"hw_tflops_per_chip", e.hw_tflops_per_chip}, {"memory_per_chip_gb", e.memory.total_gb},
+              {"tokens_per_s", e.tokens_per_s}, {"days", t.days}, {"chip_hours", t.chip_hours}});
+    j["energy_kwh"] = t.energy_known ? nlohmann::json(t.energy_kwh) : nlohmann::json("unknown");
+    j["cost_usd"] = t.cost_known ? nlohmann::json(t.cost_usd) : nlohmann::json("unknown");
+  }
+  return j;
+}
+
+void print_table_header() {
+  std::printf("%-10s %6s %4s %4s %6s %3s %3s %3s %2s %-9s %4s %9s %6s %9s %7s %8s %8s %12s\n", "chip", "chips", "tp",
+              "pp", "dp", "cp", "ep", "mb", "v", "recompute", "zero", "step s", "MFU", "tok/s", "mem GB", "days",
+              "kMWh", "cost $M");
+}
+
+void print_row(const Chip& chip, const Candidate& c, double tokens, std::optional<double> price) {
+  const Layout& l = c.layout;
+  const Estimate& e = c.estimate;
+  if (e.step_time_s <= 0) {
+    std::printf("%-10s %6lld  infeasible: %s\n", chip.id.c_str(), static_cast<long long>(l.chips()), e.reason.c_str());
+    return;
+  }
+  Totals t = totals(e, chip, l, tokens, price.value_or(-1));
+  char energy[32], cost[32];
+  std::snprintf(energy, sizeof energy, t.energy_known ? "%8.1f" : "%8s", t.energy_known ? t.energy_kwh / 1e6 : 0.0);
+  if (!t.energy_known) std::snprintf(energy, sizeof energy, "%8s", "unknown");
+  if (t.cost_known) std::snprintf(cost, sizeof cost, "%12.2f", t.cost_usd / 1e6);
+  else std::snprintf(cost, sizeof cost, "%12s", "unknown");
+  std::printf("%-10s %6lld %4lld %4lld %6lld %3lld %3lld %3lld %2lld %-9s %4d %9.3f %5.1f%% %9.0f %7.1f %8.1f %s %s%s\n",
+              chip.id.c_str(), static_cast<long long>(l.chips()), static_cast<long long>(l.tp),
+              static_cast<long long>(l.pp), static_cast<long long>(l.dp), static_cast<long long>(l.cp),
+              static_cast<long long>(l.ep), static_cast<long long>(l.micro_batch), static_cast<long long>(l.interleave),
+              recompute_name(l.recompute), l.zero, e.step_time_s, 100 * e.mfu, e.tokens_per_s, e.memory.total_gb, t.days,
+              energy, cost, e.feasible ? "" : ("  infeasible: " + e.reason).c_str());
+}
+
+int run_validate(const Catalog& catalog, const PlanOptions& o) {
+  std::vector<Validation> rows = validate(catalog, o.validate);
+  std::vector<double> errors;
+  if (!o.json) std::printf("%-22s %-10s %-8s %10s %10s %8s  layout\n", "run", "chip", "counts", "published", "predicted", "error");
+  for (const Validation& v : rows) {
+    errors.push_back(std::abs(v.error));
+    const Layout& l = v.layout;
+    if (o.json) {
+      std::printf("%s\n", nlohmann::ordered_json{{"id", v.id}, {"chip", v.chip}, {"counts", v.counts},
+                                                 {"published_tflops_per_chip", v.published},
+                                                 {"predicted_tflops_per_chip", v.predicted}, {"error", v.error},
+                                                 {"micro_batch", l.micro_batch}, {"interleave", l.interleave},
+                                                 {"recompute", recompute_name(l.recompute)},
+                                                 {"memory_per_chip_gb", v.memory_gb}}
+                                  .dump()
+                                  .c_str());
+    } else {
+      std::printf("%-22s %-10s %-8s %10.1f %10.1f %+7.1f%%  tp%lld pp%lld dp%lld mb%lld v%lld %s, %.0f GB/chip%s\n",
+                  v.id.c_str(), v.chip.c_str(), v.counts.c_str(), v.published, v.predicted, 100 * v.error,
+                  static_cast<long long>(l.tp), static_cast<long long>(l.pp), static_cast<long long>(l.dp),
+                  static_cast<long long>(l.micro_batch), static_cast<long long>(l.interleave), recompute_name(l.recompute),
+                  v.memory_gb, v.memory_gb > v.hbm_gb ? " (over HBM by the memory model)" : "");
+    }
+  }
+  std::sort(errors.begin(), errors.end());
+  double median = errors.empty() ? 0 : (errors.size() % 2 ? errors[errors.size() / 2]
+                                                          : 0.5 * (errors[errors.size() / 2 - 1] + errors[errors.size() / 2]));
+  double worst = errors.empty() ? 0 : errors.back();
+  if (o.json) {
+    std::printf("%s\n", nlohmann::ordered_json{{"runs", rows.size()}, {"median_abs_error", median}, {"max_abs_error", worst}}.dump().c_str());
+  } else {
+    std::printf("%zu runs: median |error| %.1f%%, max |error| %.1f%%\n", rows.size(), 100 * median, 100 * worst);
+  }
+  return 0;
+}
+
+// The best feasible layout on `chips` chips, if any.
+std::optional<Candidate> best_on(const Model& m, const Chip& chip, std::int64_t chips, const Constraints& c) {
+  std::vector<Candidate> found = search(m, chip, chips, c);
+  if (found.empty() || !found.front().estimate.feasible) return std::nullopt;
+  return found.front();
+}
+
+}  // namespace
+
+CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
+  CLI::App* plan = app.add_subcommand("plan", "plan chips and parallel layouts for training a model");
+  plan->add_option("--model", o.model, "model id from catalog/models.yaml");
+  plan->add_option("--chip", o.chip, "chip id from catalog/chips.yaml");
+  plan->add_option("--chips", o.chips, "number of chips")->check(CLI::PositiveNumber);
+  plan->add_option("--tokens", o.tokens, "training tokens (e.g. 15.6T)");
+  plan->add_option("--compare", o.compare, "comma-separated chip ids to compare side by side");
+  plan->add_option("--budget", o.budget, "USD: with --compare, the fastest plan within this cost");
+  plan->add_option("--deadline", o.deadline, "days: with --compare, the fewest chips that finish in time");
+  plan->add_option("--price", o.price, "USD per chip-hour (overrides the catalog default)");
+  plan->add_option("--tp", o.tp, "tensor parallel (searched when absent)");
+  plan->add_option("--pp", o.pp, "pipeline parallel");
+  plan->add_option("--dp", o.dp, "data parallel");
+  plan->add_option("--ep", o.ep, "expert parallel (MoE)");
+  plan->add_option("--cp", o.cp, "context parallel");
+  plan->add_option("--micro-batch", o.micro_batch, "sequences per micro-batch");
+  plan->add_option("--global-batch", o.global_batch, "sequences per step");
+  plan->add_option("--seq", o.seq, "sequence length");
+  plan->add_option("--interleave", o.interleave, "virtual pipeline stages per chip");
+  plan->add_option("--recompute", o.recompute, "none | selective | full");
+  plan->add_option("--zero", o.zero, "ZeRO stage 0-3 (1 = distributed optimizer)");
+  plan->add_option("--layers", o.layers, "custom model: layers");
+  plan->add_option("--hidden", o.hidden, "custom model: hidden width");
+  plan->add_option("--heads", o.heads, "custom model: attention heads");
+  plan->add_option("--kv-heads", o.kv_heads, "custom model: key/value heads (GQA)");
+  plan->add_option("--ffn", o.ffn, "custom model: MLP width");
+  plan->add_option("--vocab", o.vocab, "custom model: vocabulary");
+  plan->add_option("--experts", o.experts, "custom model: MoE experts");
+  plan->add_option("--top-k", o.top_k, "custom model: experts per token");
+  plan->add_option("--models-file", o.models_file, "a YAML file of extra models (catalog/models.yaml format)");
+  plan->add_option("--catalog", o.catalog, "catalog folder (default: the repository's catalog/)");
+  plan->add_option("--top", o.top, "layouts to show");
+  plan->add_option("--validate", o.validate, "predict the published runs in FILE and print the errors");
+  plan->add_flag("--json", o.json, "one JSON object per layout");
+  return plan;
+}
+
+int run_plan(const PlanOptions& o) {
+  Catalog catalog = Catalog::load(o.catalog.empty() ? default_catalog_dir() : o.catalog);
+  if (!o.models_file.empty()) catalog.add_models_from(o.models_file);
+  if (!o.validate.empty()) return run_validate(catalog, o);
+  Model m = resolve_model(catalog, o);
+  Constraints c = constraints_of(o);
+  double tokens = parse_count(o.tokens);
+
+  std::vector<std::string> chip_ids;
+  if (!o.compare.empty()) {
+    std::string list = o.compare;
+    for (std::size_t at = 0; at <= list.size();) {
+      std::size_t comma = list.find(',', at);
+      if (comma == std::string::npos) comma = list.size();
+      if (comma > at) chip_ids.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+  } else {
+    check(!o.chip.empty(), "give --chip ID (or --compare a,b,c)");
+    chip_ids.push_back(o.chip);
+  }
+  if (!o.json) print_table_header();
+  for (const std::string& id : chip_ids) {
+    const Chip& chip = catalog.chip(id);
+    std::vector<Candidate> shown;
+    if (o.chips) {
+      auto start = std::chrono::steady_clock::now();
+      SearchStats stats;
+      std::vector<Candidate> found = search(m, chip, *o.chips, c, {}, &stats);
+      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      check(!found.empty(), "no valid layout of " + m.id + " on " + std::to_string(*o.chips) + " " + id +
+                                " chips (check that tp divides the heads, pp the layers, and chips = tp*pp*dp*cp)");
+      std::size_t n = o.compare.empty() ? std::min<std::size_t>(found.size(), static_cast<std::size_t>(o.top)) : 1;
+      shown.assign(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(n));
+      if (!o.json && o.compare.empty())
+        std::fprintf(stderr, "searched %lld layouts (%lld feasible) in %.3f s\n", static_cast<long long>(stats.evaluated),
+                     static_cast<long long>(stats.feasible), seconds);
+    } else {
+      check(o.budget || o.deadline, "give --chips N, --budget USD or --deadline DAYS");
+      // Chip counts: multiples of the scale-up domain, doubling.
+      std::int64_t domain = chip.scaleup_domain.known() ? static_cast<std::int64_t>(*chip.scaleup_domain.value) : 8;
+      std::optional<Candidate> pick;
+      for (std::int64_t n = domain; n <= 262144; n *= 2) {
+        std::optional<Candidate> best = best_on(m, chip, n, c);
+        if (!best) continue;
+        Totals t = totals(best->estimate, chip, best->layout, tokens, o.price.value_or(-1));
+        if (o.deadline && t.days <= *o.deadline) {
+          pick = best;
+          break;
+        }
+        if (o.budget && t.cost_known && t.cost_usd <= *o.budget) pick = best;  // larger counts finish sooner
+      }
+      if (pick) {
+        shown.push_back(*pick);
+      } else if (!o.json) {
+        std::printf("%-10s no plan meets the %s\n", id.c_str(), o.deadline ? "deadline" : "budget");
+      }
+    }
+    for (const Candidate& cand : shown) {
+      if (o.json) std::printf("%s\n", layout_json(m, chip, cand, tokens, o.price).dump().c_str());
+      else print_row(chip, cand, tokens, o.price);
+    }
+  }
+  return 0;
+}
+
+}  // namespace loom::cli

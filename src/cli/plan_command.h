@@ -1,0 +1,23 @@
+// cli/plan_command — `loom plan`: a thin layer over cluster/plan.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+
+namespace loom::cli {
+
+struct PlanOptions {
+  std::string model, chip, compare, tokens = "15T", validate, catalog, models_file;
+  std::optional<std::int64_t> chips, tp, pp, dp, ep, cp, micro_batch, global_batch, seq, interleave, zero;
+  std::optional<std::string> recompute;
+  std::optional<std::int64_t> layers, hidden, heads, kv_heads, ffn, vocab, experts, top_k;
+  std::optional<double> budget, deadline, price;
+  int top = 10;
+  bool json = false;
+};
+
+CLI::App* add_plan_command(CLI::App& app, PlanOptions& options);
+int run_plan(const PlanOptions& options);
+
+}  // namespace loom::cli

@@ -1,0 +1,211 @@
+#include "cluster/catalog/catalog.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+
+namespace loom::cluster {
+namespace {
+
+YAML::Node load_yaml(const std::string& path) {
+  try {
+    return YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw Error(path + ": cannot open (missing or unreadable)");
+  } catch (const YAML::Exception& e) {
+    throw Error(path + ": malformed YAML at line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+}
+
+double number(const YAML::Node& n, const std::string& where) {
+  try {
+    return n.as<double>();
+  } catch (const YAML::Exception&) {
+    throw Error(where + ": value '" + (n.IsScalar() ? n.Scalar() : std::string("(not a scalar)")) +
+                "' is not a number");
+  }
+}
+
+Figure figure(const YAML::Node& entry, const std::string& field, const std::string& where) {
+  std::string at = where + ": field '" + field + "'";
+  const YAML::Node n = entry[field];
+  check(n.IsDefined(), at + " is missing; every chip figure needs {value, source, confidence}");
+  check(n.IsMap() && n["value"] && n["source"] && n["confidence"], at + " must be {value, source, confidence}");
+  Figure f;
+  f.source = n["source"].as<std::string>();
+  f.confidence = n["confidence"].as<std::string>();
+  check(!f.source.empty(), at + ": source is empty; every figure needs a source");
+  std::string text = n["value"].IsScalar() ? n["value"].Scalar() : "";
+  if (text == "unknown") return f;
+  if (text == "unsupported") {
+    f.unsupported = true;
+    return f;
+  }
+  f.value = number(n["value"], at);
+  check(*f.value >= 0, at + ": value " + text + " is negative");
+  return f;
+}
+
+std::int64_t integer(const YAML::Node& entry, const std::string& field, const std::string& where, bool required,
+                     std::int64_t fallback = 0) {
+  const YAML::Node n = entry[field];
+  if (!n.IsDefined()) {
+    check(!required, where + ": field '" + field + "' is missing");
+    return fallback;
+  }
+  double v = number(n, where + ": field '" + field + "'");
+  check(v >= 0 && v == static_cast<double>(static_cast<std::int64_t>(v)),
+        where + ": field '" + field + "': value '" + n.Scalar() + "' is not a non-negative integer");
+  return static_cast<std::int64_t>(v);
+}
+
+Model parse_model(const YAML::Node& m, const std::string& file, std::size_t index) {
+  std::string where = file + ": models[" + std::to_string(index) + "]";
+  check(m.IsMap() && m["id"], where + " needs an id");
+  Model model;
+  model.id = m["id"].as<std::string>();
+  where = file + ": model '" + model.id + "'";
+  model.source = m["source"] ? m["source"].as<std::string>() : "";
+  model.layers = integer(m, "layers", where, true);
+  model.hidden = integer(m, "hidden", where, true);
+  model.heads = integer(m, "heads", where, true);
+  model.kv_heads = integer(m, "kv_heads", where, false, model.heads);
+  model.ffn = integer(m, "ffn", where, false, 4 * model.hidden);
+  model.vocab = integer(m, "vocab", where, true);
+  model.seq = integer(m, "seq", where, false, 2048);
+  model.gated = m["gated"] && m["gated"].as<bool>();
+  model.experts = integer(m, "experts", where, false);
+  model.top_k = integer(m, "top_k", where, false);
+  model.shared_experts = integer(m, "shared_experts", where, false);
+  model.expert_ffn = integer(m, "expert_ffn", where, false, model.ffn);
+  model.dense_layers = integer(m, "dense_layers", where, false);
+  model.validate(where);
+  return model;
+}
+
+}  // namespace
+
+double Model::attention_params() const {
+  double h = static_cast<double>(hidden);
+  return h * h * 2.0 + 2.0 * h * h * static_cast<double>(kv_heads) / static_cast<double>(heads);
+}
+double Model::dense_mlp_params() const {
+  return (gated ? 3.0 : 2.0) * static_cast<double>(hidden) * static_cast<double>(ffn);
+}
+double Model::expert_params() const {
+  return (gated ? 3.0 : 2.0) * static_cast<double>(hidden) * static_cast<double>(expert_ffn);
+}
+double Model::total_params() const {
+  double dense = static_cast<double>(layers - moe_layers()) * (attention_params() + dense_mlp_params());
+  double sparse = static_cast<double>(moe_layers()) *
+                  (attention_params() + static_cast<double>(experts + shared_experts) * expert_params());
+  return dense + sparse + static_cast<double>(vocab) * static_cast<double>(hidden);
+}
+double Model::active_params() const {
+  double dense = static_cast<double>(layers - moe_layers()) * (attention_params() + dense_mlp_params());
+  double sparse = static_cast<double>(moe_layers()) *
+                  (attention_params() + static_cast<double>(top_k + shared_experts) * expert_params());
+  return dense + sparse + static_cast<double>(vocab) * static_cast<double>(hidden);
+}
+
+void Model::validate(const std::string& where) const {
+  auto positive = [&](const char* field, std::int64_t v) {
+    check(v > 0, where + ": field '" + field + "': value " + std::to_string(v) + " must be > 0");
+  };
+  positive("layers", layers);
+  positive("hidden", hidden);
+  positive("heads", heads);
+  positive("kv_heads", kv_heads);
+  positive("ffn", ffn);
+  positive("vocab", vocab);
+  positive("seq", seq);
+  check(hidden % heads == 0, where + ": hidden " + std::to_string(hidden) + " is not divisible by heads " + std::to_string(heads));
+  check(heads % kv_heads == 0, where + ": heads " + std::to_string(heads) + " is not divisible by kv_heads " + std::to_string(kv_heads));
+  if (experts > 0) {
+    check(top_k >= 1 && top_k <= experts, where + ": top_k " + std::to_string(top_k) + " must be in 1.." + std::to_string(experts));
+    check(dense_layers < layers, where + ": dense_layers must be fewer than layers");
+  }
+}
+
+Catalog Catalog::load(const std::string& dir) {
+  Catalog c;
+  std::string chips_path = dir + "/chips.yaml";
+  YAML::Node chips = load_yaml(chips_path)["chips"];
+  check(chips && chips.IsSequence(), chips_path + ": expected a 'chips' list");
+  std::set<std::string> ids;
+  for (std::size_t i = 0; i < chips.size(); ++i) {
+    const YAML::Node& e = chips[i];
+    check(e.IsMap() && e["id"], chips_path + ": chips[" + std::to_string(i) + "] needs an id");
+    Chip chip;
+    chip.id = e["id"].as<std::string>();
+    check(ids.insert(chip.id).second, chips_path + ": chip id '" + chip.id + "' appears twice");
+    std::string where = chips_path + ": chip '" + chip.id + "'";
+    chip.name = e["name"] ? e["name"].as<std::string>() : chip.id;
+    chip.status = e["status"] ? e["status"].as<std::string>() : "shipping";
+    check(chip.status == "shipping" || chip.status == "roadmap",
+          where + ": field 'status': value '" + chip.status + "' is not shipping or roadmap");
+    chip.bf16_tflops = figure(e, "bf16_tflops", where);
+    chip.fp8_tflops = figure(e, "fp8_tflops", where);
+    chip.fp4_tflops = figure(e, "fp4_tflops", where);
+    chip.hbm_gb = figure(e, "hbm_gb", where);
+    chip.hbm_tbps = figure(e, "hbm_tbps", where);
+    chip.scaleup_gbps = figure(e, "scaleup_gbps", where);
+    chip.scaleup_domain = figure(e, "scaleup_domain", where);
+    chip.scaleout_gbits = figure(e, "scaleout_gbits", where);
+    chip.tdp_w = figure(e, "tdp_w", where);
+    chip.price_per_hour = figure(e, "price_per_hour", where);
+    chip.gemm_efficiency = figure(e, "gemm_efficiency", where);
+    if (chip.gemm_efficiency.known())
+      check(*chip.gemm_efficiency.value > 0 && *chip.gemm_efficiency.value <= 1,
+            where + ": field 'gemm_efficiency': value must be in (0, 1]");
+    c.chips_.push_back(std::move(chip));
+  }
+  c.add_models_from(dir + "/models.yaml");
+  return c;
+}
+
+void Catalog::add_models_from(const std::string& path) {
+  YAML::Node models = load_yaml(path)["models"];
+  check(models && models.IsSequence(), path + ": expected a 'models' list");
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    Model m = parse_model(models[i], path, i);
+    for (const Model& existing : models_)
+      check(existing.id != m.id, path + ": model id '" + m.id + "' is already defined");
+    models_.push_back(std::move(m));
+  }
+}
+
+const Chip& Catalog::chip(const std::string& id) const {
+  std::string known;
+  for (const Chip& c : chips_) {
+    if (c.id == id) return c;
+    known += (known.empty() ? "" : ", ") + c.id;
+  }
+  throw Error("unknown chip '" + id + "'; the catalog has: " + known);
+}
+
+const Model& Catalog::model(const std::string& id) const {
+  std::string known;
+  for (const Model& m : models_) {
+    if (m.id == id) return m;
+    known += (known.empty() ? "" : ", ") + m.id;
+  }
+  throw Error("unknown model '" + id + "'; the catalog has: " + known + " (or give --layers --hidden ... or a YAML file)");
+}
+
+std::string default_catalog_dir() {
+  if (const char* env = std::getenv("LOOM_CATALOG")) return env;
+  namespace fs = std::filesystem;
+  // The binary lives in <repo>/build/<preset>/; the catalog in <repo>/catalog.
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  for (fs::path p = exe.parent_path(); !ec && !p.empty() && p != p.root_path(); p = p.parent_path())
+    if (fs::exists(p / "catalog" / "chips.yaml")) return (p / "catalog").string();
+  return "catalog";
+}
+
+}  // namespace loom::cluster

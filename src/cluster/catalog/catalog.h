@@ -1,0 +1,61 @@
+// cluster/catalog — chips and models for the planner, loaded from YAML (catalog/).
+// This column never touches tensors: it shares only core's error type with the engine.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::cluster {
+
+// A published figure: its value (absent when `unknown`), whether the chip lacks the
+// feature altogether, where it comes from and how sure that is.
+struct Figure {
+  std::optional<double> value;
+  bool unsupported = false;
+  std::string source, confidence;
+  bool known() const { return value.has_value(); }
+};
+
+struct Chip {
+  std::string id, name, status;  // status: shipping | roadmap
+  Figure bf16_tflops, fp8_tflops, fp4_tflops, hbm_gb, hbm_tbps, scaleup_gbps, scaleup_domain, scaleout_gbits,
+      tdp_w, price_per_hour, gemm_efficiency;
+};
+
+struct Model {
+  std::string id, source;
+  std::int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 2048;
+  bool gated = false;  // SwiGLU MLP: three matrices instead of two
+  std::int64_t experts = 0, top_k = 0, shared_experts = 0, expert_ffn = 0, dense_layers = 0;  // MoE
+
+  bool moe() const { return experts > 0; }
+  std::int64_t moe_layers() const { return moe() ? layers - dense_layers : 0; }
+  double attention_params() const;  // per layer: q, k, v, o projections
+  double dense_mlp_params() const;
+  double expert_params() const;     // one expert
+  double total_params() const;      // every weight, embedding included once (tied head)
+  double active_params() const;     // weights a token passes through
+  void validate(const std::string& where) const;
+};
+
+class Catalog {
+ public:
+  // Reads DIR/chips.yaml and DIR/models.yaml; throws naming file, entry, field, value.
+  static Catalog load(const std::string& dir);
+  const Chip& chip(const std::string& id) const;    // throws listing the known ids
+  const Model& model(const std::string& id) const;
+  const std::vector<Chip>& chips() const { return chips_; }
+  const std::vector<Model>& models() const { return models_; }
+  void add_models_from(const std::string& path);  // a user's models.yaml
+
+ private:
+  std::vector<Chip> chips_;
+  std::vector<Model> models_;
+};
+
+// Default catalog folder: $LOOM_CATALOG, else <repo>/catalog next to the binary's tree.
+std::string default_catalog_dir();
+
+}  // namespace loom::cluster

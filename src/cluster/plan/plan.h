@@ -1,0 +1,53 @@
+// cluster/plan — search the valid layouts for (model, chip, count) and rank them;
+// validate the performance model against published runs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster/perf/perf.h"
+
+namespace loom::cluster {
+
+// Fixed parts of the layout; anything left empty is searched over.
+struct Constraints {
+  std::optional<std::int64_t> tp, pp, dp, ep, cp, micro_batch, global_batch, seq, interleave;
+  std::optional<Recompute> recompute;
+  std::optional<int> zero;
+  double default_batch_tokens = 4.0 * 1024 * 1024;  // when no global batch is given
+  // false: rank layouts that fail only the memory check as if they fit (validation of
+  // runs that are known to have fit; the memory estimate is still reported).
+  bool enforce_memory = true;
+};
+
+struct Candidate {
+  Layout layout;
+  Estimate estimate;
+};
+
+struct SearchStats {
+  std::int64_t evaluated = 0, feasible = 0;
+};
+
+// Every valid layout on `chips` chips, feasible first, fastest first. Exhaustive over
+// tp (divisors of the heads), pp x interleave (divisors of the layers), cp, ep,
+// micro-batch, recompute and ZeRO stage; dp follows from the chip count.
+std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t chips, const Constraints& fixed,
+                              const Software& software = {}, SearchStats* stats = nullptr);
+
+// A published run and the model's prediction of it.
+struct Validation {
+  std::string id, chip, counts;  // counts: hardware | model
+  double published = 0, predicted = 0, error = 0;  // TFLOP/s per chip; error = (pred - pub) / pub
+  double memory_gb = 0, hbm_gb = 0;                // the model's memory estimate for the layout
+  Layout layout;
+};
+
+// Reads a published-runs file (catalog/calibration/published-runs.yaml format) and the
+// software facts beside it (software.yaml), predicts each run with its layout fixed and
+// the unpublished parts (micro-batch, interleaving) searched.
+std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path);
+
+}  // namespace loom::cluster
