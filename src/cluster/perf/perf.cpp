@@ -45,6 +45,18 @@ double param_bytes_factor(int zero, std::int64_t dp) {
   }
 }
 
+// Weights held by one chip of the first pipeline stage: its layers (experts split over
+// ep) plus the embedding, all split over tp.
+double params_per_chip(const Model& m, const Layout& l) {
+  double layers_per_stage = static_cast<double>(m.layers) / static_cast<double>(l.pp);
+  double dense_share = m.moe() ? static_cast<double>(m.dense_layers) / static_cast<double>(m.layers) : 1.0;
+  double per_layer = m.attention_params() + dense_share * m.dense_mlp_params() +
+                     (1.0 - dense_share) * static_cast<double>(m.experts + m.shared_experts) * m.expert_params() /
+                         static_cast<double>(l.ep);
+  return (layers_per_stage * per_layer + static_cast<double>(m.vocab) * static_cast<double>(m.hidden)) /
+         static_cast<double>(l.tp);
+}
+
 }  // namespace
 
 Recompute parse_recompute(const std::string& text) {
@@ -101,13 +113,7 @@ std::string check_layout(const Model& m, const Chip& chip, const Layout& l) {
 }
 
 Memory memory_per_chip(const Model& m, const Layout& l, const Software& sw) {
-  // Weights: the first pipeline stage holds its layers plus the embedding; experts shard over ep.
-  double layers_per_stage = static_cast<double>(m.layers) / static_cast<double>(l.pp);
-  double dense_share = m.moe() ? static_cast<double>(m.dense_layers) / static_cast<double>(m.layers) : 1.0;
-  double per_layer = m.attention_params() + dense_share * m.dense_mlp_params() +
-                     (1.0 - dense_share) * static_cast<double>(m.experts + m.shared_experts) * m.expert_params() /
-                         static_cast<double>(l.ep);
-  double params = (layers_per_stage * per_layer + static_cast<double>(m.vocab) * m.hidden) / static_cast<double>(l.tp);
+  double params = params_per_chip(m, l);
   Memory mem;
   mem.weights_and_optimizer_gb = params * param_bytes_factor(l.zero, l.dp) / 1e9;
   // Activations (Korthikanti et al. 2022), bytes per layer per micro-batch.
@@ -217,8 +223,7 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   double microbatches = static_cast<double>(l.global_batch) / static_cast<double>(l.dp * l.micro_batch);
   double bubble = static_cast<double>(l.pp - 1) / static_cast<double>(l.interleave) * per_mb;
   Memory mem = memory_per_chip(m, l, sw);
-  double params_chip = (layers_stage * (m.total_params() - static_cast<double>(m.vocab) * h) / static_cast<double>(m.layers) +
-                        static_cast<double>(m.vocab) * h) / t;
+  double params_chip = params_per_chip(m, l);
   auto [dp_bw, dp_alpha] = link(l.chips());
   // ZeRO-3 gathers weights for forward and backward: 1.5x an all-reduce's volume.
   double volume = l.zero >= 3 ? 1.5 : 1.0;

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -44,12 +45,11 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
         for (std::int64_t v : either(fixed.interleave, pp > 1 ? divisors(model.layers / pp, 8) : std::vector<std::int64_t>{1})) {
           for (std::int64_t ep : either(fixed.ep, model.moe() ? divisors(std::min(model.experts, dp), 1 << 20) : std::vector<std::int64_t>{1})) {
             for (std::int64_t b : either(fixed.micro_batch, std::vector<std::int64_t>{1, 2, 4, 8, 16})) {
-              std::int64_t batch = fixed.global_batch.value_or(0);
-              if (batch == 0) {  // default: ~default_batch_tokens, a multiple of dp x b
-                auto unit = dp * b;
-                auto want = static_cast<std::int64_t>(fixed.default_batch_tokens / static_cast<double>(seq));
-                batch = std::max<std::int64_t>(1, (want + unit - 1) / unit) * unit;
-              }
+              // The global batch belongs to the training recipe, not the layout: fixed
+              // (default ~default_batch_tokens), and dp x micro-batch must divide it.
+              std::int64_t batch = fixed.global_batch.value_or(std::max<std::int64_t>(
+                  1, static_cast<std::int64_t>(std::llround(fixed.default_batch_tokens / static_cast<double>(seq)))));
+              if (batch % (dp * b) != 0) continue;
               for (Recompute rc : either(fixed.recompute, std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full})) {
                 for (int zero : either(fixed.zero, std::vector<int>{0, 1, 2, 3})) {
                   Layout l{tp, pp, dp, ep, cp, b, batch, seq, v, rc, zero};

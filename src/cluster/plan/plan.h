@@ -16,7 +16,7 @@ struct Constraints {
   std::optional<std::int64_t> tp, pp, dp, ep, cp, micro_batch, global_batch, seq, interleave;
   std::optional<Recompute> recompute;
   std::optional<int> zero;
-  double default_batch_tokens = 4.0 * 1024 * 1024;  // when no global batch is given
+  double default_batch_tokens = 4.0 * 1024 * 1024;  // global batch (tokens) when none is given
   // false: rank layouts that fail only the memory check as if they fit (validation of
   // runs that are known to have fit; the memory estimate is still reported).
   bool enforce_memory = true;
