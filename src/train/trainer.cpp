@@ -273,8 +273,8 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
     }
     ids.push_back(next);
   }
-  std::vector<std::int32_t> out(ids.begin() + static_cast<std::ptrdiff_t>(prompt.empty() ? 1 : 0), ids.end());
-  (void)prompt_len;
+  // Only the continuation: the caller prints the prompt itself.
+  std::vector<std::int32_t> out(ids.begin() + static_cast<std::ptrdiff_t>(prompt.empty() ? 1 : prompt_len), ids.end());
   return loaded.tokenizer.decode(out);
 }
 

@@ -23,7 +23,7 @@ struct Summary {
 Summary run_training(const TrainConfig& config);
 
 // Generates `tokens` characters after `prompt` from a GPT checkpoint (temperature
-// sampling; temperature 0 is greedy).
+// sampling; temperature 0 is greedy) and returns them, without the prompt.
 std::string sample_text(const std::string& checkpoint, const std::string& prompt, std::int64_t tokens,
                         double temperature, std::uint64_t seed);
 

@@ -33,5 +33,11 @@ done
 "$loom" train --data random --vocab 30 --layers 1 --width 16 --heads 2 --context 8 --batch 2 --steps 3 \
   --out "$dir/ok" --json > "$dir/ok.log" || { echo "FAIL: tiny run"; failures=$((failures + 1)); }
 tail -n 1 "$dir/ok.log" | grep -q '"tokens_per_s"' || { echo "FAIL: last line is not the JSON summary"; failures=$((failures + 1)); }
+# Sampling continues the prompt once (the prompt is printed, then only new text).
+printf 'abcabcabcabcabcabcabcabcabcabcabcabc\n' > "$dir/abc.txt"
+"$loom" train --data "$dir/abc.txt" --layers 1 --width 16 --heads 2 --context 8 --batch 2 --steps 2 \
+  --out "$dir/abc" --json --eval_every 0 > /dev/null || { echo "FAIL: abc run"; failures=$((failures + 1)); }
+bytes=$("$loom" sample "$dir/abc/checkpoint" --prompt "abc" --tokens 5 | wc -c)
+[[ $bytes -eq 9 ]] || { echo "FAIL: sample printed $bytes bytes, expected prompt (3) + 5 + newline"; failures=$((failures + 1)); }
 echo "$failures failed"
 [[ $failures -eq 0 ]]
