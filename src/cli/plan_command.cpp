@@ -69,6 +69,7 @@ Constraints constraints_of(const PlanOptions& o) {
   c.interleave = o.interleave;
   if (o.recompute) c.recompute = parse_recompute(*o.recompute);
   if (o.zero) c.zero = static_cast<int>(*o.zero);
+  c.precision = parse_precision(o.precision);
   return c;
 }
 
@@ -169,7 +170,9 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   CLI::App* plan = app.add_subcommand("plan", "plan chips and parallel layouts for training a model");
   plan->add_option("--model", o.model, "model id from catalog/models.yaml");
   plan->add_option("--chip", o.chip, "chip id from catalog/chips.yaml");
+  plan->add_option("--system", o.system, "system id from catalog/systems.yaml (a chip in its domain and fabric)");
   plan->add_option("--chips", o.chips, "number of chips")->check(CLI::PositiveNumber);
+  plan->add_option("--precision", o.precision, "bf16 | fp8 (GEMM inputs)");
   plan->add_option("--tokens", o.tokens, "training tokens (e.g. 15.6T)");
   plan->add_option("--compare", o.compare, "comma-separated chip ids to compare side by side");
   plan->add_option("--budget", o.budget, "USD: with --compare, the fastest plan within this cost");
@@ -219,21 +222,37 @@ int run_plan(const PlanOptions& o) {
       if (comma > at) chip_ids.push_back(list.substr(at, comma - at));
       at = comma + 1;
     }
+  } else if (!o.system.empty()) {
+    chip_ids.push_back("@" + o.system);
   } else {
-    check(!o.chip.empty(), "give --chip ID (or --compare a,b,c)");
+    check(!o.chip.empty(), "give --chip ID, --system ID or --compare a,b,c");
     chip_ids.push_back(o.chip);
+  }
+  if (o.chips && o.tp && o.pp && o.dp) {
+    std::int64_t product = *o.tp * *o.pp * *o.dp * o.cp.value_or(1);
+    check(product == *o.chips, "chips " + std::to_string(*o.chips) + " != tp*pp*dp*cp = " + std::to_string(*o.tp) + "*" +
+                                   std::to_string(*o.pp) + "*" + std::to_string(*o.dp) + "*" +
+                                   std::to_string(o.cp.value_or(1)) + " = " + std::to_string(product));
   }
   if (!o.json) print_table_header();
   for (const std::string& id : chip_ids) {
-    const Chip& chip = catalog.chip(id);
+    const Chip chip = id[0] == '@' ? catalog.chip_in_system(id.substr(1)) : catalog.chip(id);
     std::vector<Candidate> shown;
     if (o.chips) {
       auto start = std::chrono::steady_clock::now();
       SearchStats stats;
       std::vector<Candidate> found = search(m, chip, *o.chips, c, {}, &stats);
       double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      check(!found.empty(), "no valid layout of " + m.id + " on " + std::to_string(*o.chips) + " " + id +
-                                " chips (check that tp divides the heads, pp the layers, and chips = tp*pp*dp*cp)");
+      if (found.empty()) {
+        // Say which rule the fixed parts break, when they pin the layout down.
+        std::int64_t tp = o.tp.value_or(1), pp = o.pp.value_or(1), cp = o.cp.value_or(1);
+        Layout l{tp, pp, o.dp.value_or(std::max<std::int64_t>(1, *o.chips / (tp * pp * cp))), o.ep.value_or(1), cp,
+                 o.micro_batch.value_or(1), o.global_batch.value_or(o.dp.value_or(1) * o.micro_batch.value_or(1)),
+                 o.seq.value_or(m.seq), o.interleave.value_or(1), Recompute::full, 1, c.precision};
+        std::string why = check_layout(m, chip, l);
+        throw Error("no valid layout of " + m.id + " on " + std::to_string(*o.chips) + " " + id + " chips" +
+                    (why.empty() ? " (check that tp divides the heads, pp the layers, and chips = tp*pp*dp*cp)" : ": " + why));
+      }
       std::size_t n = o.compare.empty() ? std::min<std::size_t>(found.size(), static_cast<std::size_t>(o.top)) : 1;
       shown.assign(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(n));
       if (!o.json && o.compare.empty())

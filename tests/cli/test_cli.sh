@@ -26,6 +26,10 @@ expect_error "no checkpoint to resume from" train --resume --out "$dir/o5"
 printf 'garbage' > "$dir/x.safetensors"
 expect_error "x.safetensors" sample "$dir/x.safetensors"
 expect_error "cannot open" eval "$dir/none.safetensors" --data "$dir/missing.txt"
+expect_error "chips 1000 != tp*pp*dp*cp" plan --model llama3-70b --chip h100-sxm --chips 1000 --tp 8 --pp 4 --dp 32
+expect_error "unknown chip 'h1000'" plan --model llama3-70b --chip h1000 --chips 8
+expect_error "unknown model 'gpt5'" plan --model gpt5 --chip h100-sxm --chips 8
+expect_error "pp 3 does not divide" plan --model llama3-70b --chip h100-sxm --chips 24 --tp 8 --pp 3 --dp 1 --global-batch 8 --micro-batch 1 --recompute full --zero 1 --interleave 1 --cp 1
 for d in o1 o2 o3 o4 o5; do
   if [[ -e "$dir/$d/checkpoint" ]]; then echo "FAIL: checkpoint left in $d"; failures=$((failures + 1)); fi
 done

@@ -63,22 +63,46 @@ TEST(Catalog, MalformedFilesNameFileFieldAndValue) {
   EXPECT_NE(e.find("unknown chip 'h1000'"), std::string::npos) << e;
 }
 
-TEST(Perf, MemoryMatchesMegatronsTheoreticalFormula) {
-  // GPT-3 175B, tp 8, pp 8, dp 16, micro-batch 1, seq 2048, sequence parallel + selective
-  // recompute, distributed optimizer (Megatron-LM's theoretical_memory_usage.py terms):
-  //   weights+optimizer = params_first_stage * (6 + 12/dp)
-  //   activations = s b h L (34/t) * (in-flight = L layers for 1F1B)
-  Catalog c = catalog();
-  const Model& m = c.model("gpt3-175b");
-  Layout l{8, 8, 16, 1, 1, 1, 1536, 2048, 1, Recompute::selective, 1};
-  Memory mem = memory_per_chip(m, l);
-  double h = 12288, layers_stage = 96.0 / 8;
-  double per_layer = 12 * h * h;  // 4h^2 attention + 8h^2 MLP
-  double params = (layers_stage * per_layer + 50257 * h) / 8;
-  double weights_gb = params * (6 + 12.0 / 16) / 1e9;
-  double act_gb = 2048.0 * 1 * h * (34.0 / 8) * 96 / 1e9;
-  EXPECT_NEAR(mem.weights_and_optimizer_gb, weights_gb, 0.05 * weights_gb);
-  EXPECT_NEAR(mem.activations_gb, act_gb, 0.05 * act_gb);
+// Megatron-LM's theoretical_memory_usage.py, transcribed independently (sequence
+// parallelism, selective recompute, distributed optimizer; tied embeddings).
+double megatron_memory_gb(double layers, double h, double heads, double groups, double ffn, double vocab, double s,
+                          double b, double t, double p, double dp, double v, double microbatches) {
+  double layer_params = 2 * layers * h * h * ((1 + groups / heads) + ffn / h + 2 / h + 1 / (layers * h));
+  double embedding = h * vocab;
+  double shard = (layer_params / p + embedding) / t;
+  double weights = shard * (6 + 12 / dp);
+  double act = s * b * h * (18 + 4 * ffn / h) * layers;
+  act += 8 * s * b * p + s * b * h * p;
+  if (v > 1) act *= 1 + (p - 1) / (p * v);
+  if (v == 1 && p > 1) act *= std::min(1.0, microbatches / p);
+  if (p == 1) act += s * b * h * 4 * (1 + vocab / h);
+  return (weights + act / t) / 1e9;
+}
+
+TEST(Perf, MemoryMatchesMegatronsTheoreticalFormulaOnTheCalibrationConfigs) {
+  Software megatron_current;  // the formula assumes sequence parallelism (and flash-free selective)
+  struct Row {
+    std::int64_t layers, hidden, heads, tp, pp, dp, batch;
+  };
+  // The Megatron-LM 2021 Table 1 layouts (vocab 51200, seq 2048), micro-batch 1.
+  for (Row r : {Row{24, 2304, 24, 1, 1, 32, 512}, Row{36, 4096, 32, 4, 1, 32, 512}, Row{48, 8192, 64, 8, 2, 32, 1536},
+                Row{80, 12288, 96, 8, 8, 24, 2304}, Row{128, 25600, 160, 8, 64, 6, 3072}}) {
+    Model m;
+    m.id = "row";
+    m.layers = r.layers;
+    m.hidden = r.hidden;
+    m.heads = m.kv_heads = r.heads;
+    m.ffn = 4 * r.hidden;
+    m.vocab = 51200;
+    for (std::int64_t v : {std::int64_t{1}, std::int64_t{2}}) {
+      if (r.pp == 1 && v > 1) continue;
+      Layout l{r.tp, r.pp, r.dp, 1, 1, 1, r.batch, 2048, v, Recompute::selective, 1};
+      double ours = memory_per_chip(m, l, megatron_current).total_gb;
+      double theirs = megatron_memory_gb(r.layers, r.hidden, r.heads, r.heads, 4.0 * r.hidden, 51200, 2048, 1, r.tp,
+                                         r.pp, r.dp, v, static_cast<double>(r.batch) / r.dp);
+      EXPECT_NEAR(ours, theirs, 0.05 * theirs) << r.layers << " layers, v=" << v;
+    }
+  }
 }
 
 TEST(Perf, ImpossibleLayoutsSayWhy) {
@@ -114,6 +138,28 @@ TEST(Perf, MoreChipsGoFasterAndSlowerLinksHurt) {
   EXPECT_LT(best("h100-sxm", 256).step_time_s, best("h800", 256).step_time_s);
   fixed.tp.reset();
   EXPECT_LE(best("h100-sxm", 256).step_time_s, best("h800", 256).step_time_s * 1.0001);
+}
+
+TEST(Perf, SystemsPrecisionAndTheThroughputCache) {
+  Catalog c = catalog();
+  Chip nvl = c.chip_in_system("gb200-nvl72");
+  EXPECT_EQ(*nvl.scaleup_domain.value, 72);
+  EXPECT_THROW(c.chip_in_system("nope"), Error);
+  const Model& m = c.model("llama3-70b");
+  Layout l{8, 1, 16, 1, 1, 1, 512, 8192, 1, Recompute::selective, 1};
+  Estimate bf16 = estimate(m, c.chip("h100-sxm"), l);
+  l.precision = Precision::fp8;
+  Estimate fp8 = estimate(m, c.chip("h100-sxm"), l);
+  EXPECT_LT(fp8.step_time_s, bf16.step_time_s);  // faster GEMMs, same communication
+  EXPECT_GT(fp8.step_time_s, bf16.step_time_s / 2.5);
+  Estimate a100 = estimate(m, c.chip("a100-80gb"), l);
+  EXPECT_FALSE(a100.feasible);
+  EXPECT_NE(a100.reason.find("fp8_tflops is unsupported"), std::string::npos) << a100.reason;
+  ThroughputCache cache;
+  double first = cache.tokens_per_s(m, c.chip("h100-sxm"), 512);
+  EXPECT_GT(first, 0);
+  EXPECT_EQ(cache.tokens_per_s(m, c.chip("h100-sxm"), 512), first);
+  EXPECT_EQ(cache.size(), 1u);
 }
 
 TEST(Plan, ValidatesAgainstPublishedRuns) {

@@ -165,6 +165,28 @@ Catalog Catalog::load(const std::string& dir) {
     c.chips_.push_back(std::move(chip));
   }
   c.add_models_from(dir + "/models.yaml");
+  std::string systems_path = dir + "/systems.yaml";
+  if (std::filesystem::exists(systems_path)) {
+    YAML::Node systems = load_yaml(systems_path)["systems"];
+    check(systems && systems.IsSequence(), systems_path + ": expected a 'systems' list");
+    for (std::size_t i = 0; i < systems.size(); ++i) {
+      const YAML::Node& e = systems[i];
+      check(e.IsMap() && e["id"] && e["chip"], systems_path + ": systems[" + std::to_string(i) + "] needs id and chip");
+      System sys;
+      sys.id = e["id"].as<std::string>();
+      std::string where = systems_path + ": system '" + sys.id + "'";
+      sys.name = e["name"] ? e["name"].as<std::string>() : sys.id;
+      sys.chip = e["chip"].as<std::string>();
+      try {
+        c.chip(sys.chip);
+      } catch (const Error& err) {
+        throw Error(where + ": field 'chip': " + err.what());
+      }
+      sys.scaleup_domain = figure(e, "scaleup_domain", where);
+      sys.scaleout_gbits = figure(e, "scaleout_gbits", where);
+      c.systems_.push_back(std::move(sys));
+    }
+  }
   return c;
 }
 
@@ -195,6 +217,21 @@ const Model& Catalog::model(const std::string& id) const {
     known += (known.empty() ? "" : ", ") + m.id;
   }
   throw Error("unknown model '" + id + "'; the catalog has: " + known + " (or give --layers --hidden ... or a YAML file)");
+}
+
+Chip Catalog::chip_in_system(const std::string& id) const {
+  std::string known;
+  for (const System& sys : systems_) {
+    if (sys.id == id) {
+      Chip chip = this->chip(sys.chip);
+      chip.scaleup_domain = sys.scaleup_domain;
+      chip.scaleout_gbits = sys.scaleout_gbits;
+      chip.id = sys.chip + "@" + sys.id;
+      return chip;
+    }
+    known += (known.empty() ? "" : ", ") + sys.id;
+  }
+  throw Error("unknown system '" + id + "'; the catalog has: " + known);
 }
 
 std::string default_catalog_dir() {

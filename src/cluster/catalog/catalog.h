@@ -24,6 +24,12 @@ struct Chip {
       tdp_w, price_per_hour, gemm_efficiency;
 };
 
+// A chip in a system: its scale-up domain and scale-out fabric override the chip's.
+struct System {
+  std::string id, name, chip;
+  Figure scaleup_domain, scaleout_gbits;
+};
+
 struct Model {
   std::string id, source;
   std::int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 2048;
@@ -46,6 +52,9 @@ class Catalog {
   static Catalog load(const std::string& dir);
   const Chip& chip(const std::string& id) const;    // throws listing the known ids
   const Model& model(const std::string& id) const;
+  // The chip of system `id` with the system's domain and fabric figures.
+  Chip chip_in_system(const std::string& id) const;
+  const std::vector<System>& systems() const { return systems_; }
   const std::vector<Chip>& chips() const { return chips_; }
   const std::vector<Model>& models() const { return models_; }
   void add_models_from(const std::string& path);  // a user's models.yaml
@@ -53,6 +62,7 @@ class Catalog {
  private:
   std::vector<Chip> chips_;
   std::vector<Model> models_;
+  std::vector<System> systems_;
 };
 
 // Default catalog folder: $LOOM_CATALOG, else <repo>/catalog next to the binary's tree.

@@ -66,6 +66,14 @@ Recompute parse_recompute(const std::string& text) {
   throw Error("recompute = '" + text + "', expected none, selective or full");
 }
 
+Precision parse_precision(const std::string& text) {
+  if (text == "bf16") return Precision::bf16;
+  if (text == "fp8") return Precision::fp8;
+  throw Error("precision = '" + text + "', expected bf16 or fp8");
+}
+
+const char* precision_name(Precision p) { return p == Precision::fp8 ? "fp8" : "bf16"; }
+
 const char* recompute_name(Recompute r) {
   switch (r) {
     case Recompute::none: return "none";
@@ -113,27 +121,38 @@ std::string check_layout(const Model& m, const Chip& chip, const Layout& l) {
 }
 
 Memory memory_per_chip(const Model& m, const Layout& l, const Software& sw) {
-  double params = params_per_chip(m, l);
   Memory mem;
-  mem.weights_and_optimizer_gb = params * param_bytes_factor(l.zero, l.dp) / 1e9;
-  // Activations (Korthikanti et al. 2022), bytes per layer per micro-batch.
-  double s = static_cast<double>(l.seq) / static_cast<double>(l.cp), b = static_cast<double>(l.micro_batch);
-  double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads), t = static_cast<double>(l.tp);
-  double linear_part = sw.sequence_parallel ? 34.0 / t : 10.0 + 24.0 / t;
-  double score_part = sw.flash_attention ? 0.0 : 5.0 * a * static_cast<double>(l.seq) / (h * t);
-  double per_layer_bytes = 0;
+  mem.weights_and_optimizer_gb = params_per_chip(m, l) * param_bytes_factor(l.zero, l.dp) / 1e9;
+  // Activations of the first pipeline stage, following Megatron-LM's
+  // theoretical_memory_usage.py (Korthikanti et al. 2022, Table 2), bytes. Per layer and
+  // micro-batch with sequence parallelism and selective recompute: s b h (18 + 4 f / h) / t,
+  // with f the MLP width a token passes through (k experts for MoE layers; x1.5 for SwiGLU's
+  // extra matrix). Without sequence parallelism 10 s b h of it is not split across t;
+  // materialised attention scores add 5 a s / h; full recompute keeps only the layer input.
+  const double s = static_cast<double>(l.seq) / static_cast<double>(l.cp);
+  const double b = static_cast<double>(l.micro_batch), h = static_cast<double>(m.hidden);
+  const double t = static_cast<double>(l.tp), p = static_cast<double>(l.pp);
+  double dense_share = m.moe() ? static_cast<double>(m.dense_layers) / static_cast<double>(m.layers) : 1.0;
+  double mlp_width = dense_share * static_cast<double>(m.ffn) +
+                     (1.0 - dense_share) * static_cast<double>(m.top_k + m.shared_experts) * static_cast<double>(m.expert_ffn);
+  if (m.gated) mlp_width *= 1.5;
+  double shardable = 18.0 + 4.0 * mlp_width / h;
+  double linear_part = sw.sequence_parallel ? shardable / t : 10.0 + (shardable - 10.0) / t;
+  double score_part = sw.flash_attention ? 0.0 : 5.0 * static_cast<double>(m.heads) * static_cast<double>(l.seq) / (h * t);
+  double per_layer = 0;
   switch (l.recompute) {
-    case Recompute::none: per_layer_bytes = s * b * h * (linear_part + score_part); break;
-    case Recompute::selective: per_layer_bytes = s * b * h * linear_part; break;
-    case Recompute::full: per_layer_bytes = 2.0 * s * b * h / (sw.sequence_parallel ? t : 1.0); break;
+    case Recompute::none: per_layer = s * b * h * (linear_part + score_part); break;
+    case Recompute::selective: per_layer = s * b * h * linear_part; break;
+    case Recompute::full: per_layer = 2.0 * s * b * h / (sw.sequence_parallel ? t : 1.0); break;
   }
-  // 1F1B keeps pp micro-batches in flight on the first stage: layers/pp * pp = all layers;
-  // interleaving adds (pp - 1) / (pp * v) more.
-  double in_flight = static_cast<double>(m.layers);
-  if (l.pp > 1 && l.interleave > 1)
-    in_flight *= 1.0 + static_cast<double>(l.pp - 1) / static_cast<double>(l.pp * l.interleave);
-  if (l.pp == 1) in_flight = static_cast<double>(m.layers);
-  mem.activations_gb = per_layer_bytes * in_flight / 1e9;
+  // The first stage keeps pp micro-batches of layers/pp layers in flight: all layers' worth.
+  double act = per_layer * static_cast<double>(m.layers);
+  act += (8.0 * s * b * p + s * b * h * p) / t;  // embedding input and its dropout, pp in flight
+  double microbatches = static_cast<double>(l.global_batch) / static_cast<double>(l.dp * l.micro_batch);
+  if (l.pp > 1 && l.interleave > 1) act *= 1.0 + (p - 1.0) / (p * static_cast<double>(l.interleave));
+  if (l.pp > 1 && l.interleave == 1) act *= std::min(1.0, microbatches / p);
+  if (l.pp == 1) act += s * b * h * 4.0 * (1.0 + static_cast<double>(m.vocab) / h) / t;  // output layer and loss
+  mem.activations_gb = act / 1e9;
   mem.total_gb = mem.weights_and_optimizer_gb + mem.activations_gb;
   return mem;
 }
@@ -152,7 +171,8 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
                  " (source: " + f.source + "); the model needs it";
     }
   };
-  need(chip.bf16_tflops, "bf16_tflops");
+  const Figure& peak_figure = l.precision == Precision::fp8 ? chip.fp8_tflops : chip.bf16_tflops;
+  need(peak_figure, l.precision == Precision::fp8 ? "fp8_tflops" : "bf16_tflops");
   need(chip.hbm_gb, "hbm_gb");
   need(chip.hbm_tbps, "hbm_tbps");
   need(chip.scaleup_gbps, "scaleup_gbps");
@@ -161,7 +181,8 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   need(chip.gemm_efficiency, "gemm_efficiency");
   if (!e.feasible) return e;
 
-  const double peak = *chip.bf16_tflops.value * 1e12;
+  // GEMMs run at the precision's peak; MFU is reported against the same peak.
+  const double peak = *peak_figure.value * 1e12;
   const double hbm = *chip.hbm_tbps.value * 1e12 * kMemoryEfficiency;
   const Links links{*chip.scaleup_gbps.value * 1e9, *chip.scaleout_gbits.value / 8.0 * 1e9,
                     static_cast<std::int64_t>(*chip.scaleup_domain.value)};

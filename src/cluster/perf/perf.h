@@ -14,6 +14,9 @@
 namespace loom::cluster {
 
 enum class Recompute { none, selective, full };
+enum class Precision { bf16, fp8 };  // the GEMM input type; master weights stay fp32
+Precision parse_precision(const std::string& text);
+const char* precision_name(Precision p);
 Recompute parse_recompute(const std::string& text);  // throws naming the value
 const char* recompute_name(Recompute r);
 
@@ -25,6 +28,7 @@ struct Layout {
   std::int64_t interleave = 1;     // virtual pipeline stages per chip (1: plain 1F1B)
   Recompute recompute = Recompute::full;
   int zero = 1;                    // 0: replicated optimizer; 1: sharded optimizer; 2: + grads; 3: + weights
+  Precision precision = Precision::bf16;
   std::int64_t chips() const { return tp * pp * dp * cp; }
 };
 

@@ -52,7 +52,7 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
               if (batch % (dp * b) != 0) continue;
               for (Recompute rc : either(fixed.recompute, std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full})) {
                 for (int zero : either(fixed.zero, std::vector<int>{0, 1, 2, 3})) {
-                  Layout l{tp, pp, dp, ep, cp, b, batch, seq, v, rc, zero};
+                  Layout l{tp, pp, dp, ep, cp, b, batch, seq, v, rc, zero, fixed.precision};
                   if (!check_layout(model, chip, l).empty()) continue;
                   Candidate c{l, estimate(model, chip, l, software)};
                   ++local.evaluated;
@@ -75,6 +75,16 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
   });
   if (stats) *stats = local;
   return out;
+}
+
+double ThroughputCache::tokens_per_s(const Model& model, const Chip& chip, std::int64_t chips,
+                                     const Constraints& fixed) {
+  auto key = std::make_tuple(model.id, chip.id, chips);
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+  std::vector<Candidate> found = search(model, chip, chips, fixed);
+  double best = !found.empty() && found.front().estimate.feasible ? found.front().estimate.tokens_per_s : 0.0;
+  cache_[key] = best;
+  return best;
 }
 
 std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path) {

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@ struct Constraints {
   std::optional<std::int64_t> tp, pp, dp, ep, cp, micro_batch, global_batch, seq, interleave;
   std::optional<Recompute> recompute;
   std::optional<int> zero;
+  Precision precision = Precision::bf16;
   double default_batch_tokens = 4.0 * 1024 * 1024;  // global batch (tokens) when none is given
   // false: rank layouts that fail only the memory check as if they fit (validation of
   // runs that are known to have fit; the memory estimate is still reported).
@@ -36,6 +39,17 @@ struct SearchStats {
 // micro-batch, recompute and ZeRO stage; dp follows from the chip count.
 std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t chips, const Constraints& fixed,
                               const Software& software = {}, SearchStats* stats = nullptr);
+
+// Tokens/s of the best feasible layout of (model, chip, chips), 0 when none fits;
+// memoised, for schedulers that ask the same questions many times a second.
+class ThroughputCache {
+ public:
+  double tokens_per_s(const Model& model, const Chip& chip, std::int64_t chips, const Constraints& fixed = {});
+  std::size_t size() const { return cache_.size(); }
+
+ private:
+  std::map<std::tuple<std::string, std::string, std::int64_t>, double> cache_;
+};
 
 // A published run and the model's prediction of it.
 struct Validation {
