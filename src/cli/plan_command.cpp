@@ -173,6 +173,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   plan->add_option("--system", o.system, "system id from catalog/systems.yaml (a chip in its domain and fabric)");
   plan->add_option("--chips", o.chips, "number of chips")->check(CLI::PositiveNumber);
   plan->add_option("--precision", o.precision, "bf16 | fp8 (GEMM inputs)");
+  plan->add_option("--profile", o.profile, "a Loom device profile (docs/device-profile.md): measured GEMM rate and bandwidth");
   plan->add_option("--tokens", o.tokens, "training tokens (e.g. 15.6T)");
   plan->add_option("--compare", o.compare, "comma-separated chip ids to compare side by side");
   plan->add_option("--budget", o.budget, "USD: with --compare, the fastest plan within this cost");
@@ -236,7 +237,8 @@ int run_plan(const PlanOptions& o) {
   }
   if (!o.json) print_table_header();
   for (const std::string& id : chip_ids) {
-    const Chip chip = id[0] == '@' ? catalog.chip_in_system(id.substr(1)) : catalog.chip(id);
+    Chip chip = id[0] == '@' ? catalog.chip_in_system(id.substr(1)) : catalog.chip(id);
+    if (!o.profile.empty()) apply_device_profile(chip, o.profile, o.precision);
     std::vector<Candidate> shown;
     if (o.chips) {
       auto start = std::chrono::steady_clock::now();

@@ -8,6 +8,7 @@
 namespace loom::cli {
 
 struct PlanOptions {
+  std::string profile;
   std::string model, chip, system, compare, tokens = "15T", validate, catalog, models_file, precision = "bf16";
   std::optional<std::int64_t> chips, tp, pp, dp, ep, cp, micro_batch, global_batch, seq, interleave, zero;
   std::optional<std::string> recompute;

@@ -162,6 +162,24 @@ TEST(Perf, SystemsPrecisionAndTheThroughputCache) {
   EXPECT_EQ(cache.size(), 1u);
 }
 
+TEST(Catalog, DeviceProfilesReplaceAssumedEfficiency) {
+  Catalog c = catalog();
+  std::string dir = temp_dir("profile");
+  std::ofstream(dir + "/h200.json") << R"({"format": "loom-device-profile/1", "chip": "h200",
+    "gemm": [{"dtype": "bf16", "m": 4096, "n": 4096, "k": 4096, "tflops": 742},
+             {"dtype": "bf16", "m": 256, "n": 256, "k": 256, "tflops": 900}],
+    "memory_bandwidth_gbs": 4000})";
+  Chip h200 = c.chip("h200");
+  apply_device_profile(h200, dir + "/h200.json", "bf16");
+  EXPECT_NEAR(*h200.gemm_efficiency.value, 742.0 / 989.0, 1e-9);  // small GEMMs do not count
+  EXPECT_EQ(h200.gemm_efficiency.confidence, "measured");
+  Chip h100 = c.chip("h100-sxm");
+  EXPECT_NE(error_of([&] { apply_device_profile(h100, dir + "/h200.json", "bf16"); }).find("does not match"), std::string::npos);
+  std::ofstream(dir + "/bad.json") << R"({"format": "loom-device-profile/1", "gemm": [{"dtype": "bf16", "tflops": -3}]})";
+  std::string e = error_of([&] { apply_device_profile(h100, dir + "/bad.json", "bf16"); });
+  EXPECT_NE(e.find("bad.json: gemm[0]: field 'tflops': value -3 is not a positive number"), std::string::npos) << e;
+}
+
 TEST(Plan, ValidatesAgainstPublishedRuns) {
   std::vector<Validation> rows = validate(catalog(), source_dir() + "/catalog/calibration/published-runs.yaml");
   ASSERT_EQ(rows.size(), 11u);

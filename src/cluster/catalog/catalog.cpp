@@ -2,6 +2,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -232,6 +235,46 @@ Chip Catalog::chip_in_system(const std::string& id) const {
     known += (known.empty() ? "" : ", ") + sys.id;
   }
   throw Error("unknown system '" + id + "'; the catalog has: " + known);
+}
+
+void apply_device_profile(Chip& chip, const std::string& path, const std::string& dtype) {
+  std::ifstream file(path);
+  check(file.good(), path + ": cannot open the device profile (missing or unreadable)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(file);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + ": not valid JSON (" + e.what() + ")");
+  }
+  check(j.is_object() && j.value("format", "") == "loom-device-profile/1",
+        path + ": field 'format' must be \"loom-device-profile/1\"");
+  if (j.contains("chip")) {
+    std::string declared = j["chip"].is_string() ? j["chip"].get<std::string>() : j["chip"].dump();
+    std::string base = chip.id.substr(0, chip.id.find('@'));
+    check(declared == base, path + ": field 'chip': value '" + declared + "' does not match the planned chip '" + base + "'");
+  }
+  check(j.contains("gemm") && j["gemm"].is_array() && !j["gemm"].empty(), path + ": field 'gemm' must be a non-empty list");
+  double best = 0;
+  for (std::size_t i = 0; i < j["gemm"].size(); ++i) {
+    const auto& g = j["gemm"][i];
+    std::string at = path + ": gemm[" + std::to_string(i) + "]";
+    check(g.is_object() && g.contains("dtype") && g.contains("tflops"), at + " needs dtype and tflops");
+    check(g["tflops"].is_number() && g["tflops"].get<double>() > 0,
+          at + ": field 'tflops': value " + g["tflops"].dump() + " is not a positive number");
+    bool large = g.value("m", 0) >= 2048 && g.value("n", 0) >= 2048 && g.value("k", 0) >= 2048;
+    if (g["dtype"] == dtype && large) best = std::max(best, g["tflops"].get<double>());
+  }
+  check(best > 0, path + ": no " + dtype + " GEMM of size >= 2048 in field 'gemm'");
+  const Figure& peak = dtype == "fp8" ? chip.fp8_tflops : chip.bf16_tflops;
+  check(peak.known(), path + ": the catalog has no " + dtype + " peak for " + chip.id + " to relate the profile to");
+  chip.gemm_efficiency = Figure{std::min(1.0, best / *peak.value), false, "device profile " + path, "measured"};
+  if (j.contains("memory_bandwidth_gbs")) {
+    check(j["memory_bandwidth_gbs"].is_number() && j["memory_bandwidth_gbs"].get<double>() > 0,
+          path + ": field 'memory_bandwidth_gbs': value " + j["memory_bandwidth_gbs"].dump() + " is not a positive number");
+    // The perf model multiplies the HBM figure by its achieved-fraction constant (0.8); a
+    // measured figure is already achieved, so it is stored divided by that fraction.
+    chip.hbm_tbps = Figure{j["memory_bandwidth_gbs"].get<double>() / 1000.0 / 0.8, false, "device profile " + path, "measured"};
+  }
 }
 
 std::string default_catalog_dir() {

@@ -65,6 +65,11 @@ class Catalog {
   std::vector<System> systems_;
 };
 
+// Applies a Loom device profile (docs/device-profile.md) to `chip`: the measured GEMM
+// rate at `dtype` ("bf16" or "fp8") sets gemm_efficiency, the measured bandwidth the HBM
+// figure. Throws naming the file, field and value.
+void apply_device_profile(Chip& chip, const std::string& path, const std::string& dtype);
+
 // Default catalog folder: $LOOM_CATALOG, else <repo>/catalog next to the binary's tree.
 std::string default_catalog_dir();
 
