@@ -175,7 +175,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   plan->add_option("--precision", o.precision, "bf16 | fp8 (GEMM inputs)");
   plan->add_option("--profile", o.profile, "a Loom device profile (docs/device-profile.md): measured GEMM rate and bandwidth");
   plan->add_option("--tokens", o.tokens, "training tokens (e.g. 15.6T)");
-  plan->add_option("--compare", o.compare, "comma-separated chip ids to compare side by side");
+  plan->add_option("--compare", o.compare, "chip ids to compare side by side: a,b,c or a:count,b:count");
   plan->add_option("--budget", o.budget, "USD: with --compare, the fastest plan within this cost");
   plan->add_option("--deadline", o.deadline, "days: with --compare, the fewest chips that finish in time");
   plan->add_option("--price", o.price, "USD per chip-hour (overrides the catalog default)");
@@ -236,23 +236,34 @@ int run_plan(const PlanOptions& o) {
                                    std::to_string(o.cp.value_or(1)) + " = " + std::to_string(product));
   }
   if (!o.json) print_table_header();
-  for (const std::string& id : chip_ids) {
+  for (const std::string& entry : chip_ids) {
+    // "id" or "id:count" (a per-chip count, e.g. 910c:100000,b200:36000).
+    std::string id = entry;
+    std::optional<std::int64_t> count = o.chips;
+    if (std::size_t colon = entry.find(':'); colon != std::string::npos) {
+      id = entry.substr(0, colon);
+      std::string n = entry.substr(colon + 1);
+      check(!n.empty() && n.find_first_not_of("0123456789") == std::string::npos && std::stoll(n) > 0,
+            "--compare '" + entry + "': count '" + n + "' is not a positive integer");
+      count = std::stoll(n);
+    }
     Chip chip = id[0] == '@' ? catalog.chip_in_system(id.substr(1)) : catalog.chip(id);
     if (!o.profile.empty()) apply_device_profile(chip, o.profile, o.precision);
     std::vector<Candidate> shown;
-    if (o.chips) {
+    if (count) {
       auto start = std::chrono::steady_clock::now();
       SearchStats stats;
-      std::vector<Candidate> found = search(m, chip, *o.chips, c, {}, &stats);
+      std::vector<Candidate> found = search(m, chip, *count, c, {}, &stats);
       double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (found.empty()) {
         // Say which rule the fixed parts break, when they pin the layout down.
         std::int64_t tp = o.tp.value_or(1), pp = o.pp.value_or(1), cp = o.cp.value_or(1);
-        Layout l{tp, pp, o.dp.value_or(std::max<std::int64_t>(1, *o.chips / (tp * pp * cp))), o.ep.value_or(1), cp,
-                 o.micro_batch.value_or(1), o.global_batch.value_or(o.dp.value_or(1) * o.micro_batch.value_or(1)),
+        Layout l{tp, pp, o.dp.value_or(std::max<std::int64_t>(1, *count / (tp * pp * cp))), o.ep.value_or(1), cp,
+                 o.micro_batch.value_or(1),
+                 o.global_batch.value_or(std::llround(c.default_batch_tokens / static_cast<double>(o.seq.value_or(m.seq)))),
                  o.seq.value_or(m.seq), o.interleave.value_or(1), Recompute::full, 1, c.precision};
         std::string why = check_layout(m, chip, l);
-        throw Error("no valid layout of " + m.id + " on " + std::to_string(*o.chips) + " " + id + " chips" +
+        throw Error("no valid layout of " + m.id + " on " + std::to_string(*count) + " " + id + " chips" +
                     (why.empty() ? " (check that tp divides the heads, pp the layers, and chips = tp*pp*dp*cp)" : ": " + why));
       }
       std::size_t n = o.compare.empty() ? std::min<std::size_t>(found.size(), static_cast<std::size_t>(o.top)) : 1;

@@ -30,6 +30,9 @@ expect_error "chips 1000 != tp*pp*dp*cp" plan --model llama3-70b --chip h100-sxm
 expect_error "unknown chip 'h1000'" plan --model llama3-70b --chip h1000 --chips 8
 expect_error "unknown model 'gpt5'" plan --model gpt5 --chip h100-sxm --chips 8
 expect_error "pp 3 does not divide" plan --model llama3-70b --chip h100-sxm --chips 24 --tp 8 --pp 3 --dp 1 --global-batch 8 --micro-batch 1 --recompute full --zero 1 --interleave 1 --cp 1
+expect_error "count 'abc' is not a positive integer" plan --model llama3-70b --compare h100-sxm:abc
+both=$("$loom" plan --model llama3-405b --compare 910c:98304,b200:36864 --global-batch 4096 2>/dev/null | grep -c -E '^(910c|b200) ')
+[[ $both -eq 2 ]] || { echo "FAIL: --compare with counts printed $both rows"; failures=$((failures + 1)); }
 for d in o1 o2 o3 o4 o5; do
   if [[ -e "$dir/$d/checkpoint" ]]; then echo "FAIL: checkpoint left in $d"; failures=$((failures + 1)); fi
 done
