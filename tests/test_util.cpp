@@ -6,12 +6,13 @@
 #include <unistd.h>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/partial/partial_backend.h"
 
 namespace loom::testing {
 
 Backend& cpu() { return cpu::backend(); }
 
-std::vector<Backend*> backends() { return {&cpu::backend()}; }
+std::vector<Backend*> backends() { return {&cpu::backend(), &partial::backend()}; }
 
 Tensor random(const Shape& shape, nn::Rng& rng, float lo, float hi) {
   std::vector<float> v(shape_numel(shape));

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
+#include "cli/ops_command.h"
 #include "cli/plan_command.h"
 #include "core/error.h"
 #include "core/op_catalog.h"
@@ -28,24 +29,6 @@ bool is_bool_flag(const std::string& key) {
 std::string dashed(std::string key) {
   for (char& c : key) c = c == '_' ? '-' : c;
   return key;
-}
-
-int cmd_ops() {
-  // The CPU backend's coverage of the catalog: every op, and whether its kernel is a
-  // CPU-specific fast kernel or the reference kernel.
-  loom::cpu::CpuBackend& cpu = loom::cpu::backend();
-  std::printf("%-28s %-10s %-10s\n", "op", "role", "cpu");
-  int fast = 0;
-  for (std::size_t i = 0; i < loom::kNumOps; ++i) {
-    auto op = static_cast<loom::OpId>(i);
-    std::string_view source = cpu.kernel_source(op);
-    fast += source == "fast";
-    std::printf("%-28s %-10s native (%s)\n", std::string(loom::op_name(op)).c_str(),
-                std::string(loom::role_name(loom::op_info(op).role)).c_str(), std::string(source).c_str());
-  }
-  std::printf("cpu: %zu/%zu ops native (%d fast kernels, %zu reference)\n", loom::kNumOps, loom::kNumOps, fast,
-              loom::kNumOps - static_cast<std::size_t>(fast));
-  return 0;
 }
 
 }  // namespace
@@ -91,7 +74,8 @@ int main(int argc, char** argv) {
   eval->add_flag("--json", eval_json, "print a JSON object");
 
   // ---- ops ------------------------------------------------------------------
-  CLI::App* ops = app.add_subcommand("ops", "operator coverage of the available backends");
+  loom::cli::OpsOptions ops_options;
+  CLI::App* ops = loom::cli::add_ops_command(app, ops_options);
 
   // ---- plan -----------------------------------------------------------------
   loom::cli::PlanOptions plan_options;
@@ -130,7 +114,7 @@ int main(int argc, char** argv) {
       if (eval_json) std::printf("{\"loss\": %.6f}\n", loss);
       else std::printf("%.6f\n", loss);
     } else if (ops->parsed()) {
-      return cmd_ops();
+      return loom::cli::run_ops(ops_options);
     } else if (plan->parsed()) {
       return loom::cli::run_plan(plan_options);
     }

@@ -81,6 +81,19 @@ std::string_view role_name(OpRole role);
 bool find_op(std::string_view name, OpId& out);
 std::span<const OpInfo> all_ops();
 
+// How a decomposition calls other catalog ops (dispatch implements it, so each sub-op
+// again goes native, decomposed or fallback on the same device).
+class OpRunner {
+ public:
+  virtual ~OpRunner() = default;
+  virtual std::vector<Tensor> run(OpId op, std::span<const Tensor> inputs, const Attrs& attrs) = 0;
+};
+
+// A composite op written with other catalog ops; returns the op's outputs.
+using DecomposeFn = std::vector<Tensor> (*)(OpRunner& ops, std::span<const Tensor> inputs, const Attrs& attrs);
+// The op's decomposition, or nullptr for a primitive (decompositions.cpp).
+DecomposeFn decomposition(OpId op);
+
 // Broadcast shape of two shapes (numpy rules); throws naming `op` on mismatch.
 Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op);
 // Normalises a possibly negative axis; throws naming `op` when out of range.

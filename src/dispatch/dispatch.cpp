@@ -34,8 +34,7 @@ void debug_once(const std::string& backend, OpId op, Path path) {
   static std::set<std::tuple<std::string, OpId, Path>> seen;
   std::lock_guard lock(mutex);
   if (seen.insert({backend, op, path}).second)
-    std::cerr << "[dispatch] " << backend << " " << op_name(op) << " -> "
-              << (path == Path::native ? "native" : "cpu fallback") << "\n";
+    std::cerr << "[dispatch] " << backend << " " << op_name(op) << " -> " << path_name(path) << "\n";
 }
 
 void count(const std::string& backend, OpId op, Path path, std::uint64_t bytes, double seconds) {
@@ -96,7 +95,28 @@ void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::spa
   debug_once(name, op, Path::fallback);
 }
 
+// Runs a decomposition's sub-ops on one device, through dispatch again.
+class DeviceRunner final : public OpRunner {
+ public:
+  explicit DeviceRunner(Backend& device) : device_(device) {}
+  std::vector<Tensor> run(OpId op, std::span<const Tensor> inputs, const Attrs& attrs) override {
+    return call(op, inputs, attrs, &device_);
+  }
+
+ private:
+  Backend& device_;
+};
+
 }  // namespace
+
+const char* path_name(Path path) {
+  switch (path) {
+    case Path::native: return "native";
+    case Path::decomposed: return "decomposed";
+    case Path::fallback: return "fallback";
+  }
+  return "?";
+}
 
 Stats& stats() {
   static Stats instance;
@@ -122,6 +142,22 @@ std::vector<Tensor> call(OpId op, std::span<const Tensor> inputs, const Attrs& a
   std::vector<Tensor> ready;
   ready.reserve(inputs.size());
   for (const Tensor& t : inputs) ready.push_back(op == OpId::copy ? t : contiguous(t));
+  if (DecomposeFn decompose = decomposition(op);
+      decompose != nullptr && !backend.supports(OpCall{op, ready, {}, attrs})) {
+    auto start = std::chrono::steady_clock::now();
+    DeviceRunner runner(backend);
+    std::vector<Tensor> outputs = decompose(runner, ready, attrs);
+    check(outputs.size() == specs.size(), std::string(info.name) + ": decomposition returned the wrong number of outputs");
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      check(outputs[i].numel() == shape_numel(specs[i].shape) && outputs[i].dtype() == specs[i].dtype,
+            std::string(info.name) + ": decomposition output " + std::to_string(i) + " is " + outputs[i].describe() +
+                ", expected " + shape_str(specs[i].shape));
+      if (outputs[i].shape() != specs[i].shape) outputs[i] = contiguous(outputs[i]).reshape(specs[i].shape);
+    }
+    count(std::string(backend.name()), op, Path::decomposed, 0, since(start));
+    debug_once(std::string(backend.name()), op, Path::decomposed);
+    return outputs;
+  }
   std::vector<Tensor> outputs;
   outputs.reserve(specs.size());
   for (const TensorSpec& spec : specs) outputs.push_back(Tensor::empty(spec.shape, spec.dtype, backend));

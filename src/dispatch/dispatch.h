@@ -1,12 +1,12 @@
 // dispatch/ — the one door every operator call goes through.
 //
 // For each call: validate and infer output shapes (catalog), make inputs contiguous,
-// allocate outputs on the inputs' device, then run the backend's native kernel when
-// supports() says so, or else fall back to the CPU with explicit copies. Every path is
-// counted. LOOM_STRICT=1 turns a fallback into an error; LOOM_DEBUG_DISPATCH=1 prints
-// each distinct decision once.
-// (Decomposition into primitives, the middle path of DESIGN.md, arrives with the
-// second backend; until then an unsupported op goes straight to the counted fallback.)
+// then on the inputs' device run (1) the backend's native kernel when supports() says
+// so, else (2) the op's decomposition into other catalog ops (each again native,
+// decomposed or fallback, on the same device), else (3) the CPU kernel with explicit
+// copies in and out. Every path is counted. LOOM_STRICT=1 turns a fallback into an
+// error; LOOM_DEBUG_DISPATCH=1 prints each distinct decision once.
+// supports() is asked with the inputs and attributes; its outputs span is empty.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,8 @@
 
 namespace loom::dispatch {
 
-enum class Path { native, fallback };
+enum class Path { native, decomposed, fallback };
+const char* path_name(Path path);
 
 struct PathCount {
   std::uint64_t calls = 0;

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "data/idx.h"
 #include "data/text.h"
+#include "dispatch/devices.h"
 #include "nn/init.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
@@ -143,7 +144,7 @@ double median(std::vector<double> v) {
 
 Summary run_training(const TrainConfig& cfg) {
   cpu::set_num_threads(static_cast<int>(cfg.threads));
-  Backend& device = cpu::backend();
+  Backend& device = dispatch::device(cfg.device);
   Source source(cfg);
   ModelSpec spec{cfg.model, source.vocab(), cfg.context, cfg.layers, cfg.heads, cfg.width, cfg.dropout, cfg.bias};
   std::unique_ptr<nn::Model> model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);

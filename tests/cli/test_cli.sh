@@ -33,6 +33,8 @@ expect_error "pp 3 does not divide" plan --model llama3-70b --chip h100-sxm --ch
 expect_error "count 'abc' is not a positive integer" plan --model llama3-70b --compare h100-sxm:abc
 both=$("$loom" plan --model llama3-405b --compare 910c:98304,b200:36864 --global-batch 4096 2>/dev/null | grep -c -E '^(910c|b200) ')
 [[ $both -eq 2 ]] || { echo "FAIL: --compare with counts printed $both rows"; failures=$((failures + 1)); }
+"$loom" ops --model gpt --backend all | grep -q '^partial: .* decomposed, .* fall back' \
+  || { echo "FAIL: loom ops prints no summary for the partial backend"; failures=$((failures + 1)); }
 for d in o1 o2 o3 o4 o5; do
   if [[ -e "$dir/$d/checkpoint" ]]; then echo "FAIL: checkpoint left in $d"; failures=$((failures + 1)); fi
 done

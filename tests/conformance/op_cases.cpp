@@ -93,6 +93,9 @@ void elementwise_cases(Builder& b) {
     b.add("lhs_broadcast", op, {b.r({4}), rhs({3, 4})});
     b.add("non_contiguous", op, {b.nc({6, 5}), divide ? b.r({5, 6}, 0.5f, 2.0f).transpose(0, 1) : b.nc({6, 5})});
     b.add("size1", op, {b.r({1}), rhs({1})});
+    b.add("per_row", op, {b.r({4, 6, 33}), rhs({4, 6, 1})});
+    b.add("per_row_left", op, {b.r({40, 1}), rhs({40, 700})});
+    b.add("scalar_left", op, {b.r({1}), rhs({30, 700})});
   }
   Attrs scale;
   scale.alpha = -1.75;

@@ -177,8 +177,8 @@ void fill(const OpCall& call) {
 // How operand `in` repeats inside output `out`: the same shape, a scalar, or a trailing
 // block of `period` elements repeated over the leading dimensions (e.g. a bias).
 struct Repeat {
-  enum Kind { same, scalar, trailing, other } kind;
-  std::int64_t period = 0;
+  enum Kind { same, scalar, trailing, per_row, other } kind;
+  std::int64_t period = 0;  // trailing: block length; per_row: how often each value repeats
 };
 Repeat classify(const Shape& in, const Shape& out) {
   if (in == out) return {Repeat::same};
@@ -189,9 +189,58 @@ Repeat classify(const Shape& in, const Shape& out) {
   while (first < in.size() && in[first] == 1) ++first;
   std::size_t len = in.size() - first;
   if (len > out.size()) return {Repeat::other};
-  for (std::size_t i = 0; i < len; ++i)
-    if (in[first + i] != out[out.size() - len + i]) return {Repeat::other};
-  return {Repeat::trailing, n};
+  bool trailing = true;
+  for (std::size_t i = 0; i < len; ++i) trailing = trailing && in[first + i] == out[out.size() - len + i];
+  if (trailing) return {Repeat::trailing, n};
+  // Per row: `in` equals `out` on its leading dims and is 1 on the rest ([rows,1] vs [rows,C]).
+  if (in.size() == out.size()) {
+    std::size_t k = 0;
+    while (k < in.size() && in[k] == out[k]) ++k;
+    bool ones = k > 0;
+    for (std::size_t i = k; i < in.size(); ++i) ones = ones && in[i] == 1;
+    if (ones) return {Repeat::per_row, shape_numel(out) / n};
+  }
+  return {Repeat::other};
+}
+
+// c = f(a, b) where `full` has c's shape and `other` repeats inside it as `rep` says;
+// `other_left` tells whether `other` is f's first argument (sub and div are not symmetric).
+template <bool OtherLeft, class F>
+bool broadcast_loop(const float* full, const float* other, Repeat rep, float* pc, std::int64_t n, F f) {
+  auto apply = [&](float x, float y) { return OtherLeft ? f(y, x) : f(x, y); };
+  switch (rep.kind) {
+    case Repeat::same:
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+      for (std::int64_t i = 0; i < n; ++i) pc[i] = apply(full[i], other[i]);
+      return true;
+    case Repeat::scalar: {
+      float s = other[0];
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+      for (std::int64_t i = 0; i < n; ++i) pc[i] = apply(full[i], s);
+      return true;
+    }
+    case Repeat::trailing: {
+      std::int64_t period = rep.period, rows = n / period;
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+      for (std::int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+        for (std::int64_t j = 0; j < period; ++j) pc[r * period + j] = apply(full[r * period + j], other[j]);
+      }
+      return true;
+    }
+    case Repeat::per_row: {
+      std::int64_t inner = rep.period, rows = n / inner;
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float v = other[r];
+#pragma omp simd
+        for (std::int64_t j = 0; j < inner; ++j) pc[r * inner + j] = apply(full[r * inner + j], v);
+      }
+      return true;
+    }
+    case Repeat::other: return false;
+  }
+  return false;
 }
 
 template <class F>
@@ -199,34 +248,11 @@ bool binary_fast(const OpCall& call, F f) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
   Tensor& c = call.outputs[0];
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* pc = c.data<float>();
-  std::int64_t n = c.numel();
   Repeat ra = classify(a.shape(), c.shape()), rb = classify(b.shape(), c.shape());
-  if (ra.kind != Repeat::same) return false;
-  switch (rb.kind) {
-    case Repeat::same:
-#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-      for (std::int64_t i = 0; i < n; ++i) pc[i] = f(pa[i], pb[i]);
-      return true;
-    case Repeat::scalar: {
-      float s = pb[0];
-#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-      for (std::int64_t i = 0; i < n; ++i) pc[i] = f(pa[i], s);
-      return true;
-    }
-    case Repeat::trailing: {
-      std::int64_t period = rb.period, rows = n / period;
-#pragma omp parallel for schedule(static) if (n > kParallelGrain)
-      for (std::int64_t r = 0; r < rows; ++r) {
-#pragma omp simd
-        for (std::int64_t j = 0; j < period; ++j) pc[r * period + j] = f(pa[r * period + j], pb[j]);
-      }
-      return true;
-    }
-    case Repeat::other: return false;
-  }
+  if (ra.kind == Repeat::same)
+    return broadcast_loop<false>(a.data<float>(), b.data<float>(), rb, c.data<float>(), c.numel(), f);
+  if (rb.kind == Repeat::same)
+    return broadcast_loop<true>(b.data<float>(), a.data<float>(), ra, c.data<float>(), c.numel(), f);
   return false;
 }
 

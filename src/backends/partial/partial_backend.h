@@ -1,0 +1,45 @@
+// backends/partial — a backend that natively has only a handful of primitives.
+//
+// It is the worked example of porting a chip (docs/porting.md): its memory is its own
+// (a separate device as far as dispatch is concerned) and its native operator set is a
+// data table. Everything else reaches it through the catalog's decompositions or a
+// counted CPU fallback with explicit copies, and it still trains the default GPT to the
+// CPU's losses. Its kernels are the CPU's, so differences come only from the paths.
+#pragma once
+
+#include <set>
+#include <string>
+
+#include "core/backend.h"
+#include "core/op_catalog.h"
+
+namespace loom::partial {
+
+class PartialBackend final : public Backend {
+ public:
+  // The default native set: matmul, add, mul, div, exp, log, sum, max, fill, copy.
+  PartialBackend();
+  explicit PartialBackend(std::set<OpId> native);
+  std::string_view name() const override { return "partial"; }
+  DeviceInfo info() const override;
+  bool host_accessible() const override { return true; }  // unified memory, like a CPU-attached accelerator
+  Buffer allocate(std::size_t bytes, MemoryKind kind) override;
+  std::unique_ptr<Stream> create_stream(StreamKind kind) override;
+  bool supports(const OpCall& call) const override;
+  void launch(const OpCall& call, Stream& stream) override;
+  Stream& default_stream() override { return *stream_; }
+  void upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) override;
+  void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
+  const std::set<OpId>& native_ops() const { return native_; }
+
+ protected:
+  void release(void* data, std::size_t bytes) noexcept override;
+
+ private:
+  std::set<OpId> native_;
+  std::unique_ptr<Stream> stream_;
+};
+
+PartialBackend& backend();
+
+}  // namespace loom::partial

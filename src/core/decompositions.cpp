@@ -1,0 +1,170 @@
+// Decompositions: composite operators written with other catalog operators, so a
+// backend that lacks them still runs them on its own device (DESIGN.md, dispatch).
+// Each is the op's math spelled with primitives; the conformance suite checks them
+// against the reference kernels through a backend that has only a few primitives.
+#include <array>
+#include <cmath>
+
+#include "core/op_catalog.h"
+
+namespace loom {
+namespace {
+
+struct Ops {  // small helpers over an OpRunner
+  OpRunner& r;
+  Tensor one(OpId op, std::initializer_list<Tensor> in, const Attrs& a = {}) {
+    return r.run(op, std::span<const Tensor>(in.begin(), in.size()), a).front();
+  }
+  Tensor add(const Tensor& a, const Tensor& b) { return one(OpId::add, {a, b}); }
+  Tensor mul(const Tensor& a, const Tensor& b) { return one(OpId::mul, {a, b}); }
+  Tensor div(const Tensor& a, const Tensor& b) { return one(OpId::div, {a, b}); }
+  Tensor exp(const Tensor& x) { return one(OpId::exp, {x}); }
+  Tensor log(const Tensor& x) { return one(OpId::log, {x}); }
+  Tensor constant(double value, const Tensor&) {  // a one-element tensor on the runner's device
+    Attrs a;
+    a.shape = {1};
+    a.alpha = value;
+    return r.run(OpId::fill, {}, a).front();
+  }
+  Tensor scale(const Tensor& x, double alpha) { return mul(x, constant(alpha, x)); }
+  Tensor sum_last(const Tensor& x, bool keepdim) {
+    Attrs a;
+    a.axes = {-1};
+    a.keepdim = keepdim;
+    return one(OpId::sum, {x}, a);
+  }
+  Tensor max_last(const Tensor& x) {
+    Attrs a;
+    a.axis = -1;
+    a.keepdim = true;
+    return one(OpId::max, {x}, a);
+  }
+  // tanh(x) = 1 - 2 / (e^{2x} + 1)
+  Tensor tanh(const Tensor& x) {
+    return add(constant(1.0, x), scale(div(constant(1.0, x), add(exp(scale(x, 2.0)), constant(1.0, x))), -2.0));
+  }
+};
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+
+std::vector<Tensor> sub(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};
+  return {o.add(in[0], o.scale(in[1], -1.0))};
+}
+
+std::vector<Tensor> scale(OpRunner& r, std::span<const Tensor> in, const Attrs& a) {
+  Ops o{r};
+  return {o.scale(in[0], a.alpha)};
+}
+
+std::vector<Tensor> mean(OpRunner& r, std::span<const Tensor> in, const Attrs& a) {
+  Ops o{r};
+  Tensor total = o.one(OpId::sum, {in[0]}, a);
+  double count = static_cast<double>(in[0].numel()) / static_cast<double>(std::max<std::int64_t>(total.numel(), 1));
+  return {o.scale(total, 1.0 / count)};
+}
+
+std::vector<Tensor> linear(OpRunner& r, std::span<const Tensor> in, const Attrs& a) {
+  Ops o{r};
+  Attrs m;
+  m.trans_b = a.trans_b;
+  return {o.add(o.one(OpId::matmul, {in[0], in[1]}, m), in[2])};
+}
+
+std::vector<Tensor> tanh(OpRunner& r, std::span<const Tensor> in, const Attrs&) { return {Ops{r}.tanh(in[0])}; }
+
+std::vector<Tensor> tanh_backward(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};  // dy (1 - y^2)
+  return {o.mul(in[0], o.add(o.constant(1.0, in[1]), o.scale(o.mul(in[1], in[1]), -1.0)))};
+}
+
+// u = sqrt(2/pi) (x + 0.044715 x^3); gelu = 0.5 x (1 + tanh u)
+std::vector<Tensor> gelu(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};
+  const Tensor& x = in[0];
+  Tensor x3 = o.mul(o.mul(x, x), x);
+  Tensor u = o.scale(o.add(x, o.scale(x3, 0.044715)), kSqrt2OverPi);
+  return {o.mul(o.scale(x, 0.5), o.add(o.constant(1.0, x), o.tanh(u)))};
+}
+
+// gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh u
+std::vector<Tensor> gelu_backward(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};
+  const Tensor& dy = in[0];
+  const Tensor& x = in[1];
+  Tensor x2 = o.mul(x, x);
+  Tensor t = o.tanh(o.scale(o.add(x, o.scale(o.mul(x2, x), 0.044715)), kSqrt2OverPi));
+  Tensor one = o.constant(1.0, x);
+  Tensor left = o.scale(o.add(one, t), 0.5);
+  Tensor sech2 = o.add(one, o.scale(o.mul(t, t), -1.0));
+  Tensor du = o.scale(o.add(one, o.scale(x2, 3.0 * 0.044715)), kSqrt2OverPi);
+  Tensor right = o.mul(o.mul(o.scale(x, 0.5), sech2), du);
+  return {o.mul(dy, o.add(left, right))};
+}
+
+std::vector<Tensor> softmax(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};  // e^(x - max) / sum e^(x - max)
+  Tensor e = o.exp(o.add(in[0], o.scale(o.max_last(in[0]), -1.0)));
+  return {o.div(e, o.sum_last(e, true))};
+}
+
+std::vector<Tensor> log_softmax(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};  // x - (max + log sum e^(x - max))
+  Tensor m = o.max_last(in[0]);
+  Tensor shifted = o.add(in[0], o.scale(m, -1.0));
+  Tensor lse = o.log(o.sum_last(o.exp(shifted), true));
+  return {o.add(shifted, o.scale(lse, -1.0))};
+}
+
+std::vector<Tensor> softmax_backward(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};  // y (dy - sum(dy y))
+  Tensor dot = o.sum_last(o.mul(in[0], in[1]), true);
+  return {o.mul(in[1], o.add(in[0], o.scale(dot, -1.0)))};
+}
+
+std::vector<Tensor> log_softmax_backward(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};  // dy - e^y sum(dy)
+  return {o.add(in[0], o.scale(o.mul(o.exp(in[1]), o.sum_last(in[0], true)), -1.0))};
+}
+
+// y = (x - mean) rstd w + b, rstd = (var + eps)^(-1/2) = exp(-log(var + eps) / 2)
+std::vector<Tensor> layer_norm(OpRunner& r, std::span<const Tensor> in, const Attrs& a) {
+  Ops o{r};
+  const Tensor& x = in[0];
+  double c = static_cast<double>(x.dim(-1));
+  Tensor mean = o.scale(o.sum_last(x, true), 1.0 / c);
+  Tensor xc = o.add(x, o.scale(mean, -1.0));
+  Tensor var = o.scale(o.sum_last(o.mul(xc, xc), true), 1.0 / c);
+  Tensor rstd = o.exp(o.scale(o.log(o.add(var, o.constant(a.eps, x))), -0.5));
+  Tensor y = o.add(o.mul(o.mul(xc, rstd), in[1]), in[2]);
+  Shape rows(x.shape().begin(), x.shape().end() - 1);
+  return {y, mean.reshape(rows), rstd.reshape(rows)};
+}
+
+std::array<DecomposeFn, kNumOps> make_table() {
+  std::array<DecomposeFn, kNumOps> t{};
+  auto set = [&](OpId op, DecomposeFn fn) { t[static_cast<std::size_t>(op)] = fn; };
+  set(OpId::sub, sub);
+  set(OpId::scale, scale);
+  set(OpId::mean, mean);
+  set(OpId::linear, linear);
+  set(OpId::tanh, tanh);
+  set(OpId::tanh_backward, tanh_backward);
+  set(OpId::gelu, gelu);
+  set(OpId::gelu_backward, gelu_backward);
+  set(OpId::softmax, softmax);
+  set(OpId::log_softmax, log_softmax);
+  set(OpId::softmax_backward, softmax_backward);
+  set(OpId::log_softmax_backward, log_softmax_backward);
+  set(OpId::layer_norm, layer_norm);
+  return t;
+}
+
+}  // namespace
+
+DecomposeFn decomposition(OpId op) {
+  static const std::array<DecomposeFn, kNumOps> table = make_table();
+  return table[static_cast<std::size_t>(op)];
+}
+
+}  // namespace loom
