@@ -3,9 +3,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
 #include "backends/partial/partial_backend.h"
 
 namespace loom::testing {
@@ -68,6 +71,25 @@ double nmse(const std::vector<double>& a, const std::vector<double>& b) {
     ref += b[i] * b[i];
   }
   return ref > 0 ? err / ref : err;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<double> metric_losses(const std::string& out) {
+  std::vector<double> v;
+  std::ifstream f(out + "/metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) v.push_back(j["loss"]);
+  }
+  return v;
 }
 
 std::string source_dir() {

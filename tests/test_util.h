@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,11 @@ std::vector<double> values(const Tensor& t);
 double worst_ratio(const std::vector<double>& a, const std::vector<double>& b, double rtol, double atol);
 // Normalised mean squared error sum (a-b)^2 / sum b^2 (ggml's measure for GEMM/reductions).
 double nmse(const std::vector<double>& a, const std::vector<double>& b);
+
+// The message of the loom::Error that f throws, or "" when it throws none.
+std::string error_of(const std::function<void()>& f);
+// The training losses recorded in OUT/metrics.jsonl, in step order.
+std::vector<double> metric_losses(const std::string& out);
 
 std::string source_dir();  // the repository root (tests read data/ and tests/fixtures/)
 std::string temp_dir(const std::string& name);  // a fresh empty folder

@@ -109,8 +109,8 @@ void print_row(const Chip& chip, const Candidate& c, double tokens, std::optiona
   }
   Totals t = totals(e, chip, l, tokens, price.value_or(-1));
   char energy[32], cost[32];
-  std::snprintf(energy, sizeof energy, t.energy_known ? "%8.1f" : "%8s", t.energy_known ? t.energy_kwh / 1e6 : 0.0);
-  if (!t.energy_known) std::snprintf(energy, sizeof energy, "%8s", "unknown");
+  if (t.energy_known) std::snprintf(energy, sizeof energy, "%8.1f", t.energy_kwh / 1e6);
+  else std::snprintf(energy, sizeof energy, "%8s", "unknown");
   if (t.cost_known) std::snprintf(cost, sizeof cost, "%12.2f", t.cost_usd / 1e6);
   else std::snprintf(cost, sizeof cost, "%12s", "unknown");
   std::printf("%-10s %6lld %4lld %4lld %6lld %3lld %3lld %3lld %2lld %-9s %4d %9.3f %5.1f%% %9.0f %7.1f %8.1f %s %s%s\n",

@@ -18,15 +18,6 @@ using namespace loom::cluster;
 
 Catalog catalog() { return Catalog::load(source_dir() + "/catalog"); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(Catalog, EveryChipFigureHasASourceAndUnknownsStayUnknown) {
   Catalog c = catalog();
   for (const char* id : {"a100-80gb", "h100-sxm", "h800", "h20", "h200", "b200", "gb200", "b300", "mi300x", "910b",

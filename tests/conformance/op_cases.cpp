@@ -1,5 +1,7 @@
 #include "conformance/op_cases.h"
 
+#include <cstdio>
+
 #include "dispatch/dispatch.h"
 #include "test_util.h"
 
@@ -158,7 +160,8 @@ void softmax_cases(Builder& b) {
     b.add("odd", bwd, {b.r({6, 9}), y});
   }
   for (auto [n, v] : {std::pair<std::int64_t, std::int64_t>{6, 11}, {1, 3}, {128, 65}, {40, 1000}}) {
-    std::string label = std::to_string(n) + "x" + std::to_string(v);
+    char label[32];
+    std::snprintf(label, sizeof label, "%lldx%lld", static_cast<long long>(n), static_cast<long long>(v));
     Tensor logits = b.r({n, v}, -5.0f, 5.0f);
     Tensor targets = b.ids({n}, v);
     b.add(label, OpId::cross_entropy, {logits, targets}, {}, Measure::elementwise, 1e-4);
@@ -209,7 +212,9 @@ void nn_cases(Builder& b) {
   eb.shape = {65, 128};
   b.add("large", OpId::embedding_backward, {b.r({12, 64, 128}), b.ids({12, 64}, 65)}, eb, Measure::nmse, 1e-10);
   for (auto [bt, t, c, h] : std::vector<std::array<std::int64_t, 4>>{{2, 5, 8, 2}, {1, 1, 4, 1}, {2, 17, 16, 4}, {3, 64, 32, 2}, {2, 100, 16, 2}}) {
-    std::string label = "B" + std::to_string(bt) + "T" + std::to_string(t) + "C" + std::to_string(c) + "H" + std::to_string(h);
+    char label[64];
+    std::snprintf(label, sizeof label, "B%lldT%lldC%lldH%lld", static_cast<long long>(bt), static_cast<long long>(t),
+                  static_cast<long long>(c), static_cast<long long>(h));
     Attrs a;
     a.heads = h;
     Tensor qkv = b.r({bt, t, 3 * c});
@@ -226,7 +231,10 @@ void nn_cases(Builder& b) {
     Attrs a;
     a.stride = c.stride;
     a.padding = c.padding;
-    std::string label = shape_str(c.x) + "*" + shape_str(c.w) + "s" + std::to_string(c.stride) + "p" + std::to_string(c.padding);
+    char tail[32];
+    std::snprintf(tail, sizeof tail, "s%lldp%lld", static_cast<long long>(c.stride), static_cast<long long>(c.padding));
+    std::string label = shape_str(c.x);
+    label.append("*").append(shape_str(c.w)).append(tail);
     Tensor x = b.r(c.x), w = b.r(c.w), bias = b.r({c.w[0]});
     Tensor y = run_reference(OpId::conv2d, {x, w, bias}, a)[0];
     b.add(label, OpId::conv2d, {x, w, bias}, a, Measure::nmse, 1e-9);
@@ -237,7 +245,8 @@ void nn_cases(Builder& b) {
     a.kernel = kernel;
     a.stride = stride;
     a.shape = {2, 3, 8, 6};
-    std::string label = "k" + std::to_string(kernel) + "s" + std::to_string(stride);
+    char label[32];
+    std::snprintf(label, sizeof label, "k%llds%lld", static_cast<long long>(kernel), static_cast<long long>(stride));
     Tensor x = b.r(a.shape);
     std::vector<Tensor> fwd = run_reference(OpId::max_pool2d, {x}, a);
     b.add(label, OpId::max_pool2d, {x}, a);

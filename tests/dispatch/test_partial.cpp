@@ -31,13 +31,7 @@ std::vector<double> losses_on(const std::string& device, int steps) {
   c.out = out;
   c.finalize();
   train::run_training(c);
-  std::vector<double> v;
-  std::ifstream f(out + "/metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) v.push_back(j["loss"]);
-  }
-  return v;
+  return metric_losses(out);
 }
 
 TEST(PartialBackend, TrainsTheDefaultGptToTheCpuLosses) {

@@ -13,15 +13,6 @@
 namespace loom::testing {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 std::string write(const std::string& dir, const std::string& name, const std::string& text) {
   std::ofstream(dir + "/" + name) << text;
   return dir + "/" + name;

@@ -25,16 +25,6 @@ train::TrainConfig small_run(const std::string& out) {
   return c;
 }
 
-std::vector<double> losses(const std::string& out) {
-  std::vector<double> v;
-  std::ifstream f(out + "/metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) v.push_back(j["loss"]);
-  }
-  return v;
-}
-
 std::vector<float> all_weights(const std::string& out) {
   io::SafetensorsFile f = io::SafetensorsFile::read(out + "/checkpoint/model.safetensors");
   std::vector<float> v;
@@ -56,8 +46,8 @@ TEST(Resume, StoppedAndResumedRunMatchesUninterruptedRun) {
   second.resume = true;
   train::run_training(second);
 
-  EXPECT_EQ(losses(whole), losses(split));
-  EXPECT_EQ(losses(whole).size(), 8u);
+  EXPECT_EQ(metric_losses(whole), metric_losses(split));
+  EXPECT_EQ(metric_losses(whole).size(), 8u);
   EXPECT_EQ(all_weights(whole), all_weights(split));
 }
 
