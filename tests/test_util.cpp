@@ -9,13 +9,18 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "dispatch/devices.h"
 #include "backends/partial/partial_backend.h"
 
 namespace loom::testing {
 
 Backend& cpu() { return cpu::backend(); }
 
-std::vector<Backend*> backends() { return {&cpu::backend(), &partial::backend()}; }
+std::vector<Backend*> backends() {
+  std::vector<Backend*> all;
+  for (const std::string& name : dispatch::device_names()) all.push_back(&dispatch::device(name));
+  return all;
+}
 
 Tensor random(const Shape& shape, nn::Rng& rng, float lo, float hi) {
   std::vector<float> v(shape_numel(shape));

@@ -105,7 +105,7 @@ const std::map<std::string, Field>& fields() {
       {"grad_clip", double_field(&TrainConfig::grad_clip, 0.0, 1e9, "max global gradient norm (0: off)")},
       {"seed", int_field(&TrainConfig::seed, 0, kBig, "random seed (weights, batches, dropout)")},
       {"threads", int_field(&TrainConfig::threads, 1, 1024, "CPU threads")},
-      {"device", string_field(&TrainConfig::device, {"cpu", "partial"}, "device to train on: cpu, or partial (a backend with 10 native ops; opencl and cuda arrive with their backends)")},
+      {"device", string_field(&TrainConfig::device, {"cpu", "partial", "opencl"}, "device to train on: cpu, partial (a backend with 10 native ops) or opencl (when built and a device is present)")},
       {"eval_every", int_field(&TrainConfig::eval_every, 0, kBig, "steps between validation estimates (0: never)")},
       {"eval_batches", int_field(&TrainConfig::eval_batches, 1, kBig, "batches per validation estimate")},
       {"log_every", int_field(&TrainConfig::log_every, 1, kBig, "steps between log lines (no terminal)")},

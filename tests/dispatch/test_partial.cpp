@@ -3,6 +3,7 @@
 // first op that would fall back; the counters agree with the native set.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -40,6 +41,14 @@ TEST(PartialBackend, TrainsTheDefaultGptToTheCpuLosses) {
   ASSERT_EQ(partial.size(), 50u);
   for (std::size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(partial[i], cpu[i], 1e-3 * cpu[i]) << "step " << i + 1;
   EXPECT_LT(partial.back(), partial.front() - 0.5);
+}
+
+TEST(OpenClBackend, TrainsTheDefaultGptToTheCpuLosses) {
+  std::vector<std::string> names = dispatch::device_names();
+  if (std::find(names.begin(), names.end(), "opencl") == names.end()) GTEST_SKIP() << "no OpenCL device";
+  std::vector<double> cpu = losses_on("cpu", 20), opencl = losses_on("opencl", 20);
+  ASSERT_EQ(opencl.size(), 20u);
+  for (std::size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(opencl[i], cpu[i], 1e-3 * cpu[i]) << "step " << i + 1;
 }
 
 TEST(PartialBackend, PathsAgreeWithTheNativeSetAndTheDecompositions) {

@@ -13,6 +13,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/vec_math.h"
+#include "core/broadcast.h"
 #include "core/error.h"
 #include "core/reference_util.h"
 
@@ -174,35 +175,6 @@ void fill(const OpCall& call) {
 }
 
 // ---- elementwise -----------------------------------------------------------------
-// How operand `in` repeats inside output `out`: the same shape, a scalar, or a trailing
-// block of `period` elements repeated over the leading dimensions (e.g. a bias).
-struct Repeat {
-  enum Kind { same, scalar, trailing, per_row, other } kind;
-  std::int64_t period = 0;  // trailing: block length; per_row: how often each value repeats
-};
-Repeat classify(const Shape& in, const Shape& out) {
-  if (in == out) return {Repeat::same};
-  std::int64_t n = shape_numel(in);
-  if (n == 1) return {Repeat::scalar};
-  // Strip leading ones of `in`; it must then equal the trailing dims of `out`.
-  std::size_t first = 0;
-  while (first < in.size() && in[first] == 1) ++first;
-  std::size_t len = in.size() - first;
-  if (len > out.size()) return {Repeat::other};
-  bool trailing = true;
-  for (std::size_t i = 0; i < len; ++i) trailing = trailing && in[first + i] == out[out.size() - len + i];
-  if (trailing) return {Repeat::trailing, n};
-  // Per row: `in` equals `out` on its leading dims and is 1 on the rest ([rows,1] vs [rows,C]).
-  if (in.size() == out.size()) {
-    std::size_t k = 0;
-    while (k < in.size() && in[k] == out[k]) ++k;
-    bool ones = k > 0;
-    for (std::size_t i = k; i < in.size(); ++i) ones = ones && in[i] == 1;
-    if (ones) return {Repeat::per_row, shape_numel(out) / n};
-  }
-  return {Repeat::other};
-}
-
 // c = f(a, b) where `full` has c's shape and `other` repeats inside it as `rep` says;
 // `other_left` tells whether `other` is f's first argument (sub and div are not symmetric).
 template <bool OtherLeft, class F>
@@ -248,7 +220,7 @@ bool binary_fast(const OpCall& call, F f) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
   Tensor& c = call.outputs[0];
-  Repeat ra = classify(a.shape(), c.shape()), rb = classify(b.shape(), c.shape());
+  Repeat ra = classify_broadcast(a.shape(), c.shape()), rb = classify_broadcast(b.shape(), c.shape());
   if (ra.kind == Repeat::same)
     return broadcast_loop<false>(a.data<float>(), b.data<float>(), rb, c.data<float>(), c.numel(), f);
   if (rb.kind == Repeat::same)

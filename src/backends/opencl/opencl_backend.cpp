@@ -1,0 +1,385 @@
+#include "backends/opencl/opencl_backend.h"
+
+#include <clblast.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "backends/opencl/kernels.cl.h"
+#include "core/broadcast.h"
+#include "core/error.h"
+
+namespace loom::opencl {
+namespace {
+
+void ok(cl_int status, const std::string& what) {
+  check(status == CL_SUCCESS, "opencl: " + what + " failed with error " + std::to_string(status));
+}
+
+std::string device_string(cl_device_id d, cl_device_info what) {
+  std::size_t size = 0;
+  clGetDeviceInfo(d, what, 0, nullptr, &size);
+  std::string s(size, '\0');
+  clGetDeviceInfo(d, what, size, s.data(), nullptr);
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  return s;
+}
+
+cl_mem mem_of(const Tensor& t) { return static_cast<cl_mem>(t.storage()->data()); }
+cl_ulong off_of(const Tensor& t) { return static_cast<cl_ulong>(t.offset()); }
+
+class OpenClStream final : public Stream {
+ public:
+  OpenClStream(OpenClBackend& backend, cl_context context, cl_device_id device) : backend_(backend) {
+    cl_int err = CL_SUCCESS;
+    queue_ = Queue(clCreateCommandQueue(context, device, 0, &err));
+    ok(err, "clCreateCommandQueue");
+  }
+  explicit OpenClStream(OpenClBackend& backend) : backend_(backend) {}  // uses the backend's queue
+  cl_command_queue queue() const { return queue_.get() ? queue_.get() : backend_.queue(); }
+
+  void copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset, std::size_t bytes) override {
+    bool src_device = &src.owner() == &backend_, dst_device = &dst.owner() == &backend_;
+    if (src_device && dst_device) {
+      ok(clEnqueueCopyBuffer(queue(), static_cast<cl_mem>(src.data()), static_cast<cl_mem>(dst.data()), src_offset,
+                             dst_offset, bytes, 0, nullptr, nullptr),
+         "clEnqueueCopyBuffer");
+    } else if (dst_device) {
+      backend_.upload(static_cast<const std::byte*>(src.data()) + src_offset, dst, dst_offset, bytes);
+    } else {
+      backend_.download(src, src_offset, static_cast<std::byte*>(dst.data()) + dst_offset, bytes);
+    }
+  }
+  void signal(Timeline& timeline, std::uint64_t value) override {
+    synchronize();
+    timeline.signal(value);
+  }
+  void wait(Timeline& timeline, std::uint64_t value) override { timeline.wait(value); }
+  void synchronize() override { ok(clFinish(queue()), "clFinish"); }
+
+ private:
+  OpenClBackend& backend_;
+  Queue queue_;
+};
+
+// Reductions the device runs natively: a prefix of axes (columns) or a suffix (rows).
+enum class ReduceShape { rows, cols, unsupported };
+ReduceShape reduce_shape(const Tensor& x, const std::vector<std::int64_t>& axes) {
+  if (x.rank() == 0) return ReduceShape::unsupported;
+  std::vector<bool> reduce(x.rank(), axes.empty());
+  for (auto a : axes) reduce[normalize_axis(a, x.rank(), "sum")] = true;
+  int split = 0;
+  while (split < x.rank() && reduce[split]) ++split;
+  bool prefix = split > 0;
+  for (int d = split; d < x.rank(); ++d) prefix = prefix && !reduce[d];
+  int kept = 0;
+  while (kept < x.rank() && !reduce[kept]) ++kept;
+  bool suffix = kept < x.rank();
+  for (int d = kept; d < x.rank(); ++d) suffix = suffix && reduce[d];
+  if (suffix) return ReduceShape::rows;
+  if (prefix) return ReduceShape::cols;
+  return ReduceShape::unsupported;
+}
+
+}  // namespace
+
+std::unique_ptr<OpenClBackend> OpenClBackend::open() {
+  cl_uint platforms = 0;
+  if (clGetPlatformIDs(0, nullptr, &platforms) != CL_SUCCESS || platforms == 0) return nullptr;
+  std::vector<cl_platform_id> ids(platforms);
+  clGetPlatformIDs(platforms, ids.data(), nullptr);
+  for (cl_device_type type : {cl_device_type{CL_DEVICE_TYPE_GPU}, cl_device_type{CL_DEVICE_TYPE_ALL}}) {
+    for (cl_platform_id p : ids) {
+      cl_device_id device = nullptr;
+      cl_uint count = 0;
+      if (clGetDeviceIDs(p, type, 1, &device, &count) == CL_SUCCESS && count > 0)
+        return std::make_unique<OpenClBackend>(p, device);
+    }
+  }
+  return nullptr;
+}
+
+OpenClBackend::OpenClBackend(cl_platform_id platform, cl_device_id device) : device_(device) {
+  device_name_ = device_string(device, CL_DEVICE_NAME);
+  driver_version_ = device_string(device, CL_DRIVER_VERSION);
+  cl_context_properties props[] = {CL_CONTEXT_PLATFORM, reinterpret_cast<cl_context_properties>(platform), 0};
+  cl_int err = CL_SUCCESS;
+  context_ = Context(clCreateContext(props, 1, &device, nullptr, nullptr, &err));
+  ok(err, "clCreateContext");
+  queue_ = Queue(clCreateCommandQueue(context_.get(), device, 0, &err));
+  ok(err, "clCreateCommandQueue");
+  stream_ = std::make_unique<OpenClStream>(*this);
+  build_program();
+}
+
+void OpenClBackend::build_program() {
+  // Binaries are cached on disk keyed by device, driver and source, so the JIT runs once.
+  std::size_t key = std::hash<std::string>{}(device_name_ + "|" + driver_version_ + "|" + kKernelSource);
+  const char* home = std::getenv("HOME");
+  std::filesystem::path dir = std::filesystem::path(home ? home : "/tmp") / ".cache" / "loom" / "opencl";
+  std::filesystem::path cached = dir / (std::to_string(key) + ".bin");
+  cl_int err = CL_SUCCESS;
+  bool from_binary = false;
+  if (std::ifstream in{cached, std::ios::binary}) {
+    std::string binary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto* data = reinterpret_cast<const unsigned char*>(binary.data());
+    std::size_t size = binary.size();
+    cl_int binary_status = CL_SUCCESS;
+    cl_program p = clCreateProgramWithBinary(context_.get(), 1, &device_, &size, &data, &binary_status, &err);
+    if (err == CL_SUCCESS && binary_status == CL_SUCCESS && clBuildProgram(p, 1, &device_, "", nullptr, nullptr) == CL_SUCCESS) {
+      program_ = Program(p);
+      from_binary = true;
+    } else if (p != nullptr) {
+      clReleaseProgram(p);
+    }
+  }
+  if (!from_binary) {
+    const char* source = kKernelSource;
+    program_ = Program(clCreateProgramWithSource(context_.get(), 1, &source, nullptr, &err));
+    ok(err, "clCreateProgramWithSource");
+    if (clBuildProgram(program_.get(), 1, &device_, "-cl-std=CL1.2", nullptr, nullptr) != CL_SUCCESS) {
+      std::size_t size = 0;
+      clGetProgramBuildInfo(program_.get(), device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size);
+      std::string log(size, '\0');
+      clGetProgramBuildInfo(program_.get(), device_, CL_PROGRAM_BUILD_LOG, size, log.data(), nullptr);
+      throw Error("opencl: building the kernels for " + device_name_ + " failed:\n" + log);
+    }
+    std::size_t size = 0;
+    if (clGetProgramInfo(program_.get(), CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr) == CL_SUCCESS && size > 0) {
+      std::string binary(size, '\0');
+      unsigned char* ptr = reinterpret_cast<unsigned char*>(binary.data());
+      if (clGetProgramInfo(program_.get(), CL_PROGRAM_BINARIES, sizeof ptr, &ptr, nullptr) == CL_SUCCESS) {
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        std::filesystem::path temp = cached;
+        temp += ".tmp." + std::to_string(getpid());
+        if (std::ofstream out{temp, std::ios::binary}; out.write(binary.data(), static_cast<std::streamsize>(size)))
+          std::filesystem::rename(temp, cached, ec);  // atomic: a reader sees all or nothing
+      }
+    }
+  }
+  for (const char* name : {"fill", "binary", "unary", "unary_backward", "reduce_rows", "sum_cols", "adamw"}) {
+    kernels_.emplace(name, Kernel(clCreateKernel(program_.get(), name, &err)));
+    ok(err, std::string("clCreateKernel ") + name);
+  }
+}
+
+cl_kernel OpenClBackend::kernel(const char* name) { return kernels_.at(name).get(); }
+
+namespace {
+void set_arg(cl_kernel k, cl_uint i, cl_mem v) { ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg"); }
+void set_arg(cl_kernel k, cl_uint i, cl_ulong v) { ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg"); }
+void set_arg(cl_kernel k, cl_uint i, cl_int v) { ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg"); }
+void set_arg(cl_kernel k, cl_uint i, cl_float v) { ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg"); }
+}  // namespace
+
+template <class... Args>
+void OpenClBackend::run(const char* name, std::size_t global, Args... args) {
+  if (global == 0) return;
+  std::lock_guard lock(mutex_);
+  cl_kernel k = kernel(name);
+  cl_uint i = 0;
+  (set_arg(k, i++, args), ...);
+  ok(clEnqueueNDRangeKernel(queue_.get(), k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr),
+     std::string("clEnqueueNDRangeKernel ") + name);
+}
+
+DeviceInfo OpenClBackend::info() const {
+  DeviceInfo i;
+  i.name = "opencl (" + device_name_ + ", driver " + driver_version_ + ")";
+  cl_ulong mem = 0;
+  clGetDeviceInfo(device_, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, nullptr);
+  i.memory_bytes = mem;
+  i.host_accessible = false;
+  return i;
+}
+
+Buffer OpenClBackend::allocate(std::size_t bytes, MemoryKind) {
+  cl_int err = CL_SUCCESS;
+  cl_mem m = clCreateBuffer(context_.get(), CL_MEM_READ_WRITE, bytes == 0 ? 4 : bytes, nullptr, &err);
+  ok(err, "clCreateBuffer of " + std::to_string(bytes) + " bytes");
+  return Buffer(m, bytes, this);
+}
+
+void OpenClBackend::release(void* data, std::size_t) noexcept { clReleaseMemObject(static_cast<cl_mem>(data)); }
+
+std::unique_ptr<Stream> OpenClBackend::create_stream(StreamKind) {
+  return std::make_unique<OpenClStream>(*this, context_.get(), device_);
+}
+
+void OpenClBackend::upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) {
+  if (bytes == 0) return;
+  ok(clEnqueueWriteBuffer(queue_.get(), static_cast<cl_mem>(dst.data()), CL_TRUE, dst_offset, bytes, host, 0, nullptr,
+                          nullptr),
+     "clEnqueueWriteBuffer");
+}
+
+void OpenClBackend::download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) {
+  if (bytes == 0) return;
+  ok(clEnqueueReadBuffer(queue_.get(), static_cast<cl_mem>(src.data()), CL_TRUE, src_offset, bytes, host, 0, nullptr,
+                         nullptr),
+     "clEnqueueReadBuffer");
+}
+
+bool OpenClBackend::supports(const OpCall& call) const {
+  for (const Tensor& t : call.inputs)
+    if (t.defined() && t.dtype() != DType::f32) return false;
+  switch (call.op) {
+    case OpId::fill: return call.attrs.dtype == DType::f32;
+    case OpId::add:
+    case OpId::sub:
+    case OpId::mul:
+    case OpId::div: {
+      Shape out = broadcast_shapes(call.inputs[0].shape(), call.inputs[1].shape(), "binary");
+      Repeat ra = classify_broadcast(call.inputs[0].shape(), out), rb = classify_broadcast(call.inputs[1].shape(), out);
+      return (ra.kind == Repeat::same && rb.kind != Repeat::other) || (rb.kind == Repeat::same && ra.kind != Repeat::other);
+    }
+    case OpId::scale:
+    case OpId::exp:
+    case OpId::log:
+    case OpId::tanh:
+    case OpId::relu:
+    case OpId::gelu:
+    case OpId::relu_backward:
+    case OpId::gelu_backward:
+    case OpId::tanh_backward:
+    case OpId::matmul:
+    case OpId::adamw_step: return true;
+    case OpId::sum: return reduce_shape(call.inputs[0], call.attrs.axes) != ReduceShape::unsupported;
+    case OpId::max:
+      return call.inputs[0].rank() >= 1 && normalize_axis(call.attrs.axis, call.inputs[0].rank(), "max") == call.inputs[0].rank() - 1;
+    default: return false;
+  }
+}
+
+void OpenClBackend::matmul(const OpCall& call) {
+  const Tensor& a = call.inputs[0];
+  const Tensor& b = call.inputs[1];
+  Tensor& c = call.outputs[0];
+  bool ta = call.attrs.trans_a, tb = call.attrs.trans_b;
+  std::size_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
+  std::size_t lda = a.dim(-1), ldb = b.dim(-1);
+  auto gemm = [&](std::size_t rows, std::size_t a_off, std::size_t b_off, std::size_t c_off) {
+    cl_command_queue q = queue_.get();
+    auto status = clblast::Gemm<float>(clblast::Layout::kRowMajor, ta ? clblast::Transpose::kYes : clblast::Transpose::kNo,
+                                       tb ? clblast::Transpose::kYes : clblast::Transpose::kNo, rows, n, k, 1.0f, mem_of(a),
+                                       off_of(a) + a_off, lda, mem_of(b), off_of(b) + b_off, ldb, 0.0f, mem_of(c),
+                                       off_of(c) + c_off, n, &q, nullptr);
+    check(status == clblast::StatusCode::kSuccess,
+          "opencl: CLBlast Gemm failed with status " + std::to_string(static_cast<int>(status)));
+  };
+  if (b.rank() == 2 && !ta) {  // fold the batch into M
+    gemm(c.numel() / std::max<std::size_t>(n, 1), 0, 0, 0);
+    return;
+  }
+  Shape batch(c.shape().begin(), c.shape().end() - 2);
+  Shape a_batch(a.shape().begin(), a.shape().end() - 2), b_batch(b.shape().begin(), b.shape().end() - 2);
+  Strides as = contiguous_strides(a_batch), bs = contiguous_strides(b_batch);
+  std::size_t a_mat = a.dim(-2) * a.dim(-1), b_mat = b.dim(-2) * b.dim(-1);
+  std::vector<std::int64_t> index(batch.size(), 0);
+  for (std::int64_t i = 0; i < shape_numel(batch); ++i) {
+    std::int64_t ao = 0, bo = 0;  // broadcast: a size-1 (or missing) batch dim reads index 0
+    for (std::size_t d = 0; d < batch.size(); ++d) {
+      std::size_t ad = d + a_batch.size() - batch.size(), bd = d + b_batch.size() - batch.size();
+      if (d + a_batch.size() >= batch.size() && a_batch[ad] != 1) ao += index[d] * as[ad];
+      if (d + b_batch.size() >= batch.size() && b_batch[bd] != 1) bo += index[d] * bs[bd];
+    }
+    gemm(m, ao * a_mat, bo * b_mat, i * m * n);
+    for (std::size_t d = batch.size(); d-- > 0;) {
+      if (++index[d] < batch[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+void OpenClBackend::launch(const OpCall& call, Stream&) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  auto n = [](const Tensor& t) { return static_cast<std::size_t>(t.numel()); };
+  switch (call.op) {
+    case OpId::fill:
+      run("fill", n(out[0]), mem_of(out[0]), off_of(out[0]), static_cast<cl_float>(call.attrs.alpha));
+      return;
+    case OpId::add:
+    case OpId::sub:
+    case OpId::mul:
+    case OpId::div: {
+      cl_int op = call.op == OpId::add ? 0 : call.op == OpId::sub ? 1 : call.op == OpId::mul ? 2 : 3;
+      Repeat ra = classify_broadcast(in[0].shape(), out[0].shape()), rb = classify_broadcast(in[1].shape(), out[0].shape());
+      bool other_left = ra.kind != Repeat::same;
+      const Tensor& full = other_left ? in[1] : in[0];
+      const Tensor& other = other_left ? in[0] : in[1];
+      Repeat r = other_left ? ra : rb;
+      cl_int mode = r.kind == Repeat::same ? 0 : r.kind == Repeat::scalar ? 1 : r.kind == Repeat::trailing ? 2 : 3;
+      run("binary", n(out[0]), op, mem_of(full), off_of(full), mem_of(other), off_of(other), mem_of(out[0]), off_of(out[0]),
+          mode, static_cast<cl_ulong>(std::max<std::int64_t>(r.period, 1)), static_cast<cl_int>(other_left));
+      return;
+    }
+    case OpId::exp:
+    case OpId::log:
+    case OpId::tanh:
+    case OpId::relu:
+    case OpId::gelu:
+    case OpId::scale: {
+      cl_int op = call.op == OpId::exp ? 0 : call.op == OpId::log ? 1 : call.op == OpId::tanh ? 2
+                : call.op == OpId::relu ? 3 : call.op == OpId::gelu ? 4 : 5;
+      run("unary", n(out[0]), op, mem_of(in[0]), off_of(in[0]), mem_of(out[0]), off_of(out[0]),
+          static_cast<cl_float>(call.attrs.alpha));
+      return;
+    }
+    case OpId::relu_backward:
+    case OpId::gelu_backward:
+    case OpId::tanh_backward: {
+      cl_int op = call.op == OpId::relu_backward ? 0 : call.op == OpId::gelu_backward ? 1 : 2;
+      run("unary_backward", n(out[0]), op, mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]), mem_of(out[0]),
+          off_of(out[0]));
+      return;
+    }
+    case OpId::sum:
+    case OpId::max: {
+      const Tensor& x = in[0];
+      std::vector<std::int64_t> axes = call.op == OpId::max ? std::vector<std::int64_t>{call.attrs.axis} : call.attrs.axes;
+      std::size_t rows = 1;
+      ReduceShape shape = reduce_shape(x, axes);
+      if (shape == ReduceShape::rows) {
+        std::size_t cols = 1;
+        std::vector<bool> reduce(x.rank(), axes.empty());
+        for (auto a : axes) reduce[normalize_axis(a, x.rank(), "sum")] = true;
+        for (int d = 0; d < x.rank(); ++d) (reduce[d] ? cols : rows) *= x.shape()[d];
+        run("reduce_rows", rows, static_cast<cl_int>(call.op == OpId::max), mem_of(x), off_of(x), mem_of(out[0]),
+            off_of(out[0]), static_cast<cl_ulong>(cols), 1.0f);
+      } else {
+        std::size_t cols = n(out[0]);
+        rows = n(x) / std::max<std::size_t>(cols, 1);
+        run("sum_cols", cols, mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(rows),
+            static_cast<cl_ulong>(cols), 1.0f);
+      }
+      return;
+    }
+    case OpId::matmul: matmul(call); return;
+    case OpId::adamw_step: {
+      const Attrs& a = call.attrs;
+      auto step_size = static_cast<cl_float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step))));
+      auto inv_sqrt_bc2 = static_cast<cl_float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
+      auto decay = static_cast<cl_float>(1.0 - a.lr * a.weight_decay);
+      run("adamw", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]), mem_of(in[2]), off_of(in[2]),
+          mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]), mem_of(out[1]), off_of(out[1]), mem_of(out[2]),
+          off_of(out[2]), static_cast<cl_float>(a.beta1), static_cast<cl_float>(a.beta2), step_size, inv_sqrt_bc2, decay,
+          static_cast<cl_float>(a.eps));
+      return;
+    }
+    default: throw Error("opencl: launch of unsupported op " + std::string(op_name(call.op)));
+  }
+}
+
+OpenClBackend* backend() {
+  static std::unique_ptr<OpenClBackend> instance = OpenClBackend::open();
+  return instance.get();
+}
+
+}  // namespace loom::opencl

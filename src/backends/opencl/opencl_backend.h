@@ -1,0 +1,87 @@
+// backends/opencl — OpenCL 1.2 through the ICD loader, so any vendor's driver works
+// (PoCL runs it on a CPU in CI). Kernels are embedded OpenCL C compiled at run time
+// with an on-disk binary cache; GEMM is CLBlast. The native operator set is listed in
+// supports(); every other op reaches the device by decomposition or counted fallback.
+#pragma once
+
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/backend.h"
+#include "core/op_catalog.h"
+
+namespace loom::opencl {
+
+// Owns one OpenCL object; releases it with the matching clRelease* call.
+template <class T, cl_int (*Release)(T)>
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(T h) : h_(h) {}
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  Handle(Handle&& o) noexcept : h_(o.h_) { o.h_ = nullptr; }
+  Handle& operator=(Handle&& o) noexcept {
+    std::swap(h_, o.h_);
+    return *this;
+  }
+  ~Handle() {
+    if (h_ != nullptr) Release(h_);
+  }
+  T get() const { return h_; }
+
+ private:
+  T h_ = nullptr;
+};
+using Context = Handle<cl_context, clReleaseContext>;
+using Queue = Handle<cl_command_queue, clReleaseCommandQueue>;
+using Program = Handle<cl_program, clReleaseProgram>;
+using Kernel = Handle<cl_kernel, clReleaseKernel>;
+
+class OpenClBackend final : public Backend {
+ public:
+  // The first OpenCL device (GPUs before others); nullptr when there is none.
+  static std::unique_ptr<OpenClBackend> open();
+  OpenClBackend(cl_platform_id platform, cl_device_id device);  // prefer open()
+
+  std::string_view name() const override { return "opencl"; }
+  DeviceInfo info() const override;
+  Buffer allocate(std::size_t bytes, MemoryKind kind) override;
+  std::unique_ptr<Stream> create_stream(StreamKind kind) override;
+  bool supports(const OpCall& call) const override;
+  void launch(const OpCall& call, Stream& stream) override;
+  Stream& default_stream() override { return *stream_; }
+  void upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) override;
+  void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
+
+  cl_command_queue queue() const { return queue_.get(); }
+
+ protected:
+  void release(void* data, std::size_t bytes) noexcept override;
+
+ private:
+  void build_program();
+  cl_kernel kernel(const char* name);
+  template <class... Args>
+  void run(const char* name, std::size_t global, Args... args);
+  void matmul(const OpCall& call);
+
+  cl_device_id device_;
+  std::string device_name_, driver_version_;
+  Context context_;
+  Queue queue_;
+  Program program_;
+  std::map<std::string, Kernel> kernels_;
+  std::unique_ptr<Stream> stream_;
+  std::mutex mutex_;  // kernel arguments are per cl_kernel object: one launch at a time
+};
+
+// The process's OpenCL backend, or nullptr when no device is present.
+OpenClBackend* backend();
+
+}  // namespace loom::opencl

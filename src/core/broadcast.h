@@ -1,0 +1,40 @@
+// core/broadcast.h — how one operand of a broadcasting binary op repeats inside the
+// output. Backends use it to pick fast kernels (and to say what they support).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+struct Repeat {
+  enum Kind { same, scalar, trailing, per_row, other } kind;
+  std::int64_t period = 0;  // trailing: block length; per_row: how often each value repeats
+};
+
+// same: equal shapes; scalar: one element; trailing: `in` equals the trailing dims of
+// `out` (a bias); per_row: `in` equals the leading dims of `out` and is 1 on the rest
+// ([rows,1] against [rows,C]); other: anything else.
+inline Repeat classify_broadcast(const Shape& in, const Shape& out) {
+  if (in == out) return {Repeat::same};
+  std::int64_t n = shape_numel(in);
+  if (n == 1) return {Repeat::scalar};
+  std::size_t first = 0;
+  while (first < in.size() && in[first] == 1) ++first;
+  std::size_t len = in.size() - first;
+  if (len > out.size()) return {Repeat::other};
+  bool trailing = true;
+  for (std::size_t i = 0; i < len; ++i) trailing = trailing && in[first + i] == out[out.size() - len + i];
+  if (trailing) return {Repeat::trailing, n};
+  if (in.size() == out.size()) {
+    std::size_t k = 0;
+    while (k < in.size() && in[k] == out[k]) ++k;
+    bool ones = k > 0;
+    for (std::size_t i = k; i < in.size(); ++i) ones = ones && in[i] == 1;
+    if (ones) return {Repeat::per_row, shape_numel(out) / n};
+  }
+  return {Repeat::other};
+}
+
+}  // namespace loom
