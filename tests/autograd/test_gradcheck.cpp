@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "autograd/functions.h"
+#include "dispatch/devices.h"
 #include "dispatch/dispatch.h"
 #include <gtest/gtest-spi.h>
 #include "test_util.h"
@@ -16,6 +17,14 @@ namespace {
 
 namespace ag = loom::autograd;
 using Fn = std::function<ag::Var(ag::Tape&, const std::vector<ag::Var>&)>;
+
+// The backend under test: every gradient check runs on every available backend.
+Backend* current = nullptr;
+
+class Gradcheck : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { current = &dispatch::device(GetParam()); }
+};
 
 double probe_loss(const Tensor& out, const std::vector<double>& weights) {
   std::vector<double> v = values(out);
@@ -30,13 +39,13 @@ void gradcheck(const std::vector<Tensor>& inputs, const Fn& f, std::vector<bool>
   if (differentiable.empty()) differentiable.assign(inputs.size(), true);
   nn::Rng rng(7);
   std::vector<ag::Var> vars;
-  for (std::size_t i = 0; i < inputs.size(); ++i) vars.emplace_back(inputs[i].to(cpu()), differentiable[i]);
+  for (std::size_t i = 0; i < inputs.size(); ++i) vars.emplace_back(inputs[i].to(*current), differentiable[i]);
   ag::Tape tape;
   ag::Var out = f(tape, vars);
   std::vector<double> weights(out.value().numel());
   for (double& w : weights) w = 2.0 * rng.uniform() - 1.0;
   std::vector<float> wf(weights.begin(), weights.end());
-  ag::Var r(Tensor::from_floats(out.shape(), wf, cpu()));
+  ag::Var r(Tensor::from_floats(out.shape(), wf, *current));
   tape.backward(ag::sum(tape, ag::mul(tape, out, r)));
 
   for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -52,7 +61,7 @@ void gradcheck(const std::vector<Tensor>& inputs, const Fn& f, std::vector<bool>
         std::vector<float> moved = base;
         moved[j] += delta;
         std::vector<ag::Var> probe = vars;
-        probe[i] = ag::Var(Tensor::from_floats(inputs[i].shape(), moved, cpu()));
+        probe[i] = ag::Var(Tensor::from_floats(inputs[i].shape(), moved, *current));
         ag::Tape quiet;
         quiet.set_recording(false);
         return probe_loss(f(quiet, probe).value(), weights);
@@ -75,17 +84,17 @@ Tensor away_from_zero(const Shape& s) {
   return Tensor::from_floats(s, v, cpu());
 }
 
-TEST(Gradcheck, AddSubWithBroadcast) {
+TEST_P(Gradcheck, AddSubWithBroadcast) {
   gradcheck({r({2, 3, 4}), r({4})}, [](ag::Tape& t, auto& v) { return ag::add(t, v[0], v[1]); });
   gradcheck({r({2, 1, 4}), r({3, 1})}, [](ag::Tape& t, auto& v) { return ag::sub(t, v[0], v[1]); });
 }
 
-TEST(Gradcheck, MulDivWithBroadcast) {
+TEST_P(Gradcheck, MulDivWithBroadcast) {
   gradcheck({r({3, 4}), r({1, 4})}, [](ag::Tape& t, auto& v) { return ag::mul(t, v[0], v[1]); });
   gradcheck({r({3, 4}), r({3, 4}, 0.5f, 2.0f)}, [](ag::Tape& t, auto& v) { return ag::div(t, v[0], v[1]); });
 }
 
-TEST(Gradcheck, UnaryFunctions) {
+TEST_P(Gradcheck, UnaryFunctions) {
   gradcheck({r({3, 5})}, [](ag::Tape& t, auto& v) { return ag::scale(t, v[0], -1.5); });
   gradcheck({r({3, 5})}, [](ag::Tape& t, auto& v) { return ag::exp(t, v[0]); });
   gradcheck({r({3, 5}, 0.5f, 3.0f)}, [](ag::Tape& t, auto& v) { return ag::log(t, v[0]); });
@@ -95,22 +104,22 @@ TEST(Gradcheck, UnaryFunctions) {
   gradcheck({r({6, 7})}, [](ag::Tape& t, auto& v) { return ag::dropout(t, v[0], 0.4, 11); });
 }
 
-TEST(Gradcheck, Reductions) {
+TEST_P(Gradcheck, Reductions) {
   gradcheck({r({3, 4, 5})}, [](ag::Tape& t, auto& v) { return ag::sum(t, v[0], {0, 2}); });
   gradcheck({r({3, 4})}, [](ag::Tape& t, auto& v) { return ag::mean(t, v[0], {1}, true); });
   gradcheck({r({3, 4})}, [](ag::Tape& t, auto& v) { return ag::mean(t, v[0]); });
   gradcheck({r({4, 6})}, [](ag::Tape& t, auto& v) { return ag::max(t, v[0], 1); }, {}, 1e-3);
 }
 
-TEST(Gradcheck, SoftmaxFamilyAndCrossEntropy) {
+TEST_P(Gradcheck, SoftmaxFamilyAndCrossEntropy) {
   gradcheck({r({4, 7}, -2.0f, 2.0f)}, [](ag::Tape& t, auto& v) { return ag::softmax(t, v[0]); });
   gradcheck({r({4, 7}, -2.0f, 2.0f)}, [](ag::Tape& t, auto& v) { return ag::log_softmax(t, v[0]); });
   nn::Rng rng(3);
-  Tensor targets = random_ids({6}, 9, rng);
+  Tensor targets = random_ids({6}, 9, rng).to(*current);
   gradcheck({r({6, 9}, -2.0f, 2.0f)}, [targets](ag::Tape& t, auto& v) { return ag::cross_entropy(t, v[0], targets); });
 }
 
-TEST(Gradcheck, MatmulAllTransposes) {
+TEST_P(Gradcheck, MatmulAllTransposes) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       SCOPED_TRACE(std::to_string(ta) + std::to_string(tb));
@@ -123,27 +132,27 @@ TEST(Gradcheck, MatmulAllTransposes) {
   gradcheck({r({2, 1, 3, 5}), r({3, 5, 4})}, [](ag::Tape& t, auto& v) { return ag::matmul(t, v[0], v[1]); });
 }
 
-TEST(Gradcheck, Linear) {
+TEST_P(Gradcheck, Linear) {
   gradcheck({r({2, 3, 5}), r({5, 4}), r({4})}, [](ag::Tape& t, auto& v) { return ag::linear(t, v[0], v[1], v[2]); });
   gradcheck({r({3, 5}), r({4, 5}), r({4})}, [](ag::Tape& t, auto& v) { return ag::linear(t, v[0], v[1], v[2], true); });
 }
 
-TEST(Gradcheck, LayerNorm) {
+TEST_P(Gradcheck, LayerNorm) {
   gradcheck({r({3, 8}, -2.0f, 2.0f), r({8}), r({8})},
             [](ag::Tape& t, auto& v) { return ag::layer_norm(t, v[0], v[1], v[2]); }, {}, 5e-3);
 }
 
-TEST(Gradcheck, Embedding) {
+TEST_P(Gradcheck, Embedding) {
   nn::Rng rng(5);
-  Tensor ids = random_ids({2, 6}, 4, rng);  // repeated ids: scatter-add must sum
+  Tensor ids = random_ids({2, 6}, 4, rng).to(*current);  // repeated ids: scatter-add must sum
   gradcheck({r({4, 3})}, [ids](ag::Tape& t, auto& v) { return ag::embedding(t, v[0], ids); });
 }
 
-TEST(Gradcheck, CausalAttention) {
+TEST_P(Gradcheck, CausalAttention) {
   gradcheck({r({2, 5, 12})}, [](ag::Tape& t, auto& v) { return ag::causal_attention(t, v[0], 2); });
 }
 
-TEST(Gradcheck, Conv2dAndPooling) {
+TEST_P(Gradcheck, Conv2dAndPooling) {
   gradcheck({r({2, 2, 5, 5}), r({3, 2, 3, 3}), r({3})},
             [](ag::Tape& t, auto& v) { return ag::conv2d(t, v[0], v[1], v[2], 1, 1); });
   gradcheck({r({1, 2, 7, 7}), r({2, 2, 3, 3}), r({2})},
@@ -152,19 +161,19 @@ TEST(Gradcheck, Conv2dAndPooling) {
   gradcheck({r({1, 2, 4, 6})}, [](ag::Tape& t, auto& v) { return ag::avg_pool2d(t, v[0], 2, 2); });
 }
 
-TEST(Gradcheck, ViewsAndConcat) {
+TEST_P(Gradcheck, ViewsAndConcat) {
   gradcheck({r({2, 6})}, [](ag::Tape& t, auto& v) { return ag::reshape(t, v[0], {3, 4}); });
   gradcheck({r({2, 3, 4})}, [](ag::Tape& t, auto& v) { return ag::permute(t, v[0], {2, 0, 1}); });
   gradcheck({r({5, 4})}, [](ag::Tape& t, auto& v) { return ag::slice(t, v[0], 0, 1, 4); });
   gradcheck({r({2, 3}), r({2, 2})}, [](ag::Tape& t, auto& v) { return ag::concat(t, {v[0], v[1]}, 1); });
 }
 
-TEST(Gradcheck, ReusedVariableAccumulates) {
+TEST_P(Gradcheck, ReusedVariableAccumulates) {
   // x is used twice: the gradient of x*x + x must be 2x + 1.
   gradcheck({r({4})}, [](ag::Tape& t, auto& v) { return ag::add(t, ag::mul(t, v[0], v[0]), v[0]); });
 }
 
-TEST(Gradcheck, DetectsAWrongBackwardRule) {
+TEST_P(Gradcheck, DetectsAWrongBackwardRule) {
   // A deliberately wrong rule (d/dx x^2 taken as x) must fail the check.
   EXPECT_NONFATAL_FAILURE(
       gradcheck({r({1}, 0.5f, 1.0f)},
@@ -177,6 +186,9 @@ TEST(Gradcheck, DetectsAWrongBackwardRule) {
                 }),
       "element");
 }
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, Gradcheck, ::testing::ValuesIn(dispatch::device_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
 }  // namespace loom::testing

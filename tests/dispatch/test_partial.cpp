@@ -43,12 +43,19 @@ TEST(PartialBackend, TrainsTheDefaultGptToTheCpuLosses) {
   EXPECT_LT(partial.back(), partial.front() - 0.5);
 }
 
-TEST(OpenClBackend, TrainsTheDefaultGptToTheCpuLosses) {
+TEST(OpenClBackend, TrainsTheDefaultGptToTheCpuLossesWithZeroFallbacks) {
   std::vector<std::string> names = dispatch::device_names();
   if (std::find(names.begin(), names.end(), "opencl") == names.end()) GTEST_SKIP() << "no OpenCL device";
-  std::vector<double> cpu = losses_on("cpu", 20), opencl = losses_on("opencl", 20);
-  ASSERT_EQ(opencl.size(), 20u);
+  std::vector<double> cpu = losses_on("cpu", 50);
+  ::setenv("LOOM_STRICT", "1", 1);  // any CPU fallback would throw
+  dispatch::stats().reset();
+  std::vector<double> opencl;
+  EXPECT_NO_THROW(opencl = losses_on("opencl", 50));
+  ::unsetenv("LOOM_STRICT");
+  ASSERT_EQ(opencl.size(), 50u);
   for (std::size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(opencl[i], cpu[i], 1e-3 * cpu[i]) << "step " << i + 1;
+  for (const auto& [key, count] : dispatch::stats().counts)
+    if (std::get<0>(key) == "opencl") EXPECT_NE(std::get<2>(key), dispatch::Path::fallback) << op_name(std::get<1>(key));
 }
 
 TEST(PartialBackend, PathsAgreeWithTheNativeSetAndTheDecompositions) {

@@ -104,3 +104,217 @@ __kernel void adamw(__global const float* p_in, const ulong p_in_off, __global c
   v_out[v_out_off + i] = vi;
   p_out[p_out_off + i] = pi * decay - step_size * mi / (sqrt(vi) * inv_sqrt_bc2 + eps);
 }
+
+// ---- layout ------------------------------------------------------------------------
+// y (contiguous) = x read through up to 6 dims of shape s and strides t (elements).
+__kernel void copy_strided(__global const float* x, const ulong x_off, __global float* y, const ulong y_off,
+                           const int rank, const ulong s0, const ulong s1, const ulong s2, const ulong s3,
+                           const ulong s4, const ulong s5, const ulong t0, const ulong t1, const ulong t2,
+                           const ulong t3, const ulong t4, const ulong t5) {
+  ulong shape[6] = {s0, s1, s2, s3, s4, s5};
+  ulong stride[6] = {t0, t1, t2, t3, t4, t5};
+  ulong i = get_global_id(0), rem = i, src = 0;
+  for (int d = rank - 1; d >= 0; --d) {
+    src += (rem % shape[d]) * stride[d];
+    rem /= shape[d];
+  }
+  y[y_off + i] = x[x_off + src];
+}
+
+// dx viewed as [outer, L, inner]; dy as [outer, l, inner] placed at rows [start, start + l).
+__kernel void slice_backward(__global const float* dy, const ulong dy_off, __global float* dx, const ulong dx_off,
+                             const ulong L, const ulong l, const ulong inner, const ulong start) {
+  ulong i = get_global_id(0);
+  ulong in = i % inner, a = (i / inner) % L, o = i / (inner * L);
+  dx[dx_off + i] = (a >= start && a < start + l) ? dy[dy_off + (o * l + (a - start)) * inner + in] : 0.0f;
+}
+
+// partial[c] = sum of squares of chunk c (chunks of `chunk` elements; the last may be short).
+__kernel void sum_squares_partial(__global const float* x, const ulong x_off, const ulong n, const ulong chunk,
+                                  __global float* partial) {
+  ulong c = get_global_id(0), begin = c * chunk, end = min(n, begin + chunk);
+  float acc = 0.0f;
+  for (ulong i = begin; i < end; ++i) acc += x[x_off + i] * x[x_off + i];
+  partial[c] = acc;
+}
+
+// ---- embedding -----------------------------------------------------------------------
+__kernel void embedding(__global const float* w, const ulong w_off, __global const int* ids, const ulong ids_off,
+                        __global float* y, const ulong y_off, const ulong c) {
+  ulong i = get_global_id(0), t = i / c, j = i % c;
+  y[y_off + i] = w[w_off + (ulong)ids[ids_off + t] * c + j];
+}
+
+// One work-item per column: scatter-add over tokens in token order (deterministic, no atomics).
+__kernel void embedding_backward(__global const float* dy, const ulong dy_off, __global const int* ids,
+                                 const ulong ids_off, __global float* dw, const ulong dw_off, const ulong tokens,
+                                 const ulong c, const ulong vocab) {
+  ulong j = get_global_id(0);
+  for (ulong v = 0; v < vocab; ++v) dw[dw_off + v * c + j] = 0.0f;
+  for (ulong t = 0; t < tokens; ++t) dw[dw_off + (ulong)ids[ids_off + t] * c + j] += dy[dy_off + t * c + j];
+}
+
+// ---- cross-entropy -------------------------------------------------------------------
+// Per row: lse = max + log sum exp(x - max); row_loss = lse - x[target].
+__kernel void cross_entropy_rows(__global const float* x, const ulong x_off, __global const int* t, const ulong t_off,
+                                 __global float* lse, const ulong lse_off, __global float* row_loss, const ulong v) {
+  ulong r = get_global_id(0);
+  __global const float* row = x + x_off + r * v;
+  float m = -INFINITY;
+  for (ulong j = 0; j < v; ++j) m = fmax(m, row[j]);
+  float s = 0.0f;
+  for (ulong j = 0; j < v; ++j) s += exp(row[j] - m);
+  float l = m + log(s);
+  lse[lse_off + r] = l;
+  row_loss[r] = l - row[t[t_off + r]];
+}
+
+// dx = dloss / N (softmax - onehot)
+__kernel void cross_entropy_backward(__global const float* dloss, const ulong dloss_off, __global const float* x,
+                                     const ulong x_off, __global const int* t, const ulong t_off,
+                                     __global const float* lse, const ulong lse_off, __global float* dx,
+                                     const ulong dx_off, const ulong v, const float inv_n) {
+  ulong i = get_global_id(0), r = i / v, j = i % v;
+  float p = exp(x[x_off + i] - lse[lse_off + r]);
+  dx[dx_off + i] = dloss[dloss_off] * inv_n * (p - (j == (ulong)t[t_off + r] ? 1.0f : 0.0f));
+}
+
+// ---- layer norm backward ---------------------------------------------------------------
+// Per row: dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, xhat = (x - mean) rstd.
+__kernel void layer_norm_backward_rows(__global const float* dy, const ulong dy_off, __global const float* x,
+                                       const ulong x_off, __global const float* w, const ulong w_off,
+                                       __global const float* mean, const ulong mean_off, __global const float* rstd,
+                                       const ulong rstd_off, __global float* dx, const ulong dx_off, const ulong c) {
+  ulong r = get_global_id(0);
+  float mu = mean[mean_off + r], rs = rstd[rstd_off + r];
+  float mg = 0.0f, mgx = 0.0f;
+  for (ulong j = 0; j < c; ++j) {
+    float g = dy[dy_off + r * c + j] * w[w_off + j];
+    mg += g;
+    mgx += g * (x[x_off + r * c + j] - mu) * rs;
+  }
+  mg /= (float)c;
+  mgx /= (float)c;
+  for (ulong j = 0; j < c; ++j) {
+    float xhat = (x[x_off + r * c + j] - mu) * rs;
+    dx[dx_off + r * c + j] = rs * (dy[dy_off + r * c + j] * w[w_off + j] - mg - xhat * mgx);
+  }
+}
+
+// Per column: dw = sum_rows dy xhat, db = sum_rows dy.
+__kernel void layer_norm_backward_cols(__global const float* dy, const ulong dy_off, __global const float* x,
+                                       const ulong x_off, __global const float* mean, const ulong mean_off,
+                                       __global const float* rstd, const ulong rstd_off, __global float* dw,
+                                       const ulong dw_off, __global float* db, const ulong db_off, const ulong rows,
+                                       const ulong c) {
+  ulong j = get_global_id(0);
+  float sw = 0.0f, sb = 0.0f;
+  for (ulong r = 0; r < rows; ++r) {
+    float g = dy[dy_off + r * c + j];
+    sw += g * (x[x_off + r * c + j] - mean[mean_off + r]) * rstd[rstd_off + r];
+    sb += g;
+  }
+  dw[dw_off + j] = sw;
+  db[db_off + j] = sb;
+}
+
+// ---- causal attention on qkv [B,T,3C] (head h uses columns h*D.. of q, k, v) -------------
+#define LOOM_MAX_HEAD 256
+
+// One work-item per (b, h, i): out[b,i,h,:] and lse[b,h,i].
+__kernel void attention_forward(__global const float* qkv, const ulong qkv_off, __global float* out,
+                                const ulong out_off, __global float* lse, const ulong lse_off, const ulong T,
+                                const ulong C, const ulong H, const float scale) {
+  ulong id = get_global_id(0), i = id % T, h = (id / T) % H, b = id / (T * H);
+  ulong D = C / H, ld = 3 * C;
+  __global const float* q = qkv + qkv_off + (b * T + i) * ld + h * D;
+  float m = -INFINITY;
+  for (ulong j = 0; j <= i; ++j) {
+    __global const float* k = qkv + qkv_off + (b * T + j) * ld + C + h * D;
+    float s = 0.0f;
+    for (ulong e = 0; e < D; ++e) s += q[e] * k[e];
+    m = fmax(m, s * scale);
+  }
+  float acc[LOOM_MAX_HEAD];
+  for (ulong e = 0; e < D; ++e) acc[e] = 0.0f;
+  float total = 0.0f;
+  for (ulong j = 0; j <= i; ++j) {
+    __global const float* k = qkv + qkv_off + (b * T + j) * ld + C + h * D;
+    __global const float* v = qkv + qkv_off + (b * T + j) * ld + 2 * C + h * D;
+    float s = 0.0f;
+    for (ulong e = 0; e < D; ++e) s += q[e] * k[e];
+    float p = exp(s * scale - m);
+    total += p;
+    for (ulong e = 0; e < D; ++e) acc[e] += p * v[e];
+  }
+  for (ulong e = 0; e < D; ++e) out[out_off + (b * T + i) * C + h * D + e] = acc[e] / total;
+  lse[lse_off + (b * H + h) * T + i] = m + log(total);
+}
+
+// p_ij and ds_ij = p_ij (dO_i . v_j - dO_i . O_i), recomputed from lse.
+float attention_ds(__global const float* qkv, const ulong qkv_off, __global const float* dout, const ulong dout_off,
+                   __global const float* out, const ulong out_off, const float lse_i, const ulong b, const ulong h,
+                   const ulong i, const ulong j, const ulong T, const ulong C, const ulong H, const float scale,
+                   float* p_out) {
+  ulong D = C / H, ld = 3 * C;
+  __global const float* q = qkv + qkv_off + (b * T + i) * ld + h * D;
+  __global const float* k = qkv + qkv_off + (b * T + j) * ld + C + h * D;
+  __global const float* v = qkv + qkv_off + (b * T + j) * ld + 2 * C + h * D;
+  __global const float* dO = dout + dout_off + (b * T + i) * C + h * D;
+  __global const float* O = out + out_off + (b * T + i) * C + h * D;
+  float s = 0.0f, dp = 0.0f, delta = 0.0f;
+  for (ulong e = 0; e < D; ++e) {
+    s += q[e] * k[e];
+    dp += dO[e] * v[e];
+    delta += dO[e] * O[e];
+  }
+  float p = exp(s * scale - lse_i);
+  *p_out = p;
+  return p * (dp - delta);
+}
+
+// One work-item per (b, h, i): dq_i = scale sum_{j<=i} ds_ij k_j.
+__kernel void attention_backward_dq(__global const float* dout, const ulong dout_off, __global const float* qkv,
+                                    const ulong qkv_off, __global const float* out, const ulong out_off,
+                                    __global const float* lse, const ulong lse_off, __global float* dqkv,
+                                    const ulong dqkv_off, const ulong T, const ulong C, const ulong H,
+                                    const float scale) {
+  ulong id = get_global_id(0), i = id % T, h = (id / T) % H, b = id / (T * H);
+  ulong D = C / H, ld = 3 * C;
+  float acc[LOOM_MAX_HEAD];
+  for (ulong e = 0; e < D; ++e) acc[e] = 0.0f;
+  float lse_i = lse[lse_off + (b * H + h) * T + i], p;
+  for (ulong j = 0; j <= i; ++j) {
+    float ds = attention_ds(qkv, qkv_off, dout, dout_off, out, out_off, lse_i, b, h, i, j, T, C, H, scale, &p);
+    __global const float* k = qkv + qkv_off + (b * T + j) * ld + C + h * D;
+    for (ulong e = 0; e < D; ++e) acc[e] += ds * scale * k[e];
+  }
+  for (ulong e = 0; e < D; ++e) dqkv[dqkv_off + (b * T + i) * ld + h * D + e] = acc[e];
+}
+
+// One work-item per (b, h, j): dk_j = scale sum_{i>=j} ds_ij q_i; dv_j = sum_{i>=j} p_ij dO_i.
+__kernel void attention_backward_dkv(__global const float* dout, const ulong dout_off, __global const float* qkv,
+                                     const ulong qkv_off, __global const float* out, const ulong out_off,
+                                     __global const float* lse, const ulong lse_off, __global float* dqkv,
+                                     const ulong dqkv_off, const ulong T, const ulong C, const ulong H,
+                                     const float scale) {
+  ulong id = get_global_id(0), j = id % T, h = (id / T) % H, b = id / (T * H);
+  ulong D = C / H, ld = 3 * C;
+  float dk[LOOM_MAX_HEAD], dv[LOOM_MAX_HEAD];
+  for (ulong e = 0; e < D; ++e) dk[e] = dv[e] = 0.0f;
+  float p;
+  for (ulong i = j; i < T; ++i) {
+    float lse_i = lse[lse_off + (b * H + h) * T + i];
+    float ds = attention_ds(qkv, qkv_off, dout, dout_off, out, out_off, lse_i, b, h, i, j, T, C, H, scale, &p);
+    __global const float* q = qkv + qkv_off + (b * T + i) * ld + h * D;
+    __global const float* dO = dout + dout_off + (b * T + i) * C + h * D;
+    for (ulong e = 0; e < D; ++e) {
+      dk[e] += ds * scale * q[e];
+      dv[e] += p * dO[e];
+    }
+  }
+  for (ulong e = 0; e < D; ++e) {
+    dqkv[dqkv_off + (b * T + j) * ld + C + h * D + e] = dk[e];
+    dqkv[dqkv_off + (b * T + j) * ld + 2 * C + h * D + e] = dv[e];
+  }
+}

@@ -163,7 +163,11 @@ void OpenClBackend::build_program() {
       }
     }
   }
-  for (const char* name : {"fill", "binary", "unary", "unary_backward", "reduce_rows", "sum_cols", "adamw"}) {
+  for (const char* name : {"fill", "binary", "unary", "unary_backward", "reduce_rows", "sum_cols", "adamw",
+                           "copy_strided", "slice_backward", "sum_squares_partial", "embedding", "embedding_backward",
+                           "cross_entropy_rows", "cross_entropy_backward", "layer_norm_backward_rows",
+                           "layer_norm_backward_cols", "attention_forward", "attention_backward_dq",
+                           "attention_backward_dkv"}) {
     kernels_.emplace(name, Kernel(clCreateKernel(program_.get(), name, &err)));
     ok(err, std::string("clCreateKernel ") + name);
   }
@@ -227,9 +231,27 @@ void OpenClBackend::download(const Buffer& src, std::size_t src_offset, void* ho
 }
 
 bool OpenClBackend::supports(const OpCall& call) const {
-  for (const Tensor& t : call.inputs)
-    if (t.defined() && t.dtype() != DType::f32) return false;
+  // Inputs are f32, except the i32 ids and targets of the ops that take them.
+  for (std::size_t i = 0; i < call.inputs.size(); ++i) {
+    bool ids = (i == 1 && (call.op == OpId::embedding || call.op == OpId::embedding_backward ||
+                           call.op == OpId::cross_entropy)) ||
+               (i == 2 && call.op == OpId::cross_entropy_backward);
+    if (call.inputs[i].defined() && call.inputs[i].dtype() != (ids ? DType::i32 : DType::f32)) return false;
+  }
   switch (call.op) {
+    case OpId::copy: return call.inputs[0].rank() <= 6;
+    case OpId::slice_backward:
+    case OpId::sum_squares:
+    case OpId::embedding:
+    case OpId::embedding_backward:
+    case OpId::cross_entropy:
+    case OpId::cross_entropy_backward:
+    case OpId::layer_norm_backward: return true;
+    case OpId::causal_attention:
+    case OpId::causal_attention_backward: {
+      const Tensor& qkv = call.inputs[call.op == OpId::causal_attention ? 0 : 1];
+      return qkv.dim(2) / 3 / std::max<std::int64_t>(call.attrs.heads, 1) <= 256;  // LOOM_MAX_HEAD
+    }
     case OpId::fill: return call.attrs.dtype == DType::f32;
     case OpId::add:
     case OpId::sub:
@@ -362,6 +384,106 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
       return;
     }
     case OpId::matmul: matmul(call); return;
+    case OpId::copy: {
+      const Tensor& x = in[0];
+      cl_ulong shape[6] = {1, 1, 1, 1, 1, 1}, stride[6] = {0, 0, 0, 0, 0, 0};
+      for (int d = 0; d < x.rank(); ++d) {
+        shape[d] = static_cast<cl_ulong>(x.shape()[d]);
+        stride[d] = static_cast<cl_ulong>(x.strides()[d]);
+      }
+      run("copy_strided", n(out[0]), mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]), static_cast<cl_int>(x.rank()),
+          shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], stride[0], stride[1], stride[2], stride[3], stride[4],
+          stride[5]);
+      return;
+    }
+    case OpId::slice_backward: {
+      const Tensor& dx = out[0];
+      int axis = normalize_axis(call.attrs.axis, dx.rank(), "slice_backward");
+      cl_ulong inner = 1;
+      for (int d = axis + 1; d < dx.rank(); ++d) inner *= static_cast<cl_ulong>(dx.shape()[d]);
+      run("slice_backward", n(dx), mem_of(in[0]), off_of(in[0]), mem_of(dx), off_of(dx),
+          static_cast<cl_ulong>(dx.shape()[axis]), static_cast<cl_ulong>(in[0].shape()[axis]), inner,
+          static_cast<cl_ulong>(call.attrs.start));
+      return;
+    }
+    case OpId::sum_squares: {
+      std::size_t total = n(in[0]), chunks = std::max<std::size_t>(1, std::min<std::size_t>(1024, total));
+      std::size_t chunk = (total + chunks - 1) / chunks;
+      Tensor partial = Tensor::empty({static_cast<std::int64_t>(chunks)}, DType::f32, *this);
+      run("sum_squares_partial", chunks, mem_of(in[0]), off_of(in[0]), static_cast<cl_ulong>(total),
+          static_cast<cl_ulong>(chunk), mem_of(partial));
+      run("reduce_rows", 1, cl_int{0}, mem_of(partial), cl_ulong{0}, mem_of(out[0]), off_of(out[0]),
+          static_cast<cl_ulong>(chunks), 1.0f);
+      return;
+    }
+    case OpId::embedding: {
+      check_ids(in[1], in[0].dim(0), "embedding");
+      run("embedding", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]), mem_of(out[0]),
+          off_of(out[0]), static_cast<cl_ulong>(in[0].dim(1)));
+      return;
+    }
+    case OpId::embedding_backward: {
+      const Tensor& dw = out[0];
+      check_ids(in[1], dw.dim(0), "embedding_backward");
+      run("embedding_backward", static_cast<std::size_t>(dw.dim(1)), mem_of(in[0]), off_of(in[0]), mem_of(in[1]),
+          off_of(in[1]), mem_of(dw), off_of(dw), static_cast<cl_ulong>(in[1].numel()), static_cast<cl_ulong>(dw.dim(1)),
+          static_cast<cl_ulong>(dw.dim(0)));
+      return;
+    }
+    case OpId::cross_entropy: {
+      const Tensor& logits = in[0];
+      std::size_t rows = static_cast<std::size_t>(logits.dim(0));
+      check_ids(in[1], logits.dim(1), "cross_entropy");
+      Tensor row_loss = Tensor::empty({std::max<std::int64_t>(logits.dim(0), 1)}, DType::f32, *this);
+      run("cross_entropy_rows", rows, mem_of(logits), off_of(logits), mem_of(in[1]), off_of(in[1]), mem_of(out[1]),
+          off_of(out[1]), mem_of(row_loss), static_cast<cl_ulong>(logits.dim(1)));
+      float inv = rows > 0 ? 1.0f / static_cast<float>(rows) : 0.0f;
+      if (rows == 0) {
+        run("fill", 1, mem_of(out[0]), off_of(out[0]), 0.0f);
+      } else {
+        run("reduce_rows", 1, cl_int{0}, mem_of(row_loss), cl_ulong{0}, mem_of(out[0]), off_of(out[0]),
+            static_cast<cl_ulong>(rows), inv);
+      }
+      return;
+    }
+    case OpId::cross_entropy_backward: {
+      const Tensor& logits = in[1];
+      check_ids(in[2], logits.dim(1), "cross_entropy_backward");
+      float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
+      run("cross_entropy_backward", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(logits), off_of(logits),
+          mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]),
+          static_cast<cl_ulong>(logits.dim(1)), inv);
+      return;
+    }
+    case OpId::layer_norm_backward: {
+      const Tensor& x = in[1];
+      std::size_t c = static_cast<std::size_t>(x.dim(-1)), rows = c == 0 ? 0 : n(x) / c;
+      run("layer_norm_backward_rows", rows, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x), mem_of(in[2]),
+          off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(in[4]), off_of(in[4]), mem_of(out[0]), off_of(out[0]),
+          static_cast<cl_ulong>(c));
+      run("layer_norm_backward_cols", c, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x), mem_of(in[3]),
+          off_of(in[3]), mem_of(in[4]), off_of(in[4]), mem_of(out[1]), off_of(out[1]), mem_of(out[2]), off_of(out[2]),
+          static_cast<cl_ulong>(rows), static_cast<cl_ulong>(c));
+      return;
+    }
+    case OpId::causal_attention:
+    case OpId::causal_attention_backward: {
+      bool forward = call.op == OpId::causal_attention;
+      const Tensor& qkv = in[forward ? 0 : 1];
+      cl_ulong b = static_cast<cl_ulong>(qkv.dim(0)), t = static_cast<cl_ulong>(qkv.dim(1));
+      cl_ulong c = static_cast<cl_ulong>(qkv.dim(2) / 3), h = static_cast<cl_ulong>(call.attrs.heads);
+      float scale = 1.0f / std::sqrt(static_cast<float>(c / h));
+      std::size_t items = static_cast<std::size_t>(b * h * t);
+      if (forward) {
+        run("attention_forward", items, mem_of(qkv), off_of(qkv), mem_of(out[0]), off_of(out[0]), mem_of(out[1]),
+            off_of(out[1]), t, c, h, scale);
+      } else {
+        for (const char* k : {"attention_backward_dq", "attention_backward_dkv"})
+          run(k, items, mem_of(in[0]), off_of(in[0]), mem_of(qkv), off_of(qkv), mem_of(in[2]), off_of(in[2]),
+              mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]), t, c, h, scale);
+      }
+      return;
+    }
     case OpId::adamw_step: {
       const Attrs& a = call.attrs;
       auto step_size = static_cast<cl_float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step))));
@@ -375,6 +497,13 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     }
     default: throw Error("opencl: launch of unsupported op " + std::string(op_name(call.op)));
   }
+}
+
+void OpenClBackend::check_ids(const Tensor& ids, std::int64_t limit, const char* op) {
+  // Kernels cannot raise errors, so indices are checked on the host first (ids are small).
+  for (std::int32_t id : ids.to_ints())
+    check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) + " outside [0, " +
+                                     std::to_string(limit) + ")");
 }
 
 OpenClBackend* backend() {
