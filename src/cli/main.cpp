@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
+#include "cli/bench_command.h"
 #include "cli/ops_command.h"
 #include "cli/plan_command.h"
 #include "core/error.h"
@@ -77,6 +78,10 @@ int main(int argc, char** argv) {
   loom::cli::OpsOptions ops_options;
   CLI::App* ops = loom::cli::add_ops_command(app, ops_options);
 
+  // ---- bench ----------------------------------------------------------------
+  loom::cli::BenchOptions bench_options;
+  CLI::App* bench = loom::cli::add_bench_command(app, bench_options);
+
   // ---- plan -----------------------------------------------------------------
   loom::cli::PlanOptions plan_options;
   CLI::App* plan = loom::cli::add_plan_command(app, plan_options);
@@ -115,6 +120,8 @@ int main(int argc, char** argv) {
       else std::printf("%.6f\n", loss);
     } else if (ops->parsed()) {
       return loom::cli::run_ops(ops_options);
+    } else if (bench->parsed()) {
+      return loom::cli::run_bench(bench_options);
     } else if (plan->parsed()) {
       return loom::cli::run_plan(plan_options);
     }

@@ -35,6 +35,17 @@ both=$("$loom" plan --model llama3-405b --compare 910c:98304,b200:36864 --global
 [[ $both -eq 2 ]] || { echo "FAIL: --compare with counts printed $both rows"; failures=$((failures + 1)); }
 "$loom" ops --model gpt --backend all | grep -q '^partial: .* decomposed, .* fall back' \
   || { echo "FAIL: loom ops prints no summary for the partial backend"; failures=$((failures + 1)); }
+# loom bench writes a device profile in the documented format.
+"$loom" bench --device cpu --quick --out "$dir/profile.json" > /dev/null 2>&1 || { echo "FAIL: loom bench"; failures=$((failures + 1)); }
+python3 - "$dir/profile.json" <<'PY' || { echo "FAIL: profile format"; failures=$((failures + 1)); }
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["format"] == "loom-device-profile/1", p["format"]
+assert p["gemm"] and all(g["tflops"] > 0 for g in p["gemm"])
+assert p["memory_bandwidth_gbs"] > 0 and p["launch_latency_us"] > 0
+assert p["ops"]["by_op"]["matmul"]["calls"] > 0
+PY
+expect_error "device 'tpu' is not available" bench --device tpu
 for d in o1 o2 o3 o4 o5; do
   if [[ -e "$dir/$d/checkpoint" ]]; then echo "FAIL: checkpoint left in $d"; failures=$((failures + 1)); fi
 done
