@@ -4,6 +4,10 @@
 
 #include <cstdint>
 
+#include <utility>
+#include <vector>
+
+#include "core/reference_util.h"
 #include "core/tensor.h"
 
 namespace loom {
@@ -35,6 +39,22 @@ inline Repeat classify_broadcast(const Shape& in, const Shape& out) {
     if (ones) return {Repeat::per_row, shape_numel(out) / n};
   }
   return {Repeat::other};
+}
+
+// For a batched matmul c[..., M, N] = a[..., M|K, K|M] b[..., K|N, N|K] with numpy-broadcast
+// batch dims: the element offset of each batch's a and b matrix, in c's batch order.
+inline std::vector<std::pair<std::int64_t, std::int64_t>> matmul_batch_offsets(const Shape& a, const Shape& b,
+                                                                                const Shape& c) {
+  Shape batch(c.begin(), c.end() - 2);
+  Strides as = broadcast_strides(Shape(a.begin(), a.end() - 2), batch);  // in matrices
+  Strides bs = broadcast_strides(Shape(b.begin(), b.end() - 2), batch);
+  std::int64_t a_mat = a[a.size() - 2] * a.back(), b_mat = b[b.size() - 2] * b.back();
+  std::vector<std::pair<std::int64_t, std::int64_t>> offsets;
+  offsets.reserve(static_cast<std::size_t>(shape_numel(batch)));
+  for_each_index(batch, [&](std::int64_t, const std::vector<std::int64_t>& idx) {
+    offsets.emplace_back(offset_of(idx, as) * a_mat, offset_of(idx, bs) * b_mat);
+  });
+  return offsets;
 }
 
 }  // namespace loom

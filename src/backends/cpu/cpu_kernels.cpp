@@ -63,16 +63,8 @@ void matmul(const OpCall& call) {
     sgemm(false, tb, c.numel() / std::max<std::int64_t>(n, 1), n, k, 1.0f, pa, lda, pb, ldb, 0.0f, pc, n);
     return;
   }
-  Shape batch(c.shape().begin(), c.shape().end() - 2);
-  Strides as = broadcast_strides(Shape(a.shape().begin(), a.shape().end() - 2), batch);
-  Strides bs = broadcast_strides(Shape(b.shape().begin(), b.shape().end() - 2), batch);
-  std::int64_t count = shape_numel(batch);
-  std::int64_t a_mat = a.dim(-2) * a.dim(-1), b_mat = b.dim(-2) * b.dim(-1);
-  std::vector<std::int64_t> a_off(count), b_off(count);
-  for_each_index(batch, [&](std::int64_t i, const std::vector<std::int64_t>& idx) {
-    a_off[i] = offset_of(idx, as) * a_mat;
-    b_off[i] = offset_of(idx, bs) * b_mat;
-  });
+  std::vector<std::pair<std::int64_t, std::int64_t>> offsets = matmul_batch_offsets(a.shape(), b.shape(), c.shape());
+  std::int64_t count = static_cast<std::int64_t>(offsets.size());
   // Many small products: one GEMM per thread at a time. Otherwise call oneDNN from
   // outside any parallel region, so that it threads each product itself (inside a
   // region, even an inactive one, it runs single-threaded).
@@ -80,10 +72,10 @@ void matmul(const OpCall& call) {
   if (small && count > 1) {
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < count; ++i)
-      sgemm(ta, tb, m, n, k, 1.0f, pa + a_off[i], lda, pb + b_off[i], ldb, 0.0f, pc + i * m * n, n);
+      sgemm(ta, tb, m, n, k, 1.0f, pa + offsets[i].first, lda, pb + offsets[i].second, ldb, 0.0f, pc + i * m * n, n);
   } else {
     for (std::int64_t i = 0; i < count; ++i)
-      sgemm(ta, tb, m, n, k, 1.0f, pa + a_off[i], lda, pb + b_off[i], ldb, 0.0f, pc + i * m * n, n);
+      sgemm(ta, tb, m, n, k, 1.0f, pa + offsets[i].first, lda, pb + offsets[i].second, ldb, 0.0f, pc + i * m * n, n);
   }
 }
 

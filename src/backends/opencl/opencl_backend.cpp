@@ -299,24 +299,9 @@ void OpenClBackend::matmul(const OpCall& call) {
     gemm(c.numel() / std::max<std::size_t>(n, 1), 0, 0, 0);
     return;
   }
-  Shape batch(c.shape().begin(), c.shape().end() - 2);
-  Shape a_batch(a.shape().begin(), a.shape().end() - 2), b_batch(b.shape().begin(), b.shape().end() - 2);
-  Strides as = contiguous_strides(a_batch), bs = contiguous_strides(b_batch);
-  std::size_t a_mat = a.dim(-2) * a.dim(-1), b_mat = b.dim(-2) * b.dim(-1);
-  std::vector<std::int64_t> index(batch.size(), 0);
-  for (std::int64_t i = 0; i < shape_numel(batch); ++i) {
-    std::int64_t ao = 0, bo = 0;  // broadcast: a size-1 (or missing) batch dim reads index 0
-    for (std::size_t d = 0; d < batch.size(); ++d) {
-      std::size_t ad = d + a_batch.size() - batch.size(), bd = d + b_batch.size() - batch.size();
-      if (d + a_batch.size() >= batch.size() && a_batch[ad] != 1) ao += index[d] * as[ad];
-      if (d + b_batch.size() >= batch.size() && b_batch[bd] != 1) bo += index[d] * bs[bd];
-    }
-    gemm(m, ao * a_mat, bo * b_mat, i * m * n);
-    for (std::size_t d = batch.size(); d-- > 0;) {
-      if (++index[d] < batch[d]) break;
-      index[d] = 0;
-    }
-  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> offsets = matmul_batch_offsets(a.shape(), b.shape(), c.shape());
+  for (std::size_t i = 0; i < offsets.size(); ++i)
+    gemm(m, static_cast<std::size_t>(offsets[i].first), static_cast<std::size_t>(offsets[i].second), i * m * n);
 }
 
 void OpenClBackend::launch(const OpCall& call, Stream&) {
