@@ -15,10 +15,9 @@ import sys
 import tempfile
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_gpt import GPT, read_safetensors  # noqa: E402
+from torch_gpt import GPT, read_safetensors, window_loss  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,16 +55,7 @@ def main():
         text = f.read()
     index = {c: i for i, c in enumerate(vocab)}
     ids = torch.tensor([index[c] for c in text])
-    T = spec["context"]
-    windows = (len(ids) - 1) // T
-    x = ids[: windows * T].view(windows, T)
-    y = ids[1: windows * T + 1].view(windows, T)
-    total = 0.0
-    with torch.no_grad():
-        for i in range(0, windows, 64):
-            loss = model(x[i:i + 64], y[i:i + 64])
-            total += loss.item() * x[i:i + 64].numel()
-    torch_loss = total / x.numel()
+    torch_loss, windows = window_loss(model, ids, spec["context"])
 
     out = subprocess.run([args.loom, "eval", args.checkpoint, "--data", data_path, "--json"],
                          capture_output=True, text=True, check=True)

@@ -64,6 +64,19 @@ class GPT(torch.nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
+def window_loss(model, ids, context, batch=64):
+    """Mean cross-entropy over all consecutive non-overlapping windows of `context` tokens
+    (the definition `loom eval` and Loom's final val_loss use)."""
+    windows = (len(ids) - 1) // context
+    x = ids[: windows * context].view(windows, context)
+    y = ids[1: windows * context + 1].view(windows, context)
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, windows, batch):
+            total += model(x[i:i + batch], y[i:i + batch]).item() * x[i:i + batch].numel()
+    return total / x.numel(), windows
+
+
 def write_safetensors(path, tensors, metadata=None):
     header, offset, blobs = {}, 0, []
     if metadata:

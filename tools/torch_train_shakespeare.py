@@ -17,7 +17,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_gpt import GPT  # noqa: E402
+from torch_gpt import GPT, window_loss  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,14 +76,8 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(trainable.values()), 1.0)
         opt.step()
-    windows = (len(val) - 1) // T
-    xs = val[: windows * T].view(windows, T)
-    ys = val[1: windows * T + 1].view(windows, T)
-    total = 0.0
-    with torch.no_grad():
-        for i in range(0, windows, 64):
-            total += model(xs[i:i + 64], ys[i:i + 64]).item() * xs[i:i + 64].numel()
-    print(json.dumps({"seed": a.seed, "bias": not a.no_bias, "steps": a.steps, "val_loss": total / xs.numel(),
+    val_loss, _ = window_loss(model, val, T)
+    print(json.dumps({"seed": a.seed, "bias": not a.no_bias, "steps": a.steps, "val_loss": val_loss,
                       "seconds": round(time.time() - start, 1), "torch": torch.__version__}), flush=True)
 
 
