@@ -14,6 +14,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/dtype.h"
+
 namespace loom {
 
 class Backend;
@@ -113,6 +115,11 @@ class Backend {
   virtual void launch(const OpCall& call, Stream& stream) = 0;
   // The stream dispatch uses when the caller names none; ordered with everything it ran.
   virtual Stream& default_stream() = 0;
+
+  // Operand precision of the products inside matmul, linear and attention: f32 (the
+  // default) or bf16 (operands rounded to bf16, products accumulated in f32; weights,
+  // activations and optimizer state stay f32). Returns false when the backend cannot.
+  virtual bool set_matmul_precision(DType dtype) { return dtype == DType::f32; }
 
   // Blocking host<->device transfers on the default stream.
   virtual void upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) = 0;

@@ -27,8 +27,9 @@ struct ModelSpec {
 
 std::unique_ptr<nn::Model> make_model(const ModelSpec& spec, std::uint64_t seed, Backend& backend);
 
-void save_checkpoint(const std::string& dir, nn::Model& model, const ModelSpec& spec, const std::string& vocab_utf8,
-                     optim::AdamW& optimizer, std::int64_t step, const std::string& config_json);
+void save_checkpoint(const std::string& dir, nn::Model& model, const ModelSpec& spec,
+                     const std::string& vocab_utf8, optim::AdamW& optimizer, std::int64_t step,
+                     const std::string& config_json);
 
 // Loads weights into `model`; every model parameter must be present with its shape.
 // Known Hugging Face extras (lm_head.weight tied to wte, attention mask buffers) are ignored.

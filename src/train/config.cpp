@@ -22,11 +22,13 @@ std::string where_of(const std::string& source, const std::string& key, const st
   return source + ": field '" + key + "': value '" + value + "'";
 }
 
-std::int64_t parse_int(const std::string& value, const std::string& where, std::int64_t min, std::int64_t max) {
+std::int64_t parse_int(const std::string& value, const std::string& where, std::int64_t min,
+                       std::int64_t max) {
   std::int64_t out = 0;
   auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
   check(ec == std::errc() && ptr == value.data() + value.size(), where + " is not an integer");
-  check(out >= min && out <= max, where + " is out of range; expected " + std::to_string(min) + " to " + std::to_string(max));
+  check(out >= min && out <= max,
+        where + " is out of range; expected " + std::to_string(min) + " to " + std::to_string(max));
   return out;
 }
 
@@ -39,33 +41,45 @@ double parse_double(const std::string& value, const std::string& where, double m
   } catch (const std::logic_error&) {
     throw Error(where + " is not a number");
   }
-  check(out >= min && out <= max, where + " is out of range; expected " + std::to_string(min) + " to " + std::to_string(max));
+  check(out >= min && out <= max,
+        where + " is out of range; expected " + std::to_string(min) + " to " + std::to_string(max));
   return out;
 }
 
 bool parse_bool(const std::string& value, const std::string& where) {
-  if (value == "true" || value == "1" || value == "yes" || value == "on") return true;
-  if (value == "false" || value == "0" || value == "no" || value == "off") return false;
+  if (value == "true" || value == "1" || value == "yes" || value == "on")
+    return true;
+  if (value == "false" || value == "0" || value == "no" || value == "off")
+    return false;
   throw Error(where + " is not a boolean; expected true or false");
 }
 
 constexpr std::int64_t kBig = std::int64_t{1} << 40;
 
-Field int_field(std::int64_t TrainConfig::*member, std::int64_t min, std::int64_t max, std::string help) {
+Field int_field(std::int64_t TrainConfig::*member, std::int64_t min, std::int64_t max,
+                std::string help) {
   return {std::move(help),
-          [=](TrainConfig& c, const std::string& v, const std::string& w) { c.*member = parse_int(v, w, min, max); },
+          [=](TrainConfig& c, const std::string& v, const std::string& w) {
+            c.*member = parse_int(v, w, min, max);
+          },
           [=](const TrainConfig& c) { return nlohmann::json(c.*member); }};
 }
 Field double_field(double TrainConfig::*member, double min, double max, std::string help) {
   return {std::move(help),
-          [=](TrainConfig& c, const std::string& v, const std::string& w) { c.*member = parse_double(v, w, min, max); },
+          [=](TrainConfig& c, const std::string& v, const std::string& w) {
+            c.*member = parse_double(v, w, min, max);
+          },
           [=](const TrainConfig& c) { return nlohmann::json(c.*member); }};
 }
 Field bool_field(bool TrainConfig::*member, std::string help) {
-  return {std::move(help), [=](TrainConfig& c, const std::string& v, const std::string& w) { c.*member = parse_bool(v, w); },
+  return {std::move(help),
+          [=](TrainConfig& c, const std::string& v, const std::string& w) {
+            c.*member = parse_bool(v, w);
+          },
           [=](const TrainConfig& c) { return nlohmann::json(c.*member); }};
 }
-Field string_field(std::string TrainConfig::*member, std::vector<std::string> allowed, std::string help) {
+Field string_field(std::string TrainConfig::*member, std::vector<std::string> allowed,
+                   std::string help) {
   return {std::move(help),
           [=](TrainConfig& c, const std::string& v, const std::string& w) {
             if (!allowed.empty()) {
@@ -85,39 +99,59 @@ Field string_field(std::string TrainConfig::*member, std::vector<std::string> al
 const std::map<std::string, Field>& fields() {
   static const std::map<std::string, Field> table = {
       {"model", string_field(&TrainConfig::model, {"gpt", "mlp", "cnn"}, "model: gpt | mlp | cnn")},
-      {"layers", int_field(&TrainConfig::layers, 1, 1024, "transformer blocks (gpt); hidden layers (mlp)")},
-      {"width", int_field(&TrainConfig::width, 1, 65536, "embedding width (gpt); hidden width (mlp)")},
+      {"layers",
+       int_field(&TrainConfig::layers, 1, 1024, "transformer blocks (gpt); hidden layers (mlp)")},
+      {"width",
+       int_field(&TrainConfig::width, 1, 65536, "embedding width (gpt); hidden width (mlp)")},
       {"heads", int_field(&TrainConfig::heads, 1, 1024, "attention heads (must divide width)")},
       {"context", int_field(&TrainConfig::context, 1, 1 << 20, "context length in tokens")},
       {"dropout", double_field(&TrainConfig::dropout, 0.0, 0.99, "dropout probability")},
-      {"bias", bool_field(&TrainConfig::bias, "gpt: train Linear and LayerNorm biases (false: zero, as nanoGPT's bias=False)")},
+      {"bias",
+       bool_field(&TrainConfig::bias,
+                  "gpt: train Linear and LayerNorm biases (false: zero, as nanoGPT's bias=False)")},
       {"data", string_field(&TrainConfig::data, {}, "a UTF-8 text file, 'mnist' or 'random'")},
       {"vocab", int_field(&TrainConfig::vocab, 1, 1 << 24, "vocabulary size for --data random")},
-      {"mnist_dir", string_field(&TrainConfig::mnist_dir, {}, "folder with the MNIST IDX .gz files")},
+      {"mnist_dir",
+       string_field(&TrainConfig::mnist_dir, {}, "folder with the MNIST IDX .gz files")},
       {"batch", int_field(&TrainConfig::batch, 1, 1 << 20, "sequences (or images) per step")},
       {"steps", int_field(&TrainConfig::steps, 1, kBig, "optimizer steps")},
       {"warmup", int_field(&TrainConfig::warmup, 0, kBig, "linear warmup steps")},
       {"lr", double_field(&TrainConfig::lr, 0.0, 10.0, "peak learning rate")},
-      {"min_lr", double_field(&TrainConfig::min_lr, 0.0, 10.0, "learning rate at the end of the cosine decay")},
-      {"weight_decay", double_field(&TrainConfig::weight_decay, 0.0, 10.0, "AdamW decoupled weight decay")},
+      {"min_lr", double_field(&TrainConfig::min_lr, 0.0, 10.0,
+                              "learning rate at the end of the cosine decay")},
+      {"weight_decay",
+       double_field(&TrainConfig::weight_decay, 0.0, 10.0, "AdamW decoupled weight decay")},
       {"beta1", double_field(&TrainConfig::beta1, 0.0, 0.999999, "AdamW beta1")},
       {"beta2", double_field(&TrainConfig::beta2, 0.0, 0.999999, "AdamW beta2")},
-      {"grad_clip", double_field(&TrainConfig::grad_clip, 0.0, 1e9, "max global gradient norm (0: off)")},
+      {"grad_clip",
+       double_field(&TrainConfig::grad_clip, 0.0, 1e9, "max global gradient norm (0: off)")},
       {"seed", int_field(&TrainConfig::seed, 0, kBig, "random seed (weights, batches, dropout)")},
       {"threads", int_field(&TrainConfig::threads, 1, 1024, "CPU threads")},
-      {"device", string_field(&TrainConfig::device, {"cpu", "partial", "opencl"}, "device to train on: cpu, partial (a backend with 10 native ops) or opencl (when built and a device is present)")},
-      {"eval_every", int_field(&TrainConfig::eval_every, 0, kBig, "steps between validation estimates (0: never)")},
-      {"eval_batches", int_field(&TrainConfig::eval_batches, 1, kBig, "batches per validation estimate")},
-      {"log_every", int_field(&TrainConfig::log_every, 1, kBig, "steps between log lines (no terminal)")},
-      {"ckpt_every", int_field(&TrainConfig::ckpt_every, 0, kBig, "steps between checkpoints (0: only at the end)")},
+      {"device", string_field(&TrainConfig::device, {"cpu", "partial", "opencl", "cuda"},
+                              "device to train on: cpu, partial (a backend with 10 native ops), "
+                              "opencl or cuda (when built and a device is present)")},
+      {"precision", string_field(&TrainConfig::precision, {"f32", "bf16"},
+                                 "matmul operands: f32, or bf16 with f32 accumulation (weights, "
+                                 "activations and optimizer state stay f32)")},
+      {"eval_every", int_field(&TrainConfig::eval_every, 0, kBig,
+                               "steps between validation estimates (0: never)")},
+      {"eval_batches",
+       int_field(&TrainConfig::eval_batches, 1, kBig, "batches per validation estimate")},
+      {"log_every",
+       int_field(&TrainConfig::log_every, 1, kBig, "steps between log lines (no terminal)")},
+      {"ckpt_every", int_field(&TrainConfig::ckpt_every, 0, kBig,
+                               "steps between checkpoints (0: only at the end)")},
       {"out", string_field(&TrainConfig::out, {}, "output folder: checkpoint, metrics.jsonl")},
       {"resume", bool_field(&TrainConfig::resume, "resume from the checkpoint in --out")},
-      {"stop_after", int_field(&TrainConfig::stop_after, 0, kBig, "stop with a checkpoint after this step (0: run to --steps)")},
-      {"init", string_field(&TrainConfig::init, {}, "safetensors file whose weights start the run")},
+      {"stop_after", int_field(&TrainConfig::stop_after, 0, kBig,
+                               "stop with a checkpoint after this step (0: run to --steps)")},
+      {"init",
+       string_field(&TrainConfig::init, {}, "safetensors file whose weights start the run")},
       {"json", bool_field(&TrainConfig::json, "print a JSON summary as the last line")},
       {"progress", bool_field(&TrainConfig::progress, "progress bar on a terminal")},
       {"final_eval", bool_field(&TrainConfig::final_eval, "full validation pass at the end")},
-      {"save", bool_field(&TrainConfig::save, "write checkpoints (false: none, e.g. for benchmarks)")},
+      {"save",
+       bool_field(&TrainConfig::save, "write checkpoints (false: none, e.g. for benchmarks)")},
   };
   return table;
 }
@@ -128,7 +162,8 @@ void TrainConfig::set(const std::string& key, const std::string& value, const st
   auto it = fields().find(key);
   if (it == fields().end()) {
     std::string known;
-    for (const auto& [k, f] : fields()) known += (known.empty() ? "" : ", ") + k;
+    for (const auto& [k, f] : fields())
+      known += (known.empty() ? "" : ", ") + k;
     throw Error(source + ": unknown field '" + key + "'; known fields: " + known);
   }
   it->second.set(*this, value, where_of(source, key, value));
@@ -145,11 +180,13 @@ void TrainConfig::load_yaml(const std::string& path) {
     throw Error(path + ": malformed YAML at line " + std::to_string(e.mark.line + 1) + ", column " +
                 std::to_string(e.mark.column + 1) + ": " + e.msg);
   }
-  if (root.IsNull()) return;  // an empty file sets nothing
+  if (root.IsNull())
+    return;  // an empty file sets nothing
   check(root.IsMap(), path + ": expected a mapping of keys to values at the top level");
   for (const auto& item : root) {
     std::string key = item.first.as<std::string>();
-    check(item.second.IsScalar(), path + ": field '" + key + "' must be a single value, not a list or mapping");
+    check(item.second.IsScalar(),
+          path + ": field '" + key + "' must be a single value, not a list or mapping");
     set(key, item.second.as<std::string>(), path);
   }
 }
@@ -174,10 +211,12 @@ void TrainConfig::finalize() {
     fallback("dropout", model == "mlp" ? "0.2" : "0");
     fallback("eval_every", "0");
     fallback("ckpt_every", "0");
-    check(data == "mnist", "model '" + model + "' trains on --data mnist, got data = '" + data + "'");
+    check(data == "mnist",
+          "model '" + model + "' trains on --data mnist, got data = '" + data + "'");
   } else {
     check(data != "mnist", "model 'gpt' trains on text or random tokens, not data = 'mnist'");
-    check(width % heads == 0, "width = " + std::to_string(width) + " is not divisible by heads = " + std::to_string(heads));
+    check(width % heads == 0, "width = " + std::to_string(width) +
+                                  " is not divisible by heads = " + std::to_string(heads));
   }
   check(min_lr <= lr, "min_lr = " + std::to_string(min_lr) + " exceeds lr = " + std::to_string(lr));
 }
@@ -185,17 +224,21 @@ void TrainConfig::finalize() {
 const std::vector<std::string>& TrainConfig::keys() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
-    for (const auto& [k, f] : fields()) v.push_back(k);
+    for (const auto& [k, f] : fields())
+      v.push_back(k);
     return v;
   }();
   return names;
 }
 
-std::string TrainConfig::help(const std::string& key) { return fields().at(key).help; }
+std::string TrainConfig::help(const std::string& key) {
+  return fields().at(key).help;
+}
 
 std::string TrainConfig::to_json() const {
   nlohmann::ordered_json j;
-  for (const auto& [k, f] : fields()) j[k] = f.get(*this);
+  for (const auto& [k, f] : fields())
+    j[k] = f.get(*this);
   return j.dump();
 }
 

@@ -27,16 +27,17 @@ struct TrainConfig {
   // execution
   std::int64_t threads = 2;
   std::string device = "cpu";
+  std::string precision = "f32";  // f32 | bf16 (operands of the matmul products; weights stay f32)
   // evaluation, logging, checkpoints
   std::int64_t eval_every = 250, eval_batches = 20, log_every = 10, ckpt_every = 500;
   std::string out = "out";
   bool resume = false;
   std::int64_t stop_after = 0;  // stop (with a checkpoint) once this step is done; 0: run to steps
-  std::string init;   // checkpoint whose weights start the run
-  bool json = false;  // print one JSON summary object as the last line
-  bool progress = true;  // progress bar on a terminal
-  bool final_eval = true;  // full deterministic validation pass at the end
-  bool save = true;        // write checkpoints (benchmarks turn this off)
+  std::string init;             // checkpoint whose weights start the run
+  bool json = false;            // print one JSON summary object as the last line
+  bool progress = true;         // progress bar on a terminal
+  bool final_eval = true;       // full deterministic validation pass at the end
+  bool save = true;             // write checkpoints (benchmarks turn this off)
 
   std::set<std::string> explicitly_set;  // keys given by the user (file or flag)
 

@@ -11,7 +11,8 @@ class Progress {
  public:
   Progress(std::int64_t total_steps, bool enabled, std::int64_t log_every);
   // Reports a finished step: loss, tokens (or samples) per second, seconds per step.
-  void update(std::int64_t step, double loss, double items_per_s, double step_seconds, const std::string& unit);
+  void update(std::int64_t step, double loss, double items_per_s, double step_seconds,
+              const std::string& unit);
   // Prints a line that must not be overwritten (validation results).
   void message(const std::string& line);
   void finish();

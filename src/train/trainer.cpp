@@ -38,8 +38,10 @@ std::string Summary::to_json() const {
                            {"peak_rss_bytes", peak_rss_bytes},
                            {"loss_first", loss_first},
                            {"loss_last", loss_last}};
-  if (val_loss) j["val_loss"] = *val_loss;
-  if (test_accuracy) j["test_accuracy"] = *test_accuracy;
+  if (val_loss)
+    j["val_loss"] = *val_loss;
+  if (test_accuracy)
+    j["test_accuracy"] = *test_accuracy;
   return j.dump();
 }
 
@@ -50,12 +52,14 @@ class Source {
  public:
   explicit Source(const TrainConfig& cfg) : cfg_(cfg) {
     if (cfg.model == "gpt") {
-      text_ = cfg.data == "random" ? data::TextDataset::random(cfg.vocab, 1'000'000, static_cast<std::uint64_t>(cfg.seed))
+      text_ = cfg.data == "random" ? data::TextDataset::random(cfg.vocab, 1'000'000,
+                                                               static_cast<std::uint64_t>(cfg.seed))
                                    : data::TextDataset::load(cfg.data);
       return;
     }
     const std::string& dir = cfg.mnist_dir;
-    train_ = data::load_idx(dir + "/train10k-images-idx3-ubyte.gz", dir + "/train10k-labels-idx1-ubyte.gz");
+    train_ = data::load_idx(dir + "/train10k-images-idx3-ubyte.gz",
+                            dir + "/train10k-labels-idx1-ubyte.gz");
     test_ = data::load_idx(dir + "/t10k-images-idx3-ubyte.gz", dir + "/t10k-labels-idx1-ubyte.gz");
     data::normalize_mnist(train_);
     data::normalize_mnist(test_);
@@ -68,11 +72,13 @@ class Source {
 
   data::Batch batch(std::int64_t step, Backend& backend) {
     auto seed = static_cast<std::uint64_t>(cfg_.seed);
-    if (text()) return text_.sample(text_.train(), cfg_.batch, cfg_.context, nn::mix_seed(seed, step), backend);
+    if (text())
+      return text_.sample(text_.train(), cfg_.batch, cfg_.context, nn::mix_seed(seed, step),
+                          backend);
     // Images: shuffled epochs; the permutation depends only on (seed, epoch).
     std::int64_t per_epoch = train_.count / cfg_.batch;
-    check(per_epoch > 0, "batch = " + std::to_string(cfg_.batch) + " exceeds the " + std::to_string(train_.count) +
-                             " training images");
+    check(per_epoch > 0, "batch = " + std::to_string(cfg_.batch) + " exceeds the " +
+                             std::to_string(train_.count) + " training images");
     std::int64_t epoch = step / per_epoch;
     if (epoch != epoch_) {
       order_.resize(train_.count);
@@ -134,7 +140,8 @@ double test_accuracy(nn::Model& model, const data::ImageSet& test, Backend& back
 }
 
 double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
+  if (v.empty())
+    return 0.0;
   std::sort(v.begin(), v.end());
   std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -145,36 +152,44 @@ double median(std::vector<double> v) {
 Summary run_training(const TrainConfig& cfg) {
   cpu::set_num_threads(static_cast<int>(cfg.threads));
   Backend& device = dispatch::device(cfg.device);
+  check(device.set_matmul_precision(cfg.precision == "bf16" ? DType::bf16 : DType::f32),
+        "precision: '" + cfg.precision + "' is not supported on device '" + cfg.device + "'");
   Source source(cfg);
-  ModelSpec spec{cfg.model, source.vocab(), cfg.context, cfg.layers, cfg.heads, cfg.width, cfg.dropout, cfg.bias};
+  ModelSpec spec{cfg.model, source.vocab(), cfg.context, cfg.layers,
+                 cfg.heads, cfg.width,      cfg.dropout, cfg.bias};
   std::unique_ptr<nn::Model> model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);
-  if (!cfg.init.empty()) load_weights(cfg.init, *model);
+  if (!cfg.init.empty())
+    load_weights(cfg.init, *model);
   optim::AdamW optimizer(model->parameters(), {cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});
   const std::string ckpt_dir = cfg.out + "/checkpoint";
   std::int64_t start = cfg.resume ? load_checkpoint(ckpt_dir, *model, optimizer) : 0;
-  check(start <= cfg.steps, ckpt_dir + ": checkpoint is at step " + std::to_string(start) + ", beyond steps = " +
-                                std::to_string(cfg.steps));
+  check(start <= cfg.steps, ckpt_dir + ": checkpoint is at step " + std::to_string(start) +
+                                ", beyond steps = " + std::to_string(cfg.steps));
   std::error_code ec;
   fs::create_directories(cfg.out, ec);
   check(!ec, cfg.out + ": cannot create the output folder: " + ec.message());
   std::ofstream metrics(cfg.out + "/metrics.jsonl", cfg.resume ? std::ios::app : std::ios::trunc);
   check(metrics.good(), cfg.out + "/metrics.jsonl: cannot open for writing");
-  const std::string vocab_utf8 = source.text() && cfg.data != "random" ? source.dataset().tokenizer().alphabet_utf8() : "";
+  const std::string vocab_utf8 =
+      source.text() && cfg.data != "random" ? source.dataset().tokenizer().alphabet_utf8() : "";
   const std::string config_json = cfg.to_json();
   const std::string unit = source.text() ? "tok" : "img";
 
   if (!cfg.json) {
-    std::printf("loom: training %s (%lld parameters) on %s, %lld steps from step %lld, %lld threads\n",
-                cfg.model.c_str(), static_cast<long long>(model->parameter_count()),
-                source.text() ? source.dataset().source().c_str() : "mnist", static_cast<long long>(cfg.steps),
-                static_cast<long long>(start), static_cast<long long>(cfg.threads));
+    std::printf(
+        "loom: training %s (%lld parameters) on %s, %lld steps from step %lld, %lld threads\n",
+        cfg.model.c_str(), static_cast<long long>(model->parameter_count()),
+        source.text() ? source.dataset().source().c_str() : "mnist",
+        static_cast<long long>(cfg.steps), static_cast<long long>(start),
+        static_cast<long long>(cfg.threads));
   }
   // A fixed set of validation batches, so estimates at different steps compare.
   std::vector<data::Batch> val_batches;
   if (source.text() && cfg.eval_every > 0) {
     for (std::int64_t i = 0; i < cfg.eval_batches; ++i)
-      val_batches.push_back(source.dataset().sample(source.dataset().val(), cfg.batch, cfg.context,
-                                                    nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xe7a1, i), device));
+      val_batches.push_back(source.dataset().sample(
+          source.dataset().val(), cfg.batch, cfg.context,
+          nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xe7a1, i), device));
   }
 
   Progress progress(cfg.steps, cfg.progress && !cfg.json, cfg.log_every);
@@ -186,25 +201,35 @@ Summary run_training(const TrainConfig& cfg) {
     double lr = optim::cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps);
     data::Batch batch = source.batch(step, device);
     ag::Tape tape;
-    nn::ForwardOptions options{true, nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xd20f, step)};
-    ag::Var loss = ag::cross_entropy(tape, model->forward(tape, batch.inputs, options), batch.targets);
+    nn::ForwardOptions options{true,
+                               nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xd20f, step)};
+    ag::Var loss =
+        ag::cross_entropy(tape, model->forward(tape, batch.inputs, options), batch.targets);
     tape.backward(loss);
-    if (cfg.grad_clip > 0) optim::clip_grad_norm(model->parameters(), cfg.grad_clip);
+    if (cfg.grad_clip > 0)
+      optim::clip_grad_norm(model->parameters(), cfg.grad_clip);
     optimizer.step(lr);
     optimizer.zero_grad();
     double loss_value = loss.value().item();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step_seconds.push_back(seconds);
-    check(std::isfinite(loss_value), "training diverged: loss = " + std::to_string(loss_value) + " at step " +
-                                         std::to_string(step + 1) + "; lower --lr");
-    if (step == start) summary.loss_first = loss_value;
+    check(std::isfinite(loss_value), "training diverged: loss = " + std::to_string(loss_value) +
+                                         " at step " + std::to_string(step + 1) + "; lower --lr");
+    if (step == start)
+      summary.loss_first = loss_value;
     summary.loss_last = loss_value;
-    progress.update(step, loss_value, static_cast<double>(source.items_per_step()) / seconds, seconds, unit);
-    metrics << nlohmann::json{{"step", step + 1}, {"loss", loss_value}, {"lr", lr}, {"ms", seconds * 1e3}}.dump() << "\n";
+    progress.update(step, loss_value, static_cast<double>(source.items_per_step()) / seconds,
+                    seconds, unit);
+    metrics << nlohmann::json{{"step", step + 1},
+                              {"loss", loss_value},
+                              {"lr", lr},
+                              {"ms", seconds * 1e3}}
+                   .dump()
+            << "\n";
     if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && !val_batches.empty()) {
       double val = mean_loss(*model, val_batches);
-      progress.message("step " + std::to_string(step + 1) + ": val loss " + std::to_string(val) + " (estimate over " +
-                       std::to_string(cfg.eval_batches) + " batches)");
+      progress.message("step " + std::to_string(step + 1) + ": val loss " + std::to_string(val) +
+                       " (estimate over " + std::to_string(cfg.eval_batches) + " batches)");
       metrics << nlohmann::json{{"step", step + 1}, {"val_loss_estimate", val}}.dump() << "\n";
     }
     if (cfg.save && cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 && step + 1 < end)
@@ -212,31 +237,39 @@ Summary run_training(const TrainConfig& cfg) {
     metrics.flush();
   }
   progress.finish();
-  if (cfg.save) save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, end, config_json);
+  if (cfg.save)
+    save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, end, config_json);
 
   summary.steps = end - start;
   // The first step pays one-time costs (allocations, oneDNN kernel selection).
-  std::vector<double> timed(step_seconds.begin() + (step_seconds.size() > 1 ? 1 : 0), step_seconds.end());
+  std::vector<double> timed(step_seconds.begin() + (step_seconds.size() > 1 ? 1 : 0),
+                            step_seconds.end());
   summary.step_ms_median = median(timed) * 1e3;
-  summary.tokens_per_s = summary.step_ms_median > 0 ? static_cast<double>(source.items_per_step()) / (summary.step_ms_median / 1e3) : 0;
+  summary.tokens_per_s = summary.step_ms_median > 0 ? static_cast<double>(source.items_per_step()) /
+                                                          (summary.step_ms_median / 1e3)
+                                                    : 0;
   if (source.text() && cfg.final_eval) {
-    summary.val_loss = mean_loss(*model, data::eval_windows(source.dataset().val(), cfg.context, 64, device));
+    summary.val_loss =
+        mean_loss(*model, data::eval_windows(source.dataset().val(), cfg.context, 64, device));
     metrics << nlohmann::json{{"step", cfg.steps}, {"val_loss", *summary.val_loss}}.dump() << "\n";
   }
   if (!source.text()) {
     summary.test_accuracy = test_accuracy(*model, source.test_set(), device);
-    metrics << nlohmann::json{{"step", cfg.steps}, {"test_accuracy", *summary.test_accuracy}}.dump() << "\n";
+    metrics << nlohmann::json{{"step", cfg.steps}, {"test_accuracy", *summary.test_accuracy}}.dump()
+            << "\n";
   }
   summary.peak_rss_bytes = peak_rss_bytes();
   return summary;
 }
 
-std::string sample_text(const std::string& checkpoint, const std::string& prompt, std::int64_t tokens,
-                        double temperature, std::uint64_t seed) {
+std::string sample_text(const std::string& checkpoint, const std::string& prompt,
+                        std::int64_t tokens, double temperature, std::uint64_t seed) {
   Backend& device = cpu::backend();
   LoadedModel loaded = load_model_file(checkpoint, device);
-  check(loaded.spec.kind == "gpt", checkpoint + ": a " + loaded.spec.kind + " model does not generate text");
-  check(loaded.tokenizer.size() > 0, checkpoint + ": has no character vocabulary (trained on random tokens?)");
+  check(loaded.spec.kind == "gpt",
+        checkpoint + ": a " + loaded.spec.kind + " model does not generate text");
+  check(loaded.tokenizer.size() > 0,
+        checkpoint + ": has no character vocabulary (trained on random tokens?)");
   std::vector<std::int32_t> ids;
   if (prompt.empty()) {
     std::int32_t newline = loaded.tokenizer.encode_char(U'\n');
@@ -248,7 +281,8 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
   nn::Rng rng(seed);
   const std::int64_t v = loaded.spec.vocab;
   for (std::int64_t n = 0; n < tokens; ++n) {
-    std::int64_t t = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), loaded.spec.context);
+    std::int64_t t =
+        std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), loaded.spec.context);
     std::vector<std::int32_t> window(ids.end() - t, ids.end());
     ag::Tape tape;
     tape.set_recording(false);
@@ -262,7 +296,8 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
       float m = *std::max_element(last, last + v);
       std::vector<double> p(v);
       double total = 0.0;
-      for (std::int64_t j = 0; j < v; ++j) total += p[j] = std::exp((last[j] - m) / temperature);
+      for (std::int64_t j = 0; j < v; ++j)
+        total += p[j] = std::exp((last[j] - m) / temperature);
       double r = rng.uniform() * total;
       next = static_cast<std::int32_t>(v - 1);
       for (std::int64_t j = 0; j < v; ++j) {
@@ -275,19 +310,24 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
     ids.push_back(next);
   }
   // Only the continuation: the caller prints the prompt itself.
-  std::vector<std::int32_t> out(ids.begin() + static_cast<std::ptrdiff_t>(prompt.empty() ? 1 : prompt_len), ids.end());
+  std::vector<std::int32_t> out(
+      ids.begin() + static_cast<std::ptrdiff_t>(prompt.empty() ? 1 : prompt_len), ids.end());
   return loaded.tokenizer.decode(out);
 }
 
-double evaluate_text(const std::string& checkpoint, const std::string& data_path, std::int64_t batch) {
+double evaluate_text(const std::string& checkpoint, const std::string& data_path,
+                     std::int64_t batch) {
   Backend& device = cpu::backend();
   LoadedModel loaded = load_model_file(checkpoint, device);
-  check(loaded.spec.kind == "gpt", checkpoint + ": eval needs a gpt checkpoint, this one is " + loaded.spec.kind);
-  check(loaded.tokenizer.size() > 0, checkpoint + ": has no character vocabulary to encode " + data_path);
+  check(loaded.spec.kind == "gpt",
+        checkpoint + ": eval needs a gpt checkpoint, this one is " + loaded.spec.kind);
+  check(loaded.tokenizer.size() > 0,
+        checkpoint + ": has no character vocabulary to encode " + data_path);
   std::ifstream file(data_path, std::ios::binary);
   check(file.good(), data_path + ": cannot open the data file (missing or unreadable)");
   std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  std::vector<std::int32_t> ids = loaded.tokenizer.encode(data::decode_utf8(bytes, data_path), data_path);
+  std::vector<std::int32_t> ids =
+      loaded.tokenizer.encode(data::decode_utf8(bytes, data_path), data_path);
   check(static_cast<std::int64_t>(ids.size()) > loaded.spec.context,
         data_path + ": " + std::to_string(ids.size()) + " tokens; need more than the context of " +
             std::to_string(loaded.spec.context));

@@ -24,12 +24,13 @@ Summary run_training(const TrainConfig& config);
 
 // Generates `tokens` characters after `prompt` from a GPT checkpoint (temperature
 // sampling; temperature 0 is greedy) and returns them, without the prompt.
-std::string sample_text(const std::string& checkpoint, const std::string& prompt, std::int64_t tokens,
-                        double temperature, std::uint64_t seed);
+std::string sample_text(const std::string& checkpoint, const std::string& prompt,
+                        std::int64_t tokens, double temperature, std::uint64_t seed);
 
 // Mean cross-entropy (nats/token) over all consecutive non-overlapping windows of the
 // model's context length in the UTF-8 file `data_path`.
-double evaluate_text(const std::string& checkpoint, const std::string& data_path, std::int64_t batch);
+double evaluate_text(const std::string& checkpoint, const std::string& data_path,
+                     std::int64_t batch);
 
 std::int64_t peak_rss_bytes();
 

@@ -23,6 +23,12 @@ expect_error "unknown.yaml: unknown field 'lerning_rate'" train "$dir/unknown.ya
 expect_error "field 'steps': value '-5' is out of range" train --steps=-5 --out "$dir/o3"
 expect_error "missing.txt: cannot open the data file" train --data "$dir/missing.txt" --out "$dir/o4"
 expect_error "no checkpoint to resume from" train --resume --out "$dir/o5"
+expect_error "precision: 'bf16' is not supported on device 'partial'" train --device partial --precision bf16 --out "$dir/o6"
+expect_error "field 'precision': value 'fp8'" train --precision fp8 --out "$dir/o7"
+# Without an NVIDIA driver, --device cuda says why (with one, the CUDA suites cover it).
+if ! "$loom" ops --backend all 2>/dev/null | grep -q '^cuda:'; then
+  expect_error "device 'cuda' is not available" train --device cuda --steps 1 --out "$dir/o8"
+fi
 printf 'garbage' > "$dir/x.safetensors"
 expect_error "x.safetensors" sample "$dir/x.safetensors"
 expect_error "cannot open" eval "$dir/none.safetensors" --data "$dir/missing.txt"

@@ -26,7 +26,8 @@ std::vector<double> losses_on(const std::string& device, int steps) {
   c.set("data", source_dir() + "/data/tinyshakespeare/input.txt", "test");
   c.set("device", device, "test");
   c.set("steps", std::to_string(steps), "test");
-  for (auto key : {"final_eval", "save", "progress"}) c.set(key, "false", "test");
+  for (auto key : {"final_eval", "save", "progress"})
+    c.set(key, "false", "test");
   c.set("eval_every", "0", "test");
   c.set("json", "true", "test");
   c.out = out;
@@ -39,31 +40,46 @@ TEST(PartialBackend, TrainsTheDefaultGptToTheCpuLosses) {
   std::vector<double> cpu = losses_on("cpu", 50), partial = losses_on("partial", 50);
   ASSERT_EQ(cpu.size(), 50u);
   ASSERT_EQ(partial.size(), 50u);
-  for (std::size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(partial[i], cpu[i], 1e-3 * cpu[i]) << "step " << i + 1;
+  for (std::size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_NEAR(partial[i], cpu[i], 1e-3 * cpu[i]) << "step " << i + 1;
   EXPECT_LT(partial.back(), partial.front() - 0.5);
 }
 
-TEST(OpenClBackend, TrainsTheDefaultGptToTheCpuLossesWithZeroFallbacks) {
+// Every full device backend trains the default GPT with zero fallbacks (LOOM_STRICT),
+// to the CPU's losses. A backend absent from this machine is skipped, named.
+class DeviceBackend : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeviceBackend, TrainsTheDefaultGptToTheCpuLossesWithZeroFallbacks) {
+  const std::string device = GetParam();
   std::vector<std::string> names = dispatch::device_names();
-  if (std::find(names.begin(), names.end(), "opencl") == names.end()) GTEST_SKIP() << "no OpenCL device";
+  if (std::find(names.begin(), names.end(), device) == names.end())
+    GTEST_SKIP() << "no " << device << " device";
   std::vector<double> cpu = losses_on("cpu", 50);
   ::setenv("LOOM_STRICT", "1", 1);  // any CPU fallback would throw
   dispatch::stats().reset();
-  std::vector<double> opencl;
-  EXPECT_NO_THROW(opencl = losses_on("opencl", 50));
+  std::vector<double> losses;
+  EXPECT_NO_THROW(losses = losses_on(device, 50));
   ::unsetenv("LOOM_STRICT");
-  ASSERT_EQ(opencl.size(), 50u);
-  for (std::size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(opencl[i], cpu[i], 1e-3 * cpu[i]) << "step " << i + 1;
-  for (const auto& [key, count] : dispatch::stats().counts)
-    if (std::get<0>(key) == "opencl") EXPECT_NE(std::get<2>(key), dispatch::Path::fallback) << op_name(std::get<1>(key));
+  ASSERT_EQ(losses.size(), 50u);
+  for (std::size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_NEAR(losses[i], cpu[i], 1e-3 * cpu[i]) << "step " << i + 1;
+  for (const auto& [key, count] : dispatch::stats().counts) {
+    if (std::get<0>(key) == device) {
+      EXPECT_NE(std::get<2>(key), dispatch::Path::fallback) << op_name(std::get<1>(key));
+    }
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, DeviceBackend, ::testing::Values("opencl", "cuda"),
+                         [](const auto& info) { return info.param; });
 
 TEST(PartialBackend, PathsAgreeWithTheNativeSetAndTheDecompositions) {
   Backend& dev = dispatch::device("partial");
   nn::Gpt gpt({65, 16, 1, 2, 16, 0.0}, 1, dev);
   nn::Rng rng(3);
   std::vector<std::int32_t> ids(32);
-  for (auto& i : ids) i = static_cast<std::int32_t>(rng.next() % 65);
+  for (auto& i : ids)
+    i = static_cast<std::int32_t>(rng.next() % 65);
   dispatch::stats().reset();
   autograd::Tape tape;
   Tensor x = Tensor::from_ints({2, 16}, ids, dev), y = Tensor::from_ints({32}, ids, dev);
@@ -72,11 +88,14 @@ TEST(PartialBackend, PathsAgreeWithTheNativeSetAndTheDecompositions) {
   int fallbacks = 0, decomposed = 0;
   for (const auto& [key, count] : dispatch::stats().counts) {
     const auto& [backend, op, path] = key;
-    if (backend != "partial") continue;
+    if (backend != "partial")
+      continue;
     SCOPED_TRACE(std::string(op_name(op)));
     EXPECT_GT(count.calls, 0u);
     switch (path) {
-      case dispatch::Path::native: EXPECT_TRUE(native.count(op)); break;
+      case dispatch::Path::native:
+        EXPECT_TRUE(native.count(op));
+        break;
       case dispatch::Path::decomposed:
         EXPECT_FALSE(native.count(op));
         EXPECT_NE(decomposition(op), nullptr);
@@ -98,7 +117,8 @@ TEST(PartialBackend, StrictModeNamesTheOpThatWouldFallBack) {
   Backend& dev = dispatch::device("partial");
   nn::Rng rng(4);
   std::vector<float> w(20 * 4);
-  for (auto& v : w) v = static_cast<float>(rng.uniform());
+  for (auto& v : w)
+    v = static_cast<float>(rng.uniform());
   Tensor weight = Tensor::from_floats({20, 4}, w, dev);
   Tensor ids = Tensor::from_ints({3}, std::vector<std::int32_t>{1, 2, 3}, dev);
   ::setenv("LOOM_STRICT", "1", 1);
@@ -113,7 +133,8 @@ TEST(PartialBackend, StrictModeNamesTheOpThatWouldFallBack) {
   Tensor on_cpu = weight.to(cpu());
   EXPECT_NO_THROW(dispatch::call1(OpId::embedding, {on_cpu, ids.to(cpu())}));  // the CPU has it
   ::unsetenv("LOOM_STRICT");
-  EXPECT_NE(message.find("LOOM_STRICT: embedding on partial would fall back"), std::string::npos) << message;
+  EXPECT_NE(message.find("LOOM_STRICT: embedding on partial would fall back"), std::string::npos)
+      << message;
   EXPECT_NE(message.find("f32[20,4] on partial"), std::string::npos) << message;
 }
 

@@ -26,16 +26,22 @@ std::string device_string(cl_device_id d, cl_device_info what) {
   clGetDeviceInfo(d, what, 0, nullptr, &size);
   std::string s(size, '\0');
   clGetDeviceInfo(d, what, size, s.data(), nullptr);
-  while (!s.empty() && s.back() == '\0') s.pop_back();
+  while (!s.empty() && s.back() == '\0')
+    s.pop_back();
   return s;
 }
 
-cl_mem mem_of(const Tensor& t) { return static_cast<cl_mem>(t.storage()->data()); }
-cl_ulong off_of(const Tensor& t) { return static_cast<cl_ulong>(t.offset()); }
+cl_mem mem_of(const Tensor& t) {
+  return static_cast<cl_mem>(t.storage()->data());
+}
+cl_ulong off_of(const Tensor& t) {
+  return static_cast<cl_ulong>(t.offset());
+}
 
 class OpenClStream final : public Stream {
  public:
-  OpenClStream(OpenClBackend& backend, cl_context context, cl_device_id device) : backend_(backend) {
+  OpenClStream(OpenClBackend& backend, cl_context context, cl_device_id device)
+      : backend_(backend) {
     cl_int err = CL_SUCCESS;
     queue_ = Queue(clCreateCommandQueue(context, device, 0, &err));
     ok(err, "clCreateCommandQueue");
@@ -43,14 +49,17 @@ class OpenClStream final : public Stream {
   explicit OpenClStream(OpenClBackend& backend) : backend_(backend) {}  // uses the backend's queue
   cl_command_queue queue() const { return queue_.get() ? queue_.get() : backend_.queue(); }
 
-  void copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset, std::size_t bytes) override {
+  void copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+            std::size_t bytes) override {
     bool src_device = &src.owner() == &backend_, dst_device = &dst.owner() == &backend_;
     if (src_device && dst_device) {
-      ok(clEnqueueCopyBuffer(queue(), static_cast<cl_mem>(src.data()), static_cast<cl_mem>(dst.data()), src_offset,
-                             dst_offset, bytes, 0, nullptr, nullptr),
+      ok(clEnqueueCopyBuffer(queue(), static_cast<cl_mem>(src.data()),
+                             static_cast<cl_mem>(dst.data()), src_offset, dst_offset, bytes, 0,
+                             nullptr, nullptr),
          "clEnqueueCopyBuffer");
     } else if (dst_device) {
-      backend_.upload(static_cast<const std::byte*>(src.data()) + src_offset, dst, dst_offset, bytes);
+      backend_.upload(static_cast<const std::byte*>(src.data()) + src_offset, dst, dst_offset,
+                      bytes);
     } else {
       backend_.download(src, src_offset, static_cast<std::byte*>(dst.data()) + dst_offset, bytes);
     }
@@ -67,33 +76,16 @@ class OpenClStream final : public Stream {
   Queue queue_;
 };
 
-// Reductions the device runs natively: a prefix of axes (columns) or a suffix (rows).
-enum class ReduceShape { rows, cols, unsupported };
-ReduceShape reduce_shape(const Tensor& x, const std::vector<std::int64_t>& axes) {
-  if (x.rank() == 0) return ReduceShape::unsupported;
-  std::vector<bool> reduce(x.rank(), axes.empty());
-  for (auto a : axes) reduce[normalize_axis(a, x.rank(), "sum")] = true;
-  int split = 0;
-  while (split < x.rank() && reduce[split]) ++split;
-  bool prefix = split > 0;
-  for (int d = split; d < x.rank(); ++d) prefix = prefix && !reduce[d];
-  int kept = 0;
-  while (kept < x.rank() && !reduce[kept]) ++kept;
-  bool suffix = kept < x.rank();
-  for (int d = kept; d < x.rank(); ++d) suffix = suffix && reduce[d];
-  if (suffix) return ReduceShape::rows;
-  if (prefix) return ReduceShape::cols;
-  return ReduceShape::unsupported;
-}
-
 }  // namespace
 
 std::unique_ptr<OpenClBackend> OpenClBackend::open() {
   cl_uint platforms = 0;
-  if (clGetPlatformIDs(0, nullptr, &platforms) != CL_SUCCESS || platforms == 0) return nullptr;
+  if (clGetPlatformIDs(0, nullptr, &platforms) != CL_SUCCESS || platforms == 0)
+    return nullptr;
   std::vector<cl_platform_id> ids(platforms);
   clGetPlatformIDs(platforms, ids.data(), nullptr);
-  for (cl_device_type type : {cl_device_type{CL_DEVICE_TYPE_GPU}, cl_device_type{CL_DEVICE_TYPE_ALL}}) {
+  for (cl_device_type type :
+       {cl_device_type{CL_DEVICE_TYPE_GPU}, cl_device_type{CL_DEVICE_TYPE_ALL}}) {
     for (cl_platform_id p : ids) {
       cl_device_id device = nullptr;
       cl_uint count = 0;
@@ -107,7 +99,8 @@ std::unique_ptr<OpenClBackend> OpenClBackend::open() {
 OpenClBackend::OpenClBackend(cl_platform_id platform, cl_device_id device) : device_(device) {
   device_name_ = device_string(device, CL_DEVICE_NAME);
   driver_version_ = device_string(device, CL_DRIVER_VERSION);
-  cl_context_properties props[] = {CL_CONTEXT_PLATFORM, reinterpret_cast<cl_context_properties>(platform), 0};
+  cl_context_properties props[] = {CL_CONTEXT_PLATFORM,
+                                   reinterpret_cast<cl_context_properties>(platform), 0};
   cl_int err = CL_SUCCESS;
   context_ = Context(clCreateContext(props, 1, &device, nullptr, nullptr, &err));
   ok(err, "clCreateContext");
@@ -119,9 +112,11 @@ OpenClBackend::OpenClBackend(cl_platform_id platform, cl_device_id device) : dev
 
 void OpenClBackend::build_program() {
   // Binaries are cached on disk keyed by device, driver and source, so the JIT runs once.
-  std::size_t key = std::hash<std::string>{}(device_name_ + "|" + driver_version_ + "|" + kKernelSource);
+  std::size_t key =
+      std::hash<std::string>{}(device_name_ + "|" + driver_version_ + "|" + kKernelSource);
   const char* home = std::getenv("HOME");
-  std::filesystem::path dir = std::filesystem::path(home ? home : "/tmp") / ".cache" / "loom" / "opencl";
+  std::filesystem::path dir =
+      std::filesystem::path(home ? home : "/tmp") / ".cache" / "loom" / "opencl";
   std::filesystem::path cached = dir / (std::to_string(key) + ".bin");
   cl_int err = CL_SUCCESS;
   bool from_binary = false;
@@ -130,8 +125,10 @@ void OpenClBackend::build_program() {
     const auto* data = reinterpret_cast<const unsigned char*>(binary.data());
     std::size_t size = binary.size();
     cl_int binary_status = CL_SUCCESS;
-    cl_program p = clCreateProgramWithBinary(context_.get(), 1, &device_, &size, &data, &binary_status, &err);
-    if (err == CL_SUCCESS && binary_status == CL_SUCCESS && clBuildProgram(p, 1, &device_, "", nullptr, nullptr) == CL_SUCCESS) {
+    cl_program p =
+        clCreateProgramWithBinary(context_.get(), 1, &device_, &size, &data, &binary_status, &err);
+    if (err == CL_SUCCESS && binary_status == CL_SUCCESS &&
+        clBuildProgram(p, 1, &device_, "", nullptr, nullptr) == CL_SUCCESS) {
       program_ = Program(p);
       from_binary = true;
     } else if (p != nullptr) {
@@ -142,49 +139,67 @@ void OpenClBackend::build_program() {
     const char* source = kKernelSource;
     program_ = Program(clCreateProgramWithSource(context_.get(), 1, &source, nullptr, &err));
     ok(err, "clCreateProgramWithSource");
-    if (clBuildProgram(program_.get(), 1, &device_, "-cl-std=CL1.2", nullptr, nullptr) != CL_SUCCESS) {
+    if (clBuildProgram(program_.get(), 1, &device_, "-cl-std=CL1.2", nullptr, nullptr) !=
+        CL_SUCCESS) {
       std::size_t size = 0;
       clGetProgramBuildInfo(program_.get(), device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size);
       std::string log(size, '\0');
-      clGetProgramBuildInfo(program_.get(), device_, CL_PROGRAM_BUILD_LOG, size, log.data(), nullptr);
+      clGetProgramBuildInfo(program_.get(), device_, CL_PROGRAM_BUILD_LOG, size, log.data(),
+                            nullptr);
       throw Error("opencl: building the kernels for " + device_name_ + " failed:\n" + log);
     }
     std::size_t size = 0;
-    if (clGetProgramInfo(program_.get(), CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr) == CL_SUCCESS && size > 0) {
+    if (clGetProgramInfo(program_.get(), CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr) ==
+            CL_SUCCESS &&
+        size > 0) {
       std::string binary(size, '\0');
       unsigned char* ptr = reinterpret_cast<unsigned char*>(binary.data());
-      if (clGetProgramInfo(program_.get(), CL_PROGRAM_BINARIES, sizeof ptr, &ptr, nullptr) == CL_SUCCESS) {
+      if (clGetProgramInfo(program_.get(), CL_PROGRAM_BINARIES, sizeof ptr, &ptr, nullptr) ==
+          CL_SUCCESS) {
         std::error_code ec;
         std::filesystem::create_directories(dir, ec);
         std::filesystem::path temp = cached;
         temp += ".tmp." + std::to_string(getpid());
-        if (std::ofstream out{temp, std::ios::binary}; out.write(binary.data(), static_cast<std::streamsize>(size)))
+        if (std::ofstream out{temp, std::ios::binary};
+            out.write(binary.data(), static_cast<std::streamsize>(size)))
           std::filesystem::rename(temp, cached, ec);  // atomic: a reader sees all or nothing
       }
     }
   }
-  for (const char* name : {"fill", "binary", "unary", "unary_backward", "reduce_rows", "sum_cols", "adamw",
-                           "copy_strided", "slice_backward", "sum_squares_partial", "embedding", "embedding_backward",
-                           "cross_entropy_rows", "cross_entropy_backward", "layer_norm_backward_rows",
-                           "layer_norm_backward_cols", "attention_forward", "attention_backward_dq",
-                           "attention_backward_dkv"}) {
+  for (const char* name :
+       {"fill", "binary", "unary", "unary_backward", "reduce_rows", "sum_cols", "adamw",
+        "copy_strided", "slice_backward", "sum_squares_partial", "embedding", "embedding_backward",
+        "cross_entropy_rows", "cross_entropy_backward", "layer_norm_backward_rows",
+        "layer_norm_backward_cols", "attention_forward", "attention_backward_dq",
+        "attention_backward_dkv"}) {
     kernels_.emplace(name, Kernel(clCreateKernel(program_.get(), name, &err)));
     ok(err, std::string("clCreateKernel ") + name);
   }
 }
 
-cl_kernel OpenClBackend::kernel(const char* name) { return kernels_.at(name).get(); }
+cl_kernel OpenClBackend::kernel(const char* name) {
+  return kernels_.at(name).get();
+}
 
 namespace {
-void set_arg(cl_kernel k, cl_uint i, cl_mem v) { ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg"); }
-void set_arg(cl_kernel k, cl_uint i, cl_ulong v) { ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg"); }
-void set_arg(cl_kernel k, cl_uint i, cl_int v) { ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg"); }
-void set_arg(cl_kernel k, cl_uint i, cl_float v) { ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg"); }
+void set_arg(cl_kernel k, cl_uint i, cl_mem v) {
+  ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg");
+}
+void set_arg(cl_kernel k, cl_uint i, cl_ulong v) {
+  ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg");
+}
+void set_arg(cl_kernel k, cl_uint i, cl_int v) {
+  ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg");
+}
+void set_arg(cl_kernel k, cl_uint i, cl_float v) {
+  ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg");
+}
 }  // namespace
 
 template <class... Args>
 void OpenClBackend::run(const char* name, std::size_t global, Args... args) {
-  if (global == 0) return;
+  if (global == 0)
+    return;
   std::lock_guard lock(mutex_);
   cl_kernel k = kernel(name);
   cl_uint i = 0;
@@ -205,28 +220,35 @@ DeviceInfo OpenClBackend::info() const {
 
 Buffer OpenClBackend::allocate(std::size_t bytes, MemoryKind) {
   cl_int err = CL_SUCCESS;
-  cl_mem m = clCreateBuffer(context_.get(), CL_MEM_READ_WRITE, bytes == 0 ? 4 : bytes, nullptr, &err);
+  cl_mem m =
+      clCreateBuffer(context_.get(), CL_MEM_READ_WRITE, bytes == 0 ? 4 : bytes, nullptr, &err);
   ok(err, "clCreateBuffer of " + std::to_string(bytes) + " bytes");
   return Buffer(m, bytes, this);
 }
 
-void OpenClBackend::release(void* data, std::size_t) noexcept { clReleaseMemObject(static_cast<cl_mem>(data)); }
+void OpenClBackend::release(void* data, std::size_t) noexcept {
+  clReleaseMemObject(static_cast<cl_mem>(data));
+}
 
 std::unique_ptr<Stream> OpenClBackend::create_stream(StreamKind) {
   return std::make_unique<OpenClStream>(*this, context_.get(), device_);
 }
 
-void OpenClBackend::upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) {
-  if (bytes == 0) return;
-  ok(clEnqueueWriteBuffer(queue_.get(), static_cast<cl_mem>(dst.data()), CL_TRUE, dst_offset, bytes, host, 0, nullptr,
-                          nullptr),
+void OpenClBackend::upload(const void* host, Buffer& dst, std::size_t dst_offset,
+                           std::size_t bytes) {
+  if (bytes == 0)
+    return;
+  ok(clEnqueueWriteBuffer(queue_.get(), static_cast<cl_mem>(dst.data()), CL_TRUE, dst_offset, bytes,
+                          host, 0, nullptr, nullptr),
      "clEnqueueWriteBuffer");
 }
 
-void OpenClBackend::download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) {
-  if (bytes == 0) return;
-  ok(clEnqueueReadBuffer(queue_.get(), static_cast<cl_mem>(src.data()), CL_TRUE, src_offset, bytes, host, 0, nullptr,
-                         nullptr),
+void OpenClBackend::download(const Buffer& src, std::size_t src_offset, void* host,
+                             std::size_t bytes) {
+  if (bytes == 0)
+    return;
+  ok(clEnqueueReadBuffer(queue_.get(), static_cast<cl_mem>(src.data()), CL_TRUE, src_offset, bytes,
+                         host, 0, nullptr, nullptr),
      "clEnqueueReadBuffer");
 }
 
@@ -236,30 +258,36 @@ bool OpenClBackend::supports(const OpCall& call) const {
     bool ids = (i == 1 && (call.op == OpId::embedding || call.op == OpId::embedding_backward ||
                            call.op == OpId::cross_entropy)) ||
                (i == 2 && call.op == OpId::cross_entropy_backward);
-    if (call.inputs[i].defined() && call.inputs[i].dtype() != (ids ? DType::i32 : DType::f32)) return false;
+    if (call.inputs[i].defined() && call.inputs[i].dtype() != (ids ? DType::i32 : DType::f32))
+      return false;
   }
   switch (call.op) {
-    case OpId::copy: return call.inputs[0].rank() <= 6;
+    case OpId::copy:
+      return call.inputs[0].rank() <= 6;
     case OpId::slice_backward:
     case OpId::sum_squares:
     case OpId::embedding:
     case OpId::embedding_backward:
     case OpId::cross_entropy:
     case OpId::cross_entropy_backward:
-    case OpId::layer_norm_backward: return true;
+    case OpId::layer_norm_backward:
+      return true;
     case OpId::causal_attention:
     case OpId::causal_attention_backward: {
       const Tensor& qkv = call.inputs[call.op == OpId::causal_attention ? 0 : 1];
       return qkv.dim(2) / 3 / std::max<std::int64_t>(call.attrs.heads, 1) <= 256;  // LOOM_MAX_HEAD
     }
-    case OpId::fill: return call.attrs.dtype == DType::f32;
+    case OpId::fill:
+      return call.attrs.dtype == DType::f32;
     case OpId::add:
     case OpId::sub:
     case OpId::mul:
     case OpId::div: {
       Shape out = broadcast_shapes(call.inputs[0].shape(), call.inputs[1].shape(), "binary");
-      Repeat ra = classify_broadcast(call.inputs[0].shape(), out), rb = classify_broadcast(call.inputs[1].shape(), out);
-      return (ra.kind == Repeat::same && rb.kind != Repeat::other) || (rb.kind == Repeat::same && ra.kind != Repeat::other);
+      Repeat ra = classify_broadcast(call.inputs[0].shape(), out),
+             rb = classify_broadcast(call.inputs[1].shape(), out);
+      return (ra.kind == Repeat::same && rb.kind != Repeat::other) ||
+             (rb.kind == Repeat::same && ra.kind != Repeat::other);
     }
     case OpId::scale:
     case OpId::exp:
@@ -271,11 +299,15 @@ bool OpenClBackend::supports(const OpCall& call) const {
     case OpId::gelu_backward:
     case OpId::tanh_backward:
     case OpId::matmul:
-    case OpId::adamw_step: return true;
-    case OpId::sum: return reduce_shape(call.inputs[0], call.attrs.axes) != ReduceShape::unsupported;
+    case OpId::adamw_step:
+      return true;
+    case OpId::sum:
+      return classify_reduction(call.inputs[0], call.attrs.axes) != ReduceShape::unsupported;
     case OpId::max:
-      return call.inputs[0].rank() >= 1 && normalize_axis(call.attrs.axis, call.inputs[0].rank(), "max") == call.inputs[0].rank() - 1;
-    default: return false;
+      return call.inputs[0].rank() >= 1 && normalize_axis(call.attrs.axis, call.inputs[0].rank(),
+                                                          "max") == call.inputs[0].rank() - 1;
+    default:
+      return false;
   }
 }
 
@@ -288,10 +320,11 @@ void OpenClBackend::matmul(const OpCall& call) {
   std::size_t lda = a.dim(-1), ldb = b.dim(-1);
   auto gemm = [&](std::size_t rows, std::size_t a_off, std::size_t b_off, std::size_t c_off) {
     cl_command_queue q = queue_.get();
-    auto status = clblast::Gemm<float>(clblast::Layout::kRowMajor, ta ? clblast::Transpose::kYes : clblast::Transpose::kNo,
-                                       tb ? clblast::Transpose::kYes : clblast::Transpose::kNo, rows, n, k, 1.0f, mem_of(a),
-                                       off_of(a) + a_off, lda, mem_of(b), off_of(b) + b_off, ldb, 0.0f, mem_of(c),
-                                       off_of(c) + c_off, n, &q, nullptr);
+    auto status = clblast::Gemm<float>(
+        clblast::Layout::kRowMajor, ta ? clblast::Transpose::kYes : clblast::Transpose::kNo,
+        tb ? clblast::Transpose::kYes : clblast::Transpose::kNo, rows, n, k, 1.0f, mem_of(a),
+        off_of(a) + a_off, lda, mem_of(b), off_of(b) + b_off, ldb, 0.0f, mem_of(c),
+        off_of(c) + c_off, n, &q, nullptr);
     check(status == clblast::StatusCode::kSuccess,
           "opencl: CLBlast Gemm failed with status " + std::to_string(static_cast<int>(status)));
   };
@@ -299,9 +332,11 @@ void OpenClBackend::matmul(const OpCall& call) {
     gemm(c.numel() / std::max<std::size_t>(n, 1), 0, 0, 0);
     return;
   }
-  std::vector<std::pair<std::int64_t, std::int64_t>> offsets = matmul_batch_offsets(a.shape(), b.shape(), c.shape());
+  std::vector<std::pair<std::int64_t, std::int64_t>> offsets =
+      matmul_batch_offsets(a.shape(), b.shape(), c.shape());
   for (std::size_t i = 0; i < offsets.size(); ++i)
-    gemm(m, static_cast<std::size_t>(offsets[i].first), static_cast<std::size_t>(offsets[i].second), i * m * n);
+    gemm(m, static_cast<std::size_t>(offsets[i].first), static_cast<std::size_t>(offsets[i].second),
+         i * m * n);
 }
 
 void OpenClBackend::launch(const OpCall& call, Stream&) {
@@ -310,21 +345,31 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
   auto n = [](const Tensor& t) { return static_cast<std::size_t>(t.numel()); };
   switch (call.op) {
     case OpId::fill:
-      run("fill", n(out[0]), mem_of(out[0]), off_of(out[0]), static_cast<cl_float>(call.attrs.alpha));
+      run("fill", n(out[0]), mem_of(out[0]), off_of(out[0]),
+          static_cast<cl_float>(call.attrs.alpha));
       return;
     case OpId::add:
     case OpId::sub:
     case OpId::mul:
     case OpId::div: {
-      cl_int op = call.op == OpId::add ? 0 : call.op == OpId::sub ? 1 : call.op == OpId::mul ? 2 : 3;
-      Repeat ra = classify_broadcast(in[0].shape(), out[0].shape()), rb = classify_broadcast(in[1].shape(), out[0].shape());
+      cl_int op = call.op == OpId::add   ? 0
+                  : call.op == OpId::sub ? 1
+                  : call.op == OpId::mul ? 2
+                                         : 3;
+      Repeat ra = classify_broadcast(in[0].shape(), out[0].shape()),
+             rb = classify_broadcast(in[1].shape(), out[0].shape());
       bool other_left = ra.kind != Repeat::same;
       const Tensor& full = other_left ? in[1] : in[0];
       const Tensor& other = other_left ? in[0] : in[1];
       Repeat r = other_left ? ra : rb;
-      cl_int mode = r.kind == Repeat::same ? 0 : r.kind == Repeat::scalar ? 1 : r.kind == Repeat::trailing ? 2 : 3;
-      run("binary", n(out[0]), op, mem_of(full), off_of(full), mem_of(other), off_of(other), mem_of(out[0]), off_of(out[0]),
-          mode, static_cast<cl_ulong>(std::max<std::int64_t>(r.period, 1)), static_cast<cl_int>(other_left));
+      cl_int mode = r.kind == Repeat::same       ? 0
+                    : r.kind == Repeat::scalar   ? 1
+                    : r.kind == Repeat::trailing ? 2
+                                                 : 3;
+      run("binary", n(out[0]), op, mem_of(full), off_of(full), mem_of(other), off_of(other),
+          mem_of(out[0]), off_of(out[0]), mode,
+          static_cast<cl_ulong>(std::max<std::int64_t>(r.period, 1)),
+          static_cast<cl_int>(other_left));
       return;
     }
     case OpId::exp:
@@ -333,8 +378,12 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     case OpId::relu:
     case OpId::gelu:
     case OpId::scale: {
-      cl_int op = call.op == OpId::exp ? 0 : call.op == OpId::log ? 1 : call.op == OpId::tanh ? 2
-                : call.op == OpId::relu ? 3 : call.op == OpId::gelu ? 4 : 5;
+      cl_int op = call.op == OpId::exp    ? 0
+                  : call.op == OpId::log  ? 1
+                  : call.op == OpId::tanh ? 2
+                  : call.op == OpId::relu ? 3
+                  : call.op == OpId::gelu ? 4
+                                          : 5;
       run("unary", n(out[0]), op, mem_of(in[0]), off_of(in[0]), mem_of(out[0]), off_of(out[0]),
           static_cast<cl_float>(call.attrs.alpha));
       return;
@@ -343,32 +392,37 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     case OpId::gelu_backward:
     case OpId::tanh_backward: {
       cl_int op = call.op == OpId::relu_backward ? 0 : call.op == OpId::gelu_backward ? 1 : 2;
-      run("unary_backward", n(out[0]), op, mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]), mem_of(out[0]),
-          off_of(out[0]));
+      run("unary_backward", n(out[0]), op, mem_of(in[0]), off_of(in[0]), mem_of(in[1]),
+          off_of(in[1]), mem_of(out[0]), off_of(out[0]));
       return;
     }
     case OpId::sum:
     case OpId::max: {
       const Tensor& x = in[0];
-      std::vector<std::int64_t> axes = call.op == OpId::max ? std::vector<std::int64_t>{call.attrs.axis} : call.attrs.axes;
+      std::vector<std::int64_t> axes =
+          call.op == OpId::max ? std::vector<std::int64_t>{call.attrs.axis} : call.attrs.axes;
       std::size_t rows = 1;
-      ReduceShape shape = reduce_shape(x, axes);
+      ReduceShape shape = classify_reduction(x, axes);
       if (shape == ReduceShape::rows) {
         std::size_t cols = 1;
         std::vector<bool> reduce(x.rank(), axes.empty());
-        for (auto a : axes) reduce[normalize_axis(a, x.rank(), "sum")] = true;
-        for (int d = 0; d < x.rank(); ++d) (reduce[d] ? cols : rows) *= x.shape()[d];
-        run("reduce_rows", rows, static_cast<cl_int>(call.op == OpId::max), mem_of(x), off_of(x), mem_of(out[0]),
-            off_of(out[0]), static_cast<cl_ulong>(cols), 1.0f);
+        for (auto a : axes)
+          reduce[normalize_axis(a, x.rank(), "sum")] = true;
+        for (int d = 0; d < x.rank(); ++d)
+          (reduce[d] ? cols : rows) *= x.shape()[d];
+        run("reduce_rows", rows, static_cast<cl_int>(call.op == OpId::max), mem_of(x), off_of(x),
+            mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(cols), 1.0f);
       } else {
         std::size_t cols = n(out[0]);
         rows = n(x) / std::max<std::size_t>(cols, 1);
-        run("sum_cols", cols, mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(rows),
-            static_cast<cl_ulong>(cols), 1.0f);
+        run("sum_cols", cols, mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]),
+            static_cast<cl_ulong>(rows), static_cast<cl_ulong>(cols), 1.0f);
       }
       return;
     }
-    case OpId::matmul: matmul(call); return;
+    case OpId::matmul:
+      matmul(call);
+      return;
     case OpId::copy: {
       const Tensor& x = in[0];
       cl_ulong shape[6] = {1, 1, 1, 1, 1, 1}, stride[6] = {0, 0, 0, 0, 0, 0};
@@ -376,23 +430,25 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
         shape[d] = static_cast<cl_ulong>(x.shape()[d]);
         stride[d] = static_cast<cl_ulong>(x.strides()[d]);
       }
-      run("copy_strided", n(out[0]), mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]), static_cast<cl_int>(x.rank()),
-          shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], stride[0], stride[1], stride[2], stride[3], stride[4],
-          stride[5]);
+      run("copy_strided", n(out[0]), mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]),
+          static_cast<cl_int>(x.rank()), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+          stride[0], stride[1], stride[2], stride[3], stride[4], stride[5]);
       return;
     }
     case OpId::slice_backward: {
       const Tensor& dx = out[0];
       int axis = normalize_axis(call.attrs.axis, dx.rank(), "slice_backward");
       cl_ulong inner = 1;
-      for (int d = axis + 1; d < dx.rank(); ++d) inner *= static_cast<cl_ulong>(dx.shape()[d]);
+      for (int d = axis + 1; d < dx.rank(); ++d)
+        inner *= static_cast<cl_ulong>(dx.shape()[d]);
       run("slice_backward", n(dx), mem_of(in[0]), off_of(in[0]), mem_of(dx), off_of(dx),
-          static_cast<cl_ulong>(dx.shape()[axis]), static_cast<cl_ulong>(in[0].shape()[axis]), inner,
-          static_cast<cl_ulong>(call.attrs.start));
+          static_cast<cl_ulong>(dx.shape()[axis]), static_cast<cl_ulong>(in[0].shape()[axis]),
+          inner, static_cast<cl_ulong>(call.attrs.start));
       return;
     }
     case OpId::sum_squares: {
-      std::size_t total = n(in[0]), chunks = std::max<std::size_t>(1, std::min<std::size_t>(1024, total));
+      std::size_t total = n(in[0]),
+                  chunks = std::max<std::size_t>(1, std::min<std::size_t>(1024, total));
       std::size_t chunk = (total + chunks - 1) / chunks;
       Tensor partial = Tensor::empty({static_cast<std::int64_t>(chunks)}, DType::f32, *this);
       run("sum_squares_partial", chunks, mem_of(in[0]), off_of(in[0]), static_cast<cl_ulong>(total),
@@ -403,15 +459,16 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     }
     case OpId::embedding: {
       check_ids(in[1], in[0].dim(0), "embedding");
-      run("embedding", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]), mem_of(out[0]),
-          off_of(out[0]), static_cast<cl_ulong>(in[0].dim(1)));
+      run("embedding", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]),
+          mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(in[0].dim(1)));
       return;
     }
     case OpId::embedding_backward: {
       const Tensor& dw = out[0];
       check_ids(in[1], dw.dim(0), "embedding_backward");
-      run("embedding_backward", static_cast<std::size_t>(dw.dim(1)), mem_of(in[0]), off_of(in[0]), mem_of(in[1]),
-          off_of(in[1]), mem_of(dw), off_of(dw), static_cast<cl_ulong>(in[1].numel()), static_cast<cl_ulong>(dw.dim(1)),
+      run("embedding_backward", static_cast<std::size_t>(dw.dim(1)), mem_of(in[0]), off_of(in[0]),
+          mem_of(in[1]), off_of(in[1]), mem_of(dw), off_of(dw),
+          static_cast<cl_ulong>(in[1].numel()), static_cast<cl_ulong>(dw.dim(1)),
           static_cast<cl_ulong>(dw.dim(0)));
       return;
     }
@@ -419,15 +476,16 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
       const Tensor& logits = in[0];
       std::size_t rows = static_cast<std::size_t>(logits.dim(0));
       check_ids(in[1], logits.dim(1), "cross_entropy");
-      Tensor row_loss = Tensor::empty({std::max<std::int64_t>(logits.dim(0), 1)}, DType::f32, *this);
-      run("cross_entropy_rows", rows, mem_of(logits), off_of(logits), mem_of(in[1]), off_of(in[1]), mem_of(out[1]),
-          off_of(out[1]), mem_of(row_loss), static_cast<cl_ulong>(logits.dim(1)));
+      Tensor row_loss =
+          Tensor::empty({std::max<std::int64_t>(logits.dim(0), 1)}, DType::f32, *this);
+      run("cross_entropy_rows", rows, mem_of(logits), off_of(logits), mem_of(in[1]), off_of(in[1]),
+          mem_of(out[1]), off_of(out[1]), mem_of(row_loss), static_cast<cl_ulong>(logits.dim(1)));
       float inv = rows > 0 ? 1.0f / static_cast<float>(rows) : 0.0f;
       if (rows == 0) {
         run("fill", 1, mem_of(out[0]), off_of(out[0]), 0.0f);
       } else {
-        run("reduce_rows", 1, cl_int{0}, mem_of(row_loss), cl_ulong{0}, mem_of(out[0]), off_of(out[0]),
-            static_cast<cl_ulong>(rows), inv);
+        run("reduce_rows", 1, cl_int{0}, mem_of(row_loss), cl_ulong{0}, mem_of(out[0]),
+            off_of(out[0]), static_cast<cl_ulong>(rows), inv);
       }
       return;
     }
@@ -435,20 +493,21 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
       const Tensor& logits = in[1];
       check_ids(in[2], logits.dim(1), "cross_entropy_backward");
       float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
-      run("cross_entropy_backward", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(logits), off_of(logits),
-          mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]),
-          static_cast<cl_ulong>(logits.dim(1)), inv);
+      run("cross_entropy_backward", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(logits),
+          off_of(logits), mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]),
+          mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(logits.dim(1)), inv);
       return;
     }
     case OpId::layer_norm_backward: {
       const Tensor& x = in[1];
       std::size_t c = static_cast<std::size_t>(x.dim(-1)), rows = c == 0 ? 0 : n(x) / c;
-      run("layer_norm_backward_rows", rows, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x), mem_of(in[2]),
-          off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(in[4]), off_of(in[4]), mem_of(out[0]), off_of(out[0]),
+      run("layer_norm_backward_rows", rows, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x),
+          mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(in[4]), off_of(in[4]),
+          mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(c));
+      run("layer_norm_backward_cols", c, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x),
+          mem_of(in[3]), off_of(in[3]), mem_of(in[4]), off_of(in[4]), mem_of(out[1]),
+          off_of(out[1]), mem_of(out[2]), off_of(out[2]), static_cast<cl_ulong>(rows),
           static_cast<cl_ulong>(c));
-      run("layer_norm_backward_cols", c, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x), mem_of(in[3]),
-          off_of(in[3]), mem_of(in[4]), off_of(in[4]), mem_of(out[1]), off_of(out[1]), mem_of(out[2]), off_of(out[2]),
-          static_cast<cl_ulong>(rows), static_cast<cl_ulong>(c));
       return;
     }
     case OpId::causal_attention:
@@ -456,39 +515,45 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
       bool forward = call.op == OpId::causal_attention;
       const Tensor& qkv = in[forward ? 0 : 1];
       cl_ulong b = static_cast<cl_ulong>(qkv.dim(0)), t = static_cast<cl_ulong>(qkv.dim(1));
-      cl_ulong c = static_cast<cl_ulong>(qkv.dim(2) / 3), h = static_cast<cl_ulong>(call.attrs.heads);
+      cl_ulong c = static_cast<cl_ulong>(qkv.dim(2) / 3),
+               h = static_cast<cl_ulong>(call.attrs.heads);
       float scale = 1.0f / std::sqrt(static_cast<float>(c / h));
       std::size_t items = static_cast<std::size_t>(b * h * t);
       if (forward) {
-        run("attention_forward", items, mem_of(qkv), off_of(qkv), mem_of(out[0]), off_of(out[0]), mem_of(out[1]),
-            off_of(out[1]), t, c, h, scale);
+        run("attention_forward", items, mem_of(qkv), off_of(qkv), mem_of(out[0]), off_of(out[0]),
+            mem_of(out[1]), off_of(out[1]), t, c, h, scale);
       } else {
         for (const char* k : {"attention_backward_dq", "attention_backward_dkv"})
-          run(k, items, mem_of(in[0]), off_of(in[0]), mem_of(qkv), off_of(qkv), mem_of(in[2]), off_of(in[2]),
-              mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]), t, c, h, scale);
+          run(k, items, mem_of(in[0]), off_of(in[0]), mem_of(qkv), off_of(qkv), mem_of(in[2]),
+              off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]), t, c, h,
+              scale);
       }
       return;
     }
     case OpId::adamw_step: {
       const Attrs& a = call.attrs;
-      auto step_size = static_cast<cl_float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step))));
-      auto inv_sqrt_bc2 = static_cast<cl_float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
+      auto step_size =
+          static_cast<cl_float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step))));
+      auto inv_sqrt_bc2 = static_cast<cl_float>(
+          1.0 / std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
       auto decay = static_cast<cl_float>(1.0 - a.lr * a.weight_decay);
-      run("adamw", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]), mem_of(in[2]), off_of(in[2]),
-          mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]), mem_of(out[1]), off_of(out[1]), mem_of(out[2]),
-          off_of(out[2]), static_cast<cl_float>(a.beta1), static_cast<cl_float>(a.beta2), step_size, inv_sqrt_bc2, decay,
-          static_cast<cl_float>(a.eps));
+      run("adamw", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]),
+          mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]),
+          off_of(out[0]), mem_of(out[1]), off_of(out[1]), mem_of(out[2]), off_of(out[2]),
+          static_cast<cl_float>(a.beta1), static_cast<cl_float>(a.beta2), step_size, inv_sqrt_bc2,
+          decay, static_cast<cl_float>(a.eps));
       return;
     }
-    default: throw Error("opencl: launch of unsupported op " + std::string(op_name(call.op)));
+    default:
+      throw Error("opencl: launch of unsupported op " + std::string(op_name(call.op)));
   }
 }
 
 void OpenClBackend::check_ids(const Tensor& ids, std::int64_t limit, const char* op) {
   // Kernels cannot raise errors, so indices are checked on the host first (ids are small).
   for (std::int32_t id : ids.to_ints())
-    check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) + " outside [0, " +
-                                     std::to_string(limit) + ")");
+    check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) +
+                                     " outside [0, " + std::to_string(limit) + ")");
 }
 
 OpenClBackend* backend() {

@@ -1,0 +1,112 @@
+#include "backends/cuda/cuda_api.h"
+
+#include <dlfcn.h>
+
+#include <memory>
+
+#include "core/error.h"
+
+namespace loom::cuda {
+namespace {
+
+#define LOOM_STRINGIFY_EXPANDED(x) LOOM_STRINGIFY(x)
+#define LOOM_STRINGIFY(x) #x
+
+// A dlopen handle kept for the life of the process (the API table points into it).
+void* open_first(std::initializer_list<const char*> names, std::string& tried) {
+  for (const char* name : names) {
+    if (void* handle = dlopen(name, RTLD_NOW | RTLD_LOCAL))
+      return handle;
+    tried += std::string(tried.empty() ? "" : ", ") + name;
+  }
+  return nullptr;
+}
+
+template <class Fn>
+bool resolve(void* library, const char* symbol, Fn& slot, std::string& missing) {
+  slot = reinterpret_cast<Fn>(dlsym(library, symbol));
+  if (slot == nullptr)
+    missing += std::string(missing.empty() ? "" : ", ") + symbol;
+  return slot != nullptr;
+}
+
+struct Loaded {
+  Api api;
+  std::string why;  // empty when usable
+};
+
+Loaded load() {
+  Loaded out;
+  std::string tried;
+  void* driver = open_first({"libcuda.so.1", "libcuda.so"}, tried);
+  if (driver == nullptr) {
+    out.why = "no NVIDIA driver: could not load " + tried;
+    return out;
+  }
+  std::string missing;
+  Api& a = out.api;
+#define LOOM_CUDA_RESOLVE(name) resolve(driver, LOOM_STRINGIFY_EXPANDED(name), a.name, missing);
+  LOOM_CUDA_DRIVER_FUNCTIONS(LOOM_CUDA_RESOLVE)
+#undef LOOM_CUDA_RESOLVE
+  if (!missing.empty()) {
+    out.why = "the NVIDIA driver lacks " + missing + " (Loom needs CUDA 11.2 or newer)";
+    return out;
+  }
+  if (CUresult status = a.cuInit(0); status != CUDA_SUCCESS) {
+    const char* name = nullptr;
+    a.cuGetErrorName(status, &name);
+    out.why =
+        std::string("cuInit failed: ") + (name ? name : "unknown error") +
+        (status == CUDA_ERROR_STUB_LIBRARY ? " (the toolkit's stub libcuda, not a driver)" : "");
+    return out;
+  }
+  int devices = 0;
+  if (a.cuDeviceGetCount(&devices) != CUDA_SUCCESS || devices == 0) {
+    out.why = "the NVIDIA driver reports no CUDA device";
+    return out;
+  }
+  tried.clear();
+  void* cublas = open_first({"libcublas.so.13", "libcublas.so.12", "libcublas.so"}, tried);
+  if (cublas == nullptr) {
+    out.why = "cuBLAS not found: could not load " + tried;
+    return out;
+  }
+  resolve(cublas, "cublasCreate_v2", a.cublasCreate, missing);
+  resolve(cublas, "cublasDestroy_v2", a.cublasDestroy, missing);
+  resolve(cublas, "cublasSetStream_v2", a.cublasSetStream, missing);
+  resolve(cublas, "cublasSetMathMode", a.cublasSetMathMode, missing);
+  resolve(cublas, "cublasGemmStridedBatchedEx", a.cublasGemmStridedBatchedEx, missing);
+  if (!missing.empty())
+    out.why = "cuBLAS lacks " + missing;
+  return out;
+}
+
+}  // namespace
+
+const Api* api(std::string* why) {
+  static const Loaded loaded = load();
+  if (why != nullptr)
+    *why = loaded.why;
+  return loaded.why.empty() ? &loaded.api : nullptr;
+}
+
+void check_cu(CUresult status, const char* what) {
+  if (status == CUDA_SUCCESS)
+    return;
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (const Api* a = api()) {
+    a->cuGetErrorName(status, &name);
+    a->cuGetErrorString(status, &text);
+  }
+  throw Error(std::string("cuda: ") + what + " failed: " + (name ? name : std::to_string(status)) +
+              (text ? std::string(" (") + text + ")" : std::string()));
+}
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  check(status == CUBLAS_STATUS_SUCCESS, std::string("cuda: ") + what +
+                                             " failed with cuBLAS status " +
+                                             std::to_string(static_cast<int>(status)));
+}
+
+}  // namespace loom::cuda

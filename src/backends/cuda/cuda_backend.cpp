@@ -1,0 +1,672 @@
+#include "backends/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "backends/cuda/kernel_args.h"
+#include "backends/cuda/kernels_fatbin.h"  // generated: loom_cuda_fatbin[], from kernels.cu
+#include "core/broadcast.h"
+#include "core/error.h"
+
+namespace loom::cuda {
+namespace {
+
+using i64 = long long;
+constexpr unsigned kBlock = 256;  // threads per block of the 1-D and row kernels
+constexpr unsigned kRowsPerBlock = kBlock / 32;
+
+CUdeviceptr address(const Buffer& b, std::size_t offset) {
+  return reinterpret_cast<CUdeviceptr>(b.data()) + offset;
+}
+template <class T = float>
+T* ptr(const Tensor& t) {
+  if (!t.defined())
+    return nullptr;
+  return reinterpret_cast<T*>(static_cast<std::byte*>(t.storage()->data()) +
+                              static_cast<std::size_t>(t.offset()) * dtype_size(t.dtype()));
+}
+i64 numel(const Tensor& t) {
+  return static_cast<i64>(t.numel());
+}
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(CudaBackend& backend, CUstream stream, bool owned)
+      : backend_(backend), stream_(stream), owned_(owned) {}
+  ~CudaStream() override {
+    if (owned_)
+      backend_.api().cuStreamDestroy(stream_);
+  }
+  void copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+            std::size_t bytes) override {
+    bool src_device = &src.owner() == &backend_, dst_device = &dst.owner() == &backend_;
+    if (src_device && dst_device) {
+      check_cu(backend_.api().cuMemcpyDtoDAsync(address(dst, dst_offset), address(src, src_offset),
+                                                bytes, stream_),
+               "cuMemcpyDtoDAsync");
+    } else if (dst_device) {
+      backend_.upload(static_cast<const std::byte*>(src.data()) + src_offset, dst, dst_offset,
+                      bytes);
+    } else {
+      backend_.download(src, src_offset, static_cast<std::byte*>(dst.data()) + dst_offset, bytes);
+    }
+  }
+  void signal(Timeline& timeline, std::uint64_t value) override {
+    synchronize();
+    timeline.signal(value);
+  }
+  void wait(Timeline& timeline, std::uint64_t value) override { timeline.wait(value); }
+  void synchronize() override {
+    check_cu(backend_.api().cuStreamSynchronize(stream_), "cuStreamSynchronize");
+  }
+
+ private:
+  CudaBackend& backend_;
+  CUstream stream_;
+  bool owned_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaBackend> CudaBackend::open(std::string* why) {
+  const Api* a = cuda::api(why);
+  if (a == nullptr)
+    return nullptr;
+  int ordinal = 0;
+  if (const char* env = std::getenv("LOOM_CUDA_DEVICE"))
+    ordinal = std::atoi(env);
+  CUdevice device = 0;
+  if (a->cuDeviceGet(&device, ordinal) != CUDA_SUCCESS) {
+    if (why)
+      *why = "no CUDA device " + std::to_string(ordinal) + " (LOOM_CUDA_DEVICE)";
+    return nullptr;
+  }
+  int major = 0;
+  a->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+  if (major < 8) {  // the fatbin holds sm_80 and sm_90 code and compute_90 PTX
+    if (why)
+      *why = "CUDA device " + std::to_string(ordinal) + " has compute capability " +
+             std::to_string(major) + ".x; Loom's kernels need 8.0 or newer";
+    return nullptr;
+  }
+  return std::make_unique<CudaBackend>(*a, device);
+}
+
+CudaBackend::CudaBackend(const Api& api, CUdevice device) : api_(api), device_(device) {
+  check_cu(api_.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
+  check_cu(api_.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+  // A blocking stream: the synchronous host copies (legacy stream) stay ordered with it.
+  check_cu(api_.cuStreamCreate(&stream_, CU_STREAM_DEFAULT), "cuStreamCreate");
+  // Keep freed memory in the pool instead of returning it to the driver at each sync.
+  CUmemoryPool pool = nullptr;
+  check_cu(api_.cuDeviceGetDefaultMemPool(&pool, device_), "cuDeviceGetDefaultMemPool");
+  std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+  check_cu(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep),
+           "cuMemPoolSetAttribute");
+  // The driver reads the fatbin's 8-byte header fields in place: hand it an aligned copy.
+  std::vector<std::uint64_t> image((sizeof loom_cuda_fatbin + 7) / 8);
+  std::memcpy(image.data(), loom_cuda_fatbin, sizeof loom_cuda_fatbin);
+  check_cu(api_.cuModuleLoadData(&module_, image.data()), "cuModuleLoadData (Loom's kernels)");
+  check_cublas(api_.cublasCreate(&cublas_), "cublasCreate");
+  check_cublas(api_.cublasSetStream(cublas_, reinterpret_cast<cudaStream_t>(stream_)),
+               "cublasSetStream");
+  stream_wrapper_ = std::make_unique<CudaStream>(*this, stream_, false);
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr)
+    api_.cuStreamSynchronize(stream_);
+  stream_wrapper_.reset();
+  if (cublas_ != nullptr)
+    api_.cublasDestroy(cublas_);
+  if (module_ != nullptr)
+    api_.cuModuleUnload(module_);
+  if (stream_ != nullptr)
+    api_.cuStreamDestroy(stream_);
+  if (context_ != nullptr)
+    api_.cuDevicePrimaryCtxRelease(device_);
+}
+
+DeviceInfo CudaBackend::info() const {
+  DeviceInfo i;
+  char name[256] = {};
+  api_.cuDeviceGetName(name, sizeof name, device_);
+  int driver = 0, sms = 0, major = 0, minor = 0;
+  api_.cuDriverGetVersion(&driver);
+  api_.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_);
+  api_.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_);
+  api_.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_);
+  i.name = "cuda (" + std::string(name) + ", sm_" + std::to_string(major) + std::to_string(minor) +
+           ", " + std::to_string(sms) + " SMs, driver " + std::to_string(driver / 1000) + "." +
+           std::to_string(driver % 1000 / 10) + ")";
+  std::size_t bytes = 0;
+  api_.cuDeviceTotalMem(&bytes, device_);
+  i.memory_bytes = bytes;
+  i.host_accessible = false;
+  return i;
+}
+
+Buffer CudaBackend::allocate(std::size_t bytes, MemoryKind) {
+  CUdeviceptr p = 0;
+  check_cu(api_.cuMemAllocAsync(&p, std::max<std::size_t>(bytes, 4), stream_),
+           ("cuMemAllocAsync of " + std::to_string(bytes) + " bytes").c_str());
+  return Buffer(reinterpret_cast<void*>(p), bytes, this);
+}
+
+void CudaBackend::release(void* data, std::size_t) noexcept {
+  api_.cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(data), stream_);
+}
+
+std::unique_ptr<Stream> CudaBackend::create_stream(StreamKind) {
+  CUstream s = nullptr;
+  check_cu(api_.cuStreamCreate(&s, CU_STREAM_DEFAULT), "cuStreamCreate");
+  return std::make_unique<CudaStream>(*this, s, true);
+}
+
+void CudaBackend::upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) {
+  if (bytes == 0)
+    return;
+  check_cu(api_.cuMemcpyHtoD(address(dst, dst_offset), host, bytes), "cuMemcpyHtoD");
+}
+
+void CudaBackend::download(const Buffer& src, std::size_t src_offset, void* host,
+                           std::size_t bytes) {
+  if (bytes == 0)
+    return;
+  check_cu(api_.cuMemcpyDtoH(host, address(src, src_offset), bytes), "cuMemcpyDtoH");
+}
+
+bool CudaBackend::set_matmul_precision(DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    return false;
+  matmul_precision_ = dtype;
+  return true;
+}
+
+CUfunction CudaBackend::function(const char* name) {
+  std::lock_guard lock(mutex_);
+  auto it = functions_.find(name);
+  if (it != functions_.end())
+    return it->second;
+  CUfunction f = nullptr;
+  check_cu(api_.cuModuleGetFunction(&f, module_, name),
+           (std::string("cuModuleGetFunction ") + name).c_str());
+  functions_.emplace(name, f);
+  return f;
+}
+
+template <class... Args>
+void CudaBackend::run(const char* name, unsigned grid_x, unsigned grid_y, unsigned block_x,
+                      unsigned block_y, Args... args) {
+  if (grid_x == 0 || grid_y == 0)
+    return;
+  // cuLaunchKernel copies the parameter values before it returns.
+  void* params[] = {const_cast<void*>(static_cast<const void*>(&args))...};
+  check_cu(api_.cuLaunchKernel(function(name), grid_x, grid_y, 1, block_x, block_y, 1, 0, stream_,
+                               params, nullptr),
+           name);
+}
+
+template <class... Args>
+void CudaBackend::run_1d(const char* name, i64 n, Args... args) {
+  // Grid-stride kernels: a bounded grid covers any n.
+  i64 blocks = std::min<i64>((n + kBlock - 1) / kBlock, 65536);
+  run(name, static_cast<unsigned>(blocks), 1, kBlock, 1, args...);
+}
+
+template <class... Args>
+void CudaBackend::run_rows(const char* name, i64 rows, Args... args) {
+  run(name, static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 1, kBlock, 1,
+      args...);
+}
+
+bool CudaBackend::supports(const OpCall& call) const {
+  // Inputs are f32, except the i32 ids and targets of the ops that take them.
+  for (std::size_t i = 0; i < call.inputs.size(); ++i) {
+    bool ids = (i == 1 && (call.op == OpId::embedding || call.op == OpId::embedding_backward ||
+                           call.op == OpId::cross_entropy)) ||
+               (i == 2 && call.op == OpId::cross_entropy_backward);
+    if (call.inputs[i].defined() && call.inputs[i].dtype() != (ids ? DType::i32 : DType::f32))
+      return false;
+  }
+  switch (call.op) {
+    case OpId::copy:
+      return call.inputs[0].rank() <= kMaxCopyRank;
+    case OpId::fill:
+      return call.attrs.dtype == DType::f32;
+    case OpId::add:
+    case OpId::sub:
+    case OpId::mul:
+    case OpId::div: {
+      Shape out = broadcast_shapes(call.inputs[0].shape(), call.inputs[1].shape(), "binary");
+      Repeat ra = classify_broadcast(call.inputs[0].shape(), out),
+             rb = classify_broadcast(call.inputs[1].shape(), out);
+      return (ra.kind == Repeat::same && rb.kind != Repeat::other) ||
+             (rb.kind == Repeat::same && ra.kind != Repeat::other);
+    }
+    case OpId::sum:
+      return classify_reduction(call.inputs[0], call.attrs.axes) != ReduceShape::unsupported;
+    case OpId::max:
+      return call.inputs[0].rank() >= 1 && normalize_axis(call.attrs.axis, call.inputs[0].rank(),
+                                                          "max") == call.inputs[0].rank() - 1;
+    case OpId::linear:
+      return call.inputs[1].rank() == 2;
+    case OpId::slice_backward:
+    case OpId::sum_squares:
+    case OpId::scale:
+    case OpId::exp:
+    case OpId::log:
+    case OpId::tanh:
+    case OpId::relu:
+    case OpId::gelu:
+    case OpId::relu_backward:
+    case OpId::gelu_backward:
+    case OpId::tanh_backward:
+    case OpId::matmul:
+    case OpId::layer_norm:
+    case OpId::layer_norm_backward:
+    case OpId::embedding:
+    case OpId::embedding_backward:
+    case OpId::cross_entropy:
+    case OpId::cross_entropy_backward:
+    case OpId::causal_attention:
+    case OpId::causal_attention_backward:
+    case OpId::adamw_step:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void CudaBackend::gemm(bool ta, bool tb, i64 m, i64 n, i64 k, GemmOperand a, GemmOperand b,
+                       float* c, i64 ldc, i64 c_stride, i64 batch, float beta) {
+  if (m == 0 || n == 0 || batch == 0)
+    return;
+  const void* a_data = a.data;
+  const void* b_data = b.data;
+  cudaDataType operand_type = CUDA_R_32F;
+  Tensor a16, b16;  // bf16 copies, freed (stream-ordered) when this call returns
+  if (matmul_precision_ == DType::bf16) {
+    operand_type = CUDA_R_16BF;
+    a16 = Tensor::empty({a.numel}, DType::bf16, *this);
+    b16 = Tensor::empty({b.numel}, DType::bf16, *this);
+    run_1d("to_bf16", a.numel, a.data, ptr<void>(a16), a.numel);
+    run_1d("to_bf16", b.numel, b.data, ptr<void>(b16), b.numel);
+    a_data = ptr<void>(a16);
+    b_data = ptr<void>(b16);
+  }
+  // cuBLAS is column-major: a row-major C = A B is the column-major C^T = B^T A^T.
+  const float alpha = 1.0f;
+  check_cublas(
+      api_.cublasGemmStridedBatchedEx(
+          cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+          static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b_data,
+          operand_type, static_cast<int>(b.ld), b.batch_stride, a_data, operand_type,
+          static_cast<int>(a.ld), a.batch_stride, &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+          c_stride, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmStridedBatchedEx");
+}
+
+void CudaBackend::matmul(const OpCall& call) {
+  const Tensor& a = call.inputs[0];
+  const Tensor& b = call.inputs[1];
+  const Tensor& c = call.outputs[0];
+  bool ta = call.attrs.trans_a, tb = call.attrs.trans_b;
+  i64 m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
+  GemmOperand ga{ptr(a), numel(a), a.dim(-1), 0}, gb{ptr(b), numel(b), b.dim(-1), 0};
+  if (k == 0) {  // an empty sum: C = 0
+    run_1d("fill", numel(c), ptr(c), numel(c), 0.0f);
+    return;
+  }
+  if (b.rank() == 2 && !ta) {  // fold the batch into M
+    gemm(ta, tb, numel(c) / std::max<i64>(n, 1), n, k, ga, gb, ptr(c), n, 0, 1, 0.0f);
+    return;
+  }
+  auto offsets = matmul_batch_offsets(a.shape(), b.shape(), c.shape());
+  // One strided-batched call when each operand's matrices are evenly spaced (broadcast: 0).
+  auto even = [&](auto member) {
+    if (offsets.size() < 2)
+      return true;
+    i64 step = member(offsets[1]) - member(offsets[0]);
+    for (std::size_t i = 1; i < offsets.size(); ++i)
+      if (member(offsets[i]) - member(offsets[i - 1]) != step)
+        return false;
+    return true;
+  };
+  auto first = [](const auto& p) { return static_cast<i64>(p.first); };
+  auto second = [](const auto& p) { return static_cast<i64>(p.second); };
+  if (even(first) && even(second)) {
+    ga.batch_stride = offsets.size() > 1 ? first(offsets[1]) - first(offsets[0]) : 0;
+    gb.batch_stride = offsets.size() > 1 ? second(offsets[1]) - second(offsets[0]) : 0;
+    gemm(ta, tb, m, n, k, ga, gb, ptr(c), n, m * n, static_cast<i64>(offsets.size()), 0.0f);
+    return;
+  }
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    GemmOperand ai{ga.data + first(offsets[i]), ga.numel - first(offsets[i]), ga.ld, 0};
+    GemmOperand bi{gb.data + second(offsets[i]), gb.numel - second(offsets[i]), gb.ld, 0};
+    gemm(ta, tb, m, n, k, ai, bi, ptr(c) + static_cast<i64>(i) * m * n, n, 0, 1, 0.0f);
+  }
+}
+
+void CudaBackend::linear(const OpCall& call) {
+  // y = x w (+ b): the bias is broadcast into y first and the GEMM accumulates onto it.
+  const Tensor& x = call.inputs[0];
+  const Tensor& w = call.inputs[1];
+  const Tensor& bias = call.inputs[2];
+  const Tensor& y = call.outputs[0];
+  bool tb = call.attrs.trans_b;
+  i64 n = y.dim(-1), k = x.dim(-1), rows = n == 0 ? 0 : numel(y) / n;
+  if (bias.defined())
+    run_1d("broadcast_rows", numel(y), ptr(bias), ptr(y), numel(y), n);
+  if (k == 0) {
+    if (!bias.defined())
+      run_1d("fill", numel(y), ptr(y), numel(y), 0.0f);
+    return;
+  }
+  gemm(false, tb, rows, n, k, {ptr(x), numel(x), k, 0}, {ptr(w), numel(w), w.dim(-1), 0}, ptr(y), n,
+       0, 1, bias.defined() ? 1.0f : 0.0f);
+}
+
+// Scores S = q k^T per (batch, head), causal softmax in place, out = P v (see kernels.cu).
+void CudaBackend::attention_forward(const OpCall& call) {
+  const Tensor& qkv = call.inputs[0];
+  i64 B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = call.attrs.heads, D = C / H,
+      BH = B * H;
+  float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  i64 n = B * T * C;
+  Tensor q = Tensor::empty({n}, DType::f32, *this), k = Tensor::empty({n}, DType::f32, *this),
+         v = Tensor::empty({n}, DType::f32, *this), o = Tensor::empty({n}, DType::f32, *this);
+  for (auto [part, col] : {std::pair{&q, 0LL}, {&k, C}, {&v, 2 * C}})
+    run_1d("heads_split", n, ptr(qkv), ptr(*part), n, T, H, D, 3 * C, col);
+  Tensor s = Tensor::empty({BH * T * T}, DType::f32, *this);
+  gemm(false, true, T, T, D, {ptr(q), n, D, T * D}, {ptr(k), n, D, T * D}, ptr(s), T, T * T, BH,
+       0.0f);
+  run_rows("causal_softmax", BH * T, ptr(s), ptr(call.outputs[1]), BH * T, T, scale);
+  gemm(false, false, T, D, T, {ptr(s), BH * T * T, T, T * T}, {ptr(v), n, D, T * D}, ptr(o), D,
+       T * D, BH, 0.0f);
+  run_1d("heads_merge", n, ptr(o), ptr(call.outputs[0]), n, T, H, D, C, 0LL);
+}
+
+// With P recomputed from q, k and the saved lse: dV = P^T dO, dP = dO v^T,
+// dS = scale P (dP - rowsum(dO * O)), dQ = dS k, dK = dS^T q.
+void CudaBackend::attention_backward(const OpCall& call) {
+  const Tensor& dout = call.inputs[0];
+  const Tensor& qkv = call.inputs[1];
+  const Tensor& out = call.inputs[2];
+  const Tensor& lse = call.inputs[3];
+  const Tensor& dqkv = call.outputs[0];
+  i64 B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = call.attrs.heads, D = C / H,
+      BH = B * H;
+  float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  i64 n = B * T * C, nn = BH * T * T;
+  auto scratch = [&](i64 count) { return Tensor::empty({count}, DType::f32, *this); };
+  Tensor q = scratch(n), k = scratch(n), v = scratch(n), d_o = scratch(n);
+  for (auto [part, col] : {std::pair{&q, 0LL}, {&k, C}, {&v, 2 * C}})
+    run_1d("heads_split", n, ptr(qkv), ptr(*part), n, T, H, D, 3 * C, col);
+  run_1d("heads_split", n, ptr(dout), ptr(d_o), n, T, H, D, C, 0LL);
+  Tensor p = scratch(nn), dp = scratch(nn), delta = scratch(BH * T);
+  gemm(false, true, T, T, D, {ptr(q), n, D, T * D}, {ptr(k), n, D, T * D}, ptr(p), T, T * T, BH,
+       0.0f);
+  run_1d("causal_softmax_recompute", nn, ptr(p), ptr(lse), nn, T, scale);
+  Tensor dq = scratch(n), dk = scratch(n), dv = scratch(n);
+  gemm(true, false, T, D, T, {ptr(p), nn, T, T * T}, {ptr(d_o), n, D, T * D}, ptr(dv), D, T * D, BH,
+       0.0f);
+  gemm(false, true, T, T, D, {ptr(d_o), n, D, T * D}, {ptr(v), n, D, T * D}, ptr(dp), T, T * T, BH,
+       0.0f);
+  run_1d("attention_delta", BH * T, ptr(dout), ptr(out), ptr(delta), BH * T, T, H, D);
+  run_1d("attention_dscores", nn, ptr(dp), ptr(p), ptr(delta), nn, T, scale);
+  gemm(false, false, T, D, T, {ptr(dp), nn, T, T * T}, {ptr(k), n, D, T * D}, ptr(dq), D, T * D, BH,
+       0.0f);
+  gemm(true, false, T, D, T, {ptr(dp), nn, T, T * T}, {ptr(q), n, D, T * D}, ptr(dk), D, T * D, BH,
+       0.0f);
+  for (auto [part, col] : {std::pair{&dq, 0LL}, {&dk, C}, {&dv, 2 * C}})
+    run_1d("heads_merge", n, ptr(*part), ptr(dqkv), n, T, H, D, 3 * C, col);
+}
+
+std::vector<std::int32_t> CudaBackend::checked_ids(const Tensor& ids, std::int64_t limit,
+                                                   const char* op) {
+  // Kernels cannot raise errors, so indices are checked on the host first (ids are small).
+  std::vector<std::int32_t> values = ids.to_ints();
+  for (std::int32_t id : values)
+    check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) +
+                                     " outside [0, " + std::to_string(limit) + ")");
+  return values;
+}
+
+void CudaBackend::embedding_backward(const OpCall& call) {
+  const Tensor& dy = call.inputs[0];
+  const Tensor& dw = call.outputs[0];
+  i64 vocab = dw.dim(0), c = dw.dim(1);
+  std::vector<std::int32_t> ids = checked_ids(call.inputs[1], vocab, "embedding_backward");
+  check_cu(api_.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ptr(dw)), 0,
+                                 static_cast<std::size_t>(numel(dw)), stream_),
+           "cuMemsetD32Async");
+  if (ids.empty() || c == 0)
+    return;
+  // Counting sort of the token positions by id, keeping token order inside each id.
+  std::vector<std::int32_t> count(static_cast<std::size_t>(vocab) + 1, 0);
+  for (std::int32_t id : ids)
+    ++count[static_cast<std::size_t>(id) + 1];
+  for (std::size_t v = 1; v < count.size(); ++v)
+    count[v] += count[v - 1];
+  std::vector<std::int32_t> order(ids.size()), seg_start, seg_id;
+  std::vector<std::int32_t> next(count.begin(), count.end() - 1);
+  for (std::size_t t = 0; t < ids.size(); ++t)
+    order[static_cast<std::size_t>(next[ids[t]]++)] = static_cast<std::int32_t>(t);
+  for (i64 v = 0; v < vocab; ++v)
+    if (count[v + 1] > count[v]) {
+      seg_start.push_back(count[v]);
+      seg_id.push_back(static_cast<std::int32_t>(v));
+    }
+  seg_start.push_back(static_cast<std::int32_t>(ids.size()));
+  i64 segments = static_cast<i64>(seg_id.size());
+  Tensor d_order = Tensor::from_ints({static_cast<std::int64_t>(order.size())}, order, *this);
+  Tensor d_start =
+      Tensor::from_ints({static_cast<std::int64_t>(seg_start.size())}, seg_start, *this);
+  Tensor d_id = Tensor::from_ints({segments}, seg_id, *this);
+  run("embedding_backward", static_cast<unsigned>(segments),
+      static_cast<unsigned>((c + kBlock - 1) / kBlock), kBlock, 1, ptr(dy), ptr<const int>(d_order),
+      ptr<const int>(d_start), ptr<const int>(d_id), ptr(dw), c);
+}
+
+void CudaBackend::launch(const OpCall& call, Stream&) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  switch (call.op) {
+    case OpId::fill:
+      run_1d("fill", numel(out[0]), ptr(out[0]), numel(out[0]),
+             static_cast<float>(call.attrs.alpha));
+      return;
+    case OpId::add:
+    case OpId::sub:
+    case OpId::mul:
+    case OpId::div: {
+      int op = call.op == OpId::add ? 0 : call.op == OpId::sub ? 1 : call.op == OpId::mul ? 2 : 3;
+      Repeat ra = classify_broadcast(in[0].shape(), out[0].shape()),
+             rb = classify_broadcast(in[1].shape(), out[0].shape());
+      bool other_left = ra.kind != Repeat::same;
+      const Tensor& full = other_left ? in[1] : in[0];
+      const Tensor& other = other_left ? in[0] : in[1];
+      Repeat r = other_left ? ra : rb;
+      int mode = r.kind == Repeat::same       ? 0
+                 : r.kind == Repeat::scalar   ? 1
+                 : r.kind == Repeat::trailing ? 2
+                                              : 3;
+      run_1d("binary", numel(out[0]), op, ptr(full), ptr(other), ptr(out[0]), numel(out[0]), mode,
+             static_cast<i64>(std::max<std::int64_t>(r.period, 1)), static_cast<int>(other_left));
+      return;
+    }
+    case OpId::exp:
+    case OpId::log:
+    case OpId::tanh:
+    case OpId::relu:
+    case OpId::gelu:
+    case OpId::scale: {
+      int op = call.op == OpId::exp    ? 0
+               : call.op == OpId::log  ? 1
+               : call.op == OpId::tanh ? 2
+               : call.op == OpId::relu ? 3
+               : call.op == OpId::gelu ? 4
+                                       : 5;
+      run_1d("unary", numel(out[0]), op, ptr(in[0]), ptr(out[0]), numel(out[0]),
+             static_cast<float>(call.attrs.alpha));
+      return;
+    }
+    case OpId::relu_backward:
+    case OpId::gelu_backward:
+    case OpId::tanh_backward: {
+      int op = call.op == OpId::relu_backward ? 0 : call.op == OpId::gelu_backward ? 1 : 2;
+      run_1d("unary_backward", numel(out[0]), op, ptr(in[0]), ptr(in[1]), ptr(out[0]),
+             numel(out[0]));
+      return;
+    }
+    case OpId::sum:
+    case OpId::max: {
+      const Tensor& x = in[0];
+      std::vector<std::int64_t> axes =
+          call.op == OpId::max ? std::vector<std::int64_t>{call.attrs.axis} : call.attrs.axes;
+      i64 cols = std::max<i64>(numel(out[0]), 1), rows = numel(x) / cols;  // the cols layout
+      if (classify_reduction(x, axes) == ReduceShape::rows) {
+        rows = numel(out[0]);
+        cols = rows == 0 ? 0 : numel(x) / rows;
+        run_rows("reduce_rows", rows, static_cast<int>(call.op == OpId::max), ptr(x), ptr(out[0]),
+                 rows, cols, 1.0f);
+      } else {
+        run("sum_cols", static_cast<unsigned>((cols + 31) / 32), 1, 32, 32, ptr(x), ptr(out[0]),
+            rows, cols, 1.0f);
+      }
+      return;
+    }
+    case OpId::matmul:
+      matmul(call);
+      return;
+    case OpId::linear:
+      linear(call);
+      return;
+    case OpId::copy: {
+      const Tensor& x = in[0];
+      StridedView view{x.rank(), {}, {}};
+      for (int d = 0; d < x.rank(); ++d) {
+        view.shape[d] = x.shape()[d];
+        view.stride[d] = x.strides()[d];
+      }
+      run_1d("copy_strided", numel(out[0]), ptr(x), ptr(out[0]), numel(out[0]), view);
+      return;
+    }
+    case OpId::slice_backward: {
+      const Tensor& dx = out[0];
+      int axis = normalize_axis(call.attrs.axis, dx.rank(), "slice_backward");
+      i64 inner = 1;
+      for (int d = axis + 1; d < dx.rank(); ++d)
+        inner *= dx.shape()[d];
+      run_1d("slice_backward", numel(dx), ptr(in[0]), ptr(dx), numel(dx),
+             static_cast<i64>(dx.shape()[axis]), static_cast<i64>(in[0].shape()[axis]), inner,
+             static_cast<i64>(call.attrs.start));
+      return;
+    }
+    case OpId::sum_squares: {
+      i64 total = numel(in[0]), blocks = std::clamp<i64>((total + kBlock - 1) / kBlock, 1, 1024);
+      Tensor partial = Tensor::empty({blocks}, DType::f32, *this);
+      run("sum_squares_partial", static_cast<unsigned>(blocks), 1, kBlock, 1, ptr(in[0]), total,
+          ptr(partial));
+      run_rows("reduce_rows", 1, 0, ptr(partial), ptr(out[0]), i64{1}, blocks, 1.0f);
+      return;
+    }
+    case OpId::embedding: {
+      checked_ids(in[1], in[0].dim(0), "embedding");
+      run_1d("embedding", numel(out[0]), ptr(in[0]), ptr<const int>(in[1]), ptr(out[0]),
+             numel(out[0]), static_cast<i64>(in[0].dim(1)));
+      return;
+    }
+    case OpId::embedding_backward:
+      embedding_backward(call);
+      return;
+    case OpId::cross_entropy: {
+      const Tensor& logits = in[0];
+      i64 rows = logits.dim(0), v = logits.dim(1);
+      checked_ids(in[1], v, "cross_entropy");
+      if (rows == 0) {
+        run_1d("fill", 1, ptr(out[0]), i64{1}, 0.0f);
+        return;
+      }
+      Tensor row_loss = Tensor::empty({rows}, DType::f32, *this);
+      run("cross_entropy_rows", static_cast<unsigned>(rows), 1, kBlock, 1, ptr(logits),
+          ptr<const int>(in[1]), ptr(out[1]), ptr(row_loss), v);
+      run_rows("reduce_rows", 1, 0, ptr(row_loss), ptr(out[0]), i64{1}, rows,
+               1.0f / static_cast<float>(rows));
+      return;
+    }
+    case OpId::cross_entropy_backward: {
+      const Tensor& logits = in[1];
+      checked_ids(in[2], logits.dim(1), "cross_entropy_backward");
+      float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
+      run_1d("cross_entropy_backward", numel(out[0]), ptr(in[0]), ptr(logits),
+             ptr<const int>(in[2]), ptr(in[3]), ptr(out[0]), numel(out[0]),
+             static_cast<i64>(logits.dim(1)), inv);
+      return;
+    }
+    case OpId::layer_norm: {
+      const Tensor& x = in[0];
+      i64 c = x.dim(-1), rows = c == 0 ? 0 : numel(x) / c;
+      run_rows("layer_norm_forward", rows, ptr(x), ptr(in[1]), ptr(in[2]), ptr(out[0]), ptr(out[1]),
+               ptr(out[2]), rows, c, static_cast<float>(call.attrs.eps));
+      return;
+    }
+    case OpId::layer_norm_backward: {
+      const Tensor& x = in[1];
+      i64 c = x.dim(-1), rows = c == 0 ? 0 : numel(x) / c;
+      run_rows("layer_norm_backward_rows", rows, ptr(in[0]), ptr(x), ptr(in[2]), ptr(in[3]),
+               ptr(in[4]), ptr(out[0]), rows, c);
+      run("layer_norm_backward_cols", static_cast<unsigned>((c + 31) / 32), 1, 32, 32, ptr(in[0]),
+          ptr(x), ptr(in[3]), ptr(in[4]), ptr(out[1]), ptr(out[2]), rows, c);
+      return;
+    }
+    case OpId::causal_attention:
+      attention_forward(call);
+      return;
+    case OpId::causal_attention_backward:
+      attention_backward(call);
+      return;
+    case OpId::adamw_step: {
+      const Attrs& a = call.attrs;
+      auto step_size =
+          static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step))));
+      auto inv_sqrt_bc2 =
+          static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
+      auto decay = static_cast<float>(1.0 - a.lr * a.weight_decay);
+      run_1d("adamw", numel(out[0]), ptr(in[0]), ptr(in[1]), ptr(in[2]), ptr(in[3]), ptr(out[0]),
+             ptr(out[1]), ptr(out[2]), numel(out[0]), static_cast<float>(a.beta1),
+             static_cast<float>(a.beta2), step_size, inv_sqrt_bc2, decay,
+             static_cast<float>(a.eps));
+      return;
+    }
+    default:
+      throw Error("cuda: launch of unsupported op " + std::string(op_name(call.op)));
+  }
+}
+
+namespace {
+// Opened on first use; destroyed at exit after the stream drains.
+struct Instance {
+  std::string why;
+  std::unique_ptr<CudaBackend> backend = CudaBackend::open(&why);
+};
+Instance& instance() {
+  static Instance value;
+  if (value.backend == nullptr && value.why.empty())
+    value.why = "no usable CUDA device";
+  return value;
+}
+}  // namespace
+
+CudaBackend* backend() {
+  return instance().backend.get();
+}
+std::string unavailable_reason() {
+  return instance().backend ? std::string() : instance().why;
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,90 @@
+// backends/cuda — NVIDIA GPUs through the CUDA driver API and cuBLAS, both loaded at run
+// time (cuda_api.h), so the same binary runs where there is no driver. Kernels are a
+// fatbin built by nvcc and embedded at build time; GEMMs and the products inside
+// attention are cuBLAS, in f32 or (set_matmul_precision) bf16 operands with f32
+// accumulation. Memory comes from the driver's stream-ordered pool.
+#pragma once
+
+#include <cuda.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "backends/cuda/cuda_api.h"
+#include "core/backend.h"
+#include "core/op_catalog.h"
+
+namespace loom::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // Device `ordinal` (LOOM_CUDA_DEVICE, default 0); nullptr with `why` set when unusable.
+  static std::unique_ptr<CudaBackend> open(std::string* why);
+  CudaBackend(const Api& api, CUdevice device);  // prefer open()
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  DeviceInfo info() const override;
+  bool host_accessible() const override { return false; }
+  Buffer allocate(std::size_t bytes, MemoryKind kind) override;
+  std::unique_ptr<Stream> create_stream(StreamKind kind) override;
+  bool supports(const OpCall& call) const override;
+  // Kernels run on the backend's stream, whatever `stream` is: one in-order stream keeps
+  // the stream-ordered allocator's frees safe without events.
+  void launch(const OpCall& call, Stream& stream) override;
+  Stream& default_stream() override { return *stream_wrapper_; }
+  bool set_matmul_precision(DType dtype) override;
+  void upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) override;
+  void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
+
+  const Api& api() const { return api_; }
+  CUstream stream() const { return stream_; }
+
+ protected:
+  void release(void* data, std::size_t bytes) noexcept override;
+
+ private:
+  CUfunction function(const char* name);
+  template <class... Args>
+  void run(const char* name, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned block_y,
+           Args... args);
+  template <class... Args>
+  void run_1d(const char* name, long long n, Args... args);
+  template <class... Args>
+  void run_rows(const char* name, long long rows, Args... args);  // one warp per row
+  // Row-major, batched: C[b] = beta C[b] + op(A[b]) op(B[b]), in f32 or bf16 operands.
+  struct GemmOperand {
+    const float* data;
+    long long numel;  // elements of the whole operand tensor (converted at once for bf16)
+    long long ld, batch_stride;
+  };
+  void gemm(bool trans_a, bool trans_b, long long m, long long n, long long k, GemmOperand a,
+            GemmOperand b, float* c, long long ldc, long long c_stride, long long batch,
+            float beta);
+  void matmul(const OpCall& call);
+  void linear(const OpCall& call);
+  void attention_forward(const OpCall& call);
+  void attention_backward(const OpCall& call);
+  void embedding_backward(const OpCall& call);
+  std::vector<std::int32_t> checked_ids(const Tensor& ids, std::int64_t limit, const char* op);
+
+  const Api& api_;
+  CUdevice device_;
+  CUcontext context_ = nullptr;  // the device's primary context, retained
+  CUstream stream_ = nullptr;
+  CUmodule module_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DType matmul_precision_ = DType::f32;
+  std::unique_ptr<Stream> stream_wrapper_;
+  std::map<std::string, CUfunction, std::less<>> functions_;
+  std::mutex mutex_;
+};
+
+// The process's CUDA backend, or nullptr when there is no usable device.
+CudaBackend* backend();
+// Why backend() is nullptr ("no NVIDIA driver: ...", "no CUDA device", ...); empty if it is not.
+std::string unavailable_reason();
+
+}  // namespace loom::cuda

@@ -1,0 +1,380 @@
+// Loom's CUDA kernels. Compiled by nvcc into a fatbin (sm_80, sm_90 and PTX) that is
+// embedded into the binary and loaded with cuModuleLoadData, so the host code needs no
+// CUDA runtime. Every kernel is extern "C" so the host finds it by name.
+//
+// Conventions: pointers already include the tensor's offset; sizes are 64-bit; 1-D
+// launches use grid-stride loops, so any grid size is correct. Row kernels give one warp
+// (32 threads) to a row, or one block when rows are long (cross-entropy over a vocabulary).
+// Every reduction has a fixed order, so results are bitwise repeatable run to run.
+#include <cuda_bf16.h>
+
+#include "backends/cuda/kernel_args.h"
+
+typedef long long i64;
+
+namespace {
+
+__device__ __forceinline__ i64 first_index() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ i64 grid_stride() { return (i64)gridDim.x * blockDim.x; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide reductions (blockDim.x a multiple of 32); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float partial[32];
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();  // a previous call's readers are done with `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  return warp_sum(lane < warps ? partial[lane] : 0.0f);
+}
+__device__ float block_max(float v) {
+  __shared__ float partial[32];
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  return warp_max(lane < warps ? partial[lane] : -INFINITY);
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+  const float k = 0.7978845608028654f;
+  float x2 = x * x, t = tanhf(k * (x + 0.044715f * x2 * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x2);
+}
+
+__device__ __forceinline__ float binary_op(int op, float a, float b) {
+  switch (op) {
+    case 0: return a + b;
+    case 1: return a - b;
+    case 2: return a * b;
+    default: return a / b;
+  }
+}
+
+}  // namespace
+
+// ---- elementwise ---------------------------------------------------------------------
+
+extern "C" __global__ void fill(float* y, i64 n, float value) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = value;
+}
+
+// mode: 0 same shape, 1 scalar, 2 trailing block of `period`, 3 each value repeated
+// `period` times. other_left: the broadcast operand is the left one.
+extern "C" __global__ void binary(int op, const float* full, const float* other, float* c, i64 n, int mode,
+                                  i64 period, int other_left) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    i64 j = mode == 0 ? i : mode == 1 ? 0 : mode == 2 ? i % period : i / period;
+    float x = full[i], y = other[j];
+    c[i] = other_left ? binary_op(op, y, x) : binary_op(op, x, y);
+  }
+}
+
+// op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha
+extern "C" __global__ void unary(int op, const float* x, float* y, i64 n, float alpha) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    float v = x[i], r;
+    switch (op) {
+      case 0: r = expf(v); break;
+      case 1: r = logf(v); break;
+      case 2: r = tanhf(v); break;
+      case 3: r = v > 0.0f ? v : 0.0f; break;
+      case 4: r = gelu_tanh(v); break;
+      default: r = alpha * v; break;
+    }
+    y[i] = r;
+  }
+}
+
+// op: 0 relu_backward (dy, x), 1 gelu_backward (dy, x), 2 tanh_backward (dy, y)
+extern "C" __global__ void unary_backward(int op, const float* dy, const float* x, float* dx, i64 n) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    float g = dy[i], v = x[i];
+    dx[i] = op == 0 ? (v > 0.0f ? g : 0.0f) : op == 1 ? g * gelu_tanh_grad(v) : g * (1.0f - v * v);
+  }
+}
+
+// y[i] = bias[i % cols]: the starting value of a linear layer's output (GEMM adds x w).
+extern "C" __global__ void broadcast_rows(const float* bias, float* y, i64 n, i64 cols) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = bias[i % cols];
+}
+
+extern "C" __global__ void to_bf16(const float* x, __nv_bfloat16* y, i64 n) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+// AdamW, decoupled weight decay and bias correction; outputs may alias inputs.
+extern "C" __global__ void adamw(const float* p_in, const float* g, const float* m_in, const float* v_in, float* p_out,
+                                 float* m_out, float* v_out, i64 n, float b1, float b2, float step_size,
+                                 float inv_sqrt_bc2, float decay, float eps) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    float gi = g[i];
+    float mi = b1 * m_in[i] + (1.0f - b1) * gi;
+    float vi = b2 * v_in[i] + (1.0f - b2) * gi * gi;
+    float pi = p_in[i];
+    m_out[i] = mi;
+    v_out[i] = vi;
+    p_out[i] = pi * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+// ---- layout --------------------------------------------------------------------------
+
+extern "C" __global__ void copy_strided(const float* x, float* y, i64 n, loom::cuda::StridedView view) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    i64 rem = i, src = 0;
+    for (int d = view.rank - 1; d >= 0; --d) {
+      src += (rem % view.shape[d]) * view.stride[d];
+      rem /= view.shape[d];
+    }
+    y[i] = x[src];
+  }
+}
+
+// dx viewed as [outer, L, inner]; dy as [outer, l, inner] placed at rows [start, start + l).
+extern "C" __global__ void slice_backward(const float* dy, float* dx, i64 n, i64 L, i64 l, i64 inner, i64 start) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    i64 in = i % inner, a = (i / inner) % L, o = i / (inner * L);
+    dx[i] = (a >= start && a < start + l) ? dy[(o * l + (a - start)) * inner + in] : 0.0f;
+  }
+}
+
+// ---- reductions ------------------------------------------------------------------------
+
+// x viewed as [rows, cols]; one warp per row: y[r] = scale * (sum or max of the row).
+extern "C" __global__ void reduce_rows(int is_max, const float* x, float* y, i64 rows, i64 cols, float scale) {
+  i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const float* row = x + r * cols;
+  float acc = is_max ? -INFINITY : 0.0f;
+  for (i64 j = lane; j < cols; j += 32) acc = is_max ? fmaxf(acc, row[j]) : acc + row[j];
+  acc = is_max ? warp_max(acc) : warp_sum(acc);
+  if (lane == 0) y[r] = acc * scale;
+}
+
+// x viewed as [rows, cols]; block (32, 32) owns 32 columns: y[c] = scale * sum_r x[r, c].
+extern "C" __global__ void sum_cols(const float* x, float* y, i64 rows, i64 cols, float scale) {
+  __shared__ float partial[32][33];
+  i64 c = (i64)blockIdx.x * 32 + threadIdx.x;
+  float acc = 0.0f;
+  if (c < cols)
+    for (i64 r = threadIdx.y; r < rows; r += 32) acc += x[r * cols + c];
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = 0.0f;
+    for (int k = 0; k < 32; ++k) total += partial[k][threadIdx.x];
+    y[c] = total * scale;
+  }
+}
+
+// partial[block] = sum of squares of a grid-stride share of x (summed again on the host side).
+extern "C" __global__ void sum_squares_partial(const float* x, i64 n, float* partial) {
+  float acc = 0.0f;
+  for (i64 i = first_index(); i < n; i += grid_stride()) acc += x[i] * x[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// ---- embedding -------------------------------------------------------------------------
+
+extern "C" __global__ void embedding(const float* w, const int* ids, float* y, i64 n, i64 c) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = w[(i64)ids[i / c] * c + i % c];
+}
+
+// Deterministic scatter-add. Tokens are grouped by id on the host (counting sort, token
+// order kept): segment s holds tokens order[seg_start[s] .. seg_start[s+1]) of id
+// seg_id[s]. Grid (segments, column blocks); rows of ids that never occur are zeroed
+// beforehand. Sums run in token order, as the CPU's do.
+extern "C" __global__ void embedding_backward(const float* dy, const int* order, const int* seg_start,
+                                              const int* seg_id, float* dw, i64 c) {
+  i64 j = (i64)blockIdx.y * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  const int s = blockIdx.x;
+  float acc = 0.0f;
+  for (int k = seg_start[s]; k < seg_start[s + 1]; ++k) acc += dy[(i64)order[k] * c + j];
+  dw[(i64)seg_id[s] * c + j] = acc;
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------
+
+// One block per row: lse = max + log sum exp(x - max); row_loss = lse - x[target].
+extern "C" __global__ void cross_entropy_rows(const float* x, const int* targets, float* lse, float* row_loss, i64 v) {
+  const i64 r = blockIdx.x;
+  const float* row = x + r * v;
+  float m = -INFINITY;
+  for (i64 j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, row[j]);
+  m = block_max(m);
+  float s = 0.0f;
+  for (i64 j = threadIdx.x; j < v; j += blockDim.x) s += expf(row[j] - m);
+  s = block_sum(s);
+  if (threadIdx.x == 0) {
+    float l = m + logf(s);
+    lse[r] = l;
+    row_loss[r] = l - row[targets[r]];
+  }
+}
+
+// dx = dloss / N (softmax - onehot)
+extern "C" __global__ void cross_entropy_backward(const float* dloss, const float* x, const int* targets,
+                                                  const float* lse, float* dx, i64 n, i64 v, float inv_n) {
+  const float g = dloss[0] * inv_n;
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    i64 r = i / v, j = i % v;
+    float p = expf(x[i] - lse[r]);
+    dx[i] = g * (p - (j == targets[r] ? 1.0f : 0.0f));
+  }
+}
+
+// ---- layer norm (one warp per row) ----------------------------------------------------------
+
+extern "C" __global__ void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean,
+                                              float* rstd, i64 rows, i64 c, float eps) {
+  i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const float* xr = x + r * c;
+  float s = 0.0f;
+  for (i64 j = lane; j < c; j += 32) s += xr[j];
+  const float mu = warp_sum(s) / (float)c;
+  float q = 0.0f;
+  for (i64 j = lane; j < c; j += 32) {
+    float d = xr[j] - mu;
+    q += d * d;
+  }
+  const float rs = rsqrtf(warp_sum(q) / (float)c + eps);
+  for (i64 j = lane; j < c; j += 32) y[r * c + j] = (xr[j] - mu) * rs * w[j] + (b ? b[j] : 0.0f);
+  if (lane == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, xhat = (x - mean) rstd.
+extern "C" __global__ void layer_norm_backward_rows(const float* dy, const float* x, const float* w, const float* mean,
+                                                    const float* rstd, float* dx, i64 rows, i64 c) {
+  i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const float mu = mean[r], rs = rstd[r];
+  float mg = 0.0f, mgx = 0.0f;
+  for (i64 j = lane; j < c; j += 32) {
+    float g = dy[r * c + j] * w[j];
+    mg += g;
+    mgx += g * (x[r * c + j] - mu) * rs;
+  }
+  mg = warp_sum(mg) / (float)c;
+  mgx = warp_sum(mgx) / (float)c;
+  for (i64 j = lane; j < c; j += 32) {
+    float xhat = (x[r * c + j] - mu) * rs;
+    dx[r * c + j] = rs * (dy[r * c + j] * w[j] - mg - xhat * mgx);
+  }
+}
+
+// dw = sum_rows dy xhat, db = sum_rows dy; block (32, 32) owns 32 columns.
+extern "C" __global__ void layer_norm_backward_cols(const float* dy, const float* x, const float* mean,
+                                                    const float* rstd, float* dw, float* db, i64 rows, i64 c) {
+  __shared__ float pw[32][33], pb[32][33];
+  i64 j = (i64)blockIdx.x * 32 + threadIdx.x;
+  float sw = 0.0f, sb = 0.0f;
+  if (j < c)
+    for (i64 r = threadIdx.y; r < rows; r += 32) {
+      float g = dy[r * c + j];
+      sw += g * (x[r * c + j] - mean[r]) * rstd[r];
+      sb += g;
+    }
+  pw[threadIdx.y][threadIdx.x] = sw;
+  pb[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < c) {
+    float tw = 0.0f, tb = 0.0f;
+    for (int k = 0; k < 32; ++k) {
+      tw += pw[k][threadIdx.x];
+      tb += pb[k][threadIdx.x];
+    }
+    dw[j] = tw;
+    db[j] = tb;
+  }
+}
+
+// ---- causal attention through cuBLAS -------------------------------------------------------
+// qkv is [B, T, 3C]; head h of q, k, v is columns h*D.., C + h*D.., 2C + h*D... The host
+// splits them into [B, H, T, D] blocks, multiplies with batched GEMMs, and these kernels
+// do the row-wise softmax work between the products.
+
+// [B, T, ld] columns col0 + h*D + d  ->  y[B, H, T, D]
+extern "C" __global__ void heads_split(const float* x, float* y, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    i64 d = i % D, t = (i / D) % T, h = (i / (D * T)) % H, b = i / (D * T * H);
+    y[i] = x[(b * T + t) * ld + col0 + h * D + d];
+  }
+}
+
+// y[B, H, T, D]  ->  x[B, T, ld] columns col0 + h*D + d
+extern "C" __global__ void heads_merge(const float* y, float* x, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    i64 d = i % D, t = (i / D) % T, h = (i / (D * T)) % H, b = i / (D * T * H);
+    x[(b * T + t) * ld + col0 + h * D + d] = y[i];
+  }
+}
+
+// Rows of s are [BH * T, T] scores q.k; row r is query i = r % T. In place:
+// p[j] = exp(scale s[j] - m) / sum for j <= i, 0 after; lse[r] = m + log(sum).
+extern "C" __global__ void causal_softmax(float* s, float* lse, i64 rows, i64 T, float scale) {
+  i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const i64 i = r % T;
+  float* row = s + r * T;
+  float m = -INFINITY;
+  for (i64 j = lane; j <= i; j += 32) m = fmaxf(m, row[j] * scale);
+  m = warp_max(m);
+  float total = 0.0f;
+  for (i64 j = lane; j <= i; j += 32) total += expf(row[j] * scale - m);
+  total = warp_sum(total);
+  const float inv = 1.0f / total;
+  for (i64 j = lane; j < T; j += 32) row[j] = j <= i ? expf(row[j] * scale - m) * inv : 0.0f;
+  if (lane == 0) lse[r] = m + logf(total);
+}
+
+// The backward pass recomputes p from the scores and the saved lse.
+extern "C" __global__ void causal_softmax_recompute(float* s, const float* lse, i64 n, i64 T, float scale) {
+  for (i64 idx = first_index(); idx < n; idx += grid_stride()) {
+    i64 j = idx % T, r = idx / T, i = r % T;
+    s[idx] = j <= i ? expf(s[idx] * scale - lse[r]) : 0.0f;
+  }
+}
+
+// delta[b, h, t] = sum_d dout[b, t, h*D + d] out[b, t, h*D + d]
+extern "C" __global__ void attention_delta(const float* dout, const float* out, float* delta, i64 n, i64 T, i64 H,
+                                           i64 D) {
+  for (i64 idx = first_index(); idx < n; idx += grid_stride()) {
+    i64 t = idx % T, h = (idx / T) % H, b = idx / (T * H);
+    const float* g = dout + (b * T + t) * H * D + h * D;
+    const float* o = out + (b * T + t) * H * D + h * D;
+    float acc = 0.0f;
+    for (i64 d = 0; d < D; ++d) acc += g[d] * o[d];
+    delta[idx] = acc;
+  }
+}
+
+// In place: dp[j] <- scale p[j] (dp[j] - delta[r]), the gradient of the scaled scores.
+extern "C" __global__ void attention_dscores(float* dp, const float* p, const float* delta, i64 n, i64 T, float scale) {
+  for (i64 idx = first_index(); idx < n; idx += grid_stride())
+    dp[idx] = scale * p[idx] * (dp[idx] - delta[idx / T]);
+}
