@@ -152,6 +152,8 @@ double median(std::vector<double> v) {
 Summary run_training(const TrainConfig& cfg) {
   cpu::set_num_threads(static_cast<int>(cfg.threads));
   Backend& device = dispatch::device(cfg.device);
+  // The CPU's kernels also run the partial backend and every fallback: reset them first.
+  cpu::backend().set_matmul_precision(DType::f32);
   check(device.set_matmul_precision(cfg.precision == "bf16" ? DType::bf16 : DType::f32),
         "precision: '" + cfg.precision + "' is not supported on device '" + cfg.device + "'");
   Source source(cfg);

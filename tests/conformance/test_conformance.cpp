@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -70,6 +71,49 @@ TEST_P(Conformance, MatchesReferenceKernel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, Conformance, ::testing::ValuesIn(all_params()), param_name);
+
+// Precision bf16: matmul and linear on every backend that offers it equal the reference
+// kernel run on operands rounded to bf16, and differ from the f32 product (so the
+// rounding really happened).
+class MatmulBf16 : public ::testing::TestWithParam<Backend*> {};
+
+Tensor rounded_to_bf16(const Tensor& t) {
+  std::vector<float> v = t.to_floats();
+  for (float& x : v) x = bf16_to_float(float_to_bf16(x));
+  return Tensor::from_floats(t.shape(), v, cpu());
+}
+
+TEST_P(MatmulBf16, EqualsTheReferenceOnRoundedOperands) {
+  Backend* backend = GetParam();
+  if (!backend->set_matmul_precision(DType::bf16)) GTEST_SKIP() << backend->name() << " has no bf16 matmul";
+  struct Reset {
+    Backend* b;
+    ~Reset() { b->set_matmul_precision(DType::f32); }
+  } reset{backend};
+  int checked = 0;
+  double largest_change = 0;
+  for (const OpCase& c : cases()) {
+    if (c.op != OpId::matmul && c.op != OpId::linear) continue;
+    SCOPED_TRACE(c.label);
+    std::vector<Tensor> inputs, rounded;
+    for (std::size_t i = 0; i < c.inputs.size(); ++i) {
+      inputs.push_back(c.inputs[i].defined() ? c.inputs[i].to(*backend) : c.inputs[i]);
+      bool operand = i < 2;  // the bias of linear is added in f32
+      rounded.push_back(c.inputs[i].defined() && operand ? rounded_to_bf16(c.inputs[i]) : c.inputs[i]);
+    }
+    std::vector<double> expected = values(run_reference(c.op, rounded, c.attrs)[0]);
+    std::vector<double> unrounded = values(run_reference(c.op, c.inputs, c.attrs)[0]);
+    std::vector<double> actual = values(dispatch::call(c.op, inputs, c.attrs, backend)[0]);
+    EXPECT_LE(worst_ratio(actual, expected, 1e-4, 1e-5), 1.0);
+    largest_change = std::max(largest_change, worst_ratio(actual, unrounded, 1e-4, 1e-5));
+    ++checked;
+  }
+  EXPECT_GT(checked, 1);
+  EXPECT_GT(largest_change, 1.0) << "bf16 products equal the f32 ones: the operands were not rounded";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, MatmulBf16, ::testing::ValuesIn(backends()),
+                         [](const auto& info) { return std::string(info.param->name()); });
 
 // The harness must be able to fail: a kernel that is off by one ulp-scale amount per
 // element in a GEMM passes, one that is wrong does not.

@@ -120,6 +120,12 @@ CpuBackend& backend() {
   return instance;
 }
 
+bool CpuBackend::set_matmul_precision(DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16) return false;
+  set_bf16_operands(dtype == DType::bf16);
+  return true;
+}
+
 void set_num_threads(int threads) {
   check(threads >= 1, "threads = " + std::to_string(threads) + ", expected >= 1");
   omp_set_num_threads(threads);

@@ -32,6 +32,8 @@ class CpuBackend final : public Backend {
   Stream& default_stream() override { return *default_stream_; }
   void upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) override;
   void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
+  // bf16: matmul and linear round their operands to bf16 first (attention stays f32).
+  bool set_matmul_precision(DType dtype) override;
 
   // "fast" when a CPU-specific kernel is registered for `op`, "reference" otherwise.
   std::string_view kernel_source(OpId op) const;
@@ -64,5 +66,7 @@ int num_threads();
 // Registers the fast kernels (cpu_kernels.cpp, cpu_nn_kernels.cpp) into `table`.
 void register_elementwise_kernels(std::array<KernelFn, kNumOps>& table);
 void register_nn_kernels(std::array<KernelFn, kNumOps>& table);
+// Precision bf16 for matmul and linear (cpu_kernels.cpp).
+void set_bf16_operands(bool on);
 
 }  // namespace loom::cpu

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,6 +22,11 @@ namespace loom::cpu {
 namespace {
 
 constexpr std::int64_t kParallelGrain = 16384;  // elements below which one thread is faster
+
+// Precision bf16 (set_matmul_precision): matmul and linear round their operands to bf16
+// (nearest even) before the f32 GEMM, which is exactly a bf16 x bf16 product with f32
+// accumulation, as a GPU's tensor cores compute it. Attention's products stay f32 here.
+std::atomic<bool> bf16_operands{false};
 
 // ---- GEMM ----------------------------------------------------------------------
 // C[M,N] = alpha op(A) op(B) + beta C, row-major, through oneDNN.
@@ -40,6 +46,8 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
 
 }  // namespace
 
+void set_bf16_operands(bool on) { bf16_operands.store(on); }
+
 // Shared with cpu_nn_kernels.cpp.
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
@@ -49,6 +57,17 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 
 namespace {
 
+
+const float* operand(const Tensor& t, std::vector<float>& rounded) {
+  const float* p = t.data<float>();
+  if (!bf16_operands.load(std::memory_order_relaxed)) return p;
+  rounded.resize(static_cast<std::size_t>(t.numel()));
+  std::int64_t n = t.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) rounded[i] = bf16_to_float(float_to_bf16(p[i]));
+  return rounded.data();
+}
+
 void matmul(const OpCall& call) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
@@ -56,8 +75,9 @@ void matmul(const OpCall& call) {
   bool ta = call.attrs.trans_a, tb = call.attrs.trans_b;
   std::int64_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
   std::int64_t lda = a.dim(-1), ldb = b.dim(-1);
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
+  std::vector<float> a_rounded, b_rounded;
+  const float* pa = operand(a, a_rounded);
+  const float* pb = operand(b, b_rounded);
   float* pc = c.data<float>();
   if (b.rank() == 2 && !ta) {  // [..., M, K] x [K, N]: one GEMM with the batch folded into M
     sgemm(false, tb, c.numel() / std::max<std::int64_t>(n, 1), n, k, 1.0f, pa, lda, pb, ldb, 0.0f, pc, n);
@@ -88,8 +108,9 @@ void linear(const OpCall& call) {
 #pragma omp parallel for schedule(static) if (rows * n > kParallelGrain)
   for (std::int64_t r = 0; r < rows; ++r) std::memcpy(py + r * n, bias, n * sizeof(float));
   std::int64_t ldw = call.inputs[1].dim(1);
-  sgemm(false, call.attrs.trans_b, rows, n, k, 1.0f, x.data<float>(), k, call.inputs[1].data<float>(), ldw, 1.0f,
-        py, n);
+  std::vector<float> x_rounded, w_rounded;
+  sgemm(false, call.attrs.trans_b, rows, n, k, 1.0f, operand(x, x_rounded), k, operand(call.inputs[1], w_rounded), ldw,
+        1.0f, py, n);
 }
 
 // ---- copies ----------------------------------------------------------------------
