@@ -21,8 +21,10 @@ struct Cell {
   bool used() const { return native.calls + decomposed.calls + fallback.calls > 0; }
   // The path that decides coverage: fallback if any call fell back, else decomposed, else native.
   dispatch::Path path() const {
-    if (fallback.calls) return dispatch::Path::fallback;
-    if (decomposed.calls) return dispatch::Path::decomposed;
+    if (fallback.calls)
+      return dispatch::Path::fallback;
+    if (decomposed.calls)
+      return dispatch::Path::decomposed;
     return dispatch::Path::native;
   }
 };
@@ -33,108 +35,167 @@ struct Report {
 };
 
 // One training step (forward, backward, clipping, AdamW) of the model on `device`.
-Report measure(const std::string& model_kind, Backend& device) {
+// Counters and time are per step: one untimed warm-up step, then the mean of o.steps.
+Report measure(const OpsOptions& o, Backend& device) {
+  const std::string& model_kind = o.model;
   train::ModelSpec spec;
   spec.kind = model_kind;
-  if (model_kind != "gpt") spec.width = model_kind == "mlp" ? 512 : 128;
-  if (model_kind != "gpt") spec.layers = 2;
+  if (model_kind == "gpt") {
+    spec.layers = o.layers;
+    spec.width = o.width;
+    spec.heads = o.heads;
+    spec.context = o.context;
+    spec.vocab = o.vocab;
+  } else {
+    spec.width = model_kind == "mlp" ? 512 : 128;
+    spec.layers = 2;
+  }
   auto model = train::make_model(spec, 1, device);
   nn::Rng rng(7);
   Tensor inputs, targets;
   if (model_kind == "gpt") {
-    std::vector<std::int32_t> x(12 * 64), y(12 * 64);
-    for (auto& v : x) v = static_cast<std::int32_t>(rng.next() % 65);
-    for (auto& v : y) v = static_cast<std::int32_t>(rng.next() % 65);
-    inputs = Tensor::from_ints({12, 64}, x, device);
-    targets = Tensor::from_ints({12 * 64}, y, device);
+    std::vector<std::int32_t> x(o.batch * o.context), y(o.batch * o.context);
+    for (auto& v : x)
+      v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(o.vocab));
+    for (auto& v : y)
+      v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(o.vocab));
+    inputs = Tensor::from_ints({o.batch, o.context}, x, device);
+    targets = Tensor::from_ints({o.batch * o.context}, y, device);
   } else {
     inputs = nn::normal_tensor({64, 1, 28, 28}, 1.0, rng, device);
     std::vector<std::int32_t> y(64);
-    for (auto& v : y) v = static_cast<std::int32_t>(rng.next() % 10);
+    for (auto& v : y)
+      v = static_cast<std::int32_t>(rng.next() % 10);
     targets = Tensor::from_ints({64}, y, device);
   }
   optim::AdamW opt(model->parameters(), {});
+  auto step = [&] {
+    autograd::Tape tape;
+    autograd::Var loss =
+        autograd::cross_entropy(tape, model->forward(tape, inputs, {true, 1}), targets);
+    tape.backward(loss);
+    optim::clip_grad_norm(model->parameters(), 1.0);
+    opt.step(1e-3);
+    opt.zero_grad();
+    loss.value().item();
+  };
+  if (o.steps > 1)
+    step();  // first-step costs (allocation, kernel selection) left out
   dispatch::stats().reset();
   auto start = std::chrono::steady_clock::now();
-  autograd::Tape tape;
-  autograd::Var loss = autograd::cross_entropy(tape, model->forward(tape, inputs, {true, 1}), targets);
-  tape.backward(loss);
-  optim::clip_grad_norm(model->parameters(), 1.0);
-  opt.step(1e-3);
-  loss.value().item();
+  for (int i = 0; i < o.steps; ++i)
+    step();
   Report r;
-  r.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.step_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / o.steps;
   for (const auto& [key, count] : dispatch::stats().counts) {
     const auto& [backend, op, path] = key;
-    if (backend != device.name()) continue;
+    if (backend != device.name())
+      continue;
     Cell& c = r.cells[op];
-    (path == dispatch::Path::native ? c.native : path == dispatch::Path::decomposed ? c.decomposed : c.fallback) = count;
+    dispatch::PathCount per_step = count;
+    per_step.calls /= static_cast<std::uint64_t>(o.steps);
+    per_step.bytes_moved /= static_cast<std::uint64_t>(o.steps);
+    per_step.seconds /= o.steps;
+    (path == dispatch::Path::native       ? c.native
+     : path == dispatch::Path::decomposed ? c.decomposed
+                                          : c.fallback) = per_step;
   }
   return r;
 }
 
 std::string cell_text(const Cell& c) {
-  if (!c.used()) return "-";
+  if (!c.used())
+    return "-";
   char buf[64];
   std::uint64_t calls = c.native.calls + c.decomposed.calls + c.fallback.calls;
   if (c.fallback.calls) {
-    std::snprintf(buf, sizeof buf, "fallback %llu (%.1f MB)", static_cast<unsigned long long>(calls),
+    std::snprintf(buf, sizeof buf, "fallback %llu (%.1f MB)",
+                  static_cast<unsigned long long>(calls),
                   static_cast<double>(c.fallback.bytes_moved) / 1e6);
   } else {
-    std::snprintf(buf, sizeof buf, "%s %llu", dispatch::path_name(c.path()), static_cast<unsigned long long>(calls));
+    std::snprintf(buf, sizeof buf, "%s %llu", dispatch::path_name(c.path()),
+                  static_cast<unsigned long long>(calls));
   }
-  return buf;
+  double ms = (c.native.seconds + c.decomposed.seconds + c.fallback.seconds) * 1e3;
+  return std::string(buf) +
+         (ms >= 0.01 ? ", " + std::to_string(ms).substr(0, std::to_string(ms).find('.') + 3) + " ms"
+                     : std::string());
 }
 
 }  // namespace
 
 CLI::App* add_ops_command(CLI::App& app, OpsOptions& o) {
-  CLI::App* ops = app.add_subcommand("ops", "operator coverage of a model's training step on each backend");
-  ops->add_option("--model", o.model, "gpt | mlp | cnn")->check(CLI::IsMember({"gpt", "mlp", "cnn"}));
+  CLI::App* ops =
+      app.add_subcommand("ops", "operator coverage of a model's training step on each backend");
+  ops->add_option("--model", o.model, "gpt | mlp | cnn")
+      ->check(CLI::IsMember({"gpt", "mlp", "cnn"}));
   ops->add_option("--backend", o.backend, "a backend name or all");
   ops->add_flag("--json", o.json, "one JSON object per backend");
+  ops->add_option("--layers", o.layers, "gpt: transformer blocks")->check(CLI::Range(1, 1024));
+  ops->add_option("--width", o.width, "gpt: embedding width")->check(CLI::Range(1, 65536));
+  ops->add_option("--heads", o.heads, "gpt: attention heads")->check(CLI::Range(1, 1024));
+  ops->add_option("--context", o.context, "gpt: context length")->check(CLI::Range(1, 1 << 20));
+  ops->add_option("--batch", o.batch, "gpt: sequences per step")->check(CLI::Range(1, 1 << 20));
+  ops->add_option("--vocab", o.vocab, "gpt: vocabulary size")->check(CLI::Range(1, 1 << 24));
+  ops->add_option("--steps", o.steps,
+                  "timed steps after one warm-up step (1: the first step alone)")
+      ->check(CLI::Range(1, 100000));
   return ops;
 }
 
 int run_ops(const OpsOptions& o) {
-  std::vector<std::string> names = o.backend == "all" ? dispatch::device_names() : std::vector<std::string>{o.backend};
+  std::vector<std::string> names =
+      o.backend == "all" ? dispatch::device_names() : std::vector<std::string>{o.backend};
   std::vector<Report> reports;
-  for (const auto& n : names) reports.push_back(measure(o.model, dispatch::device(n)));
+  for (const auto& n : names)
+    reports.push_back(measure(o, dispatch::device(n)));
   if (o.json) {
     for (std::size_t b = 0; b < names.size(); ++b) {
-      nlohmann::ordered_json j{{"backend", names[b]}, {"model", o.model}, {"step_s", reports[b].step_seconds}};
+      nlohmann::ordered_json j{
+          {"backend", names[b]}, {"model", o.model}, {"step_s", reports[b].step_seconds}};
       for (const auto& [op, c] : reports[b].cells)
-        j["ops"][std::string(op_name(op))] = {{"path", dispatch::path_name(c.path())},
-                                             {"calls", c.native.calls + c.decomposed.calls + c.fallback.calls},
-                                             {"bytes_moved", c.fallback.bytes_moved},
-                                             {"seconds", c.native.seconds + c.decomposed.seconds + c.fallback.seconds}};
+        j["ops"][std::string(op_name(op))] = {
+            {"path", dispatch::path_name(c.path())},
+            {"calls", c.native.calls + c.decomposed.calls + c.fallback.calls},
+            {"bytes_moved", c.fallback.bytes_moved},
+            {"seconds", c.native.seconds + c.decomposed.seconds + c.fallback.seconds}};
       std::printf("%s\n", j.dump().c_str());
     }
     return 0;
   }
-  std::printf("training step of %s: calls per step by path\n%-26s %-10s", o.model.c_str(), "op", "role");
-  for (const auto& n : names) std::printf(" %-24s", n.c_str());
+  std::printf("training step of %s: calls per step by path, and time per step\n%-26s %-10s",
+              o.model.c_str(), "op", "role");
+  for (const auto& n : names)
+    std::printf(" %-32s", n.c_str());
   std::printf("\n");
   for (std::size_t i = 0; i < kNumOps; ++i) {
     auto op = static_cast<OpId>(i);
     bool used = false;
-    for (const auto& r : reports) used = used || (r.cells.count(op) && r.cells.at(op).used());
-    if (!used) continue;
-    std::printf("%-26s %-10s", std::string(op_name(op)).c_str(), std::string(role_name(op_info(op).role)).c_str());
-    for (const auto& r : reports) std::printf(" %-24s", r.cells.count(op) ? cell_text(r.cells.at(op)).c_str() : "-");
+    for (const auto& r : reports)
+      used = used || (r.cells.count(op) && r.cells.at(op).used());
+    if (!used)
+      continue;
+    std::printf("%-26s %-10s", std::string(op_name(op)).c_str(),
+                std::string(role_name(op_info(op).role)).c_str());
+    for (const auto& r : reports)
+      std::printf(" %-32s", r.cells.count(op) ? cell_text(r.cells.at(op)).c_str() : "-");
     std::printf("\n");
   }
   for (std::size_t b = 0; b < names.size(); ++b) {
     int counts[3] = {0, 0, 0};
     std::uint64_t bytes = 0;
     for (const auto& [op, c] : reports[b].cells) {
-      if (!c.used()) continue;
+      if (!c.used())
+        continue;
       ++counts[static_cast<int>(c.path())];
       bytes += c.fallback.bytes_moved;
     }
-    std::printf("%s: %d ops native, %d decomposed, %d fall back to the CPU (%.1f MB copied per step); step %.1f ms\n",
-                names[b].c_str(), counts[0], counts[1], counts[2], static_cast<double>(bytes) / 1e6,
-                reports[b].step_seconds * 1e3);
+    std::printf(
+        "%s: %d ops native, %d decomposed, %d fall back to the CPU (%.1f MB copied per step); step "
+        "%.1f ms\n",
+        names[b].c_str(), counts[0], counts[1], counts[2], static_cast<double>(bytes) / 1e6,
+        reports[b].step_seconds * 1e3);
   }
   return 0;
 }

@@ -10,6 +10,9 @@ struct OpsOptions {
   std::string model = "gpt";
   std::string backend = "all";
   bool json = false;
+  // gpt's shape (defaults: the default training run) and the timed steps after one warm-up.
+  std::int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 12, vocab = 65;
+  int steps = 1;
 };
 
 CLI::App* add_ops_command(CLI::App& app, OpsOptions& options);

@@ -15,7 +15,8 @@ std::vector<Tensor> run_reference(OpId op, const std::vector<Tensor>& inputs, co
   }
   std::vector<TensorSpec> specs = op_info(op).infer(host, attrs);
   std::vector<Tensor> outputs;
-  for (const auto& s : specs) outputs.push_back(Tensor::empty(s.shape, s.dtype, cpu()));
+  for (const auto& s : specs)
+    outputs.push_back(Tensor::empty(s.shape, s.dtype, cpu()));
   op_info(op).reference(OpCall{op, host, outputs, attrs});
   return outputs;
 }
@@ -32,7 +33,8 @@ struct Builder {
 
   void add(std::string label, OpId op, std::vector<Tensor> inputs, Attrs attrs = {},
            Measure measure = Measure::elementwise, double tol = 1e-4) {
-    cases.push_back({std::string(op_name(op)) + "/" + label, op, std::move(inputs), std::move(attrs), measure, tol});
+    cases.push_back({std::string(op_name(op)) + "/" + label, op, std::move(inputs),
+                     std::move(attrs), measure, tol});
   }
 };
 
@@ -59,7 +61,8 @@ void utility_cases(Builder& b) {
   for (DType d : {DType::bf16, DType::f16, DType::i32}) {
     Attrs cast;
     cast.dtype = d;
-    b.add(std::string("to_") + std::string(dtype_name(d)), OpId::cast, {b.r({5, 6}, -8.0f, 8.0f)}, cast, Measure::elementwise, 1e-2);
+    b.add(std::string("to_") + std::string(dtype_name(d)), OpId::cast, {b.r({5, 6}, -8.0f, 8.0f)},
+          cast, Measure::elementwise, 1e-2);
   }
   Attrs expand;
   expand.shape = {2, 3, 4};
@@ -93,7 +96,8 @@ void elementwise_cases(Builder& b) {
     b.add("scalar", op, {b.r({5, 2}), rhs({1})});
     b.add("both_broadcast", op, {b.r({2, 1, 4}), rhs({3, 1})});
     b.add("lhs_broadcast", op, {b.r({4}), rhs({3, 4})});
-    b.add("non_contiguous", op, {b.nc({6, 5}), divide ? b.r({5, 6}, 0.5f, 2.0f).transpose(0, 1) : b.nc({6, 5})});
+    b.add("non_contiguous", op,
+          {b.nc({6, 5}), divide ? b.r({5, 6}, 0.5f, 2.0f).transpose(0, 1) : b.nc({6, 5})});
     b.add("size1", op, {b.r({1}), rhs({1})});
     b.add("per_row", op, {b.r({4, 6, 33}), rhs({4, 6, 1})});
     b.add("per_row_left", op, {b.r({40, 1}), rhs({40, 700})});
@@ -139,7 +143,17 @@ void reduction_cases(Builder& b) {
   mx.axis = 0;
   mx.keepdim = true;
   b.add("axis0_keepdim", OpId::max, {b.r({5, 3, 2})}, mx);
-  for (Attrs a : {[] { Attrs x; x.axis = 1; return x; }(), [] { Attrs x; x.axis = 0; x.keepdim = true; return x; }()}) {
+  for (Attrs a : {[] {
+                    Attrs x;
+                    x.axis = 1;
+                    return x;
+                  }(),
+                  [] {
+                    Attrs x;
+                    x.axis = 0;
+                    x.keepdim = true;
+                    return x;
+                  }()}) {
     Tensor x = b.r({5, 6});
     Tensor y = run_reference(OpId::max, {x}, a)[0];
     b.add(a.keepdim ? "axis0_keepdim" : "axis1", OpId::max_backward, {b.r(y.shape()), x, y}, a);
@@ -155,13 +169,16 @@ void softmax_cases(Builder& b) {
     b.add("3d_large", op, {b.r({8, 30, 70}, -4.0f, 4.0f)});
     b.add("non_contiguous", op, {b.nc({6, 5})});
   }
-  for (auto [fwd, bwd] : {std::pair{OpId::softmax, OpId::softmax_backward}, std::pair{OpId::log_softmax, OpId::log_softmax_backward}}) {
+  for (auto [fwd, bwd] : {std::pair{OpId::softmax, OpId::softmax_backward},
+                          std::pair{OpId::log_softmax, OpId::log_softmax_backward}}) {
     Tensor y = run_reference(fwd, {b.r({6, 9}, -3.0f, 3.0f)}, {})[0];
     b.add("odd", bwd, {b.r({6, 9}), y});
   }
-  for (auto [n, v] : {std::pair<std::int64_t, std::int64_t>{6, 11}, {1, 3}, {128, 65}, {40, 1000}}) {
+  for (auto [n, v] :
+       {std::pair<std::int64_t, std::int64_t>{6, 11}, {1, 3}, {128, 65}, {40, 1000}}) {
     char label[32];
-    std::snprintf(label, sizeof label, "%lldx%lld", static_cast<long long>(n), static_cast<long long>(v));
+    std::snprintf(label, sizeof label, "%lldx%lld", static_cast<long long>(n),
+                  static_cast<long long>(v));
     Tensor logits = b.r({n, v}, -5.0f, 5.0f);
     Tensor targets = b.ids({n}, v);
     b.add(label, OpId::cross_entropy, {logits, targets}, {}, Measure::elementwise, 1e-4);
@@ -182,19 +199,35 @@ void matmul_cases(Builder& b) {
   b.add("trans_a", OpId::matmul, {b.r({7, 5}), b.r({7, 3})}, mm(true, false), Measure::nmse, t);
   b.add("trans_b", OpId::matmul, {b.r({5, 7}), b.r({3, 7})}, mm(false, true), Measure::nmse, t);
   b.add("trans_ab", OpId::matmul, {b.r({7, 5}), b.r({3, 7})}, mm(true, true), Measure::nmse, t);
-  b.add("batched_shared_b", OpId::matmul, {b.r({2, 3, 4, 5}), b.r({5, 6})}, mm(false, false), Measure::nmse, t);
-  b.add("batched_both", OpId::matmul, {b.r({3, 4, 5}), b.r({3, 5, 6})}, mm(false, false), Measure::nmse, t);
-  b.add("batch_broadcast", OpId::matmul, {b.r({2, 1, 4, 5}), b.r({3, 5, 6})}, mm(false, false), Measure::nmse, t);
-  b.add("batched_trans_a", OpId::matmul, {b.r({3, 5, 4}), b.r({5, 6})}, mm(true, false), Measure::nmse, t);
+  b.add("batched_shared_b", OpId::matmul, {b.r({2, 3, 4, 5}), b.r({5, 6})}, mm(false, false),
+        Measure::nmse, t);
+  b.add("batched_both", OpId::matmul, {b.r({3, 4, 5}), b.r({3, 5, 6})}, mm(false, false),
+        Measure::nmse, t);
+  b.add("batch_broadcast", OpId::matmul, {b.r({2, 1, 4, 5}), b.r({3, 5, 6})}, mm(false, false),
+        Measure::nmse, t);
+  b.add("batched_trans_a", OpId::matmul, {b.r({3, 5, 4}), b.r({5, 6})}, mm(true, false),
+        Measure::nmse, t);
   b.add("1x1", OpId::matmul, {b.r({1, 1}), b.r({1, 1})}, mm(false, false), Measure::nmse, t);
   b.add("k1", OpId::matmul, {b.r({4, 1}), b.r({1, 3})}, mm(false, false), Measure::nmse, t);
-  b.add("large_odd", OpId::matmul, {b.r({129, 67}), b.r({67, 130})}, mm(false, false), Measure::nmse, t);
-  b.add("non_contiguous", OpId::matmul, {b.nc({6, 5}), b.nc({5, 4})}, mm(false, false), Measure::nmse, t);
+  b.add("large_odd", OpId::matmul, {b.r({129, 67}), b.r({67, 130})}, mm(false, false),
+        Measure::nmse, t);
+  b.add("non_contiguous", OpId::matmul, {b.nc({6, 5}), b.nc({5, 4})}, mm(false, false),
+        Measure::nmse, t);
+  // Larger products, in each layout (GEMM libraries switch kernels with size).
+  b.add("large_131x257x129", OpId::matmul, {b.r({131, 257}), b.r({257, 129})}, mm(false, false),
+        Measure::nmse, t);
+  b.add("large_trans_a", OpId::matmul, {b.r({257, 131}), b.r({257, 129})}, mm(true, false),
+        Measure::nmse, t);
+  b.add("large_trans_b_batched", OpId::matmul, {b.r({2, 131, 257}), b.r({129, 257})},
+        mm(false, true), Measure::nmse, t);
   Attrs lin;
   b.add("3d", OpId::linear, {b.r({2, 3, 5}), b.r({5, 4}), b.r({4})}, lin, Measure::nmse, t);
   lin.trans_b = true;
   b.add("trans_b", OpId::linear, {b.r({7, 5}), b.r({4, 5}), b.r({4})}, lin, Measure::nmse, t);
-  b.add("large", OpId::linear, {b.r({96, 128}), b.r({384, 128}), b.r({384})}, lin, Measure::nmse, t);
+  b.add("large", OpId::linear, {b.r({96, 128}), b.r({384, 128}), b.r({384})}, lin, Measure::nmse,
+        t);
+  b.add("large_3d", OpId::linear, {b.r({2, 65, 257}), b.r({257, 260}), b.r({260})}, Attrs{},
+        Measure::nmse, t);
 }
 
 void nn_cases(Builder& b) {
@@ -202,37 +235,44 @@ void nn_cases(Builder& b) {
     Tensor x = b.r(s, -2.0f, 3.0f), w = b.r({s.back()}), bias = b.r({s.back()});
     b.add(shape_str(s), OpId::layer_norm, {x, w, bias}, {}, Measure::elementwise, 2e-4);
     std::vector<Tensor> fwd = run_reference(OpId::layer_norm, {x, w, bias}, {});
-    b.add(shape_str(s), OpId::layer_norm_backward, {b.r(s), x, w, fwd[1], fwd[2]}, {}, Measure::nmse, 1e-9);
+    b.add(shape_str(s), OpId::layer_norm_backward, {b.r(s), x, w, fwd[1], fwd[2]}, {},
+          Measure::nmse, 1e-9);
   }
   b.add("11x6", OpId::embedding, {b.r({11, 6}), b.ids({2, 3}, 11)});
   b.add("large", OpId::embedding, {b.r({65, 128}), b.ids({12, 64}, 65)});
   Attrs eb;
   eb.shape = {11, 6};
-  b.add("repeats", OpId::embedding_backward, {b.r({2, 9, 6}), b.ids({2, 9}, 3)}, eb, Measure::nmse, 1e-10);
+  b.add("repeats", OpId::embedding_backward, {b.r({2, 9, 6}), b.ids({2, 9}, 3)}, eb, Measure::nmse,
+        1e-10);
   eb.shape = {65, 128};
-  b.add("large", OpId::embedding_backward, {b.r({12, 64, 128}), b.ids({12, 64}, 65)}, eb, Measure::nmse, 1e-10);
-  for (auto [bt, t, c, h] : std::vector<std::array<std::int64_t, 4>>{{2, 5, 8, 2}, {1, 1, 4, 1}, {2, 17, 16, 4}, {3, 64, 32, 2}, {2, 100, 16, 2}}) {
+  b.add("large", OpId::embedding_backward, {b.r({12, 64, 128}), b.ids({12, 64}, 65)}, eb,
+        Measure::nmse, 1e-10);
+  for (auto [bt, t, c, h] : std::vector<std::array<std::int64_t, 4>>{
+           {2, 5, 8, 2}, {1, 1, 4, 1}, {2, 17, 16, 4}, {3, 64, 32, 2}, {2, 100, 16, 2}}) {
     char label[64];
-    std::snprintf(label, sizeof label, "B%lldT%lldC%lldH%lld", static_cast<long long>(bt), static_cast<long long>(t),
-                  static_cast<long long>(c), static_cast<long long>(h));
+    std::snprintf(label, sizeof label, "B%lldT%lldC%lldH%lld", static_cast<long long>(bt),
+                  static_cast<long long>(t), static_cast<long long>(c), static_cast<long long>(h));
     Attrs a;
     a.heads = h;
     Tensor qkv = b.r({bt, t, 3 * c});
     b.add(label, OpId::causal_attention, {qkv}, a, Measure::nmse, 1e-9);
     std::vector<Tensor> fwd = run_reference(OpId::causal_attention, {qkv}, a);
-    b.add(label, OpId::causal_attention_backward, {b.r({bt, t, c}), qkv, fwd[0], fwd[1]}, a, Measure::nmse, 1e-9);
+    b.add(label, OpId::causal_attention_backward, {b.r({bt, t, c}), qkv, fwd[0], fwd[1]}, a,
+          Measure::nmse, 1e-9);
   }
   struct Conv {
     Shape x, w;
     std::int64_t stride, padding;
   };
-  for (const Conv& c : {Conv{{2, 3, 7, 6}, {4, 3, 3, 3}, 1, 1}, Conv{{1, 2, 9, 9}, {3, 2, 3, 3}, 2, 1},
-                        Conv{{2, 4, 5, 5}, {2, 4, 1, 1}, 1, 0}, Conv{{3, 1, 8, 8}, {5, 1, 5, 5}, 1, 2}}) {
+  for (const Conv& c :
+       {Conv{{2, 3, 7, 6}, {4, 3, 3, 3}, 1, 1}, Conv{{1, 2, 9, 9}, {3, 2, 3, 3}, 2, 1},
+        Conv{{2, 4, 5, 5}, {2, 4, 1, 1}, 1, 0}, Conv{{3, 1, 8, 8}, {5, 1, 5, 5}, 1, 2}}) {
     Attrs a;
     a.stride = c.stride;
     a.padding = c.padding;
     char tail[32];
-    std::snprintf(tail, sizeof tail, "s%lldp%lld", static_cast<long long>(c.stride), static_cast<long long>(c.padding));
+    std::snprintf(tail, sizeof tail, "s%lldp%lld", static_cast<long long>(c.stride),
+                  static_cast<long long>(c.padding));
     std::string label = shape_str(c.x);
     label.append("*").append(shape_str(c.w)).append(tail);
     Tensor x = b.r(c.x), w = b.r(c.w), bias = b.r({c.w[0]});
@@ -246,7 +286,8 @@ void nn_cases(Builder& b) {
     a.stride = stride;
     a.shape = {2, 3, 8, 6};
     char label[32];
-    std::snprintf(label, sizeof label, "k%llds%lld", static_cast<long long>(kernel), static_cast<long long>(stride));
+    std::snprintf(label, sizeof label, "k%llds%lld", static_cast<long long>(kernel),
+                  static_cast<long long>(stride));
     Tensor x = b.r(a.shape);
     std::vector<Tensor> fwd = run_reference(OpId::max_pool2d, {x}, a);
     b.add(label, OpId::max_pool2d, {x}, a);
@@ -260,8 +301,12 @@ void nn_cases(Builder& b) {
   adam.step = 3;
   adam.beta2 = 0.99;
   adam.eps = 1e-8;
-  b.add("small", OpId::adamw_step, {b.r({5, 3}), b.r({5, 3}), b.r({5, 3}, -0.1f, 0.1f), b.r({5, 3}, 0.0f, 0.01f)}, adam);
-  b.add("large", OpId::adamw_step, {b.r({300, 257}), b.r({300, 257}), b.r({300, 257}, -0.1f, 0.1f), b.r({300, 257}, 0.0f, 0.01f)}, adam);
+  b.add("small", OpId::adamw_step,
+        {b.r({5, 3}), b.r({5, 3}), b.r({5, 3}, -0.1f, 0.1f), b.r({5, 3}, 0.0f, 0.01f)}, adam);
+  b.add("large", OpId::adamw_step,
+        {b.r({300, 257}), b.r({300, 257}), b.r({300, 257}, -0.1f, 0.1f),
+         b.r({300, 257}, 0.0f, 0.01f)},
+        adam);
 }
 
 }  // namespace

@@ -2,9 +2,9 @@
 // kernel. LOOM_CONFORMANCE_MATRIX=1 also prints the op x backend coverage matrix.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -21,16 +21,19 @@ struct Param {
 };
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  std::string name = std::string(info.param.backend->name()) + "_" + std::string(op_name(info.param.op));
+  std::string name =
+      std::string(info.param.backend->name()) + "_" + std::string(op_name(info.param.op));
   for (char& c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+    if (!std::isalnum(static_cast<unsigned char>(c)))
+      c = '_';
   return name;
 }
 
 std::vector<Param> all_params() {
   std::vector<Param> params;
   for (Backend* b : backends())
-    for (std::size_t i = 0; i < kNumOps; ++i) params.push_back({b, static_cast<OpId>(i)});
+    for (std::size_t i = 0; i < kNumOps; ++i)
+      params.push_back({b, static_cast<OpId>(i)});
   return params;
 }
 
@@ -45,13 +48,16 @@ TEST_P(Conformance, MatchesReferenceKernel) {
   const auto [backend, op] = GetParam();
   int checked = 0;
   for (const OpCase& c : cases()) {
-    if (c.op != op) continue;
+    if (c.op != op)
+      continue;
     SCOPED_TRACE(c.label);
     std::vector<Tensor> inputs;
-    for (const Tensor& t : c.inputs) inputs.push_back(t.to(*backend));
+    for (const Tensor& t : c.inputs)
+      inputs.push_back(t.to(*backend));
     // Keep non-contiguous inputs non-contiguous on the backend too.
     for (std::size_t i = 0; i < c.inputs.size(); ++i)
-      if (!c.inputs[i].is_contiguous() && &c.inputs[i].backend() == backend) inputs[i] = c.inputs[i];
+      if (!c.inputs[i].is_contiguous() && &c.inputs[i].backend() == backend)
+        inputs[i] = c.inputs[i];
     std::vector<Tensor> expected = run_reference(op, c.inputs, c.attrs);
     std::vector<Tensor> actual = dispatch::call(op, inputs, c.attrs, backend);
     ASSERT_EQ(actual.size(), expected.size());
@@ -79,13 +85,15 @@ class MatmulBf16 : public ::testing::TestWithParam<Backend*> {};
 
 Tensor rounded_to_bf16(const Tensor& t) {
   std::vector<float> v = t.to_floats();
-  for (float& x : v) x = bf16_to_float(float_to_bf16(x));
+  for (float& x : v)
+    x = bf16_to_float(float_to_bf16(x));
   return Tensor::from_floats(t.shape(), v, cpu());
 }
 
 TEST_P(MatmulBf16, EqualsTheReferenceOnRoundedOperands) {
   Backend* backend = GetParam();
-  if (!backend->set_matmul_precision(DType::bf16)) GTEST_SKIP() << backend->name() << " has no bf16 matmul";
+  if (!backend->set_matmul_precision(DType::bf16))
+    GTEST_SKIP() << backend->name() << " has no bf16 matmul";
   struct Reset {
     Backend* b;
     ~Reset() { b->set_matmul_precision(DType::f32); }
@@ -93,13 +101,15 @@ TEST_P(MatmulBf16, EqualsTheReferenceOnRoundedOperands) {
   int checked = 0;
   double largest_change = 0;
   for (const OpCase& c : cases()) {
-    if (c.op != OpId::matmul && c.op != OpId::linear) continue;
+    if (c.op != OpId::matmul && c.op != OpId::linear)
+      continue;
     SCOPED_TRACE(c.label);
     std::vector<Tensor> inputs, rounded;
     for (std::size_t i = 0; i < c.inputs.size(); ++i) {
       inputs.push_back(c.inputs[i].defined() ? c.inputs[i].to(*backend) : c.inputs[i]);
       bool operand = i < 2;  // the bias of linear is added in f32
-      rounded.push_back(c.inputs[i].defined() && operand ? rounded_to_bf16(c.inputs[i]) : c.inputs[i]);
+      rounded.push_back(c.inputs[i].defined() && operand ? rounded_to_bf16(c.inputs[i])
+                                                         : c.inputs[i]);
     }
     std::vector<double> expected = values(run_reference(c.op, rounded, c.attrs)[0]);
     std::vector<double> unrounded = values(run_reference(c.op, c.inputs, c.attrs)[0]);
@@ -109,7 +119,8 @@ TEST_P(MatmulBf16, EqualsTheReferenceOnRoundedOperands) {
     ++checked;
   }
   EXPECT_GT(checked, 1);
-  EXPECT_GT(largest_change, 1.0) << "bf16 products equal the f32 ones: the operands were not rounded";
+  EXPECT_GT(largest_change, 1.0)
+      << "bf16 products equal the f32 ones: the operands were not rounded";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, MatmulBf16, ::testing::ValuesIn(backends()),
@@ -125,16 +136,19 @@ TEST(ConformanceHarness, DetectsAWrongResult) {
 }
 
 TEST(ConformanceHarness, CoverageMatrix) {
-  if (std::getenv("LOOM_CONFORMANCE_MATRIX") == nullptr) GTEST_SKIP() << "set LOOM_CONFORMANCE_MATRIX=1 to print";
+  if (std::getenv("LOOM_CONFORMANCE_MATRIX") == nullptr)
+    GTEST_SKIP() << "set LOOM_CONFORMANCE_MATRIX=1 to print";
   std::printf("%-28s", "op");
-  for (Backend* b : backends()) std::printf(" %-10s", std::string(b->name()).c_str());
+  for (Backend* b : backends())
+    std::printf(" %-10s", std::string(b->name()).c_str());
   std::printf("\n");
   for (std::size_t i = 0; i < kNumOps; ++i) {
     std::printf("%-28s", std::string(op_name(static_cast<OpId>(i))).c_str());
     for (Backend* b : backends()) {
       bool native = true;
       for (const OpCase& c : cases())
-        if (c.op == static_cast<OpId>(i)) native = native && b->supports(OpCall{c.op, c.inputs, {}, c.attrs});
+        if (c.op == static_cast<OpId>(i))
+          native = native && b->supports(OpCall{c.op, c.inputs, {}, c.attrs});
       std::printf(" %-10s", native ? "native" : "fallback");
     }
     std::printf("\n");

@@ -30,7 +30,8 @@ class CpuStream final : public Stream {
 }  // namespace
 
 CpuBackend::CpuBackend() : default_stream_(std::make_unique<CpuStream>()) {
-  for (std::size_t i = 0; i < kNumOps; ++i) kernels_[i] = all_ops()[i].reference;
+  for (std::size_t i = 0; i < kNumOps; ++i)
+    kernels_[i] = all_ops()[i].reference;
   std::array<KernelFn, kNumOps> fast{};
   register_elementwise_kernels(fast);
   register_nn_kernels(fast);
@@ -53,7 +54,8 @@ DeviceInfo CpuBackend::info() const {
 
 Buffer CpuBackend::allocate(std::size_t bytes, MemoryKind) {
   std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  if (rounded == 0) rounded = kAlignment;
+  if (rounded == 0)
+    rounded = kAlignment;
   {
     std::lock_guard lock(cache_mutex_);
     auto it = free_blocks_.find(rounded);
@@ -91,22 +93,30 @@ std::size_t CpuBackend::cached_bytes() const {
 void CpuBackend::trim_cache() {
   std::lock_guard lock(cache_mutex_);
   for (auto& [size, blocks] : free_blocks_)
-    for (void* block : blocks) std::free(block);
+    for (void* block : blocks)
+      std::free(block);
   free_blocks_.clear();
   cached_bytes_ = 0;
 }
 
-std::unique_ptr<Stream> CpuBackend::create_stream(StreamKind) { return std::make_unique<CpuStream>(); }
+std::unique_ptr<Stream> CpuBackend::create_stream(StreamKind) {
+  return std::make_unique<CpuStream>();
+}
 
-bool CpuBackend::supports(const OpCall&) const { return true; }
+bool CpuBackend::supports(const OpCall&) const {
+  return true;
+}
 
-void CpuBackend::launch(const OpCall& call, Stream&) { kernels_[static_cast<std::size_t>(call.op)](call); }
+void CpuBackend::launch(const OpCall& call, Stream&) {
+  kernels_[static_cast<std::size_t>(call.op)](call);
+}
 
 void CpuBackend::upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) {
   std::memcpy(static_cast<std::byte*>(dst.data()) + dst_offset, host, bytes);
 }
 
-void CpuBackend::download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) {
+void CpuBackend::download(const Buffer& src, std::size_t src_offset, void* host,
+                          std::size_t bytes) {
   std::memcpy(host, static_cast<const std::byte*>(src.data()) + src_offset, bytes);
 }
 
@@ -121,7 +131,8 @@ CpuBackend& backend() {
 }
 
 bool CpuBackend::set_matmul_precision(DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::bf16) return false;
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    return false;
   set_bf16_operands(dtype == DType::bf16);
   return true;
 }
@@ -131,6 +142,8 @@ void set_num_threads(int threads) {
   omp_set_num_threads(threads);
 }
 
-int num_threads() { return omp_get_max_threads(); }
+int num_threads() {
+  return omp_get_max_threads();
+}
 
 }  // namespace loom::cpu

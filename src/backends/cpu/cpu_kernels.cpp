@@ -33,20 +33,24 @@ std::atomic<bool> bf16_operands{false};
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
            std::int64_t ldc) {
-  if (m == 0 || n == 0) return;
+  if (m == 0 || n == 0)
+    return;
   if (k == 0) {
     for (std::int64_t i = 0; i < m; ++i)
-      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+      for (std::int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
-                                    beta, c, ldc);
+  dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
+                                    lda, b, ldb, beta, c, ldc);
   check(status == dnnl_success, "cpu: dnnl_sgemm failed with status " + std::to_string(status));
 }
 
 }  // namespace
 
-void set_bf16_operands(bool on) { bf16_operands.store(on); }
+void set_bf16_operands(bool on) {
+  bf16_operands.store(on);
+}
 
 // Shared with cpu_nn_kernels.cpp.
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
@@ -57,14 +61,15 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 
 namespace {
 
-
 const float* operand(const Tensor& t, std::vector<float>& rounded) {
   const float* p = t.data<float>();
-  if (!bf16_operands.load(std::memory_order_relaxed)) return p;
+  if (!bf16_operands.load(std::memory_order_relaxed))
+    return p;
   rounded.resize(static_cast<std::size_t>(t.numel()));
   std::int64_t n = t.numel();
 #pragma omp parallel for schedule(static) if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) rounded[i] = bf16_to_float(float_to_bf16(p[i]));
+  for (std::int64_t i = 0; i < n; ++i)
+    rounded[i] = bf16_to_float(float_to_bf16(p[i]));
   return rounded.data();
 }
 
@@ -80,10 +85,12 @@ void matmul(const OpCall& call) {
   const float* pb = operand(b, b_rounded);
   float* pc = c.data<float>();
   if (b.rank() == 2 && !ta) {  // [..., M, K] x [K, N]: one GEMM with the batch folded into M
-    sgemm(false, tb, c.numel() / std::max<std::int64_t>(n, 1), n, k, 1.0f, pa, lda, pb, ldb, 0.0f, pc, n);
+    sgemm(false, tb, c.numel() / std::max<std::int64_t>(n, 1), n, k, 1.0f, pa, lda, pb, ldb, 0.0f,
+          pc, n);
     return;
   }
-  std::vector<std::pair<std::int64_t, std::int64_t>> offsets = matmul_batch_offsets(a.shape(), b.shape(), c.shape());
+  std::vector<std::pair<std::int64_t, std::int64_t>> offsets =
+      matmul_batch_offsets(a.shape(), b.shape(), c.shape());
   std::int64_t count = static_cast<std::int64_t>(offsets.size());
   // Many small products: one GEMM per thread at a time. Otherwise call oneDNN from
   // outside any parallel region, so that it threads each product itself (inside a
@@ -92,10 +99,12 @@ void matmul(const OpCall& call) {
   if (small && count > 1) {
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < count; ++i)
-      sgemm(ta, tb, m, n, k, 1.0f, pa + offsets[i].first, lda, pb + offsets[i].second, ldb, 0.0f, pc + i * m * n, n);
+      sgemm(ta, tb, m, n, k, 1.0f, pa + offsets[i].first, lda, pb + offsets[i].second, ldb, 0.0f,
+            pc + i * m * n, n);
   } else {
     for (std::int64_t i = 0; i < count; ++i)
-      sgemm(ta, tb, m, n, k, 1.0f, pa + offsets[i].first, lda, pb + offsets[i].second, ldb, 0.0f, pc + i * m * n, n);
+      sgemm(ta, tb, m, n, k, 1.0f, pa + offsets[i].first, lda, pb + offsets[i].second, ldb, 0.0f,
+            pc + i * m * n, n);
   }
 }
 
@@ -106,11 +115,12 @@ void linear(const OpCall& call) {
   std::int64_t n = y.dim(-1), k = x.dim(-1), rows = y.numel() / std::max<std::int64_t>(n, 1);
   float* py = y.data<float>();
 #pragma omp parallel for schedule(static) if (rows * n > kParallelGrain)
-  for (std::int64_t r = 0; r < rows; ++r) std::memcpy(py + r * n, bias, n * sizeof(float));
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::memcpy(py + r * n, bias, n * sizeof(float));
   std::int64_t ldw = call.inputs[1].dim(1);
   std::vector<float> x_rounded, w_rounded;
-  sgemm(false, call.attrs.trans_b, rows, n, k, 1.0f, operand(x, x_rounded), k, operand(call.inputs[1], w_rounded), ldw,
-        1.0f, py, n);
+  sgemm(false, call.attrs.trans_b, rows, n, k, 1.0f, operand(x, x_rounded), k,
+        operand(call.inputs[1], w_rounded), ldw, 1.0f, py, n);
 }
 
 // ---- copies ----------------------------------------------------------------------
@@ -147,10 +157,12 @@ void copy(const OpCall& call) {
     } else if (esize == 4) {
       auto* d32 = reinterpret_cast<std::uint32_t*>(dst) + r * inner;
       auto* s32 = reinterpret_cast<const std::uint32_t*>(src) + offset;
-      for (std::int64_t j = 0; j < inner; ++j) d32[j] = s32[j * inner_stride];
+      for (std::int64_t j = 0; j < inner; ++j)
+        d32[j] = s32[j * inner_stride];
     } else {
       for (std::int64_t j = 0; j < inner; ++j)
-        std::memcpy(dst + (r * inner + j) * esize, src + (offset + j * inner_stride) * esize, esize);
+        std::memcpy(dst + (r * inner + j) * esize, src + (offset + j * inner_stride) * esize,
+                    esize);
     }
   }
 }
@@ -161,13 +173,18 @@ void slice_backward(const OpCall& call) {
   Tensor& dx = call.outputs[0];
   int axis = normalize_axis(call.attrs.axis, dx.rank(), "slice_backward");
   std::int64_t outer = 1, inner = 1;
-  for (int d = 0; d < axis; ++d) outer *= dx.shape()[d];
-  for (int d = axis + 1; d < dx.rank(); ++d) inner *= dx.shape()[d];
-  std::int64_t full = dx.shape()[axis] * inner, part = dy.shape()[axis] * inner, at = call.attrs.start * inner;
+  for (int d = 0; d < axis; ++d)
+    outer *= dx.shape()[d];
+  for (int d = axis + 1; d < dx.rank(); ++d)
+    inner *= dx.shape()[d];
+  std::int64_t full = dx.shape()[axis] * inner, part = dy.shape()[axis] * inner,
+               at = call.attrs.start * inner;
   float* out = dx.data<float>();
   const float* in = dy.data<float>();
-  if (part != full) std::memset(out, 0, dx.nbytes());
-  for (std::int64_t o = 0; o < outer; ++o) std::memcpy(out + o * full + at, in + o * part, part * sizeof(float));
+  if (part != full)
+    std::memset(out, 0, dx.nbytes());
+  for (std::int64_t o = 0; o < outer; ++o)
+    std::memcpy(out + o * full + at, in + o * part, part * sizeof(float));
 }
 
 void fill(const OpCall& call) {
@@ -184,24 +201,28 @@ void fill(const OpCall& call) {
     return;
   }
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) p[i] = value;
+  for (std::int64_t i = 0; i < n; ++i)
+    p[i] = value;
 }
 
 // ---- elementwise -----------------------------------------------------------------
 // c = f(a, b) where `full` has c's shape and `other` repeats inside it as `rep` says;
 // `other_left` tells whether `other` is f's first argument (sub and div are not symmetric).
 template <bool OtherLeft, class F>
-bool broadcast_loop(const float* full, const float* other, Repeat rep, float* pc, std::int64_t n, F f) {
+bool broadcast_loop(const float* full, const float* other, Repeat rep, float* pc, std::int64_t n,
+                    F f) {
   auto apply = [&](float x, float y) { return OtherLeft ? f(y, x) : f(x, y); };
   switch (rep.kind) {
     case Repeat::same:
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-      for (std::int64_t i = 0; i < n; ++i) pc[i] = apply(full[i], other[i]);
+      for (std::int64_t i = 0; i < n; ++i)
+        pc[i] = apply(full[i], other[i]);
       return true;
     case Repeat::scalar: {
       float s = other[0];
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-      for (std::int64_t i = 0; i < n; ++i) pc[i] = apply(full[i], s);
+      for (std::int64_t i = 0; i < n; ++i)
+        pc[i] = apply(full[i], s);
       return true;
     }
     case Repeat::trailing: {
@@ -209,7 +230,8 @@ bool broadcast_loop(const float* full, const float* other, Repeat rep, float* pc
 #pragma omp parallel for schedule(static) if (n > kParallelGrain)
       for (std::int64_t r = 0; r < rows; ++r) {
 #pragma omp simd
-        for (std::int64_t j = 0; j < period; ++j) pc[r * period + j] = apply(full[r * period + j], other[j]);
+        for (std::int64_t j = 0; j < period; ++j)
+          pc[r * period + j] = apply(full[r * period + j], other[j]);
       }
       return true;
     }
@@ -219,11 +241,13 @@ bool broadcast_loop(const float* full, const float* other, Repeat rep, float* pc
       for (std::int64_t r = 0; r < rows; ++r) {
         float v = other[r];
 #pragma omp simd
-        for (std::int64_t j = 0; j < inner; ++j) pc[r * inner + j] = apply(full[r * inner + j], v);
+        for (std::int64_t j = 0; j < inner; ++j)
+          pc[r * inner + j] = apply(full[r * inner + j], v);
       }
       return true;
     }
-    case Repeat::other: return false;
+    case Repeat::other:
+      return false;
   }
   return false;
 }
@@ -233,22 +257,26 @@ bool binary_fast(const OpCall& call, F f) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
   Tensor& c = call.outputs[0];
-  Repeat ra = classify_broadcast(a.shape(), c.shape()), rb = classify_broadcast(b.shape(), c.shape());
+  Repeat ra = classify_broadcast(a.shape(), c.shape()),
+         rb = classify_broadcast(b.shape(), c.shape());
   if (ra.kind == Repeat::same)
-    return broadcast_loop<false>(a.data<float>(), b.data<float>(), rb, c.data<float>(), c.numel(), f);
+    return broadcast_loop<false>(a.data<float>(), b.data<float>(), rb, c.data<float>(), c.numel(),
+                                 f);
   if (rb.kind == Repeat::same)
-    return broadcast_loop<true>(b.data<float>(), a.data<float>(), ra, c.data<float>(), c.numel(), f);
+    return broadcast_loop<true>(b.data<float>(), a.data<float>(), ra, c.data<float>(), c.numel(),
+                                f);
   return false;
 }
 
-#define LOOM_BINARY(name, expr)                                          \
-  void name(const OpCall& call) {                                        \
-    auto f = [](float a, float b) { return expr; };                     \
-    if (!binary_fast(call, f)) reference::name(call);                    \
+#define LOOM_BINARY(name, expr)                     \
+  void name(const OpCall& call) {                   \
+    auto f = [](float a, float b) { return expr; }; \
+    if (!binary_fast(call, f))                      \
+      reference::name(call);                        \
   }
 LOOM_BINARY(add, a + b)
 LOOM_BINARY(sub, a - b)
-LOOM_BINARY(mul, a * b)
+LOOM_BINARY(mul, a* b)
 LOOM_BINARY(div, a / b)
 #undef LOOM_BINARY
 
@@ -258,7 +286,8 @@ void unary_fast(const OpCall& call, F f) {
   float* y = call.outputs[0].data<float>();
   std::int64_t n = call.inputs[0].numel();
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+  for (std::int64_t i = 0; i < n; ++i)
+    y[i] = f(x[i]);
 }
 
 template <class F>
@@ -268,21 +297,38 @@ void pairwise_fast(const OpCall& call, F f) {
   float* y = call.outputs[0].data<float>();
   std::int64_t n = call.inputs[0].numel();
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i]);
+  for (std::int64_t i = 0; i < n; ++i)
+    y[i] = f(a[i], b[i]);
 }
 
 void scale(const OpCall& call) {
   float alpha = static_cast<float>(call.attrs.alpha);
   unary_fast(call, [alpha](float x) { return alpha * x; });
 }
-void exp(const OpCall& call) { unary_fast(call, [](float x) { return std::exp(x); }); }
-void log(const OpCall& call) { unary_fast(call, [](float x) { return std::log(x); }); }
-void tanh(const OpCall& call) { unary_fast(call, [](float x) { return std::tanh(x); }); }
-void relu(const OpCall& call) { unary_fast(call, [](float x) { return x > 0.0f ? x : 0.0f; }); }
-void gelu(const OpCall& call) { unary_fast(call, [](float x) { return gelu_fast(x); }); }
-void relu_backward(const OpCall& call) { pairwise_fast(call, [](float dy, float x) { return x > 0.0f ? dy : 0.0f; }); }
-void gelu_backward(const OpCall& call) { pairwise_fast(call, [](float dy, float x) { return dy * gelu_grad_fast(x); }); }
-void tanh_backward(const OpCall& call) { pairwise_fast(call, [](float dy, float y) { return dy * (1.0f - y * y); }); }
+void exp(const OpCall& call) {
+  unary_fast(call, [](float x) { return std::exp(x); });
+}
+void log(const OpCall& call) {
+  unary_fast(call, [](float x) { return std::log(x); });
+}
+void tanh(const OpCall& call) {
+  unary_fast(call, [](float x) { return std::tanh(x); });
+}
+void relu(const OpCall& call) {
+  unary_fast(call, [](float x) { return x > 0.0f ? x : 0.0f; });
+}
+void gelu(const OpCall& call) {
+  unary_fast(call, [](float x) { return gelu_fast(x); });
+}
+void relu_backward(const OpCall& call) {
+  pairwise_fast(call, [](float dy, float x) { return x > 0.0f ? dy : 0.0f; });
+}
+void gelu_backward(const OpCall& call) {
+  pairwise_fast(call, [](float dy, float x) { return dy * gelu_grad_fast(x); });
+}
+void tanh_backward(const OpCall& call) {
+  pairwise_fast(call, [](float dy, float y) { return dy * (1.0f - y * y); });
+}
 
 void dropout(const OpCall& call) {
   const float* x = call.inputs[0].data<float>();
@@ -302,18 +348,22 @@ void dropout(const OpCall& call) {
 bool sum_fast(const OpCall& call, double divide_by_count) {
   const Tensor& x = call.inputs[0];
   std::vector<bool> reduce(x.rank(), call.attrs.axes.empty());
-  for (auto a : call.attrs.axes) reduce[normalize_axis(a, x.rank(), "sum")] = true;
+  for (auto a : call.attrs.axes)
+    reduce[normalize_axis(a, x.rank(), "sum")] = true;
   int split = 0;
-  while (split < x.rank() && reduce[split]) ++split;
+  while (split < x.rank() && reduce[split])
+    ++split;
   bool prefix = std::all_of(reduce.begin() + split, reduce.end(), [](bool r) { return !r; });
   int kept_lead = 0;
-  while (kept_lead < x.rank() && !reduce[kept_lead]) ++kept_lead;
+  while (kept_lead < x.rank() && !reduce[kept_lead])
+    ++kept_lead;
   bool suffix = std::all_of(reduce.begin() + kept_lead, reduce.end(), [](bool r) { return r; });
   const float* px = x.data<float>();
   float* py = call.outputs[0].data<float>();
   if (prefix) {  // [rows, cols] -> [cols]
     std::int64_t rows = 1;
-    for (int d = 0; d < split; ++d) rows *= x.shape()[d];
+    for (int d = 0; d < split; ++d)
+      rows *= x.shape()[d];
     std::int64_t cols = rows == 0 ? call.outputs[0].numel() : x.numel() / rows;
     float inv = divide_by_count ? static_cast<float>(1.0 / std::max<std::int64_t>(rows, 1)) : 1.0f;
     int threads = cols >= 256 && rows * cols > kParallelGrain ? omp_get_max_threads() : 1;
@@ -323,20 +373,24 @@ bool sum_fast(const OpCall& call, double divide_by_count) {
       std::int64_t begin = cols * t / nt, end = cols * (t + 1) / nt;
       std::vector<double> acc(end - begin, 0.0);
       for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t j = begin; j < end; ++j) acc[j - begin] += px[r * cols + j];
-      for (std::int64_t j = begin; j < end; ++j) py[j] = static_cast<float>(acc[j - begin] * inv);
+        for (std::int64_t j = begin; j < end; ++j)
+          acc[j - begin] += px[r * cols + j];
+      for (std::int64_t j = begin; j < end; ++j)
+        py[j] = static_cast<float>(acc[j - begin] * inv);
     }
     return true;
   }
   if (suffix) {  // [rows, cols] -> [rows]
     std::int64_t rows = 1;
-    for (int d = 0; d < kept_lead; ++d) rows *= x.shape()[d];
+    for (int d = 0; d < kept_lead; ++d)
+      rows *= x.shape()[d];
     std::int64_t cols = rows == 0 ? 0 : x.numel() / rows;
     float inv = divide_by_count ? static_cast<float>(1.0 / std::max<std::int64_t>(cols, 1)) : 1.0f;
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
     for (std::int64_t r = 0; r < rows; ++r) {
       double acc = 0.0;
-      for (std::int64_t j = 0; j < cols; ++j) acc += px[r * cols + j];
+      for (std::int64_t j = 0; j < cols; ++j)
+        acc += px[r * cols + j];
       py[r] = static_cast<float>(acc * inv);
     }
     return true;
@@ -345,18 +399,32 @@ bool sum_fast(const OpCall& call, double divide_by_count) {
 }
 
 void sum(const OpCall& call) {
-  if (!sum_fast(call, false)) reference::sum(call);
+  if (!sum_fast(call, false))
+    reference::sum(call);
 }
 void mean(const OpCall& call) {
-  if (!sum_fast(call, true)) reference::mean(call);
+  if (!sum_fast(call, true))
+    reference::mean(call);
 }
 
 void sum_squares(const OpCall& call) {
   const float* x = call.inputs[0].data<float>();
   std::int64_t n = call.inputs[0].numel();
+  // Fixed chunks, each summed in double lanes, then the chunks in order: the same
+  // result whatever the thread count.
+  constexpr std::int64_t kChunk = 1 << 16;
+  std::int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<std::size_t>(chunks));
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+  for (std::int64_t ch = 0; ch < chunks; ++ch) {
+    const float* p = x + ch * kChunk;
+    partial[ch] = lanes_sum<double>(std::min(kChunk, n - ch * kChunk), [&](std::int64_t i) {
+      return static_cast<double>(p[i]) * p[i];
+    });
+  }
   double acc = 0.0;
-#pragma omp parallel for reduction(+ : acc) schedule(static) if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
+  for (double v : partial)
+    acc += v;
   call.outputs[0].data<float>()[0] = static_cast<float>(acc);
 }
 
@@ -367,7 +435,8 @@ void rows_parallel(const OpCall& call, RowFn f) {
   std::int64_t cols = x.rank() == 0 ? 1 : x.dim(-1);
   std::int64_t rows = cols == 0 ? 0 : x.numel() / cols;
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
-  for (std::int64_t r = 0; r < rows; ++r) f(r * cols, cols);
+  for (std::int64_t r = 0; r < rows; ++r)
+    f(r * cols, cols);
 }
 
 void softmax(const OpCall& call) {
@@ -375,14 +444,16 @@ void softmax(const OpCall& call) {
   float* y = call.outputs[0].data<float>();
   rows_parallel(call, [&](std::int64_t at, std::int64_t n) {
     float m = -std::numeric_limits<float>::infinity();
-    for (std::int64_t j = 0; j < n; ++j) m = std::max(m, x[at + j]);
+    for (std::int64_t j = 0; j < n; ++j)
+      m = std::max(m, x[at + j]);
     float s = 0.0f;
     for (std::int64_t j = 0; j < n; ++j) {
       y[at + j] = std::exp(x[at + j] - m);
       s += y[at + j];
     }
     float inv = 1.0f / s;
-    for (std::int64_t j = 0; j < n; ++j) y[at + j] *= inv;
+    for (std::int64_t j = 0; j < n; ++j)
+      y[at + j] *= inv;
   });
 }
 
@@ -392,8 +463,10 @@ void softmax_backward(const OpCall& call) {
   float* dx = call.outputs[0].data<float>();
   rows_parallel(call, [&](std::int64_t at, std::int64_t n) {
     float dot = 0.0f;
-    for (std::int64_t j = 0; j < n; ++j) dot += dy[at + j] * y[at + j];
-    for (std::int64_t j = 0; j < n; ++j) dx[at + j] = y[at + j] * (dy[at + j] - dot);
+    for (std::int64_t j = 0; j < n; ++j)
+      dot += dy[at + j] * y[at + j];
+    for (std::int64_t j = 0; j < n; ++j)
+      dx[at + j] = y[at + j] * (dy[at + j] - dot);
   });
 }
 
@@ -402,11 +475,14 @@ void log_softmax(const OpCall& call) {
   float* y = call.outputs[0].data<float>();
   rows_parallel(call, [&](std::int64_t at, std::int64_t n) {
     float m = -std::numeric_limits<float>::infinity();
-    for (std::int64_t j = 0; j < n; ++j) m = std::max(m, x[at + j]);
+    for (std::int64_t j = 0; j < n; ++j)
+      m = std::max(m, x[at + j]);
     float s = 0.0f;
-    for (std::int64_t j = 0; j < n; ++j) s += std::exp(x[at + j] - m);
+    for (std::int64_t j = 0; j < n; ++j)
+      s += std::exp(x[at + j] - m);
     float lse = m + std::log(s);
-    for (std::int64_t j = 0; j < n; ++j) y[at + j] = x[at + j] - lse;
+    for (std::int64_t j = 0; j < n; ++j)
+      y[at + j] = x[at + j] - lse;
   });
 }
 
@@ -416,8 +492,10 @@ void log_softmax_backward(const OpCall& call) {
   float* dx = call.outputs[0].data<float>();
   rows_parallel(call, [&](std::int64_t at, std::int64_t n) {
     float total = 0.0f;
-    for (std::int64_t j = 0; j < n; ++j) total += dy[at + j];
-    for (std::int64_t j = 0; j < n; ++j) dx[at + j] = dy[at + j] - std::exp(y[at + j]) * total;
+    for (std::int64_t j = 0; j < n; ++j)
+      total += dy[at + j];
+    for (std::int64_t j = 0; j < n; ++j)
+      dx[at + j] = dy[at + j] - std::exp(y[at + j]) * total;
   });
 }
 
@@ -433,8 +511,10 @@ void adamw_step(const OpCall& call) {
   float* v = call.outputs[2].data<float>();
   std::int64_t n = call.inputs[0].numel();
   const float b1 = static_cast<float>(a.beta1), b2 = static_cast<float>(a.beta2);
-  const float step_size = static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step))));
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
+  const float step_size =
+      static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step))));
+  const float inv_sqrt_bc2 =
+      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
   const float decay = static_cast<float>(1.0 - a.lr * a.weight_decay);
   const float eps = static_cast<float>(a.eps);
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrain)

@@ -40,14 +40,13 @@ void layer_norm(const OpCall& call) {
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* xr = px + r * c;
-    float sum = 0.0f;
-    for (std::int64_t j = 0; j < c; ++j) sum += xr[j];
-    float mean = sum / static_cast<float>(c);
-    float var = 0.0f;
-    for (std::int64_t j = 0; j < c; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+    float mean = lanes_sum(c, [&](std::int64_t j) { return xr[j]; }) / static_cast<float>(c);
+    float var = lanes_sum(c, [&](std::int64_t j) { return (xr[j] - mean) * (xr[j] - mean); });
     float rstd = 1.0f / std::sqrt(var / static_cast<float>(c) + eps);
     float* yr = y + r * c;
-    for (std::int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
+#pragma omp simd
+    for (std::int64_t j = 0; j < c; ++j)
+      yr[j] = (xr[j] - mean) * rstd * w[j] + b[j];
     mean_out[r] = mean;
     rstd_out[r] = rstd;
   }
@@ -75,18 +74,39 @@ void layer_norm_backward(const OpCall& call) {
       const float* xr = x + r * c;
       const float* dyr = dy + r * c;
       float mu = mean[r], rs = rstd[r];
-      float mean_g = 0.0f, mean_gx = 0.0f;
-      for (std::int64_t j = 0; j < c; ++j) {
-        float xhat = (xr[j] - mu) * rs;
-        float g = dyr[j] * w[j];
-        mean_g += g;
-        mean_gx += g * xhat;
+      // One pass: the row sums of g and g xhat in 16 fixed lanes (see lanes_sum), and
+      // this thread's dw, db.
+      constexpr int kLanes = 16;
+      float lane_g[kLanes] = {}, lane_gx[kLanes] = {};
+      std::int64_t j0 = 0;
+      for (; j0 + kLanes <= c; j0 += kLanes) {
+#pragma omp simd
+        for (int l = 0; l < kLanes; ++l) {
+          std::int64_t j = j0 + l;
+          float xhat = (xr[j] - mu) * rs, g = dyr[j] * w[j];
+          lane_g[l] += g;
+          lane_gx[l] += g * xhat;
+          dw_t[j] += dyr[j] * xhat;
+          db_t[j] += dyr[j];
+        }
+      }
+      float tail_g = 0.0f, tail_gx = 0.0f;
+      for (std::int64_t j = j0; j < c; ++j) {
+        float xhat = (xr[j] - mu) * rs, g = dyr[j] * w[j];
+        tail_g += g;
+        tail_gx += g * xhat;
         dw_t[j] += dyr[j] * xhat;
         db_t[j] += dyr[j];
       }
-      mean_g /= static_cast<float>(c);
-      mean_gx /= static_cast<float>(c);
+      for (int width = kLanes / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; ++l) {
+          lane_g[l] += lane_g[l + width];
+          lane_gx[l] += lane_gx[l + width];
+        }
+      float mean_g = (lane_g[0] + tail_g) / static_cast<float>(c);
+      float mean_gx = (lane_gx[0] + tail_gx) / static_cast<float>(c);
       float* dxr = dx + r * c;
+#pragma omp simd
       for (std::int64_t j = 0; j < c; ++j) {
         float xhat = (xr[j] - mu) * rs;
         dxr[j] = rs * (dyr[j] * w[j] - mean_g - xhat * mean_gx);
@@ -115,10 +135,12 @@ void embedding(const OpCall& call) {
   const float* weight = call.inputs[0].data<float>();
   const std::int32_t* ids = call.inputs[1].data<std::int32_t>();
   std::int64_t v = call.inputs[0].dim(0), c = call.inputs[0].dim(1), n = call.inputs[1].numel();
-  for (std::int64_t i = 0; i < n; ++i) checked_id(ids[i], v, "embedding");
+  for (std::int64_t i = 0; i < n; ++i)
+    checked_id(ids[i], v, "embedding");
   float* out = call.outputs[0].data<float>();
 #pragma omp parallel for schedule(static) if (n * c > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) std::memcpy(out + i * c, weight + ids[i] * c, c * sizeof(float));
+  for (std::int64_t i = 0; i < n; ++i)
+    std::memcpy(out + i * c, weight + ids[i] * c, c * sizeof(float));
 }
 
 void embedding_backward(const OpCall& call) {
@@ -128,7 +150,8 @@ void embedding_backward(const OpCall& call) {
   const std::int32_t* ids = call.inputs[1].data<std::int32_t>();
   Tensor& dw = call.outputs[0];
   std::int64_t v = dw.dim(0), c = dw.dim(1), n = call.inputs[1].numel();
-  for (std::int64_t i = 0; i < n; ++i) checked_id(ids[i], v, "embedding_backward");
+  for (std::int64_t i = 0; i < n; ++i)
+    checked_id(ids[i], v, "embedding_backward");
   float* pdw = dw.data<float>();
   std::memset(pdw, 0, dw.nbytes());
   int threads = n * c > kParallelGrain && c >= 64 ? omp_get_max_threads() : 1;
@@ -139,7 +162,8 @@ void embedding_backward(const OpCall& call) {
     for (std::int64_t i = 0; i < n; ++i) {
       float* row = pdw + ids[i] * c;
       const float* g = dy + i * c;
-      for (std::int64_t j = begin; j < end; ++j) row[j] += g[j];
+      for (std::int64_t j = begin; j < end; ++j)
+        row[j] += g[j];
     }
   }
 }
@@ -149,21 +173,25 @@ void cross_entropy(const OpCall& call) {
   const float* logits = call.inputs[0].data<float>();
   const std::int32_t* targets = call.inputs[1].data<std::int32_t>();
   std::int64_t n = call.inputs[0].dim(0), v = call.inputs[0].dim(1);
-  for (std::int64_t r = 0; r < n; ++r) checked_id(targets[r], v, "cross_entropy");
+  for (std::int64_t r = 0; r < n; ++r)
+    checked_id(targets[r], v, "cross_entropy");
   float* lse_out = call.outputs[1].data<float>();
   double total = 0.0;
 #pragma omp parallel for reduction(+ : total) schedule(static) if (n * v > kParallelGrain)
   for (std::int64_t r = 0; r < n; ++r) {
     const float* row = logits + r * v;
     float m = -std::numeric_limits<float>::infinity();
-    for (std::int64_t j = 0; j < v; ++j) m = std::max(m, row[j]);
+    for (std::int64_t j = 0; j < v; ++j)
+      m = std::max(m, row[j]);
     float s = 0.0f;
-    for (std::int64_t j = 0; j < v; ++j) s += std::exp(row[j] - m);
+    for (std::int64_t j = 0; j < v; ++j)
+      s += std::exp(row[j] - m);
     float lse = m + std::log(s);
     lse_out[r] = lse;
     total += static_cast<double>(lse) - row[targets[r]];
   }
-  call.outputs[0].data<float>()[0] = static_cast<float>(n > 0 ? total / static_cast<double>(n) : 0.0);
+  call.outputs[0].data<float>()[0] =
+      static_cast<float>(n > 0 ? total / static_cast<double>(n) : 0.0);
 }
 
 void cross_entropy_backward(const OpCall& call) {
@@ -172,7 +200,8 @@ void cross_entropy_backward(const OpCall& call) {
   const std::int32_t* targets = call.inputs[2].data<std::int32_t>();
   const float* lse = call.inputs[3].data<float>();
   std::int64_t n = call.inputs[1].dim(0), v = call.inputs[1].dim(1);
-  for (std::int64_t r = 0; r < n; ++r) checked_id(targets[r], v, "cross_entropy_backward");
+  for (std::int64_t r = 0; r < n; ++r)
+    checked_id(targets[r], v, "cross_entropy_backward");
   float* dx = call.outputs[0].data<float>();
   float scale = dloss / static_cast<float>(std::max<std::int64_t>(n, 1));
 #pragma omp parallel for schedule(static) if (n * v > kParallelGrain)
@@ -180,7 +209,8 @@ void cross_entropy_backward(const OpCall& call) {
     const float* row = logits + r * v;
     float* drow = dx + r * v;
     float l = lse[r];
-    for (std::int64_t j = 0; j < v; ++j) drow[j] = scale * std::exp(row[j] - l);
+    for (std::int64_t j = 0; j < v; ++j)
+      drow[j] = scale * std::exp(row[j] - l);
     drow[targets[r]] -= scale;
   }
 }
@@ -221,12 +251,14 @@ void causal_attention(const OpCall& call) {
         for (std::int64_t i0 = 0; i0 < s.t; i0 += kQueryBlock) {
           std::int64_t rows = std::min(kQueryBlock, s.t - i0), end = i0 + rows;
           // S = scale q_block k[0:end]^T, [rows, end] with leading dimension end.
-          gemm(false, true, rows, end, s.d, scale, q + i0 * ld, ld, k, ld, 0.0f, scores.data(), end);
+          gemm(false, true, rows, end, s.d, scale, q + i0 * ld, ld, k, ld, 0.0f, scores.data(),
+               end);
           for (std::int64_t r = 0; r < rows; ++r) {
             std::int64_t i = i0 + r;  // keys 0..i are visible
             float* row = scores.data() + r * end;
             float m = -std::numeric_limits<float>::infinity();
-            for (std::int64_t j = 0; j <= i; ++j) m = std::max(m, row[j]);
+            for (std::int64_t j = 0; j <= i; ++j)
+              m = std::max(m, row[j]);
             float total = 0.0f;
 #pragma omp simd reduction(+ : total)
             for (std::int64_t j = 0; j <= i; ++j) {
@@ -234,11 +266,14 @@ void causal_attention(const OpCall& call) {
               total += row[j];
             }
             float inv = 1.0f / total;
-            for (std::int64_t j = 0; j <= i; ++j) row[j] *= inv;
-            for (std::int64_t j = i + 1; j < end; ++j) row[j] = 0.0f;
+            for (std::int64_t j = 0; j <= i; ++j)
+              row[j] *= inv;
+            for (std::int64_t j = i + 1; j < end; ++j)
+              row[j] = 0.0f;
             lse_bh[i] = m + std::log(total);
           }
-          gemm(false, false, rows, s.d, end, 1.0f, scores.data(), end, v, ld, 0.0f, o + i0 * s.c, s.c);  // O = P v
+          gemm(false, false, rows, s.d, end, 1.0f, scores.data(), end, v, ld, 0.0f, o + i0 * s.c,
+               s.c);  // O = P v
         }
       }
     }
@@ -283,23 +318,31 @@ void causal_attention_backward(const OpCall& call) {
             float* row = p.data() + r * end;
             float l = lse_bh[i];
 #pragma omp simd
-            for (std::int64_t j = 0; j <= i; ++j) row[j] = exp_approx(row[j] - l);
-            for (std::int64_t j = i + 1; j < end; ++j) row[j] = 0.0f;
+            for (std::int64_t j = 0; j <= i; ++j)
+              row[j] = exp_approx(row[j] - l);
+            for (std::int64_t j = i + 1; j < end; ++j)
+              row[j] = 0.0f;
           }
           const float* dot_blk = dot + i0 * s.c;
-          gemm(true, false, end, s.d, rows, 1.0f, p.data(), end, dot_blk, s.c, 1.0f, dv, ld);   // dV += P^T dO
-          gemm(false, true, rows, end, s.d, 1.0f, dot_blk, s.c, v, ld, 0.0f, dp.data(), end);  // dP = dO V^T
+          gemm(true, false, end, s.d, rows, 1.0f, p.data(), end, dot_blk, s.c, 1.0f, dv,
+               ld);  // dV += P^T dO
+          gemm(false, true, rows, end, s.d, 1.0f, dot_blk, s.c, v, ld, 0.0f, dp.data(),
+               end);  // dP = dO V^T
           for (std::int64_t r = 0; r < rows; ++r) {
             std::int64_t i = i0 + r;
             float delta = 0.0f;
-            for (std::int64_t e = 0; e < s.d; ++e) delta += dot[i * s.c + e] * o[i * s.c + e];
+            for (std::int64_t e = 0; e < s.d; ++e)
+              delta += dot[i * s.c + e] * o[i * s.c + e];
             float* prow = p.data() + r * end;
             const float* dprow = dp.data() + r * end;
 #pragma omp simd
-            for (std::int64_t j = 0; j <= i; ++j) prow[j] = prow[j] * (dprow[j] - delta);  // now dS
+            for (std::int64_t j = 0; j <= i; ++j)
+              prow[j] = prow[j] * (dprow[j] - delta);  // now dS
           }
-          gemm(false, false, rows, s.d, end, scale, p.data(), end, k, ld, 0.0f, dq + i0 * ld, ld);  // dQ = scale dS K
-          gemm(true, false, end, s.d, rows, scale, p.data(), end, q + i0 * ld, ld, 1.0f, dk, ld);   // dK += scale dS^T Q
+          gemm(false, false, rows, s.d, end, scale, p.data(), end, k, ld, 0.0f, dq + i0 * ld,
+               ld);  // dQ = scale dS K
+          gemm(true, false, end, s.d, rows, scale, p.data(), end, q + i0 * ld, ld, 1.0f, dk,
+               ld);  // dK += scale dS^T Q
         }
       }
     }
@@ -315,7 +358,8 @@ struct ConvGeometry {
 ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const Attrs& a) {
   std::int64_t oh = (x.dim(2) + 2 * a.padding - w.dim(2)) / a.stride + 1;
   std::int64_t ow = (x.dim(3) + 2 * a.padding - w.dim(3)) / a.stride + 1;
-  return {x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0), w.dim(2), w.dim(3), oh, ow, a.stride, a.padding};
+  return {x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0), w.dim(2),
+          w.dim(3), oh,       ow,       a.stride, a.padding};
 }
 
 // cols[(ci,u,v), (y,x)] = image[ci, y*stride - pad + u, x*stride - pad + v] (0 outside).
@@ -328,7 +372,9 @@ void im2col(const float* image, const ConvGeometry& g, float* cols) {
           std::int64_t iy = y * g.stride - g.pad + u;
           for (std::int64_t x = 0; x < g.ow; ++x) {
             std::int64_t ix = x * g.stride - g.pad + v;
-            row[y * g.ow + x] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) ? image[(ci * g.h + iy) * g.w + ix] : 0.0f;
+            row[y * g.ow + x] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
+                                    ? image[(ci * g.h + iy) * g.w + ix]
+                                    : 0.0f;
           }
         }
       }
@@ -342,10 +388,12 @@ void col2im(const float* cols, const ConvGeometry& g, float* image) {
         const float* row = cols + ((ci * g.kh + u) * g.kw + v) * g.pixels();
         for (std::int64_t y = 0; y < g.oh; ++y) {
           std::int64_t iy = y * g.stride - g.pad + u;
-          if (iy < 0 || iy >= g.h) continue;
+          if (iy < 0 || iy >= g.h)
+            continue;
           for (std::int64_t x = 0; x < g.ow; ++x) {
             std::int64_t ix = x * g.stride - g.pad + v;
-            if (ix >= 0 && ix < g.w) image[(ci * g.h + iy) * g.w + ix] += row[y * g.ow + x];
+            if (ix >= 0 && ix < g.w)
+              image[(ci * g.h + iy) * g.w + ix] += row[y * g.ow + x];
           }
         }
       }
@@ -364,8 +412,10 @@ void conv2d(const OpCall& call) {
     for (std::int64_t i = 0; i < g.n; ++i) {
       im2col(x + i * g.c * g.h * g.w, g, cols.data());
       float* yi = y + i * g.o * g.pixels();
-      for (std::int64_t oi = 0; oi < g.o; ++oi) std::fill_n(yi + oi * g.pixels(), g.pixels(), bias[oi]);
-      gemm(false, false, g.o, g.pixels(), g.patch(), 1.0f, w, g.patch(), cols.data(), g.pixels(), 1.0f, yi, g.pixels());
+      for (std::int64_t oi = 0; oi < g.o; ++oi)
+        std::fill_n(yi + oi * g.pixels(), g.pixels(), bias[oi]);
+      gemm(false, false, g.o, g.pixels(), g.patch(), 1.0f, w, g.patch(), cols.data(), g.pixels(),
+           1.0f, yi, g.pixels());
     }
   }
 }
@@ -392,24 +442,29 @@ void conv2d_backward(const OpCall& call) {
     for (std::int64_t i = 0; i < g.n; ++i) {
       const float* dyi = dy + i * g.o * g.pixels();
       im2col(x + i * g.c * g.h * g.w, g, cols.data());
-      gemm(false, true, g.o, g.patch(), g.pixels(), 1.0f, dyi, g.pixels(), cols.data(), g.pixels(), 1.0f, dw_t, g.patch());
-      gemm(true, false, g.patch(), g.pixels(), g.o, 1.0f, w, g.patch(), dyi, g.pixels(), 0.0f, dcols.data(), g.pixels());
+      gemm(false, true, g.o, g.patch(), g.pixels(), 1.0f, dyi, g.pixels(), cols.data(), g.pixels(),
+           1.0f, dw_t, g.patch());
+      gemm(true, false, g.patch(), g.pixels(), g.o, 1.0f, w, g.patch(), dyi, g.pixels(), 0.0f,
+           dcols.data(), g.pixels());
       col2im(dcols.data(), g, dx + i * g.c * g.h * g.w);
       for (std::int64_t oi = 0; oi < g.o; ++oi) {
         double acc = 0.0;
-        for (std::int64_t p = 0; p < g.pixels(); ++p) acc += dyi[oi * g.pixels() + p];
+        for (std::int64_t p = 0; p < g.pixels(); ++p)
+          acc += dyi[oi * g.pixels() + p];
         db_partial[static_cast<std::size_t>(t) * g.o + oi] += acc;
       }
     }
   }
   for (std::int64_t j = 0; j < g.o * g.patch(); ++j) {
     float acc = 0.0f;
-    for (int t = 0; t < threads; ++t) acc += dw_partial[static_cast<std::size_t>(t) * g.o * g.patch() + j];
+    for (int t = 0; t < threads; ++t)
+      acc += dw_partial[static_cast<std::size_t>(t) * g.o * g.patch() + j];
     dw[j] = acc;
   }
   for (std::int64_t oi = 0; oi < g.o; ++oi) {
     double acc = 0.0;
-    for (int t = 0; t < threads; ++t) acc += db_partial[static_cast<std::size_t>(t) * g.o + oi];
+    for (int t = 0; t < threads; ++t)
+      acc += db_partial[static_cast<std::size_t>(t) * g.o + oi];
     db[oi] = static_cast<float>(acc);
   }
 }
@@ -421,7 +476,8 @@ void max_pool2d(const OpCall& call) {
   float* py = call.outputs[0].data<float>();
   std::int32_t* arg = call.outputs[1].data<std::int32_t>();
   std::int64_t planes = x.dim(0) * x.dim(1), h = x.dim(2), w = x.dim(3);
-  std::int64_t oh = call.outputs[0].dim(2), ow = call.outputs[0].dim(3), k = call.attrs.kernel, s = call.attrs.stride;
+  std::int64_t oh = call.outputs[0].dim(2), ow = call.outputs[0].dim(3), k = call.attrs.kernel,
+               s = call.attrs.stride;
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
   for (std::int64_t p = 0; p < planes; ++p) {
     const float* plane = px + p * h * w;
@@ -455,7 +511,8 @@ void max_pool2d_backward(const OpCall& call) {
   for (std::int64_t p = 0; p < planes; ++p) {
     float* out = pdx + p * plane;
     std::memset(out, 0, plane * sizeof(float));
-    for (std::int64_t i = 0; i < per_plane; ++i) out[arg[p * per_plane + i]] += dy[p * per_plane + i];
+    for (std::int64_t i = 0; i < per_plane; ++i)
+      out[arg[p * per_plane + i]] += dy[p * per_plane + i];
   }
 }
 

@@ -8,6 +8,29 @@
 
 namespace loom::cpu {
 
+// sum_{j<n} term(j) with kLanes independent partial sums combined pairwise at the end.
+// A single running sum is a chain of dependent adds that the compiler may not reorder
+// (no -ffast-math), so it neither vectorises nor pipelines; fixed lanes do both, and the
+// order stays fixed, so results are the same on every run. T: float or double.
+template <class T = float, class Term>
+inline T lanes_sum(std::int64_t n, Term term) {
+  constexpr int kLanes = 64 / sizeof(T);  // one AVX-512 register
+  T acc[kLanes] = {};
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] += term(j + l);
+  }
+  T tail = 0;
+  for (; j < n; ++j)
+    tail += term(j);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l)
+      acc[l] += acc[l + width];
+  return acc[0] + tail;
+}
+
 // e^x to about 2 ulp (Cephes expf): x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6
 // polynomial, 2^n assembled in the exponent bits. Inputs are clamped to the finite range.
 inline float exp_approx(float x) {
@@ -27,7 +50,9 @@ inline float exp_approx(float x) {
 
 // tanh(x) = 1 - 2 / (e^{2x} + 1): absolute error ~1e-7, enough where tanh is added to 1
 // (GELU); the tanh operator itself keeps std::tanh.
-inline float tanh_approx(float x) { return 1.0f - 2.0f / (exp_approx(2.0f * x) + 1.0f); }
+inline float tanh_approx(float x) {
+  return 1.0f - 2.0f / (exp_approx(2.0f * x) + 1.0f);
+}
 
 inline float gelu_fast(float x) {
   constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
