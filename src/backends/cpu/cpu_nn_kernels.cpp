@@ -256,9 +256,7 @@ void causal_attention(const OpCall& call) {
           for (std::int64_t r = 0; r < rows; ++r) {
             std::int64_t i = i0 + r;  // keys 0..i are visible
             float* row = scores.data() + r * end;
-            float m = -std::numeric_limits<float>::infinity();
-            for (std::int64_t j = 0; j <= i; ++j)
-              m = std::max(m, row[j]);
+            float m = lanes_max(i + 1, [&](std::int64_t j) { return row[j]; });
             float total = 0.0f;
 #pragma omp simd reduction(+ : total)
             for (std::int64_t j = 0; j <= i; ++j) {
@@ -266,6 +264,7 @@ void causal_attention(const OpCall& call) {
               total += row[j];
             }
             float inv = 1.0f / total;
+#pragma omp simd
             for (std::int64_t j = 0; j <= i; ++j)
               row[j] *= inv;
             for (std::int64_t j = i + 1; j < end; ++j)
@@ -330,9 +329,9 @@ void causal_attention_backward(const OpCall& call) {
                end);  // dP = dO V^T
           for (std::int64_t r = 0; r < rows; ++r) {
             std::int64_t i = i0 + r;
-            float delta = 0.0f;
-            for (std::int64_t e = 0; e < s.d; ++e)
-              delta += dot[i * s.c + e] * o[i * s.c + e];
+            const float* dot_i = dot + i * s.c;
+            const float* o_i = o + i * s.c;
+            float delta = lanes_sum(s.d, [&](std::int64_t e) { return dot_i[e] * o_i[e]; });
             float* prow = p.data() + r * end;
             const float* dprow = dp.data() + r * end;
 #pragma omp simd

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace loom::cpu {
 
@@ -29,6 +30,29 @@ inline T lanes_sum(std::int64_t n, Term term) {
     for (int l = 0; l < width; ++l)
       acc[l] += acc[l + width];
   return acc[0] + tail;
+}
+
+// max_{j<n} value(j) (n >= 1), in kLanes fixed lanes like lanes_sum (max is exact in any order).
+template <class Value>
+inline float lanes_max(std::int64_t n, Value value) {
+  constexpr int kLanes = 16;
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l)
+    acc[l] = -std::numeric_limits<float>::infinity();
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) {
+      float v = value(j + l);
+      acc[l] = acc[l] > v ? acc[l] : v;  // a ternary vectorises; std::max's NaN rules do not
+    }
+  }
+  float m = -std::numeric_limits<float>::infinity();
+  for (; j < n; ++j)
+    m = m > value(j) ? m : value(j);
+  for (int l = 0; l < kLanes; ++l)
+    m = m > acc[l] ? m : acc[l];
+  return m;
 }
 
 // e^x to about 2 ulp (Cephes expf): x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6
