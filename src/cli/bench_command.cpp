@@ -53,15 +53,23 @@ int run_bench(const BenchOptions& o) {
   nlohmann::ordered_json profile{{"format", "loom-device-profile/1"}, {"device", device.info().name}};
   if (!o.chip.empty()) profile["chip"] = o.chip;
 
-  // GEMM throughput by size: C[n,n] = A[n,n] B[n,n], 2 n^3 FLOPs.
+  // GEMM throughput by size and operand type: C[n,n] = A[n,n] B[n,n], 2 n^3 FLOPs. bf16
+  // is measured where the backend offers it (set_matmul_precision), as Loom runs it: on
+  // the CPU an emulation, on a GPU the tensor cores. A GPU also gets the large sizes.
   std::vector<std::int64_t> sizes = o.quick ? std::vector<std::int64_t>{64, 256} : std::vector<std::int64_t>{256, 512, 1024, 2048};
-  for (std::int64_t n : sizes) {
-    Tensor a = nn::normal_tensor({n, n}, 1.0, rng, device), b = nn::normal_tensor({n, n}, 1.0, rng, device);
-    double s = median_seconds(device, reps, [&] { dispatch::call1(OpId::matmul, {a, b}); });
-    double tflops = 2.0 * static_cast<double>(n) * n * n / s / 1e12;
-    profile["gemm"].push_back({{"dtype", "f32"}, {"m", n}, {"n", n}, {"k", n}, {"tflops", tflops}});
-    std::fprintf(stderr, "gemm %lld^3 f32: %.1f GFLOP/s\n", static_cast<long long>(n), tflops * 1e3);
+  if (!o.quick && o.device == "cuda") sizes.insert(sizes.end(), {4096, 8192});
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    if (!device.set_matmul_precision(dtype)) continue;
+    for (std::int64_t n : sizes) {
+      Tensor a = nn::normal_tensor({n, n}, 1.0, rng, device), b = nn::normal_tensor({n, n}, 1.0, rng, device);
+      double s = median_seconds(device, reps, [&] { dispatch::call1(OpId::matmul, {a, b}); });
+      double tflops = 2.0 * static_cast<double>(n) * n * n / s / 1e12;
+      std::string name(dtype_name(dtype));
+      profile["gemm"].push_back({{"dtype", name}, {"m", n}, {"n", n}, {"k", n}, {"tflops", tflops}});
+      std::fprintf(stderr, "gemm %lld^3 %s: %.1f GFLOP/s\n", static_cast<long long>(n), name.c_str(), tflops * 1e3);
+    }
   }
+  device.set_matmul_precision(DType::f32);
   // Memory bandwidth: y = alpha x reads and writes every byte once.
   std::int64_t elements = o.quick ? (1 << 20) : (16 << 20);
   Tensor x = nn::constant_tensor({elements}, 1.0f, device);
