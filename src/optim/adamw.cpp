@@ -43,10 +43,15 @@ void AdamW::zero_grad() {
 }
 
 double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm) {
-  double total = 0.0;
-  for (const nn::Parameter& p : params)
-    if (p.var.grad().defined()) total += dispatch::call1(OpId::sum_squares, {p.var.grad()}).item();
-  double norm = std::sqrt(total);
+  // The squares are summed on the device and read once: one host synchronisation per
+  // step instead of one per parameter (each a full stall on a GPU).
+  Tensor total;
+  for (const nn::Parameter& p : params) {
+    if (!p.var.grad().defined()) continue;
+    Tensor squares = dispatch::call1(OpId::sum_squares, {p.var.grad()});
+    total = total.defined() ? dispatch::call1(OpId::add, {total, squares}) : squares;
+  }
+  double norm = total.defined() ? std::sqrt(static_cast<double>(total.item())) : 0.0;
   if (norm > max_norm && norm > 0.0) {
     Attrs a;
     a.alpha = max_norm / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
