@@ -23,12 +23,14 @@ constexpr const char* kBoolFlags[] = {"resume", "json"};
 
 bool is_bool_flag(const std::string& key) {
   for (const char* k : kBoolFlags)
-    if (key == k) return true;
+    if (key == k)
+      return true;
   return false;
 }
 
 std::string dashed(std::string key) {
-  for (char& c : key) c = c == '_' ? '-' : c;
+  for (char& c : key)
+    c = c == '_' ? '-' : c;
   return key;
 }
 
@@ -39,7 +41,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   // ---- train ----------------------------------------------------------------
-  CLI::App* train = app.add_subcommand("train", "train a model (defaults: char-level GPT on tiny Shakespeare)");
+  CLI::App* train =
+      app.add_subcommand("train", "train a model (defaults: char-level GPT on tiny Shakespeare)");
   std::string config_path;
   train->add_option("config", config_path, "YAML config file (keys as the flags below)");
   std::map<std::string, std::string> values;
@@ -58,19 +61,24 @@ int main(int argc, char** argv) {
   std::string sample_ckpt, prompt;
   std::int64_t sample_tokens = 500, sample_seed = 1337;
   double temperature = 0.8;
-  sample->add_option("checkpoint", sample_ckpt, "checkpoint folder or model.safetensors")->required();
+  sample->add_option("checkpoint", sample_ckpt, "checkpoint folder or model.safetensors")
+      ->required();
   sample->add_option("--prompt", prompt, "text to continue");
-  sample->add_option("--tokens", sample_tokens, "characters to generate")->check(CLI::Range(0, 1 << 24));
-  sample->add_option("--temperature", temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+  sample->add_option("--tokens", sample_tokens, "characters to generate")
+      ->check(CLI::Range(0, 1 << 24));
+  sample->add_option("--temperature", temperature, "sampling temperature (0: greedy)")
+      ->check(CLI::Range(0.0, 100.0));
   sample->add_option("--seed", sample_seed, "sampling seed");
 
   // ---- eval -----------------------------------------------------------------
-  CLI::App* eval = app.add_subcommand("eval", "mean cross-entropy of a GPT checkpoint over a text file");
+  CLI::App* eval =
+      app.add_subcommand("eval", "mean cross-entropy of a GPT checkpoint over a text file");
   std::string eval_ckpt, eval_data;
   std::int64_t eval_batch = 64;
   eval->add_option("checkpoint", eval_ckpt, "checkpoint folder or model.safetensors")->required();
   eval->add_option("--data", eval_data, "UTF-8 text file")->required();
-  eval->add_option("--batch", eval_batch, "windows per forward pass")->check(CLI::Range(1, 1 << 20));
+  eval->add_option("--batch", eval_batch, "windows per forward pass")
+      ->check(CLI::Range(1, 1 << 20));
   bool eval_json = false;
   eval->add_flag("--json", eval_json, "print a JSON object");
 
@@ -90,21 +98,28 @@ int main(int argc, char** argv) {
   try {
     if (train->parsed()) {
       TrainConfig cfg;
-      if (!config_path.empty()) cfg.load_yaml(config_path);
+      if (!config_path.empty())
+        cfg.load_yaml(config_path);
       for (const std::string& key : TrainConfig::keys()) {
         std::string flag = "--" + key;
-        if (train->count(flag) == 0) continue;
-        cfg.set(key, is_bool_flag(key) ? (flags[key] ? "true" : "false") : values[key], "command line --" + key);
+        if (train->count(flag) == 0)
+          continue;
+        cfg.set(key, is_bool_flag(key) ? (flags[key] ? "true" : "false") : values[key],
+                "command line --" + key);
       }
       cfg.finalize();
       loom::train::Summary summary = loom::train::run_training(cfg);
+      if (!summary.lead)
+        return 0;  // rank 0 of a data-parallel job reports
       if (cfg.json) {
         std::printf("%s\n", summary.to_json().c_str());
       } else {
-        std::printf("done: %lld steps, loss %.4f -> %.4f", static_cast<long long>(summary.steps), summary.loss_first,
-                    summary.loss_last);
-        if (summary.val_loss) std::printf(", val loss %.4f", *summary.val_loss);
-        if (summary.test_accuracy) std::printf(", test accuracy %.2f%%", 100.0 * *summary.test_accuracy);
+        std::printf("done: %lld steps, loss %.4f -> %.4f", static_cast<long long>(summary.steps),
+                    summary.loss_first, summary.loss_last);
+        if (summary.val_loss)
+          std::printf(", val loss %.4f", *summary.val_loss);
+        if (summary.test_accuracy)
+          std::printf(", test accuracy %.2f%%", 100.0 * *summary.test_accuracy);
         std::printf(", %.0f %s/s, %.1f ms/step, peak RSS %.0f MiB\n", summary.tokens_per_s,
                     cfg.model == "gpt" ? "tokens" : "images", summary.step_ms_median,
                     static_cast<double>(summary.peak_rss_bytes) / (1 << 20));
@@ -113,11 +128,14 @@ int main(int argc, char** argv) {
     } else if (sample->parsed()) {
       std::printf("%s%s\n", prompt.c_str(),
                   loom::train::sample_text(sample_ckpt, prompt, sample_tokens, temperature,
-                                           static_cast<std::uint64_t>(sample_seed)).c_str());
+                                           static_cast<std::uint64_t>(sample_seed))
+                      .c_str());
     } else if (eval->parsed()) {
       double loss = loom::train::evaluate_text(eval_ckpt, eval_data, eval_batch);
-      if (eval_json) std::printf("{\"loss\": %.6f}\n", loss);
-      else std::printf("%.6f\n", loss);
+      if (eval_json)
+        std::printf("{\"loss\": %.6f}\n", loss);
+      else
+        std::printf("%.6f\n", loss);
     } else if (ops->parsed()) {
       return loom::cli::run_ops(ops_options);
     } else if (bench->parsed()) {

@@ -7,8 +7,11 @@
 
 namespace loom::train {
 
-Progress::Progress(std::int64_t total_steps, bool enabled, std::int64_t log_every)
-    : total_(total_steps), terminal_(enabled && isatty(STDOUT_FILENO)), log_every_(log_every) {}
+Progress::Progress(std::int64_t total_steps, bool enabled, std::int64_t log_every, bool visible)
+    : total_(total_steps),
+      terminal_(enabled && isatty(STDOUT_FILENO)),
+      visible_(visible),
+      log_every_(log_every) {}
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0)
@@ -26,6 +29,8 @@ std::string format_duration(double seconds) {
 
 void Progress::update(std::int64_t step, double loss, double items_per_s, double step_seconds,
                       const std::string& unit) {
+  if (!visible_)
+    return;
   std::int64_t done = step + 1;
   double eta = static_cast<double>(total_ - done) * step_seconds;
   if (terminal_) {
@@ -48,6 +53,8 @@ void Progress::update(std::int64_t step, double loss, double items_per_s, double
 }
 
 void Progress::message(const std::string& line) {
+  if (!visible_)
+    return;
   if (line_open_)
     std::printf("\r\033[K");
   std::printf("%s\n", line.c_str());

@@ -9,7 +9,8 @@ namespace loom::train {
 
 class Progress {
  public:
-  Progress(std::int64_t total_steps, bool enabled, std::int64_t log_every);
+  // `visible` false: prints nothing (the other ranks of a data-parallel job).
+  Progress(std::int64_t total_steps, bool enabled, std::int64_t log_every, bool visible = true);
   // Reports a finished step: loss, tokens (or samples) per second, seconds per step.
   void update(std::int64_t step, double loss, double items_per_s, double step_seconds,
               const std::string& unit);
@@ -20,6 +21,7 @@ class Progress {
  private:
   std::int64_t total_;
   bool terminal_;
+  bool visible_ = true;
   std::int64_t log_every_;
   bool line_open_ = false;
 };

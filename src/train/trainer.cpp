@@ -16,6 +16,7 @@
 #include "data/idx.h"
 #include "data/text.h"
 #include "dispatch/devices.h"
+#include "dist/communicator.h"
 #include "nn/init.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
@@ -147,6 +148,17 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// This process's share of a batch: rows [rank B/N, (rank+1) B/N) of the inputs and the
+// matching targets (a view; dispatch makes it contiguous where a kernel needs it).
+data::Batch shard(data::Batch batch, const dist::Communicator& comm) {
+  if (comm.size() == 1)
+    return batch;
+  std::int64_t rows = batch.inputs.dim(0) / comm.size(), first = comm.rank() * rows;
+  std::int64_t per_row = batch.targets.numel() / batch.inputs.dim(0);
+  return {batch.inputs.slice(0, first, first + rows),
+          batch.targets.slice(0, first * per_row, (first + rows) * per_row)};
+}
+
 }  // namespace
 
 Summary run_training(const TrainConfig& cfg) {
@@ -159,25 +171,40 @@ Summary run_training(const TrainConfig& cfg) {
   Source source(cfg);
   ModelSpec spec{cfg.model, source.vocab(), cfg.context, cfg.layers,
                  cfg.heads, cfg.width,      cfg.dropout, cfg.bias};
+  // Data parallelism: each of the job's processes (mpirun -np N) trains on its share of
+  // every batch; gradients are averaged, so the N processes take the steps one process
+  // would take with the whole batch. Rank 0 alone logs, evaluates and writes.
+  dist::Communicator& comm = dist::world();
+  const bool lead = comm.rank() == 0;
+  check(cfg.batch % comm.size() == 0, "batch = " + std::to_string(cfg.batch) +
+                                          " does not divide among the " +
+                                          std::to_string(comm.size()) + " data-parallel processes");
   std::unique_ptr<nn::Model> model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);
   if (!cfg.init.empty())
     load_weights(cfg.init, *model);
   optim::AdamW optimizer(model->parameters(), {cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});
   const std::string ckpt_dir = cfg.out + "/checkpoint";
   std::int64_t start = cfg.resume ? load_checkpoint(ckpt_dir, *model, optimizer) : 0;
+  {
+    std::vector<nn::Parameter> params = model->parameters();
+    dist::broadcast_parameters(comm, params);
+  }
   check(start <= cfg.steps, ckpt_dir + ": checkpoint is at step " + std::to_string(start) +
                                 ", beyond steps = " + std::to_string(cfg.steps));
   std::error_code ec;
   fs::create_directories(cfg.out, ec);
   check(!ec, cfg.out + ": cannot create the output folder: " + ec.message());
-  std::ofstream metrics(cfg.out + "/metrics.jsonl", cfg.resume ? std::ios::app : std::ios::trunc);
-  check(metrics.good(), cfg.out + "/metrics.jsonl: cannot open for writing");
+  std::ofstream metrics;  // rank 0's; writes to a closed stream do nothing
+  if (lead) {
+    metrics.open(cfg.out + "/metrics.jsonl", cfg.resume ? std::ios::app : std::ios::trunc);
+    check(metrics.good(), cfg.out + "/metrics.jsonl: cannot open for writing");
+  }
   const std::string vocab_utf8 =
       source.text() && cfg.data != "random" ? source.dataset().tokenizer().alphabet_utf8() : "";
   const std::string config_json = cfg.to_json();
   const std::string unit = source.text() ? "tok" : "img";
 
-  if (!cfg.json) {
+  if (!cfg.json && lead) {
     std::printf(
         "loom: training %s (%lld parameters) on %s, %lld steps from step %lld, %lld threads\n",
         cfg.model.c_str(), static_cast<long long>(model->parameter_count()),
@@ -187,32 +214,36 @@ Summary run_training(const TrainConfig& cfg) {
   }
   // A fixed set of validation batches, so estimates at different steps compare.
   std::vector<data::Batch> val_batches;
-  if (source.text() && cfg.eval_every > 0) {
+  if (source.text() && cfg.eval_every > 0 && lead) {
     for (std::int64_t i = 0; i < cfg.eval_batches; ++i)
       val_batches.push_back(source.dataset().sample(
           source.dataset().val(), cfg.batch, cfg.context,
           nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xe7a1, i), device));
   }
 
-  Progress progress(cfg.steps, cfg.progress && !cfg.json, cfg.log_every);
+  Progress progress(cfg.steps, cfg.progress && !cfg.json && lead, cfg.log_every, lead);
   Summary summary;
   std::vector<double> step_seconds;
   const std::int64_t end = cfg.stop_after > 0 ? std::min(cfg.stop_after, cfg.steps) : cfg.steps;
   for (std::int64_t step = start; step < end; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     double lr = optim::cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps);
-    data::Batch batch = source.batch(step, device);
+    data::Batch batch = shard(source.batch(step, device), comm);
     ag::Tape tape;
     nn::ForwardOptions options{true,
                                nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xd20f, step)};
     ag::Var loss =
         ag::cross_entropy(tape, model->forward(tape, batch.inputs, options), batch.targets);
     tape.backward(loss);
+    {
+      std::vector<nn::Parameter> params = model->parameters();
+      dist::average_gradients(comm, params);
+    }
     if (cfg.grad_clip > 0)
       optim::clip_grad_norm(model->parameters(), cfg.grad_clip);
     optimizer.step(lr);
     optimizer.zero_grad();
-    double loss_value = loss.value().item();
+    double loss_value = dist::mean_over_ranks(comm, loss.value().item());  // the whole batch's loss
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step_seconds.push_back(seconds);
     check(std::isfinite(loss_value), "training diverged: loss = " + std::to_string(loss_value) +
@@ -228,18 +259,20 @@ Summary run_training(const TrainConfig& cfg) {
                               {"ms", seconds * 1e3}}
                    .dump()
             << "\n";
-    if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && !val_batches.empty()) {
+    if (lead && cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && !val_batches.empty()) {
       double val = mean_loss(*model, val_batches);
       progress.message("step " + std::to_string(step + 1) + ": val loss " + std::to_string(val) +
                        " (estimate over " + std::to_string(cfg.eval_batches) + " batches)");
       metrics << nlohmann::json{{"step", step + 1}, {"val_loss_estimate", val}}.dump() << "\n";
     }
-    if (cfg.save && cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 && step + 1 < end)
+    if (lead && cfg.save && cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 &&
+        step + 1 < end)
       save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, step + 1, config_json);
     metrics.flush();
   }
   progress.finish();
-  if (cfg.save)
+  summary.lead = lead;
+  if (lead && cfg.save)
     save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, end, config_json);
 
   summary.steps = end - start;
@@ -250,12 +283,12 @@ Summary run_training(const TrainConfig& cfg) {
   summary.tokens_per_s = summary.step_ms_median > 0 ? static_cast<double>(source.items_per_step()) /
                                                           (summary.step_ms_median / 1e3)
                                                     : 0;
-  if (source.text() && cfg.final_eval) {
+  if (lead && source.text() && cfg.final_eval) {
     summary.val_loss =
         mean_loss(*model, data::eval_windows(source.dataset().val(), cfg.context, 64, device));
     metrics << nlohmann::json{{"step", cfg.steps}, {"val_loss", *summary.val_loss}}.dump() << "\n";
   }
-  if (!source.text()) {
+  if (lead && !source.text()) {
     summary.test_accuracy = test_accuracy(*model, source.test_set(), device);
     metrics << nlohmann::json{{"step", cfg.steps}, {"test_accuracy", *summary.test_accuracy}}.dump()
             << "\n";

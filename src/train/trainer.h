@@ -16,6 +16,7 @@ struct Summary {
   std::int64_t peak_rss_bytes = 0;
   double loss_first = 0, loss_last = 0;
   std::optional<double> val_loss, test_accuracy;
+  bool lead = true;  // rank 0 of a data-parallel job (the one that reports)
   std::string to_json() const;
 };
 

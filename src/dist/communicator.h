@@ -1,0 +1,50 @@
+// dist/communicator.h — collectives over the processes of one training job (floor 6).
+//
+// Data parallelism needs three things from the processes: who am I (rank, size), sum a
+// buffer across all of them (all-reduce), and give everyone rank 0's bytes (broadcast).
+// MPI provides them when `loom` is launched by mpirun and the build found MPI; otherwise
+// the job is one process and every collective is the identity.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "nn/model.h"
+
+namespace loom::dist {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual std::string_view name() const = 0;  // "single", "mpi"
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // data[i] <- sum over ranks of data[i], on every rank.
+  virtual void all_reduce_sum(std::span<float> data) = 0;
+  // data <- rank `root`'s data, on every rank.
+  virtual void broadcast(std::span<std::byte> data, int root) = 0;
+};
+
+// One process: size 1, collectives leave the data as it is.
+std::unique_ptr<Communicator> single_process();
+
+// The job's communicator: MPI's world when launched by an MPI launcher in a build with
+// MPI, else single_process(). Created on first use and kept for the process.
+Communicator& world();
+
+// Data-parallel gradient averaging: every parameter's gradient becomes the mean over
+// ranks, in one all-reduce of a flat host buffer (one message per step, not one per
+// tensor). Parameters without a gradient must be the same on every rank.
+void average_gradients(Communicator& comm, std::vector<nn::Parameter>& params);
+
+// Every rank's parameters become rank 0's (a job starts in sync whatever each rank
+// loaded or initialised).
+void broadcast_parameters(Communicator& comm, std::vector<nn::Parameter>& params);
+
+// The mean of one value over ranks.
+double mean_over_ranks(Communicator& comm, double value);
+
+}  // namespace loom::dist

@@ -1,0 +1,75 @@
+// The communicator contract without a launcher: the one-process communicator, and the
+// gradient averaging (flatten, one all-reduce, unflatten) against a stand-in second rank.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "dist/communicator.h"
+#include "nn/gpt.h"
+#include "test_util.h"
+
+namespace loom::testing {
+namespace {
+
+// Rank 0 of a pretend two-process job: the other rank's buffer is `peer`.
+class PairWithPeer final : public dist::Communicator {
+ public:
+  explicit PairWithPeer(std::vector<float> peer) : peer_(std::move(peer)) {}
+  std::string_view name() const override { return "pair"; }
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  void all_reduce_sum(std::span<float> data) override {
+    ++calls;
+    ASSERT_EQ(data.size(), peer_.size());
+    for (std::size_t i = 0; i < data.size(); ++i)
+      data[i] += peer_[i];
+  }
+  void broadcast(std::span<std::byte>, int) override {}  // rank 0 keeps its bytes
+  int calls = 0;
+
+ private:
+  std::vector<float> peer_;
+};
+
+TEST(Communicator, OneProcessLeavesDataAsItIs) {
+  auto single = dist::single_process();
+  EXPECT_EQ(single->size(), 1);
+  EXPECT_EQ(single->rank(), 0);
+  std::vector<float> v{1.0f, -2.0f};
+  single->all_reduce_sum(v);
+  EXPECT_EQ(v, (std::vector<float>{1.0f, -2.0f}));
+  EXPECT_DOUBLE_EQ(dist::mean_over_ranks(*single, 3.5), 3.5);
+  // Without a launcher's environment the job is one process.
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr && std::getenv("PMI_SIZE") == nullptr) {
+    EXPECT_EQ(dist::world().size(), 1);
+  }
+}
+
+TEST(Communicator, AverageGradientsIsTheMeanPerParameterInOneMessage) {
+  nn::Gpt gpt({11, 8, 1, 2, 8, 0.0}, 3, cpu());
+  std::vector<nn::Parameter> params = gpt.parameters();
+  nn::Rng rng(5);
+  std::vector<float> mine, peer;
+  for (nn::Parameter& p : params) {
+    Tensor g = random(p.var.value().shape(), rng);
+    Tensor h = random(p.var.value().shape(), rng);
+    p.var.state()->grad = g;
+    for (float x : g.to_floats())
+      mine.push_back(x);
+    for (float x : h.to_floats())
+      peer.push_back(x);
+  }
+  PairWithPeer comm(peer);
+  dist::average_gradients(comm, params);
+  EXPECT_EQ(comm.calls, 1);
+  std::size_t at = 0;
+  for (const nn::Parameter& p : params) {
+    std::vector<float> got = p.var.grad().to_floats();
+    for (std::size_t i = 0; i < got.size(); ++i, ++at)
+      ASSERT_FLOAT_EQ(got[i], 0.5f * (mine[at] + peer[at])) << p.name << " element " << i;
+  }
+  EXPECT_EQ(at, mine.size());
+}
+
+}  // namespace
+}  // namespace loom::testing
