@@ -12,12 +12,15 @@ Var::Var(Tensor value, bool requires_grad) : state_(std::make_shared<VarState>()
 
 Var Tape::record(const std::vector<Var>& inputs, Tensor output, BackwardFn backward) {
   bool needs_grad = false;
-  for (const Var& v : inputs) needs_grad = needs_grad || v.requires_grad();
+  for (const Var& v : inputs)
+    needs_grad = needs_grad || v.requires_grad();
   Var out(std::move(output), recording_ && needs_grad);
-  if (!out.requires_grad()) return out;
+  if (!out.requires_grad())
+    return out;
   Entry entry;
   entry.inputs.reserve(inputs.size());
-  for (const Var& v : inputs) entry.inputs.push_back(v.state());
+  for (const Var& v : inputs)
+    entry.inputs.push_back(v.state());
   entry.output = out.state();
   entry.backward = std::move(backward);
   entries_.push_back(std::move(entry));
@@ -28,21 +31,34 @@ void Tape::backward(const Var& loss) {
   check(loss.defined() && loss.value().numel() == 1,
         "Tape::backward: loss must be a one-element tensor, got " +
             (loss.defined() ? loss.value().describe() : std::string("an undefined Var")));
-  check(loss.requires_grad(), "Tape::backward: loss does not depend on any parameter that requires a gradient");
   Attrs one;
   one.shape = loss.shape();
   one.alpha = 1.0;
-  loss.state()->grad = dispatch::call(OpId::fill, {}, one, &loss.value().backend()).front();
+  backward(loss, dispatch::call(OpId::fill, {}, one, &loss.value().backend()).front());
+}
+
+void Tape::backward(const Var& output, const Tensor& grad_output) {
+  check(output.defined() && grad_output.defined() && grad_output.shape() == output.shape(),
+        "Tape::backward: the seed gradient " +
+            (grad_output.defined() ? grad_output.describe() : std::string("(none)")) +
+            " does not match the output " +
+            (output.defined() ? output.value().describe() : std::string("(none)")));
+  check(output.requires_grad(),
+        "Tape::backward: the output does not depend on anything that requires a gradient");
+  output.state()->grad = grad_output;
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     Tensor grad_out = it->output->grad;
-    if (!grad_out.defined()) continue;  // the output did not reach the loss
+    if (!grad_out.defined())
+      continue;  // the output did not reach the loss
     std::vector<Tensor> grads = it->backward(grad_out);
     it->output->grad = Tensor();  // intermediate gradients are not kept
     for (std::size_t i = 0; i < it->inputs.size() && i < grads.size(); ++i) {
       VarState& in = *it->inputs[i];
-      if (!in.requires_grad || !grads[i].defined()) continue;
-      check(grads[i].shape() == in.value.shape(), "Tape::backward: gradient " + grads[i].describe() +
-                                                      " does not match its input " + in.value.describe());
+      if (!in.requires_grad || !grads[i].defined())
+        continue;
+      check(grads[i].shape() == in.value.shape(),
+            "Tape::backward: gradient " + grads[i].describe() + " does not match its input " +
+                in.value.describe());
       in.grad = in.grad.defined() ? dispatch::call1(OpId::add, {in.grad, grads[i]}) : grads[i];
     }
   }

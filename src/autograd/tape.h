@@ -58,6 +58,9 @@ class Tape {
 
   // Seeds d(loss)/d(loss) = 1 and runs every entry in reverse; clears the tape afterwards.
   void backward(const Var& loss);
+  // The same from any output, seeded with `grad_output` (its shape): the gradient that
+  // arrives at a pipeline stage's output, or a loss scaled by 1/micro-batches.
+  void backward(const Var& output, const Tensor& grad_output);
   void clear() { entries_.clear(); }
   std::size_t size() const { return entries_.size(); }
 

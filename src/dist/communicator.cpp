@@ -18,6 +18,12 @@ class SingleProcess final : public Communicator {
   void broadcast(std::span<std::byte>, int root) override {
     check(root == 0, "broadcast from rank " + std::to_string(root) + " in a one-process job");
   }
+  void send(std::span<const float>, int dest) override {
+    throw Error("send to rank " + std::to_string(dest) + " in a one-process job");
+  }
+  void receive(std::span<float>, int source) override {
+    throw Error("receive from rank " + std::to_string(source) + " in a one-process job");
+  }
 };
 
 // Launchers announce themselves in the environment (Open MPI, MPICH/Hydra, PMIx, Slurm's PMI).

@@ -26,6 +26,10 @@ class Communicator {
   virtual void all_reduce_sum(std::span<float> data) = 0;
   // data <- rank `root`'s data, on every rank.
   virtual void broadcast(std::span<std::byte> data, int root) = 0;
+  // Point to point (pipeline stages): blocks until `dest` has the data / it has arrived
+  // from `source`. Messages between two ranks arrive in the order they were sent.
+  virtual void send(std::span<const float> data, int dest) = 0;
+  virtual void receive(std::span<float> data, int source) = 0;
 };
 
 // One process: size 1, collectives leave the data as it is.

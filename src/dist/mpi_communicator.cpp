@@ -53,6 +53,19 @@ class MpiWorld final : public Communicator {
          "MPI_Allreduce");
     }
   }
+  void send(std::span<const float> data, int dest) override {
+    for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
+      int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));
+      ok(MPI_Send(data.data() + at, count, MPI_FLOAT, dest, 0, MPI_COMM_WORLD), "MPI_Send");
+    }
+  }
+  void receive(std::span<float> data, int source) override {
+    for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
+      int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));
+      ok(MPI_Recv(data.data() + at, count, MPI_FLOAT, source, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+         "MPI_Recv");
+    }
+  }
   void broadcast(std::span<std::byte> data, int root) override {
     for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
       int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));

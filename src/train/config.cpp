@@ -130,6 +130,12 @@ const std::map<std::string, Field>& fields() {
       {"device", string_field(&TrainConfig::device, {"cpu", "partial", "opencl", "cuda"},
                               "device to train on: cpu, partial (a backend with 10 native ops), "
                               "opencl or cuda (when built and a device is present)")},
+      {"pipeline", int_field(&TrainConfig::pipeline, 1, 1024,
+                             "pipeline stages: the GPT split across this many processes (mpirun "
+                             "-np N); 1: the processes are data parallel")},
+      {"micro_batches",
+       int_field(&TrainConfig::micro_batches, 0, 1 << 20,
+                 "micro-batches per step in a pipeline (0: one per stage); must divide batch")},
       {"precision", string_field(&TrainConfig::precision, {"f32", "bf16"},
                                  "matmul operands: f32, or bf16 with f32 accumulation (weights, "
                                  "activations and optimizer state stay f32)")},

@@ -27,7 +27,9 @@ struct TrainConfig {
   // execution
   std::int64_t threads = 2;
   std::string device = "cpu";
-  std::string precision = "f32";  // f32 | bf16 (operands of the matmul products; weights stay f32)
+  std::int64_t pipeline = 1;       // pipeline stages (= the job's processes); 1: data parallel
+  std::int64_t micro_batches = 0;  // per step with pipeline > 1; 0: one per stage
+  std::string precision = "f32";   // f32 | bf16 (operands of the matmul products; weights stay f32)
   // evaluation, logging, checkpoints
   std::int64_t eval_every = 250, eval_batches = 20, log_every = 10, ckpt_every = 500;
   std::string out = "out";

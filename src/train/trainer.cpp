@@ -17,6 +17,7 @@
 #include "data/text.h"
 #include "dispatch/devices.h"
 #include "dist/communicator.h"
+#include "dist/pipeline.h"
 #include "nn/init.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
@@ -174,11 +175,23 @@ Summary run_training(const TrainConfig& cfg) {
   // Data parallelism: each of the job's processes (mpirun -np N) trains on its share of
   // every batch; gradients are averaged, so the N processes take the steps one process
   // would take with the whole batch. Rank 0 alone logs, evaluates and writes.
+  // With pipeline = N the N processes are instead the stages of one model
+  // (dist/pipeline.h): every process sees the whole batch.
   dist::Communicator& comm = dist::world();
   const bool lead = comm.rank() == 0;
-  check(cfg.batch % comm.size() == 0, "batch = " + std::to_string(cfg.batch) +
-                                          " does not divide among the " +
-                                          std::to_string(comm.size()) + " data-parallel processes");
+  const bool pipelined = cfg.pipeline > 1;
+  if (pipelined) {
+    check(comm.size() == cfg.pipeline,
+          "pipeline = " + std::to_string(cfg.pipeline) + " needs " + std::to_string(cfg.pipeline) +
+              " processes (mpirun -np " + std::to_string(cfg.pipeline) + "), this job has " +
+              std::to_string(comm.size()));
+    check(cfg.model == "gpt",
+          "pipeline: only the gpt model is split into stages, not " + cfg.model);
+  } else {
+    check(cfg.batch % comm.size() == 0,
+          "batch = " + std::to_string(cfg.batch) + " does not divide among the " +
+              std::to_string(comm.size()) + " data-parallel processes");
+  }
   std::unique_ptr<nn::Model> model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);
   if (!cfg.init.empty())
     load_weights(cfg.init, *model);
@@ -189,6 +202,11 @@ Summary run_training(const TrainConfig& cfg) {
     std::vector<nn::Parameter> params = model->parameters();
     dist::broadcast_parameters(comm, params);
   }
+  std::unique_ptr<dist::GptPipeline> pipeline;
+  if (pipelined)
+    pipeline = std::make_unique<dist::GptPipeline>(
+        comm, dynamic_cast<nn::Gpt&>(*model),
+        cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline);
   check(start <= cfg.steps, ckpt_dir + ": checkpoint is at step " + std::to_string(start) +
                                 ", beyond steps = " + std::to_string(cfg.steps));
   std::error_code ec;
@@ -228,22 +246,27 @@ Summary run_training(const TrainConfig& cfg) {
   for (std::int64_t step = start; step < end; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     double lr = optim::cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps);
-    data::Batch batch = shard(source.batch(step, device), comm);
-    ag::Tape tape;
     nn::ForwardOptions options{true,
                                nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xd20f, step)};
-    ag::Var loss =
-        ag::cross_entropy(tape, model->forward(tape, batch.inputs, options), batch.targets);
-    tape.backward(loss);
-    {
+    double loss_value = 0.0;  // the whole batch's loss
+    if (pipelined) {
+      loss_value = pipeline->forward_backward(source.batch(step, device), options);
+      if (cfg.grad_clip > 0)
+        pipeline->clip_grad_norm(cfg.grad_clip);
+    } else {
+      data::Batch batch = shard(source.batch(step, device), comm);
+      ag::Tape tape;
+      ag::Var loss =
+          ag::cross_entropy(tape, model->forward(tape, batch.inputs, options), batch.targets);
+      tape.backward(loss);
       std::vector<nn::Parameter> params = model->parameters();
       dist::average_gradients(comm, params);
+      if (cfg.grad_clip > 0)
+        optim::clip_grad_norm(model->parameters(), cfg.grad_clip);
+      loss_value = dist::mean_over_ranks(comm, loss.value().item());
     }
-    if (cfg.grad_clip > 0)
-      optim::clip_grad_norm(model->parameters(), cfg.grad_clip);
     optimizer.step(lr);
     optimizer.zero_grad();
-    double loss_value = dist::mean_over_ranks(comm, loss.value().item());  // the whole batch's loss
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step_seconds.push_back(seconds);
     check(std::isfinite(loss_value), "training diverged: loss = " + std::to_string(loss_value) +
@@ -259,19 +282,25 @@ Summary run_training(const TrainConfig& cfg) {
                               {"ms", seconds * 1e3}}
                    .dump()
             << "\n";
-    if (lead && cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && !val_batches.empty()) {
+    const bool evaluate = cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && source.text();
+    const bool checkpoint =
+        cfg.save && cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 && step + 1 < end;
+    if (pipelined && (evaluate || checkpoint))
+      pipeline->gather_to_all(&optimizer);  // rank 0 needs every stage's weights
+    if (lead && evaluate && !val_batches.empty()) {
       double val = mean_loss(*model, val_batches);
       progress.message("step " + std::to_string(step + 1) + ": val loss " + std::to_string(val) +
                        " (estimate over " + std::to_string(cfg.eval_batches) + " batches)");
       metrics << nlohmann::json{{"step", step + 1}, {"val_loss_estimate", val}}.dump() << "\n";
     }
-    if (lead && cfg.save && cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 &&
-        step + 1 < end)
+    if (lead && checkpoint)
       save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, step + 1, config_json);
     metrics.flush();
   }
   progress.finish();
   summary.lead = lead;
+  if (pipelined)
+    pipeline->gather_to_all(&optimizer);
   if (lead && cfg.save)
     save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, end, config_json);
 

@@ -6,10 +6,10 @@
 #include <cmath>
 #include <functional>
 
+#include <gtest/gtest-spi.h>
 #include "autograd/functions.h"
 #include "dispatch/devices.h"
 #include "dispatch/dispatch.h"
-#include <gtest/gtest-spi.h>
 #include "test_util.h"
 
 namespace loom::testing {
@@ -29,27 +29,33 @@ class Gradcheck : public ::testing::TestWithParam<std::string> {
 double probe_loss(const Tensor& out, const std::vector<double>& weights) {
   std::vector<double> v = values(out);
   double total = 0.0;
-  for (std::size_t i = 0; i < v.size(); ++i) total += v[i] * weights[i];
+  for (std::size_t i = 0; i < v.size(); ++i)
+    total += v[i] * weights[i];
   return total;
 }
 
 // Checks d(sum(f(x) * R))/dx for every input x_i flagged in `differentiable`.
-void gradcheck(const std::vector<Tensor>& inputs, const Fn& f, std::vector<bool> differentiable = {},
-               double eps = 1e-2, double rtol = 2e-2, double atol = 2e-3) {
-  if (differentiable.empty()) differentiable.assign(inputs.size(), true);
+void gradcheck(const std::vector<Tensor>& inputs, const Fn& f,
+               std::vector<bool> differentiable = {}, double eps = 1e-2, double rtol = 2e-2,
+               double atol = 2e-3) {
+  if (differentiable.empty())
+    differentiable.assign(inputs.size(), true);
   nn::Rng rng(7);
   std::vector<ag::Var> vars;
-  for (std::size_t i = 0; i < inputs.size(); ++i) vars.emplace_back(inputs[i].to(*current), differentiable[i]);
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    vars.emplace_back(inputs[i].to(*current), differentiable[i]);
   ag::Tape tape;
   ag::Var out = f(tape, vars);
   std::vector<double> weights(out.value().numel());
-  for (double& w : weights) w = 2.0 * rng.uniform() - 1.0;
+  for (double& w : weights)
+    w = 2.0 * rng.uniform() - 1.0;
   std::vector<float> wf(weights.begin(), weights.end());
   ag::Var r(Tensor::from_floats(out.shape(), wf, *current));
   tape.backward(ag::sum(tape, ag::mul(tape, out, r)));
 
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (!differentiable[i]) continue;
+    if (!differentiable[i])
+      continue;
     SCOPED_TRACE("input " + std::to_string(i));
     ASSERT_TRUE(vars[i].grad().defined()) << "no gradient reached input " << i;
     std::vector<double> analytic = values(vars[i].grad());
@@ -66,7 +72,8 @@ void gradcheck(const std::vector<Tensor>& inputs, const Fn& f, std::vector<bool>
         quiet.set_recording(false);
         return probe_loss(f(quiet, probe).value(), weights);
       };
-      double numeric = (eval(static_cast<float>(eps)) - eval(static_cast<float>(-eps))) / (2.0 * eps);
+      double numeric =
+          (eval(static_cast<float>(eps)) - eval(static_cast<float>(-eps))) / (2.0 * eps);
       EXPECT_NEAR(analytic[j], numeric, atol + rtol * std::abs(numeric)) << "element " << j;
     }
   }
@@ -80,7 +87,8 @@ Tensor r(const Shape& s, float lo = -1.0f, float hi = 1.0f) {
 // Values bounded away from 0, so kinks (relu) and the probe step never meet.
 Tensor away_from_zero(const Shape& s) {
   std::vector<float> v = r(s).to_floats();
-  for (float& x : v) x = x < 0 ? x - 0.1f : x + 0.1f;
+  for (float& x : v)
+    x = x < 0 ? x - 0.1f : x + 0.1f;
   return Tensor::from_floats(s, v, cpu());
 }
 
@@ -91,7 +99,8 @@ TEST_P(Gradcheck, AddSubWithBroadcast) {
 
 TEST_P(Gradcheck, MulDivWithBroadcast) {
   gradcheck({r({3, 4}), r({1, 4})}, [](ag::Tape& t, auto& v) { return ag::mul(t, v[0], v[1]); });
-  gradcheck({r({3, 4}), r({3, 4}, 0.5f, 2.0f)}, [](ag::Tape& t, auto& v) { return ag::div(t, v[0], v[1]); });
+  gradcheck({r({3, 4}), r({3, 4}, 0.5f, 2.0f)},
+            [](ag::Tape& t, auto& v) { return ag::div(t, v[0], v[1]); });
 }
 
 TEST_P(Gradcheck, UnaryFunctions) {
@@ -108,15 +117,18 @@ TEST_P(Gradcheck, Reductions) {
   gradcheck({r({3, 4, 5})}, [](ag::Tape& t, auto& v) { return ag::sum(t, v[0], {0, 2}); });
   gradcheck({r({3, 4})}, [](ag::Tape& t, auto& v) { return ag::mean(t, v[0], {1}, true); });
   gradcheck({r({3, 4})}, [](ag::Tape& t, auto& v) { return ag::mean(t, v[0]); });
-  gradcheck({r({4, 6})}, [](ag::Tape& t, auto& v) { return ag::max(t, v[0], 1); }, {}, 1e-3);
+  gradcheck(
+      {r({4, 6})}, [](ag::Tape& t, auto& v) { return ag::max(t, v[0], 1); }, {}, 1e-3);
 }
 
 TEST_P(Gradcheck, SoftmaxFamilyAndCrossEntropy) {
   gradcheck({r({4, 7}, -2.0f, 2.0f)}, [](ag::Tape& t, auto& v) { return ag::softmax(t, v[0]); });
-  gradcheck({r({4, 7}, -2.0f, 2.0f)}, [](ag::Tape& t, auto& v) { return ag::log_softmax(t, v[0]); });
+  gradcheck({r({4, 7}, -2.0f, 2.0f)},
+            [](ag::Tape& t, auto& v) { return ag::log_softmax(t, v[0]); });
   nn::Rng rng(3);
   Tensor targets = random_ids({6}, 9, rng).to(*current);
-  gradcheck({r({6, 9}, -2.0f, 2.0f)}, [targets](ag::Tape& t, auto& v) { return ag::cross_entropy(t, v[0], targets); });
+  gradcheck({r({6, 9}, -2.0f, 2.0f)},
+            [targets](ag::Tape& t, auto& v) { return ag::cross_entropy(t, v[0], targets); });
 }
 
 TEST_P(Gradcheck, MatmulAllTransposes) {
@@ -124,22 +136,29 @@ TEST_P(Gradcheck, MatmulAllTransposes) {
     for (bool tb : {false, true}) {
       SCOPED_TRACE(std::to_string(ta) + std::to_string(tb));
       Shape a = ta ? Shape{5, 3} : Shape{3, 5}, b = tb ? Shape{4, 5} : Shape{5, 4};
-      gradcheck({r(a), r(b)}, [ta, tb](ag::Tape& t, auto& v) { return ag::matmul(t, v[0], v[1], ta, tb); });
+      gradcheck({r(a), r(b)},
+                [ta, tb](ag::Tape& t, auto& v) { return ag::matmul(t, v[0], v[1], ta, tb); });
     }
   }
-  gradcheck({r({2, 3, 5}), r({5, 4})}, [](ag::Tape& t, auto& v) { return ag::matmul(t, v[0], v[1]); });
-  gradcheck({r({2, 3, 5}), r({4, 5})}, [](ag::Tape& t, auto& v) { return ag::matmul(t, v[0], v[1], false, true); });
-  gradcheck({r({2, 1, 3, 5}), r({3, 5, 4})}, [](ag::Tape& t, auto& v) { return ag::matmul(t, v[0], v[1]); });
+  gradcheck({r({2, 3, 5}), r({5, 4})},
+            [](ag::Tape& t, auto& v) { return ag::matmul(t, v[0], v[1]); });
+  gradcheck({r({2, 3, 5}), r({4, 5})},
+            [](ag::Tape& t, auto& v) { return ag::matmul(t, v[0], v[1], false, true); });
+  gradcheck({r({2, 1, 3, 5}), r({3, 5, 4})},
+            [](ag::Tape& t, auto& v) { return ag::matmul(t, v[0], v[1]); });
 }
 
 TEST_P(Gradcheck, Linear) {
-  gradcheck({r({2, 3, 5}), r({5, 4}), r({4})}, [](ag::Tape& t, auto& v) { return ag::linear(t, v[0], v[1], v[2]); });
-  gradcheck({r({3, 5}), r({4, 5}), r({4})}, [](ag::Tape& t, auto& v) { return ag::linear(t, v[0], v[1], v[2], true); });
+  gradcheck({r({2, 3, 5}), r({5, 4}), r({4})},
+            [](ag::Tape& t, auto& v) { return ag::linear(t, v[0], v[1], v[2]); });
+  gradcheck({r({3, 5}), r({4, 5}), r({4})},
+            [](ag::Tape& t, auto& v) { return ag::linear(t, v[0], v[1], v[2], true); });
 }
 
 TEST_P(Gradcheck, LayerNorm) {
-  gradcheck({r({3, 8}, -2.0f, 2.0f), r({8}), r({8})},
-            [](ag::Tape& t, auto& v) { return ag::layer_norm(t, v[0], v[1], v[2]); }, {}, 5e-3);
+  gradcheck(
+      {r({3, 8}, -2.0f, 2.0f), r({8}), r({8})},
+      [](ag::Tape& t, auto& v) { return ag::layer_norm(t, v[0], v[1], v[2]); }, {}, 5e-3);
 }
 
 TEST_P(Gradcheck, Embedding) {
@@ -157,7 +176,9 @@ TEST_P(Gradcheck, Conv2dAndPooling) {
             [](ag::Tape& t, auto& v) { return ag::conv2d(t, v[0], v[1], v[2], 1, 1); });
   gradcheck({r({1, 2, 7, 7}), r({2, 2, 3, 3}), r({2})},
             [](ag::Tape& t, auto& v) { return ag::conv2d(t, v[0], v[1], v[2], 2, 0); });
-  gradcheck({r({1, 2, 4, 6})}, [](ag::Tape& t, auto& v) { return ag::max_pool2d(t, v[0], 2, 2); }, {}, 1e-3);
+  gradcheck(
+      {r({1, 2, 4, 6})}, [](ag::Tape& t, auto& v) { return ag::max_pool2d(t, v[0], 2, 2); }, {},
+      1e-3);
   gradcheck({r({1, 2, 4, 6})}, [](ag::Tape& t, auto& v) { return ag::avg_pool2d(t, v[0], 2, 2); });
 }
 
@@ -165,12 +186,15 @@ TEST_P(Gradcheck, ViewsAndConcat) {
   gradcheck({r({2, 6})}, [](ag::Tape& t, auto& v) { return ag::reshape(t, v[0], {3, 4}); });
   gradcheck({r({2, 3, 4})}, [](ag::Tape& t, auto& v) { return ag::permute(t, v[0], {2, 0, 1}); });
   gradcheck({r({5, 4})}, [](ag::Tape& t, auto& v) { return ag::slice(t, v[0], 0, 1, 4); });
-  gradcheck({r({2, 3}), r({2, 2})}, [](ag::Tape& t, auto& v) { return ag::concat(t, {v[0], v[1]}, 1); });
+  gradcheck({r({2, 3}), r({2, 2})}, [](ag::Tape& t, auto& v) {
+    return ag::concat(t, {v[0], v[1]}, 1);
+  });
 }
 
 TEST_P(Gradcheck, ReusedVariableAccumulates) {
   // x is used twice: the gradient of x*x + x must be 2x + 1.
-  gradcheck({r({4})}, [](ag::Tape& t, auto& v) { return ag::add(t, ag::mul(t, v[0], v[0]), v[0]); });
+  gradcheck({r({4})},
+            [](ag::Tape& t, auto& v) { return ag::add(t, ag::mul(t, v[0], v[0]), v[0]); });
 }
 
 TEST_P(Gradcheck, DetectsAWrongBackwardRule) {
@@ -188,7 +212,43 @@ TEST_P(Gradcheck, DetectsAWrongBackwardRule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, Gradcheck, ::testing::ValuesIn(dispatch::device_names()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+}  // namespace
+}  // namespace loom::testing
+
+namespace loom::testing {
+namespace {
+
+// Backward seeded at a non-scalar output (a pipeline stage's boundary) with gradient g
+// gives the gradient of sum(g * y); a seed of the wrong shape is refused.
+TEST(TapeSeededBackward, EqualsTheGradientOfTheWeightedSum) {
+  nn::Rng rng(11);
+  Tensor x0 = random({3, 4}, rng), g = random({3, 4}, rng);
+  autograd::Tape tape;
+  autograd::Var x(x0, true);
+  autograd::Var y = autograd::gelu(tape, autograd::mul(tape, x, x));
+  tape.backward(y, g);
+  std::vector<double> seeded = values(x.grad());
+
+  autograd::Tape reference;
+  autograd::Var x2(x0, true);
+  autograd::Var weighted =
+      autograd::mul(reference, autograd::gelu(reference, autograd::mul(reference, x2, x2)),
+                    autograd::Var(g, false));
+  reference.backward(autograd::sum(reference, weighted, {}, false));
+  EXPECT_LE(worst_ratio(seeded, values(x2.grad()), 1e-6, 1e-7), 1.0);
+
+  autograd::Tape again;
+  autograd::Var x3(x0, true);
+  autograd::Var y3 = autograd::gelu(again, x3);
+  EXPECT_NE(error_of([&] {
+              again.backward(y3, random({4, 3}, rng));
+            }).find("does not match the output"),
+            std::string::npos);
+}
 
 }  // namespace
 }  // namespace loom::testing

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Data parallelism across processes: `mpirun -np 2 loom train` takes the steps one
+# Training across processes. Data parallel: `mpirun -np 2 loom train` takes the steps one
 # process takes with the whole batch (losses within 1e-5 relative), rank 0 alone writes,
-# an interrupted 2-process run resumes exactly, and a batch that does not divide among
-# the processes is a clear error. Usage: test_data_parallel.sh MPIEXEC path/to/loom
+# an interrupted 2-process run resumes exactly, a batch that does not divide among the
+# processes is a clear error. Pipeline parallel (`--pipeline 2`): the same losses with 2
+# or 3 micro-batches, a checkpoint that evaluates as the one-process one does, exact
+# resume, clear errors. Usage: test_data_parallel.sh MPIEXEC path/to/loom
 set -u
 mpiexec="$1" loom="$2"
 dir=$(mktemp -d)
@@ -14,7 +16,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as r
 # own code on this path is leak-checked by the one-process tests.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 mpi=("$mpiexec" -np 2 --oversubscribe --bind-to none)
-common=(--steps 20 --eval_every 0 --final_eval false --progress false --json --threads 1 --ckpt_every 0)
+base=(--steps 20 --final_eval false --progress false --json --threads 1 --ckpt_every 0)
+common=("${base[@]}" --eval_every 0)
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
@@ -37,6 +40,38 @@ print(f"one vs two processes: worst relative loss difference {worst:.2e} over 20
 assert worst < 1e-5, worst
 assert resumed == two, ("resumed run differs", resumed, two)
 PY
+# Pipeline parallel: two stages of two blocks each.
+"${mpi[@]}" "$loom" train "${base[@]}" --pipeline 2 --eval_every 10 --out "$dir/pp" > "$dir/pp.log" 2>&1 \
+  || fail "pipeline: $(tail -n 3 "$dir/pp.log")"
+"${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --micro_batches 3 --out "$dir/pp3" > "$dir/pp3.log" 2>&1 \
+  || fail "pipeline, 3 micro-batches: $(tail -n 3 "$dir/pp3.log")"
+"${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --out "$dir/ppr" --stop_after 10 > "$dir/ppr1.log" 2>&1 \
+  || fail "pipeline stop_after: $(tail -n 3 "$dir/ppr1.log")"
+"${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --out "$dir/ppr" --resume > "$dir/ppr2.log" 2>&1 \
+  || fail "pipeline resume: $(tail -n 3 "$dir/ppr2.log")"
+grep -q val_loss_estimate "$dir/pp/metrics.jsonl" || fail "pipeline: no validation estimate in metrics"
+eval_one=$("$loom" eval "$dir/one/checkpoint" --data data/tinyshakespeare/input.txt 2>&1 | tail -n 1)
+eval_pp=$("$loom" eval "$dir/pp/checkpoint" --data data/tinyshakespeare/input.txt 2>&1 | tail -n 1)
+python3 - "$dir" "$eval_one" "$eval_pp" <<'PY' || fail "pipeline losses or checkpoint differ (above)"
+import json, re, sys
+d = sys.argv[1]
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
+one = losses("one")
+for name in ("pp", "pp3"):
+    worst = max(abs(a - b) / abs(a) for a, b in zip(one, losses(name)))
+    print(f"one process vs {name}: worst relative loss difference {worst:.2e} over 20 steps")
+    assert len(losses(name)) == 20 and worst < 1e-5, (name, worst)
+assert losses("ppr") == losses("pp"), "resumed pipeline run differs"
+number = lambda text: float(re.findall(r"[0-9]+\.[0-9]+", text)[-1])
+a, b = number(sys.argv[2]), number(sys.argv[3])
+print(f"loom eval: one process {a}, pipeline {b}")
+assert abs(a - b) / a < 1e-5, (a, b)
+PY
+out=$("${mpi[@]}" "$loom" train --pipeline 3 --steps 1 --out "$dir/bad" 2>&1); rc=$?
+[[ $rc -ne 0 && "$out" == *"pipeline = 3 needs 3 processes"* ]] || fail "pipeline 3 on 2 processes: rc $rc: $(echo "$out" | head -n 3)"
+out=$("${mpi[@]}" "$loom" train --pipeline 2 --micro_batches 5 --steps 1 --out "$dir/bad" 2>&1); rc=$?
+[[ $rc -ne 0 && "$out" == *"does not divide into micro_batches = 5"* ]] || fail "micro_batches 5: rc $rc: $(echo "$out" | head -n 3)"
 out=$("${mpi[@]}" "$loom" train --batch 5 --steps 1 --out "$dir/bad" 2>&1); rc=$?
 [[ $rc -ne 0 && "$out" == *"batch = 5 does not divide among the 2 data-parallel processes"* ]] \
   || fail "indivisible batch: rc $rc, output: $(echo "$out" | head -n 3)"
