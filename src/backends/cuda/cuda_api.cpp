@@ -73,18 +73,21 @@ Loaded load() {
   // Not on the loader's path: look where toolkits install it.
   std::vector<std::string> dirs;
   for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* root = std::getenv(var)) dirs.push_back(std::string(root) + "/lib64");
+    if (const char* root = std::getenv(var))
+      dirs.push_back(std::string(root) + "/lib64");
   dirs.insert(dirs.end(), {"/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"});
   for (const std::string& dir : dirs) {
     for (const char* name : {"libcublas.so.13", "libcublas.so.12"}) {
-      if (cublas != nullptr) break;
+      if (cublas != nullptr)
+        break;
       std::string path = dir + "/" + name;
       cublas = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     }
   }
   if (cublas == nullptr) {
-    out.why = "cuBLAS not found: could not load " + tried +
-              " (add the folder holding libcublas.so.13 or .12 to LD_LIBRARY_PATH, or set CUDA_HOME)";
+    out.why =
+        "cuBLAS not found: could not load " + tried +
+        " (add the folder holding libcublas.so.13 or .12 to LD_LIBRARY_PATH, or set CUDA_HOME)";
     return out;
   }
   resolve(cublas, "cublasCreate_v2", a.cublasCreate, missing);

@@ -17,7 +17,8 @@ namespace loom::cuda {
 // versioned symbols (cuMemAlloc -> cuMemAlloc_v2), and the table resolves those.
 #define LOOM_CUDA_DRIVER_FUNCTIONS(X)                                                              \
   X(cuInit)                                                                                        \
-  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem)  \
+  X(cuDriverGetVersion)                                                                            \
+  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem)                        \
       X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)             \
           X(cuCtxSetCurrent) X(cuGetErrorString) X(cuGetErrorName) X(cuMemAllocAsync)              \
               X(cuMemFreeAsync) X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute)              \

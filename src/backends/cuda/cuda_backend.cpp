@@ -8,6 +8,7 @@
 
 #include "backends/cuda/kernel_args.h"
 #include "backends/cuda/kernels_fatbin.h"  // generated: loom_cuda_fatbin[], from kernels.cu
+#include "backends/device_ops.h"
 #include "core/broadcast.h"
 #include "core/error.h"
 
@@ -32,35 +33,24 @@ i64 numel(const Tensor& t) {
   return static_cast<i64>(t.numel());
 }
 
-class CudaStream final : public Stream {
+class CudaStream final : public device_ops::DeviceStream {
  public:
   CudaStream(CudaBackend& backend, CUstream stream, bool owned)
-      : backend_(backend), stream_(stream), owned_(owned) {}
+      : DeviceStream(backend), backend_(backend), stream_(stream), owned_(owned) {}
   ~CudaStream() override {
     if (owned_)
       backend_.api().cuStreamDestroy(stream_);
   }
-  void copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
-            std::size_t bytes) override {
-    bool src_device = &src.owner() == &backend_, dst_device = &dst.owner() == &backend_;
-    if (src_device && dst_device) {
-      check_cu(backend_.api().cuMemcpyDtoDAsync(address(dst, dst_offset), address(src, src_offset),
-                                                bytes, stream_),
-               "cuMemcpyDtoDAsync");
-    } else if (dst_device) {
-      backend_.upload(static_cast<const std::byte*>(src.data()) + src_offset, dst, dst_offset,
-                      bytes);
-    } else {
-      backend_.download(src, src_offset, static_cast<std::byte*>(dst.data()) + dst_offset, bytes);
-    }
-  }
-  void signal(Timeline& timeline, std::uint64_t value) override {
-    synchronize();
-    timeline.signal(value);
-  }
-  void wait(Timeline& timeline, std::uint64_t value) override { timeline.wait(value); }
   void synchronize() override {
     check_cu(backend_.api().cuStreamSynchronize(stream_), "cuStreamSynchronize");
+  }
+
+ protected:
+  void device_copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+                   std::size_t bytes) override {
+    check_cu(backend_.api().cuMemcpyDtoDAsync(address(dst, dst_offset), address(src, src_offset),
+                                              bytes, stream_),
+             "cuMemcpyDtoDAsync");
   }
 
  private:
@@ -224,14 +214,8 @@ void CudaBackend::run_rows(const char* name, i64 rows, Args... args) {
 }
 
 bool CudaBackend::supports(const OpCall& call) const {
-  // Inputs are f32, except the i32 ids and targets of the ops that take them.
-  for (std::size_t i = 0; i < call.inputs.size(); ++i) {
-    bool ids = (i == 1 && (call.op == OpId::embedding || call.op == OpId::embedding_backward ||
-                           call.op == OpId::cross_entropy)) ||
-               (i == 2 && call.op == OpId::cross_entropy_backward);
-    if (call.inputs[i].defined() && call.inputs[i].dtype() != (ids ? DType::i32 : DType::f32))
-      return false;
-  }
+  if (!device_ops::f32_except_ids(call))
+    return false;
   switch (call.op) {
     case OpId::copy:
       return call.inputs[0].rank() <= kMaxCopyRank;
@@ -240,13 +224,9 @@ bool CudaBackend::supports(const OpCall& call) const {
     case OpId::add:
     case OpId::sub:
     case OpId::mul:
-    case OpId::div: {
-      Shape out = broadcast_shapes(call.inputs[0].shape(), call.inputs[1].shape(), "binary");
-      Repeat ra = classify_broadcast(call.inputs[0].shape(), out),
-             rb = classify_broadcast(call.inputs[1].shape(), out);
-      return (ra.kind == Repeat::same && rb.kind != Repeat::other) ||
-             (rb.kind == Repeat::same && ra.kind != Repeat::other);
-    }
+    case OpId::div:
+      return device_ops::plan_binary(call.op, call.inputs[0].shape(), call.inputs[1].shape())
+          .has_value();
     case OpId::sum:
       return classify_reduction(call.inputs[0], call.attrs.axes) != ReduceShape::unsupported;
     case OpId::max:
@@ -426,21 +406,12 @@ void CudaBackend::attention_backward(const OpCall& call) {
     run_1d("heads_merge", n, ptr(*part), ptr(dqkv), n, T, H, D, 3 * C, col);
 }
 
-std::vector<std::int32_t> CudaBackend::checked_ids(const Tensor& ids, std::int64_t limit,
-                                                   const char* op) {
-  // Kernels cannot raise errors, so indices are checked on the host first (ids are small).
-  std::vector<std::int32_t> values = ids.to_ints();
-  for (std::int32_t id : values)
-    check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) +
-                                     " outside [0, " + std::to_string(limit) + ")");
-  return values;
-}
-
 void CudaBackend::embedding_backward(const OpCall& call) {
   const Tensor& dy = call.inputs[0];
   const Tensor& dw = call.outputs[0];
   i64 vocab = dw.dim(0), c = dw.dim(1);
-  std::vector<std::int32_t> ids = checked_ids(call.inputs[1], vocab, "embedding_backward");
+  std::vector<std::int32_t> ids =
+      device_ops::checked_ids(call.inputs[1], vocab, "embedding_backward");
   check_cu(api_.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ptr(dw)), 0,
                                  static_cast<std::size_t>(numel(dw)), stream_),
            "cuMemsetD32Async");
@@ -484,19 +455,11 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
     case OpId::sub:
     case OpId::mul:
     case OpId::div: {
-      int op = call.op == OpId::add ? 0 : call.op == OpId::sub ? 1 : call.op == OpId::mul ? 2 : 3;
-      Repeat ra = classify_broadcast(in[0].shape(), out[0].shape()),
-             rb = classify_broadcast(in[1].shape(), out[0].shape());
-      bool other_left = ra.kind != Repeat::same;
-      const Tensor& full = other_left ? in[1] : in[0];
-      const Tensor& other = other_left ? in[0] : in[1];
-      Repeat r = other_left ? ra : rb;
-      int mode = r.kind == Repeat::same       ? 0
-                 : r.kind == Repeat::scalar   ? 1
-                 : r.kind == Repeat::trailing ? 2
-                                              : 3;
-      run_1d("binary", numel(out[0]), op, ptr(full), ptr(other), ptr(out[0]), numel(out[0]), mode,
-             static_cast<i64>(std::max<std::int64_t>(r.period, 1)), static_cast<int>(other_left));
+      device_ops::BinaryPlan plan = *device_ops::plan_binary(call.op, in[0].shape(), in[1].shape());
+      const Tensor& full = plan.other_left ? in[1] : in[0];
+      const Tensor& other = plan.other_left ? in[0] : in[1];
+      run_1d("binary", numel(out[0]), plan.op, ptr(full), ptr(other), ptr(out[0]), numel(out[0]),
+             plan.mode, static_cast<i64>(plan.period), static_cast<int>(plan.other_left));
       return;
     }
     case OpId::exp:
@@ -505,12 +468,7 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
     case OpId::relu:
     case OpId::gelu:
     case OpId::scale: {
-      int op = call.op == OpId::exp    ? 0
-               : call.op == OpId::log  ? 1
-               : call.op == OpId::tanh ? 2
-               : call.op == OpId::relu ? 3
-               : call.op == OpId::gelu ? 4
-                                       : 5;
+      int op = device_ops::unary_code(call.op);
       run_1d("unary", numel(out[0]), op, ptr(in[0]), ptr(out[0]), numel(out[0]),
              static_cast<float>(call.attrs.alpha));
       return;
@@ -518,7 +476,7 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
     case OpId::relu_backward:
     case OpId::gelu_backward:
     case OpId::tanh_backward: {
-      int op = call.op == OpId::relu_backward ? 0 : call.op == OpId::gelu_backward ? 1 : 2;
+      int op = device_ops::unary_backward_code(call.op);
       run_1d("unary_backward", numel(out[0]), op, ptr(in[0]), ptr(in[1]), ptr(out[0]),
              numel(out[0]));
       return;
@@ -576,7 +534,7 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
       return;
     }
     case OpId::embedding: {
-      checked_ids(in[1], in[0].dim(0), "embedding");
+      device_ops::checked_ids(in[1], in[0].dim(0), "embedding");
       run_1d("embedding", numel(out[0]), ptr(in[0]), ptr<const int>(in[1]), ptr(out[0]),
              numel(out[0]), static_cast<i64>(in[0].dim(1)));
       return;
@@ -587,7 +545,7 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
     case OpId::cross_entropy: {
       const Tensor& logits = in[0];
       i64 rows = logits.dim(0), v = logits.dim(1);
-      checked_ids(in[1], v, "cross_entropy");
+      device_ops::checked_ids(in[1], v, "cross_entropy");
       if (rows == 0) {
         run_1d("fill", 1, ptr(out[0]), i64{1}, 0.0f);
         return;
@@ -601,7 +559,7 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
     }
     case OpId::cross_entropy_backward: {
       const Tensor& logits = in[1];
-      checked_ids(in[2], logits.dim(1), "cross_entropy_backward");
+      device_ops::checked_ids(in[2], logits.dim(1), "cross_entropy_backward");
       float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
       run_1d("cross_entropy_backward", numel(out[0]), ptr(in[0]), ptr(logits),
              ptr<const int>(in[2]), ptr(in[3]), ptr(out[0]), numel(out[0]),
@@ -632,11 +590,7 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
       return;
     case OpId::adamw_step: {
       const Attrs& a = call.attrs;
-      auto step_size =
-          static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step))));
-      auto inv_sqrt_bc2 =
-          static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
-      auto decay = static_cast<float>(1.0 - a.lr * a.weight_decay);
+      auto [step_size, inv_sqrt_bc2, decay] = device_ops::adamw_scalars(a);
       run_1d("adamw", numel(out[0]), ptr(in[0]), ptr(in[1]), ptr(in[2]), ptr(in[3]), ptr(out[0]),
              ptr(out[1]), ptr(out[2]), numel(out[0]), static_cast<float>(a.beta1),
              static_cast<float>(a.beta2), step_size, inv_sqrt_bc2, decay,

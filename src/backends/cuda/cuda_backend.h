@@ -68,7 +68,6 @@ class CudaBackend final : public Backend {
   void attention_forward(const OpCall& call);
   void attention_backward(const OpCall& call);
   void embedding_backward(const OpCall& call);
-  std::vector<std::int32_t> checked_ids(const Tensor& ids, std::int64_t limit, const char* op);
 
   const Api& api_;
   CUdevice device_;

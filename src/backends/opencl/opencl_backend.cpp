@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "backends/device_ops.h"
 #include "backends/opencl/kernels.cl.h"
 #include "core/broadcast.h"
 #include "core/error.h"
@@ -38,38 +39,27 @@ cl_ulong off_of(const Tensor& t) {
   return static_cast<cl_ulong>(t.offset());
 }
 
-class OpenClStream final : public Stream {
+class OpenClStream final : public device_ops::DeviceStream {
  public:
   OpenClStream(OpenClBackend& backend, cl_context context, cl_device_id device)
-      : backend_(backend) {
+      : DeviceStream(backend), backend_(backend) {
     cl_int err = CL_SUCCESS;
     queue_ = Queue(clCreateCommandQueue(context, device, 0, &err));
     ok(err, "clCreateCommandQueue");
   }
-  explicit OpenClStream(OpenClBackend& backend) : backend_(backend) {}  // uses the backend's queue
+  // Uses the backend's queue.
+  explicit OpenClStream(OpenClBackend& backend) : DeviceStream(backend), backend_(backend) {}
   cl_command_queue queue() const { return queue_.get() ? queue_.get() : backend_.queue(); }
-
-  void copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
-            std::size_t bytes) override {
-    bool src_device = &src.owner() == &backend_, dst_device = &dst.owner() == &backend_;
-    if (src_device && dst_device) {
-      ok(clEnqueueCopyBuffer(queue(), static_cast<cl_mem>(src.data()),
-                             static_cast<cl_mem>(dst.data()), src_offset, dst_offset, bytes, 0,
-                             nullptr, nullptr),
-         "clEnqueueCopyBuffer");
-    } else if (dst_device) {
-      backend_.upload(static_cast<const std::byte*>(src.data()) + src_offset, dst, dst_offset,
-                      bytes);
-    } else {
-      backend_.download(src, src_offset, static_cast<std::byte*>(dst.data()) + dst_offset, bytes);
-    }
-  }
-  void signal(Timeline& timeline, std::uint64_t value) override {
-    synchronize();
-    timeline.signal(value);
-  }
-  void wait(Timeline& timeline, std::uint64_t value) override { timeline.wait(value); }
   void synchronize() override { ok(clFinish(queue()), "clFinish"); }
+
+ protected:
+  void device_copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+                   std::size_t bytes) override {
+    ok(clEnqueueCopyBuffer(queue(), static_cast<cl_mem>(src.data()),
+                           static_cast<cl_mem>(dst.data()), src_offset, dst_offset, bytes, 0,
+                           nullptr, nullptr),
+       "clEnqueueCopyBuffer");
+  }
 
  private:
   OpenClBackend& backend_;
@@ -253,14 +243,8 @@ void OpenClBackend::download(const Buffer& src, std::size_t src_offset, void* ho
 }
 
 bool OpenClBackend::supports(const OpCall& call) const {
-  // Inputs are f32, except the i32 ids and targets of the ops that take them.
-  for (std::size_t i = 0; i < call.inputs.size(); ++i) {
-    bool ids = (i == 1 && (call.op == OpId::embedding || call.op == OpId::embedding_backward ||
-                           call.op == OpId::cross_entropy)) ||
-               (i == 2 && call.op == OpId::cross_entropy_backward);
-    if (call.inputs[i].defined() && call.inputs[i].dtype() != (ids ? DType::i32 : DType::f32))
-      return false;
-  }
+  if (!device_ops::f32_except_ids(call))
+    return false;
   switch (call.op) {
     case OpId::copy:
       return call.inputs[0].rank() <= 6;
@@ -282,13 +266,9 @@ bool OpenClBackend::supports(const OpCall& call) const {
     case OpId::add:
     case OpId::sub:
     case OpId::mul:
-    case OpId::div: {
-      Shape out = broadcast_shapes(call.inputs[0].shape(), call.inputs[1].shape(), "binary");
-      Repeat ra = classify_broadcast(call.inputs[0].shape(), out),
-             rb = classify_broadcast(call.inputs[1].shape(), out);
-      return (ra.kind == Repeat::same && rb.kind != Repeat::other) ||
-             (rb.kind == Repeat::same && ra.kind != Repeat::other);
-    }
+    case OpId::div:
+      return device_ops::plan_binary(call.op, call.inputs[0].shape(), call.inputs[1].shape())
+          .has_value();
     case OpId::scale:
     case OpId::exp:
     case OpId::log:
@@ -352,24 +332,13 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     case OpId::sub:
     case OpId::mul:
     case OpId::div: {
-      cl_int op = call.op == OpId::add   ? 0
-                  : call.op == OpId::sub ? 1
-                  : call.op == OpId::mul ? 2
-                                         : 3;
-      Repeat ra = classify_broadcast(in[0].shape(), out[0].shape()),
-             rb = classify_broadcast(in[1].shape(), out[0].shape());
-      bool other_left = ra.kind != Repeat::same;
-      const Tensor& full = other_left ? in[1] : in[0];
-      const Tensor& other = other_left ? in[0] : in[1];
-      Repeat r = other_left ? ra : rb;
-      cl_int mode = r.kind == Repeat::same       ? 0
-                    : r.kind == Repeat::scalar   ? 1
-                    : r.kind == Repeat::trailing ? 2
-                                                 : 3;
-      run("binary", n(out[0]), op, mem_of(full), off_of(full), mem_of(other), off_of(other),
-          mem_of(out[0]), off_of(out[0]), mode,
-          static_cast<cl_ulong>(std::max<std::int64_t>(r.period, 1)),
-          static_cast<cl_int>(other_left));
+      device_ops::BinaryPlan plan = *device_ops::plan_binary(call.op, in[0].shape(), in[1].shape());
+      const Tensor& full = plan.other_left ? in[1] : in[0];
+      const Tensor& other = plan.other_left ? in[0] : in[1];
+      run("binary", n(out[0]), static_cast<cl_int>(plan.op), mem_of(full), off_of(full),
+          mem_of(other), off_of(other), mem_of(out[0]), off_of(out[0]),
+          static_cast<cl_int>(plan.mode), static_cast<cl_ulong>(plan.period),
+          static_cast<cl_int>(plan.other_left));
       return;
     }
     case OpId::exp:
@@ -378,12 +347,7 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     case OpId::relu:
     case OpId::gelu:
     case OpId::scale: {
-      cl_int op = call.op == OpId::exp    ? 0
-                  : call.op == OpId::log  ? 1
-                  : call.op == OpId::tanh ? 2
-                  : call.op == OpId::relu ? 3
-                  : call.op == OpId::gelu ? 4
-                                          : 5;
+      cl_int op = device_ops::unary_code(call.op);
       run("unary", n(out[0]), op, mem_of(in[0]), off_of(in[0]), mem_of(out[0]), off_of(out[0]),
           static_cast<cl_float>(call.attrs.alpha));
       return;
@@ -391,7 +355,7 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     case OpId::relu_backward:
     case OpId::gelu_backward:
     case OpId::tanh_backward: {
-      cl_int op = call.op == OpId::relu_backward ? 0 : call.op == OpId::gelu_backward ? 1 : 2;
+      cl_int op = device_ops::unary_backward_code(call.op);
       run("unary_backward", n(out[0]), op, mem_of(in[0]), off_of(in[0]), mem_of(in[1]),
           off_of(in[1]), mem_of(out[0]), off_of(out[0]));
       return;
@@ -458,14 +422,14 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
       return;
     }
     case OpId::embedding: {
-      check_ids(in[1], in[0].dim(0), "embedding");
+      device_ops::checked_ids(in[1], in[0].dim(0), "embedding");
       run("embedding", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]),
           mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(in[0].dim(1)));
       return;
     }
     case OpId::embedding_backward: {
       const Tensor& dw = out[0];
-      check_ids(in[1], dw.dim(0), "embedding_backward");
+      device_ops::checked_ids(in[1], dw.dim(0), "embedding_backward");
       run("embedding_backward", static_cast<std::size_t>(dw.dim(1)), mem_of(in[0]), off_of(in[0]),
           mem_of(in[1]), off_of(in[1]), mem_of(dw), off_of(dw),
           static_cast<cl_ulong>(in[1].numel()), static_cast<cl_ulong>(dw.dim(1)),
@@ -475,7 +439,7 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     case OpId::cross_entropy: {
       const Tensor& logits = in[0];
       std::size_t rows = static_cast<std::size_t>(logits.dim(0));
-      check_ids(in[1], logits.dim(1), "cross_entropy");
+      device_ops::checked_ids(in[1], logits.dim(1), "cross_entropy");
       Tensor row_loss =
           Tensor::empty({std::max<std::int64_t>(logits.dim(0), 1)}, DType::f32, *this);
       run("cross_entropy_rows", rows, mem_of(logits), off_of(logits), mem_of(in[1]), off_of(in[1]),
@@ -491,7 +455,7 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     }
     case OpId::cross_entropy_backward: {
       const Tensor& logits = in[1];
-      check_ids(in[2], logits.dim(1), "cross_entropy_backward");
+      device_ops::checked_ids(in[2], logits.dim(1), "cross_entropy_backward");
       float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
       run("cross_entropy_backward", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(logits),
           off_of(logits), mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]),
@@ -532,11 +496,7 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     }
     case OpId::adamw_step: {
       const Attrs& a = call.attrs;
-      auto step_size =
-          static_cast<cl_float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step))));
-      auto inv_sqrt_bc2 = static_cast<cl_float>(
-          1.0 / std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step))));
-      auto decay = static_cast<cl_float>(1.0 - a.lr * a.weight_decay);
+      auto [step_size, inv_sqrt_bc2, decay] = device_ops::adamw_scalars(a);
       run("adamw", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]),
           mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]),
           off_of(out[0]), mem_of(out[1]), off_of(out[1]), mem_of(out[2]), off_of(out[2]),
@@ -547,13 +507,6 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     default:
       throw Error("opencl: launch of unsupported op " + std::string(op_name(call.op)));
   }
-}
-
-void OpenClBackend::check_ids(const Tensor& ids, std::int64_t limit, const char* op) {
-  // Kernels cannot raise errors, so indices are checked on the host first (ids are small).
-  for (std::int32_t id : ids.to_ints())
-    check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) +
-                                     " outside [0, " + std::to_string(limit) + ")");
 }
 
 OpenClBackend* backend() {

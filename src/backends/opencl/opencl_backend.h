@@ -31,7 +31,8 @@ class Handle {
     return *this;
   }
   ~Handle() {
-    if (h_ != nullptr) Release(h_);
+    if (h_ != nullptr)
+      Release(h_);
   }
   T get() const { return h_; }
 
@@ -70,7 +71,6 @@ class OpenClBackend final : public Backend {
   template <class... Args>
   void run(const char* name, std::size_t global, Args... args);
   void matmul(const OpCall& call);
-  void check_ids(const Tensor& ids, std::int64_t limit, const char* op);
 
   cl_device_id device_;
   std::string device_name_, driver_version_;

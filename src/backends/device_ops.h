@@ -1,0 +1,132 @@
+// backends/device_ops.h — what the device backends (OpenCL, CUDA) share about catalog
+// calls: which inputs are ids, how a broadcasting binary op maps onto one kernel, the op
+// codes of the elementwise kernels, AdamW's per-step scalars, and the host-side check of
+// ids (kernels cannot raise errors).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/broadcast.h"
+#include "core/error.h"
+#include "core/op_catalog.h"
+
+namespace loom::device_ops {
+
+// Every input is f32, except the i32 ids and targets of the ops that take them.
+inline bool f32_except_ids(const OpCall& call) {
+  for (std::size_t i = 0; i < call.inputs.size(); ++i) {
+    bool ids = (i == 1 && (call.op == OpId::embedding || call.op == OpId::embedding_backward ||
+                           call.op == OpId::cross_entropy)) ||
+               (i == 2 && call.op == OpId::cross_entropy_backward);
+    if (call.inputs[i].defined() && call.inputs[i].dtype() != (ids ? DType::i32 : DType::f32))
+      return false;
+  }
+  return true;
+}
+
+// A binary op (add, sub, mul, div) as one kernel: one operand has the output's shape
+// ("full"), the other repeats inside it. mode: 0 same shape, 1 scalar, 2 trailing block
+// of `period`, 3 each value repeated `period` times. other_left: the repeated operand is
+// the left one. nullopt when neither operand has the output's shape.
+struct BinaryPlan {
+  int op;  // 0 add, 1 sub, 2 mul, 3 div
+  bool other_left;
+  int mode;
+  std::int64_t period;
+};
+inline std::optional<BinaryPlan> plan_binary(OpId op, const Shape& a, const Shape& b) {
+  Shape out = broadcast_shapes(a, b, "binary");
+  Repeat ra = classify_broadcast(a, out), rb = classify_broadcast(b, out);
+  bool left_full = ra.kind == Repeat::same && rb.kind != Repeat::other;
+  bool right_full = rb.kind == Repeat::same && ra.kind != Repeat::other;
+  if (!left_full && !right_full)
+    return std::nullopt;
+  bool other_left = !left_full;
+  Repeat r = other_left ? ra : rb;
+  int mode = r.kind == Repeat::same       ? 0
+             : r.kind == Repeat::scalar   ? 1
+             : r.kind == Repeat::trailing ? 2
+                                          : 3;
+  int code = op == OpId::add ? 0 : op == OpId::sub ? 1 : op == OpId::mul ? 2 : 3;
+  return BinaryPlan{code, other_left, mode, std::max<std::int64_t>(r.period, 1)};
+}
+
+// Codes of the `unary` kernels: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha.
+inline int unary_code(OpId op) {
+  switch (op) {
+    case OpId::exp:
+      return 0;
+    case OpId::log:
+      return 1;
+    case OpId::tanh:
+      return 2;
+    case OpId::relu:
+      return 3;
+    case OpId::gelu:
+      return 4;
+    default:
+      return 5;
+  }
+}
+// Codes of the `unary_backward` kernels: 0 relu (dy, x), 1 gelu (dy, x), 2 tanh (dy, y).
+inline int unary_backward_code(OpId op) {
+  return op == OpId::relu_backward ? 0 : op == OpId::gelu_backward ? 1 : 2;
+}
+
+// AdamW's step-dependent scalars: p <- p decay - step_size m / (sqrt(v) inv_sqrt_bc2 + eps),
+// with step_size = lr / (1 - beta1^t), inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t), decay = 1 - lr wd.
+struct AdamWScalars {
+  float step_size, inv_sqrt_bc2, decay;
+};
+inline AdamWScalars adamw_scalars(const Attrs& a) {
+  auto t = static_cast<double>(a.step);
+  return {static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, t))),
+          static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, t))),
+          static_cast<float>(1.0 - a.lr * a.weight_decay)};
+}
+
+// The ids, read to the host and checked against [0, limit) (ids are small).
+inline std::vector<std::int32_t> checked_ids(const Tensor& ids, std::int64_t limit,
+                                             const char* op) {
+  std::vector<std::int32_t> values = ids.to_ints();
+  for (std::int32_t id : values)
+    check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) +
+                                     " outside [0, " + std::to_string(limit) + ")");
+  return values;
+}
+
+// A device stream whose timeline operations wait on the host: copies between buffers of
+// this device are the subclass's; host memory goes through the backend's upload/download.
+class DeviceStream : public Stream {
+ public:
+  explicit DeviceStream(Backend& device) : device_(device) {}
+  void copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+            std::size_t bytes) final {
+    bool src_device = &src.owner() == &device_, dst_device = &dst.owner() == &device_;
+    if (src_device && dst_device) {
+      device_copy(src, src_offset, dst, dst_offset, bytes);
+    } else if (dst_device) {
+      device_.upload(static_cast<const std::byte*>(src.data()) + src_offset, dst, dst_offset,
+                     bytes);
+    } else {
+      device_.download(src, src_offset, static_cast<std::byte*>(dst.data()) + dst_offset, bytes);
+    }
+  }
+  void signal(Timeline& timeline, std::uint64_t value) final {
+    synchronize();
+    timeline.signal(value);
+  }
+  void wait(Timeline& timeline, std::uint64_t value) final { timeline.wait(value); }
+
+ protected:
+  virtual void device_copy(const Buffer& src, std::size_t src_offset, Buffer& dst,
+                           std::size_t dst_offset, std::size_t bytes) = 0;
+  Backend& device_;
+};
+
+}  // namespace loom::device_ops
