@@ -1,5 +1,6 @@
 #include "dist/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -88,6 +89,61 @@ void broadcast_parameters(Communicator& comm, std::vector<nn::Parameter>& params
     std::vector<float> v = value.to_floats();
     comm.broadcast(std::as_writable_bytes(std::span<float>(v)), 0);
     p.var.set_value(Tensor::from_floats(value.shape(), v, value.backend()));
+  }
+}
+
+OptimizerSharding::OptimizerSharding(Communicator& comm, std::vector<nn::Parameter>& params)
+    : comm_(comm) {
+  // Largest first, each to the rank with the fewest elements so far (ties: lowest rank).
+  std::vector<std::size_t> order(params.size());
+  for (std::size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return params[a].var.value().numel() > params[b].var.value().numel();
+  });
+  std::vector<std::int64_t> load(static_cast<std::size_t>(comm.size()), 0);
+  owner_.assign(params.size(), 0);
+  for (std::size_t i : order) {
+    auto lightest = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner_[i] = lightest;
+    load[static_cast<std::size_t>(lightest)] += params[i].var.value().numel();
+  }
+}
+
+std::vector<bool> OptimizerSharding::owned_here() const {
+  std::vector<bool> owned(owner_.size());
+  for (std::size_t i = 0; i < owner_.size(); ++i)
+    owned[i] = owner_[i] == comm_.rank();
+  return owned;
+}
+
+namespace {
+Tensor broadcast_tensor(Communicator& comm, const Tensor& value, const Shape& shape,
+                        Backend& backend, int root) {
+  std::vector<float> v = comm.rank() == root
+                             ? value.to_floats()
+                             : std::vector<float>(static_cast<std::size_t>(shape_numel(shape)));
+  comm.broadcast(std::as_writable_bytes(std::span<float>(v)), root);
+  return Tensor::from_floats(shape, v, backend);
+}
+}  // namespace
+
+void OptimizerSharding::share_updates(std::vector<nn::Parameter>& params) {
+  if (comm_.size() == 1)
+    return;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& value = params[i].var.value();
+    params[i].var.set_value(
+        broadcast_tensor(comm_, value, value.shape(), value.backend(), owner_[i]));
+  }
+}
+
+void OptimizerSharding::gather_moments(std::vector<Tensor>& first, std::vector<Tensor>& second,
+                                       const std::vector<nn::Parameter>& params) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& value = params[i].var.value();
+    first[i] = broadcast_tensor(comm_, first[i], value.shape(), value.backend(), owner_[i]);
+    second[i] = broadcast_tensor(comm_, second[i], value.shape(), value.backend(), owner_[i]);
   }
 }
 

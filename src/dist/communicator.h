@@ -48,6 +48,28 @@ void average_gradients(Communicator& comm, std::vector<nn::Parameter>& params);
 // loaded or initialised).
 void broadcast_parameters(Communicator& comm, std::vector<nn::Parameter>& params);
 
+// ZeRO stage 1 (optimizer-state sharding) for data parallelism: each rank keeps the
+// AdamW moments of, and updates, its share of the parameters; the updated values then go
+// from each owner to every rank. The steps are exactly those of unsharded data
+// parallelism; each rank holds 1/N of the moments.
+class OptimizerSharding {
+ public:
+  // Owners balance the parameters' element counts over the ranks.
+  OptimizerSharding(Communicator& comm, std::vector<nn::Parameter>& params);
+  int owner(std::size_t parameter) const { return owner_[parameter]; }
+  std::vector<bool> owned_here() const;
+  // After the optimizer step: every rank receives the owners' new values.
+  void share_updates(std::vector<nn::Parameter>& params);
+  // Every rank receives every moment (before writing a checkpoint); keep_only(owned_here())
+  // releases them again.
+  void gather_moments(std::vector<Tensor>& first, std::vector<Tensor>& second,
+                      const std::vector<nn::Parameter>& params);
+
+ private:
+  Communicator& comm_;
+  std::vector<int> owner_;
+};
+
 // The mean of one value over ranks.
 double mean_over_ranks(Communicator& comm, double value);
 

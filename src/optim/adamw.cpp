@@ -4,11 +4,13 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/error.h"
 #include "dispatch/dispatch.h"
 
 namespace loom::optim {
 
-AdamW::AdamW(std::vector<nn::Parameter>& params, const AdamWConfig& config) : params_(params), config_(config) {
+AdamW::AdamW(std::vector<nn::Parameter>& params, const AdamWConfig& config)
+    : params_(params), config_(config) {
   for (const nn::Parameter& p : params_) {
     Attrs zeros;
     zeros.shape = p.var.shape();
@@ -23,7 +25,8 @@ void AdamW::step(double lr) {
   ++step_;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     nn::Parameter& p = params_[i];
-    if (!p.var.grad().defined()) continue;
+    if (!p.var.grad().defined() || (!owned_.empty() && !owned_[i]))
+      continue;
     Attrs a;
     a.lr = lr;
     a.beta1 = config_.beta1;
@@ -38,8 +41,22 @@ void AdamW::step(double lr) {
   }
 }
 
+void AdamW::keep_only(const std::vector<bool>& owned) {
+  check(owned.size() == params_.size(), "AdamW::keep_only: " + std::to_string(owned.size()) +
+                                            " flags for " + std::to_string(params_.size()) +
+                                            " parameters");
+  owned_ = owned;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (owned_[i])
+      continue;
+    m_[i] = Tensor();
+    v_[i] = Tensor();
+  }
+}
+
 void AdamW::zero_grad() {
-  for (nn::Parameter& p : params_) p.var.zero_grad();
+  for (nn::Parameter& p : params_)
+    p.var.zero_grad();
 }
 
 double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm) {
@@ -47,7 +64,8 @@ double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm) {
   // step instead of one per parameter (each a full stall on a GPU).
   Tensor total;
   for (const nn::Parameter& p : params) {
-    if (!p.var.grad().defined()) continue;
+    if (!p.var.grad().defined())
+      continue;
     Tensor squares = dispatch::call1(OpId::sum_squares, {p.var.grad()});
     total = total.defined() ? dispatch::call1(OpId::add, {total, squares}) : squares;
   }
@@ -56,7 +74,8 @@ double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm) {
     Attrs a;
     a.alpha = max_norm / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
     for (nn::Parameter& p : params) {
-      if (!p.var.grad().defined()) continue;
+      if (!p.var.grad().defined())
+        continue;
       Tensor scaled = dispatch::call1(OpId::scale, {p.var.grad()}, a);
       p.var.state()->grad = scaled;
     }
@@ -64,10 +83,14 @@ double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm) {
   return norm;
 }
 
-double cosine_lr(std::int64_t it, double max_lr, double min_lr, std::int64_t warmup, std::int64_t decay_steps) {
-  if (it < warmup) return max_lr * static_cast<double>(it + 1) / static_cast<double>(warmup + 1);
-  if (it > decay_steps) return min_lr;
-  double ratio = static_cast<double>(it - warmup) / static_cast<double>(std::max<std::int64_t>(decay_steps - warmup, 1));
+double cosine_lr(std::int64_t it, double max_lr, double min_lr, std::int64_t warmup,
+                 std::int64_t decay_steps) {
+  if (it < warmup)
+    return max_lr * static_cast<double>(it + 1) / static_cast<double>(warmup + 1);
+  if (it > decay_steps)
+    return min_lr;
+  double ratio = static_cast<double>(it - warmup) /
+                 static_cast<double>(std::max<std::int64_t>(decay_steps - warmup, 1));
   double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * ratio));
   return min_lr + coeff * (max_lr - min_lr);
 }

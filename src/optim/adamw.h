@@ -24,11 +24,16 @@ class AdamW {
   // First and second moments, one pair per parameter, in parameter order (checkpoints).
   std::vector<Tensor>& first_moments() { return m_; }
   std::vector<Tensor>& second_moments() { return v_; }
+  // Sharded optimizer state (ZeRO stage 1): only parameters with owned[i] are updated, and
+  // the moments of the others are released. Restore the moments (e.g. gathered for a
+  // checkpoint) with first_moments()/second_moments() before calling it again.
+  void keep_only(const std::vector<bool>& owned);
 
  private:
   std::vector<nn::Parameter>& params_;
   AdamWConfig config_;
   std::vector<Tensor> m_, v_;
+  std::vector<bool> owned_;  // empty: every parameter
   std::int64_t step_ = 0;
 };
 
@@ -38,6 +43,7 @@ double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm);
 
 // lr(it): linear warmup over `warmup` steps to `max_lr`, then cosine decay to `min_lr` at
 // `decay_steps`, constant after (nanoGPT's schedule, same formula).
-double cosine_lr(std::int64_t it, double max_lr, double min_lr, std::int64_t warmup, std::int64_t decay_steps);
+double cosine_lr(std::int64_t it, double max_lr, double min_lr, std::int64_t warmup,
+                 std::int64_t decay_steps);
 
 }  // namespace loom::optim

@@ -136,6 +136,9 @@ const std::map<std::string, Field>& fields() {
       {"micro_batches",
        int_field(&TrainConfig::micro_batches, 0, 1 << 20,
                  "micro-batches per step in a pipeline (0: one per stage); must divide batch")},
+      {"zero", int_field(&TrainConfig::zero, 0, 1,
+                         "1: data-parallel processes each keep and update 1/N of the optimizer "
+                         "state (ZeRO stage 1)")},
       {"precision", string_field(&TrainConfig::precision, {"f32", "bf16"},
                                  "matmul operands: f32, or bf16 with f32 accumulation (weights, "
                                  "activations and optimizer state stay f32)")},

@@ -202,6 +202,14 @@ Summary run_training(const TrainConfig& cfg) {
     std::vector<nn::Parameter> params = model->parameters();
     dist::broadcast_parameters(comm, params);
   }
+  std::unique_ptr<dist::OptimizerSharding>
+      sharding;  // zero = 1: each rank keeps 1/N of AdamW's state
+  if (cfg.zero == 1 && comm.size() > 1) {
+    check(!pipelined,
+          "zero = 1 shards the optimizer of data-parallel processes, not pipeline stages");
+    sharding = std::make_unique<dist::OptimizerSharding>(comm, model->parameters());
+    optimizer.keep_only(sharding->owned_here());
+  }
   std::unique_ptr<dist::GptPipeline> pipeline;
   if (pipelined)
     pipeline = std::make_unique<dist::GptPipeline>(
@@ -267,6 +275,8 @@ Summary run_training(const TrainConfig& cfg) {
     }
     optimizer.step(lr);
     optimizer.zero_grad();
+    if (sharding)
+      sharding->share_updates(model->parameters());
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step_seconds.push_back(seconds);
     check(std::isfinite(loss_value), "training diverged: loss = " + std::to_string(loss_value) +
@@ -293,14 +303,22 @@ Summary run_training(const TrainConfig& cfg) {
                        " (estimate over " + std::to_string(cfg.eval_batches) + " batches)");
       metrics << nlohmann::json{{"step", step + 1}, {"val_loss_estimate", val}}.dump() << "\n";
     }
+    if (checkpoint && sharding)
+      sharding->gather_moments(optimizer.first_moments(), optimizer.second_moments(),
+                               model->parameters());
     if (lead && checkpoint)
       save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, step + 1, config_json);
+    if (checkpoint && sharding)
+      optimizer.keep_only(sharding->owned_here());
     metrics.flush();
   }
   progress.finish();
   summary.lead = lead;
   if (pipelined)
     pipeline->gather_to_all(&optimizer);
+  if (sharding && cfg.save)
+    sharding->gather_moments(optimizer.first_moments(), optimizer.second_moments(),
+                             model->parameters());
   if (lead && cfg.save)
     save_checkpoint(ckpt_dir, *model, spec, vocab_utf8, optimizer, end, config_json);
 

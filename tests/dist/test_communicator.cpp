@@ -2,10 +2,12 @@
 // gradient averaging (flatten, one all-reduce, unflatten) against a stand-in second rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "dist/communicator.h"
 #include "nn/gpt.h"
+#include "optim/adamw.h"
 #include "test_util.h"
 
 namespace loom::testing {
@@ -71,6 +73,36 @@ TEST(Communicator, AverageGradientsIsTheMeanPerParameterInOneMessage) {
       ASSERT_FLOAT_EQ(got[i], 0.5f * (mine[at] + peer[at])) << p.name << " element " << i;
   }
   EXPECT_EQ(at, mine.size());
+}
+
+TEST(OptimizerSharding, BalancesElementsAndUpdatesOnlyOwnedParameters) {
+  nn::Gpt gpt({65, 16, 2, 2, 16, 0.0}, 3, cpu());
+  std::vector<nn::Parameter>& params = gpt.parameters();
+  PairWithPeer comm(std::vector<float>{});
+  dist::OptimizerSharding sharding(comm, params);
+  std::int64_t load[2] = {0, 0}, largest = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(sharding.owner(i) == 0 || sharding.owner(i) == 1);
+    load[sharding.owner(i)] += params[i].var.value().numel();
+    largest = std::max(largest, params[i].var.value().numel());
+  }
+  EXPECT_LE(std::abs(load[0] - load[1]), largest);  // greedy largest-first balance
+
+  optim::AdamW adamw(params, {});
+  adamw.keep_only(sharding.owned_here());
+  nn::Rng rng(9);
+  std::vector<std::vector<float>> before;
+  for (nn::Parameter& p : params) {
+    p.var.state()->grad = random(p.var.value().shape(), rng);
+    before.push_back(p.var.value().to_floats());
+  }
+  adamw.step(1e-2);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    bool changed = params[i].var.value().to_floats() != before[i];
+    bool trained = params[i].var.requires_grad();
+    EXPECT_EQ(changed, trained && sharding.owner(i) == 0) << params[i].name;
+    EXPECT_EQ(adamw.first_moments()[i].defined(), sharding.owner(i) == 0) << params[i].name;
+  }
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 # an interrupted 2-process run resumes exactly, a batch that does not divide among the
 # processes is a clear error. Pipeline parallel (`--pipeline 2`): the same losses with 2
 # or 3 micro-batches, a checkpoint that evaluates as the one-process one does, exact
-# resume, clear errors. Usage: test_data_parallel.sh MPIEXEC path/to/loom
+# resume, clear errors. ZeRO stage 1 (`--zero 1`): bitwise the numbers of plain data
+# parallelism. Usage: test_data_parallel.sh MPIEXEC path/to/loom
 set -u
 mpiexec="$1" loom="$2"
 dir=$(mktemp -d)
@@ -40,6 +41,29 @@ print(f"one vs two processes: worst relative loss difference {worst:.2e} over 20
 assert worst < 1e-5, worst
 assert resumed == two, ("resumed run differs", resumed, two)
 PY
+# ZeRO stage 1: the optimizer state sharded over the two processes changes nothing in
+# the numbers: the same losses, bitwise, and the same checkpoint tensors; resume is exact.
+"${mpi[@]}" "$loom" train "${common[@]}" --zero 1 --out "$dir/zero" > "$dir/zero.log" 2>&1 || fail "zero 1: $(tail -n 3 "$dir/zero.log")"
+"${mpi[@]}" "$loom" train "${common[@]}" --zero 1 --out "$dir/zr" --stop_after 10 > "$dir/zr1.log" 2>&1 || fail "zero stop_after"
+"${mpi[@]}" "$loom" train "${common[@]}" --zero 1 --out "$dir/zr" --resume > "$dir/zr2.log" 2>&1 || fail "zero resume"
+python3 - "$dir" <<'PY' || fail "zero 1 differs from plain data parallel (above)"
+import json, struct, sys
+d = sys.argv[1]
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in header.items()}
+assert losses("zero") == losses("two"), "losses differ"
+assert losses("zr") == losses("two"), "resumed losses differ"
+for f in ("model.safetensors", "train_state.safetensors"):
+    assert tensors(f"{d}/zero/checkpoint/{f}") == tensors(f"{d}/two/checkpoint/{f}"), f
+print("zero 1: losses and checkpoint tensors identical to plain data parallel")
+PY
+
 # Pipeline parallel: two stages of two blocks each.
 "${mpi[@]}" "$loom" train "${base[@]}" --pipeline 2 --eval_every 10 --out "$dir/pp" > "$dir/pp.log" 2>&1 \
   || fail "pipeline: $(tail -n 3 "$dir/pp.log")"
