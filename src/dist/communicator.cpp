@@ -25,6 +25,9 @@ class SingleProcess final : public Communicator {
   void receive(std::span<float>, int source) override {
     throw Error("receive from rank " + std::to_string(source) + " in a one-process job");
   }
+  std::unique_ptr<Communicator> split(int, int) override {
+    return std::make_unique<SingleProcess>();
+  }
 };
 
 // Launchers announce themselves in the environment (Open MPI, MPICH/Hydra, PMIx, Slurm's PMI).

@@ -30,6 +30,9 @@ class Communicator {
   // from `source`. Messages between two ranks arrive in the order they were sent.
   virtual void send(std::span<const float> data, int dest) = 0;
   virtual void receive(std::span<float> data, int source) = 0;
+  // The ranks that pass the same `color` form a new communicator, ranked by `key`
+  // (collective: every rank calls it). Pipeline x data parallelism splits the world so.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 };
 
 // One process: size 1, collectives leave the data as it is.

@@ -23,24 +23,41 @@ void ok(int status, const char* what) {
   throw Error(std::string("mpi: ") + what + " failed: " + text);
 }
 
-class MpiWorld final : public Communicator {
+void initialize_once() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized)
+    return;
+  int provided = 0;
+  ok(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized)
+      MPI_Finalize();
+  });
+}
+
+// One MPI communicator: the world, or a group split from it (freed with the object).
+class MpiCommunicator final : public Communicator {
  public:
-  MpiWorld() {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      ok(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
-      std::atexit([] {
-        int finalized = 0;
-        MPI_Finalized(&finalized);
-        if (!finalized)
-          MPI_Finalize();
-      });
-    }
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // errors become loom::Error
-    ok(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
-    ok(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);  // errors become loom::Error
+    ok(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    ok(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized)
+      MPI_Comm_free(&comm_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm part = MPI_COMM_NULL;
+    ok(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
+    return std::make_unique<MpiCommunicator>(part, true);
   }
   std::string_view name() const override { return "mpi"; }
   int rank() const override { return rank_; }
@@ -49,38 +66,41 @@ class MpiWorld final : public Communicator {
     // MPI counts are int: large buffers go in pieces.
     for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
       int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));
-      ok(MPI_Allreduce(MPI_IN_PLACE, data.data() + at, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+      ok(MPI_Allreduce(MPI_IN_PLACE, data.data() + at, count, MPI_FLOAT, MPI_SUM, comm_),
          "MPI_Allreduce");
     }
   }
   void send(std::span<const float> data, int dest) override {
     for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
       int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));
-      ok(MPI_Send(data.data() + at, count, MPI_FLOAT, dest, 0, MPI_COMM_WORLD), "MPI_Send");
+      ok(MPI_Send(data.data() + at, count, MPI_FLOAT, dest, 0, comm_), "MPI_Send");
     }
   }
   void receive(std::span<float> data, int source) override {
     for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
       int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));
-      ok(MPI_Recv(data.data() + at, count, MPI_FLOAT, source, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+      ok(MPI_Recv(data.data() + at, count, MPI_FLOAT, source, 0, comm_, MPI_STATUS_IGNORE),
          "MPI_Recv");
     }
   }
   void broadcast(std::span<std::byte> data, int root) override {
     for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
       int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));
-      ok(MPI_Bcast(data.data() + at, count, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+      ok(MPI_Bcast(data.data() + at, count, MPI_BYTE, root, comm_), "MPI_Bcast");
     }
   }
 
  private:
+  MPI_Comm comm_;
+  bool owned_;
   int rank_ = 0, size_ = 1;
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> mpi_world() {
-  return std::make_unique<MpiWorld>();
+  initialize_once();
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);
 }
 #else
 std::unique_ptr<Communicator> mpi_world() {

@@ -175,23 +175,32 @@ Summary run_training(const TrainConfig& cfg) {
   // Data parallelism: each of the job's processes (mpirun -np N) trains on its share of
   // every batch; gradients are averaged, so the N processes take the steps one process
   // would take with the whole batch. Rank 0 alone logs, evaluates and writes.
-  // With pipeline = N the N processes are instead the stages of one model
-  // (dist/pipeline.h): every process sees the whole batch.
+  // With pipeline = P the processes form replicas of P pipeline stages each
+  // (dist/pipeline.h; rank = replica * P + stage): the replicas are data parallel, the
+  // stages of one replica split its share of the batch into micro-batches.
   dist::Communicator& comm = dist::world();
   const bool lead = comm.rank() == 0;
   const bool pipelined = cfg.pipeline > 1;
+  std::unique_ptr<dist::Communicator> stages_of_replica, replicas_of_stage;
+  dist::Communicator* data_comm = &comm;  // the processes that average gradients
   if (pipelined) {
-    check(comm.size() == cfg.pipeline,
-          "pipeline = " + std::to_string(cfg.pipeline) + " needs " + std::to_string(cfg.pipeline) +
-              " processes (mpirun -np " + std::to_string(cfg.pipeline) + "), this job has " +
+    check(comm.size() % cfg.pipeline == 0,
+          "pipeline = " + std::to_string(cfg.pipeline) + " needs a multiple of " +
+              std::to_string(cfg.pipeline) + " processes (mpirun -np " +
+              std::to_string(cfg.pipeline) + " x replicas), this job has " +
               std::to_string(comm.size()));
     check(cfg.model == "gpt",
           "pipeline: only the gpt model is split into stages, not " + cfg.model);
-  } else {
-    check(cfg.batch % comm.size() == 0,
-          "batch = " + std::to_string(cfg.batch) + " does not divide among the " +
-              std::to_string(comm.size()) + " data-parallel processes");
+    const int replica = comm.rank() / static_cast<int>(cfg.pipeline);
+    const int stage = comm.rank() % static_cast<int>(cfg.pipeline);
+    stages_of_replica = comm.split(replica, stage);
+    replicas_of_stage = comm.split(stage, replica);
+    data_comm = replicas_of_stage.get();
   }
+  check(cfg.batch % data_comm->size() == 0,
+        "batch = " + std::to_string(cfg.batch) + " does not divide among the " +
+            std::to_string(data_comm->size()) + " data-parallel " +
+            (pipelined ? "replicas" : "processes"));
   std::unique_ptr<nn::Model> model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);
   if (!cfg.init.empty())
     load_weights(cfg.init, *model);
@@ -213,7 +222,7 @@ Summary run_training(const TrainConfig& cfg) {
   std::unique_ptr<dist::GptPipeline> pipeline;
   if (pipelined)
     pipeline = std::make_unique<dist::GptPipeline>(
-        comm, dynamic_cast<nn::Gpt&>(*model),
+        *stages_of_replica, dynamic_cast<nn::Gpt&>(*model),
         cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline);
   check(start <= cfg.steps, ckpt_dir + ": checkpoint is at step " + std::to_string(start) +
                                 ", beyond steps = " + std::to_string(cfg.steps));
@@ -258,9 +267,13 @@ Summary run_training(const TrainConfig& cfg) {
                                nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xd20f, step)};
     double loss_value = 0.0;  // the whole batch's loss
     if (pipelined) {
-      loss_value = pipeline->forward_backward(source.batch(step, device), options);
+      loss_value =
+          pipeline->forward_backward(shard(source.batch(step, device), *data_comm), options);
+      std::vector<nn::Parameter> params = model->parameters();
+      dist::average_gradients(*data_comm, params);  // this stage's, across replicas
       if (cfg.grad_clip > 0)
         pipeline->clip_grad_norm(cfg.grad_clip);
+      loss_value = dist::mean_over_ranks(*data_comm, loss_value);
     } else {
       data::Batch batch = shard(source.batch(step, device), comm);
       ag::Tape tape;

@@ -4,7 +4,7 @@
 # an interrupted 2-process run resumes exactly, a batch that does not divide among the
 # processes is a clear error. Pipeline parallel (`--pipeline 2`): the same losses with 2
 # or 3 micro-batches, a checkpoint that evaluates as the one-process one does, exact
-# resume, clear errors. ZeRO stage 1 (`--zero 1`): bitwise the numbers of plain data
+# resume, clear errors; and 2 data-parallel replicas of 2 stages on 4 processes. ZeRO stage 1 (`--zero 1`): bitwise the numbers of plain data
 # parallelism. Usage: test_data_parallel.sh MPIEXEC path/to/loom
 set -u
 mpiexec="$1" loom="$2"
@@ -73,6 +73,9 @@ PY
   || fail "pipeline stop_after: $(tail -n 3 "$dir/ppr1.log")"
 "${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --out "$dir/ppr" --resume > "$dir/ppr2.log" 2>&1 \
   || fail "pipeline resume: $(tail -n 3 "$dir/ppr2.log")"
+# Pipeline x data parallel: 2 replicas of 2 stages on 4 processes.
+"$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train "${common[@]}" --pipeline 2 --out "$dir/pp2x2" \
+  > "$dir/pp2x2.log" 2>&1 || fail "pipeline x data: $(tail -n 3 "$dir/pp2x2.log")"
 grep -q val_loss_estimate "$dir/pp/metrics.jsonl" || fail "pipeline: no validation estimate in metrics"
 head -c 20000 data/tinyshakespeare/input.txt > "$dir/small.txt"  # a short evaluation text
 eval_one=$("$loom" eval "$dir/one/checkpoint" --data "$dir/small.txt" 2>&1 | tail -n 1)
@@ -83,7 +86,7 @@ d = sys.argv[1]
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
 one = losses("one")
-for name in ("pp", "pp3"):
+for name in ("pp", "pp3", "pp2x2"):
     worst = max(abs(a - b) / abs(a) for a, b in zip(one, losses(name)))
     print(f"one process vs {name}: worst relative loss difference {worst:.2e} over 10 steps")
     assert len(losses(name)) == 10 and worst < 1e-5, (name, worst)
@@ -94,7 +97,7 @@ print(f"loom eval: one process {a}, pipeline {b}")
 assert abs(a - b) / a < 1e-5, (a, b)
 PY
 out=$("${mpi[@]}" "$loom" train --pipeline 3 --steps 1 --out "$dir/bad" 2>&1); rc=$?
-[[ $rc -ne 0 && "$out" == *"pipeline = 3 needs 3 processes"* ]] || fail "pipeline 3 on 2 processes: rc $rc: $(echo "$out" | head -n 3)"
+[[ $rc -ne 0 && "$out" == *"pipeline = 3 needs a multiple of 3 processes"* ]] || fail "pipeline 3 on 2 processes: rc $rc: $(echo "$out" | head -n 3)"
 out=$("${mpi[@]}" "$loom" train --pipeline 2 --micro_batches 5 --steps 1 --out "$dir/bad" 2>&1); rc=$?
 [[ $rc -ne 0 && "$out" == *"does not divide into micro_batches = 5"* ]] || fail "micro_batches 5: rc $rc: $(echo "$out" | head -n 3)"
 out=$("${mpi[@]}" "$loom" train --batch 5 --steps 1 --out "$dir/bad" 2>&1); rc=$?
