@@ -25,6 +25,9 @@ class SingleProcess final : public Communicator {
   void receive(std::span<float>, int source) override {
     throw Error("receive from rank " + std::to_string(source) + " in a one-process job");
   }
+  void send_receive(std::span<const float>, int dest, std::span<float>, int) override {
+    throw Error("send to rank " + std::to_string(dest) + " in a one-process job");
+  }
   std::unique_ptr<Communicator> split(int, int) override {
     return std::make_unique<SingleProcess>();
   }

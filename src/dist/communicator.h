@@ -30,6 +30,10 @@ class Communicator {
   // from `source`. Messages between two ranks arrive in the order they were sent.
   virtual void send(std::span<const float> data, int dest) = 0;
   virtual void receive(std::span<float> data, int source) = 0;
+  // A send and a receive that proceed together (MPI_Sendrecv): two ranks that exchange
+  // this way cannot block each other.
+  virtual void send_receive(std::span<const float> send_data, int dest,
+                            std::span<float> receive_data, int source) = 0;
   // The ranks that pass the same `color` form a new communicator, ranked by `key`
   // (collective: every rank calls it). Pipeline x data parallelism splits the world so.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;

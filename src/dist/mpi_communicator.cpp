@@ -83,6 +83,15 @@ class MpiCommunicator final : public Communicator {
          "MPI_Recv");
     }
   }
+  void send_receive(std::span<const float> send_data, int dest, std::span<float> receive_data,
+                    int source) override {
+    check(send_data.size() <= INT_MAX && receive_data.size() <= INT_MAX,
+          "mpi: send_receive of more than 2^31 floats");
+    ok(MPI_Sendrecv(send_data.data(), static_cast<int>(send_data.size()), MPI_FLOAT, dest, 0,
+                    receive_data.data(), static_cast<int>(receive_data.size()), MPI_FLOAT, source,
+                    0, comm_, MPI_STATUS_IGNORE),
+       "MPI_Sendrecv");
+  }
   void broadcast(std::span<std::byte> data, int root) override {
     for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
       int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));

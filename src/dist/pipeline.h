@@ -2,8 +2,8 @@
 //
 // Stage s holds blocks [first, last) of the model (stage 0 also the embeddings, the last
 // stage the final LayerNorm, the LM head and the loss). A batch is cut into micro-batches
-// that flow through the stages in the GPipe schedule: every forward, then every
-// backward; activations go to the next stage and their gradients come back. The LM head
+// that flow through the stages (1F1B or GPipe schedule); activations go to the next
+// stage and their gradients come back. The LM head
 // shares the token embedding with stage 0, so those two stages add their gradients of it.
 // The result is the gradient one process computes for the whole batch (up to the order
 // of float additions), so the optimizer step is unchanged.
@@ -19,10 +19,16 @@
 
 namespace loom::dist {
 
+// GPipe: every forward, then every backward (holds all M micro-batches' activations).
+// 1F1B: after a warm-up, one forward then one backward (holds at most S). Both compute
+// the same gradients, bitwise: backwards run in micro-batch order either way.
+enum class PipelineSchedule { gpipe, one_f_one_b };
+
 class GptPipeline {
  public:
   // One stage per rank of `comm`; blocks are split as evenly as the count allows.
-  GptPipeline(Communicator& comm, nn::Gpt& model, std::int64_t micro_batches);
+  GptPipeline(Communicator& comm, nn::Gpt& model, std::int64_t micro_batches,
+              PipelineSchedule schedule = PipelineSchedule::one_f_one_b);
 
   int stage() const { return comm_.rank(); }
   int stages() const { return comm_.size(); }
@@ -45,6 +51,7 @@ class GptPipeline {
   Communicator& comm_;
   nn::Gpt& model_;
   std::int64_t micro_batches_;
+  PipelineSchedule schedule_;
   std::int64_t first_ = 0, last_ = 0;
   std::vector<std::size_t> used_;  // parameter indices this stage computes with
   std::vector<int> owner_;         // per parameter: the stage whose values are the truth

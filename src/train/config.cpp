@@ -136,6 +136,10 @@ const std::map<std::string, Field>& fields() {
       {"micro_batches",
        int_field(&TrainConfig::micro_batches, 0, 1 << 20,
                  "micro-batches per step in a pipeline (0: one per stage); must divide batch")},
+      {"pipeline_schedule",
+       string_field(&TrainConfig::pipeline_schedule, {"1f1b", "gpipe"},
+                    "pipeline schedule: 1f1b (at most one micro-batch per stage in flight per "
+                    "stage) or gpipe (all forwards, then all backwards); the same numbers")},
       {"zero", int_field(&TrainConfig::zero, 0, 1,
                          "1: data-parallel processes each keep and update 1/N of the optimizer "
                          "state (ZeRO stage 1)")},

@@ -29,8 +29,9 @@ struct TrainConfig {
   std::string device = "cpu";
   std::int64_t pipeline = 1;       // pipeline stages (= the job's processes); 1: data parallel
   std::int64_t micro_batches = 0;  // per step with pipeline > 1; 0: one per stage
-  std::int64_t zero = 0;           // 1: data-parallel ranks shard AdamW's state (ZeRO stage 1)
-  std::string precision = "f32";   // f32 | bf16 (operands of the matmul products; weights stay f32)
+  std::string pipeline_schedule = "1f1b";  // 1f1b | gpipe
+  std::int64_t zero = 0;          // 1: data-parallel ranks shard AdamW's state (ZeRO stage 1)
+  std::string precision = "f32";  // f32 | bf16 (operands of the matmul products; weights stay f32)
   // evaluation, logging, checkpoints
   std::int64_t eval_every = 250, eval_batches = 20, log_every = 10, ckpt_every = 500;
   std::string out = "out";

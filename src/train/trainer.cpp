@@ -223,7 +223,9 @@ Summary run_training(const TrainConfig& cfg) {
   if (pipelined)
     pipeline = std::make_unique<dist::GptPipeline>(
         *stages_of_replica, dynamic_cast<nn::Gpt&>(*model),
-        cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline);
+        cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline,
+        cfg.pipeline_schedule == "gpipe" ? dist::PipelineSchedule::gpipe
+                                         : dist::PipelineSchedule::one_f_one_b);
   check(start <= cfg.steps, ckpt_dir + ": checkpoint is at step " + std::to_string(start) +
                                 ", beyond steps = " + std::to_string(cfg.steps));
   std::error_code ec;

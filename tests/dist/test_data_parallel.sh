@@ -4,7 +4,7 @@
 # an interrupted 2-process run resumes exactly, a batch that does not divide among the
 # processes is a clear error. Pipeline parallel (`--pipeline 2`): the same losses with 2
 # or 3 micro-batches, a checkpoint that evaluates as the one-process one does, exact
-# resume, clear errors; and 2 data-parallel replicas of 2 stages on 4 processes. ZeRO stage 1 (`--zero 1`): bitwise the numbers of plain data
+# resume, clear errors; GPipe and 1F1B bitwise equal; 3 stages; and 2 data-parallel replicas of 2 stages on 4 processes. ZeRO stage 1 (`--zero 1`): bitwise the numbers of plain data
 # parallelism. Usage: test_data_parallel.sh MPIEXEC path/to/loom
 set -u
 mpiexec="$1" loom="$2"
@@ -73,6 +73,13 @@ PY
   || fail "pipeline stop_after: $(tail -n 3 "$dir/ppr1.log")"
 "${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --out "$dir/ppr" --resume > "$dir/ppr2.log" 2>&1 \
   || fail "pipeline resume: $(tail -n 3 "$dir/ppr2.log")"
+# The two schedules compute the same gradients bitwise; 3 stages exercise 1F1B's warm-up.
+"${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --micro_batches 4 --pipeline_schedule gpipe --out "$dir/gpipe" \
+  > "$dir/gpipe.log" 2>&1 || fail "gpipe: $(tail -n 3 "$dir/gpipe.log")"
+"${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --micro_batches 4 --pipeline_schedule 1f1b --out "$dir/1f1b" \
+  > "$dir/1f1b.log" 2>&1 || fail "1f1b: $(tail -n 3 "$dir/1f1b.log")"
+"$mpiexec" -np 3 --oversubscribe --bind-to none "$loom" train "${common[@]}" --pipeline 3 --micro_batches 4 --out "$dir/pp3stages" \
+  > "$dir/pp3stages.log" 2>&1 || fail "3 stages: $(tail -n 3 "$dir/pp3stages.log")"
 # Pipeline x data parallel: 2 replicas of 2 stages on 4 processes.
 "$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train "${common[@]}" --pipeline 2 --out "$dir/pp2x2" \
   > "$dir/pp2x2.log" 2>&1 || fail "pipeline x data: $(tail -n 3 "$dir/pp2x2.log")"
@@ -86,11 +93,12 @@ d = sys.argv[1]
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
 one = losses("one")
-for name in ("pp", "pp3", "pp2x2"):
+for name in ("pp", "pp3", "pp2x2", "pp3stages", "1f1b"):
     worst = max(abs(a - b) / abs(a) for a, b in zip(one, losses(name)))
     print(f"one process vs {name}: worst relative loss difference {worst:.2e} over 10 steps")
     assert len(losses(name)) == 10 and worst < 1e-5, (name, worst)
 assert losses("ppr") == losses("pp"), "resumed pipeline run differs"
+assert losses("gpipe") == losses("1f1b"), "GPipe and 1F1B differ"
 number = lambda text: float(re.findall(r"[0-9]+\.[0-9]+", text)[-1])
 a, b = number(sys.argv[2]), number(sys.argv[3])
 print(f"loom eval: one process {a}, pipeline {b}")
