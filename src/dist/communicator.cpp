@@ -61,28 +61,53 @@ Communicator& world() {
   return *instance;
 }
 
-void average_gradients(Communicator& comm, std::vector<nn::Parameter>& params) {
+void GradientAverager::average(std::vector<nn::Parameter>& params) {
+  Communicator& comm = comm_;
   if (comm.size() == 1)
     return;
-  std::vector<float> flat;
+  // Host tensors are copied in and out directly; device tensors go through to_floats /
+  // from_floats.
+  std::vector<float>& flat = flat_;
+  std::size_t total = 0;
+  for (const nn::Parameter& p : params)
+    if (p.var.grad().defined())
+      total += static_cast<std::size_t>(p.var.grad().numel());
+  flat.resize(total);
+  auto direct = [](const Tensor& g) { return g.backend().host_accessible() && g.is_contiguous(); };
+  std::size_t at = 0;
   for (const nn::Parameter& p : params) {
-    if (!p.var.grad().defined())
+    const Tensor& g = p.var.grad();
+    if (!g.defined())
       continue;
-    std::vector<float> g = p.var.grad().to_floats();
-    flat.insert(flat.end(), g.begin(), g.end());
+    auto n = static_cast<std::size_t>(g.numel());
+    if (direct(g)) {
+      std::memcpy(flat.data() + at, g.data<float>(), n * sizeof(float));
+    } else {
+      std::vector<float> values = g.to_floats();
+      std::copy(values.begin(), values.end(), flat.begin() + static_cast<std::ptrdiff_t>(at));
+    }
+    at += n;
   }
   comm.all_reduce_sum(flat);
   const float inv = 1.0f / static_cast<float>(comm.size());
-  for (float& v : flat)
-    v *= inv;
-  std::size_t at = 0;
+  at = 0;
   for (nn::Parameter& p : params) {
     const Tensor& g = p.var.grad();
     if (!g.defined())
       continue;
     auto n = static_cast<std::size_t>(g.numel());
-    p.var.state()->grad =
-        Tensor::from_floats(g.shape(), std::span<const float>(flat.data() + at, n), g.backend());
+    const float* sum = flat.data() + at;
+    if (direct(g)) {
+      // In place: nothing else holds a gradient after the backward pass.
+      float* out = g.data<float>();
+      for (std::size_t k = 0; k < n; ++k)
+        out[k] = sum[k] * inv;
+    } else {
+      std::vector<float> mean(sum, sum + n);
+      for (float& v : mean)
+        v *= inv;
+      p.var.state()->grad = Tensor::from_floats(g.shape(), mean, g.backend());
+    }
     at += n;
   }
 }

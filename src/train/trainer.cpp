@@ -219,6 +219,7 @@ Summary run_training(const TrainConfig& cfg) {
     sharding = std::make_unique<dist::OptimizerSharding>(comm, model->parameters());
     optimizer.keep_only(sharding->owned_here());
   }
+  dist::GradientAverager averager(*data_comm);
   std::unique_ptr<dist::GptPipeline> pipeline;
   if (pipelined)
     pipeline = std::make_unique<dist::GptPipeline>(
@@ -271,8 +272,7 @@ Summary run_training(const TrainConfig& cfg) {
     if (pipelined) {
       loss_value =
           pipeline->forward_backward(shard(source.batch(step, device), *data_comm), options);
-      std::vector<nn::Parameter> params = model->parameters();
-      dist::average_gradients(*data_comm, params);  // this stage's, across replicas
+      averager.average(model->parameters());  // this stage's, across replicas
       if (cfg.grad_clip > 0)
         pipeline->clip_grad_norm(cfg.grad_clip);
       loss_value = dist::mean_over_ranks(*data_comm, loss_value);
@@ -282,8 +282,7 @@ Summary run_training(const TrainConfig& cfg) {
       ag::Var loss =
           ag::cross_entropy(tape, model->forward(tape, batch.inputs, options), batch.targets);
       tape.backward(loss);
-      std::vector<nn::Parameter> params = model->parameters();
-      dist::average_gradients(comm, params);
+      averager.average(model->parameters());
       if (cfg.grad_clip > 0)
         optim::clip_grad_norm(model->parameters(), cfg.grad_clip);
       loss_value = dist::mean_over_ranks(comm, loss.value().item());

@@ -66,7 +66,8 @@ TEST(Communicator, AverageGradientsIsTheMeanPerParameterInOneMessage) {
       peer.push_back(x);
   }
   PairWithPeer comm(peer);
-  dist::average_gradients(comm, params);
+  dist::GradientAverager averager(comm);
+  averager.average(params);
   EXPECT_EQ(comm.calls, 1);
   std::size_t at = 0;
   for (const nn::Parameter& p : params) {
