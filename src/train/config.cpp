@@ -131,15 +131,16 @@ const std::map<std::string, Field>& fields() {
                               "device to train on: cpu, partial (a backend with 10 native ops), "
                               "opencl or cuda (when built and a device is present)")},
       {"pipeline", int_field(&TrainConfig::pipeline, 1, 1024,
-                             "pipeline stages: the GPT split across this many processes (mpirun "
-                             "-np N); 1: the processes are data parallel")},
+                             "pipeline stages: the GPT split across this many processes per "
+                             "replica (mpirun -np P x replicas); 1: all processes are data parallel")},
       {"micro_batches",
        int_field(&TrainConfig::micro_batches, 0, 1 << 20,
                  "micro-batches per step in a pipeline (0: one per stage); must divide batch")},
       {"pipeline_schedule",
        string_field(&TrainConfig::pipeline_schedule, {"1f1b", "gpipe"},
-                    "pipeline schedule: 1f1b (at most one micro-batch per stage in flight per "
-                    "stage) or gpipe (all forwards, then all backwards); the same numbers")},
+                    "pipeline schedule: 1f1b (one forward, one backward: stage s holds at most "
+                    "S - s micro-batches) or gpipe (all forwards, then all backwards); the same "
+                    "numbers")},
       {"zero", int_field(&TrainConfig::zero, 0, 1,
                          "1: data-parallel processes each keep and update 1/N of the optimizer "
                          "state (ZeRO stage 1)")},
