@@ -29,6 +29,9 @@ expect_error "field 'precision': value 'fp8'" train --precision fp8 --out "$dir/
 if ! "$loom" ops --backend all 2>/dev/null | grep -q '^cuda:'; then
   expect_error "device 'cuda' is not available" train --device cuda --steps 1 --out "$dir/o8"
 fi
+expect_error "pipeline = 2 needs a multiple of 2 processes" train --pipeline 2 --steps 1 --out "$dir/o9"
+expect_error "field 'pipeline_schedule': value 'zigzag' is not one of: 1f1b, gpipe" train --pipeline_schedule zigzag --out "$dir/o10"
+expect_error "field 'zero': value '2' is out of range" train --zero 2 --out "$dir/o11"
 printf 'garbage' > "$dir/x.safetensors"
 expect_error "x.safetensors" sample "$dir/x.safetensors"
 expect_error "cannot open" eval "$dir/none.safetensors" --data "$dir/missing.txt"
