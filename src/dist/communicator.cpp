@@ -62,17 +62,15 @@ Communicator& world() {
 }
 
 void GradientAverager::average(std::vector<nn::Parameter>& params) {
-  Communicator& comm = comm_;
-  if (comm.size() == 1)
+  if (comm_.size() == 1)
     return;
   // Host tensors are copied in and out directly; device tensors go through to_floats /
   // from_floats.
-  std::vector<float>& flat = flat_;
   std::size_t total = 0;
   for (const nn::Parameter& p : params)
     if (p.var.grad().defined())
       total += static_cast<std::size_t>(p.var.grad().numel());
-  flat.resize(total);
+  flat_.resize(total);
   auto direct = [](const Tensor& g) { return g.backend().host_accessible() && g.is_contiguous(); };
   std::size_t at = 0;
   for (const nn::Parameter& p : params) {
@@ -81,22 +79,22 @@ void GradientAverager::average(std::vector<nn::Parameter>& params) {
       continue;
     auto n = static_cast<std::size_t>(g.numel());
     if (direct(g)) {
-      std::memcpy(flat.data() + at, g.data<float>(), n * sizeof(float));
+      std::memcpy(flat_.data() + at, g.data<float>(), n * sizeof(float));
     } else {
       std::vector<float> values = g.to_floats();
-      std::copy(values.begin(), values.end(), flat.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy(values.begin(), values.end(), flat_.begin() + static_cast<std::ptrdiff_t>(at));
     }
     at += n;
   }
-  comm.all_reduce_sum(flat);
-  const float inv = 1.0f / static_cast<float>(comm.size());
+  comm_.all_reduce_sum(flat_);
+  const float inv = 1.0f / static_cast<float>(comm_.size());
   at = 0;
   for (nn::Parameter& p : params) {
     const Tensor& g = p.var.grad();
     if (!g.defined())
       continue;
     auto n = static_cast<std::size_t>(g.numel());
-    const float* sum = flat.data() + at;
+    const float* sum = flat_.data() + at;
     if (direct(g)) {
       // In place: nothing else holds a gradient after the backward pass.
       float* out = g.data<float>();
@@ -112,14 +110,21 @@ void GradientAverager::average(std::vector<nn::Parameter>& params) {
   }
 }
 
+Tensor broadcast_tensor(Communicator& comm, const Tensor& value, const Shape& shape,
+                        Backend& backend, int root) {
+  std::vector<float> v = comm.rank() == root
+                             ? value.to_floats()
+                             : std::vector<float>(static_cast<std::size_t>(shape_numel(shape)));
+  comm.broadcast(std::as_writable_bytes(std::span<float>(v)), root);
+  return Tensor::from_floats(shape, v, backend);
+}
+
 void broadcast_parameters(Communicator& comm, std::vector<nn::Parameter>& params) {
   if (comm.size() == 1)
     return;
   for (nn::Parameter& p : params) {
     const Tensor& value = p.var.value();
-    std::vector<float> v = value.to_floats();
-    comm.broadcast(std::as_writable_bytes(std::span<float>(v)), 0);
-    p.var.set_value(Tensor::from_floats(value.shape(), v, value.backend()));
+    p.var.set_value(broadcast_tensor(comm, value, value.shape(), value.backend(), 0));
   }
 }
 
@@ -147,17 +152,6 @@ std::vector<bool> OptimizerSharding::owned_here() const {
     owned[i] = owner_[i] == comm_.rank();
   return owned;
 }
-
-namespace {
-Tensor broadcast_tensor(Communicator& comm, const Tensor& value, const Shape& shape,
-                        Backend& backend, int root) {
-  std::vector<float> v = comm.rank() == root
-                             ? value.to_floats()
-                             : std::vector<float>(static_cast<std::size_t>(shape_numel(shape)));
-  comm.broadcast(std::as_writable_bytes(std::span<float>(v)), root);
-  return Tensor::from_floats(shape, v, backend);
-}
-}  // namespace
 
 void OptimizerSharding::share_updates(std::vector<nn::Parameter>& params) {
   if (comm_.size() == 1)

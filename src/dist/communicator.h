@@ -61,6 +61,11 @@ class GradientAverager {
   std::vector<float> flat_;
 };
 
+// A tensor of `shape` on `backend` holding rank `root`'s `value` (the other ranks' `value`
+// is not read and may be undefined).
+Tensor broadcast_tensor(Communicator& comm, const Tensor& value, const Shape& shape,
+                        Backend& backend, int root);
+
 // Every rank's parameters become rank 0's (a job starts in sync whatever each rank
 // loaded or initialised).
 void broadcast_parameters(Communicator& comm, std::vector<nn::Parameter>& params);

@@ -23,6 +23,13 @@ void ok(int status, const char* what) {
   throw Error(std::string("mpi: ") + what + " failed: " + text);
 }
 
+// MPI counts are int: larger buffers go in pieces, f(first element, count) for each.
+template <class F>
+void in_pieces(std::size_t size, F f) {
+  for (std::size_t at = 0; at < size; at += INT_MAX)
+    f(at, static_cast<int>(std::min<std::size_t>(INT_MAX, size - at)));
+}
+
 void initialize_once() {
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -63,25 +70,21 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void all_reduce_sum(std::span<float> data) override {
-    // MPI counts are int: large buffers go in pieces.
-    for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
-      int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));
+    in_pieces(data.size(), [&](std::size_t at, int count) {
       ok(MPI_Allreduce(MPI_IN_PLACE, data.data() + at, count, MPI_FLOAT, MPI_SUM, comm_),
          "MPI_Allreduce");
-    }
+    });
   }
   void send(std::span<const float> data, int dest) override {
-    for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
-      int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));
+    in_pieces(data.size(), [&](std::size_t at, int count) {
       ok(MPI_Send(data.data() + at, count, MPI_FLOAT, dest, 0, comm_), "MPI_Send");
-    }
+    });
   }
   void receive(std::span<float> data, int source) override {
-    for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
-      int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));
+    in_pieces(data.size(), [&](std::size_t at, int count) {
       ok(MPI_Recv(data.data() + at, count, MPI_FLOAT, source, 0, comm_, MPI_STATUS_IGNORE),
          "MPI_Recv");
-    }
+    });
   }
   void send_receive(std::span<const float> send_data, int dest, std::span<float> receive_data,
                     int source) override {
@@ -93,10 +96,9 @@ class MpiCommunicator final : public Communicator {
        "MPI_Sendrecv");
   }
   void broadcast(std::span<std::byte> data, int root) override {
-    for (std::size_t at = 0; at < data.size(); at += INT_MAX) {
-      int count = static_cast<int>(std::min<std::size_t>(INT_MAX, data.size() - at));
+    in_pieces(data.size(), [&](std::size_t at, int count) {
       ok(MPI_Bcast(data.data() + at, count, MPI_BYTE, root, comm_), "MPI_Bcast");
-    }
+    });
   }
 
  private:

@@ -201,9 +201,7 @@ double GptPipeline::clip_grad_norm(double max_norm) {
 void GptPipeline::gather_to_all(optim::AdamW* optimizer) {
   std::vector<nn::Parameter>& params = model_.parameters();
   auto share = [&](const Tensor& value, int owner) {
-    std::vector<float> v = value.to_floats();
-    comm_.broadcast(std::as_writable_bytes(std::span<float>(v)), owner);
-    return Tensor::from_floats(value.shape(), v, value.backend());
+    return broadcast_tensor(comm_, value, value.shape(), value.backend(), owner);
   };
   for (std::size_t i = 0; i < params.size(); ++i) {
     params[i].var.set_value(share(params[i].var.value(), owner_[i]));
