@@ -20,13 +20,15 @@ Attrs with_alpha(double alpha) {
 }  // namespace
 
 Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
-  if (grad.shape() == shape) return grad;
+  if (grad.shape() == shape)
+    return grad;
   Attrs a;
   a.keepdim = true;
   std::size_t lead = grad.shape().size() - shape.size();
   for (std::size_t d = 0; d < grad.shape().size(); ++d) {
     bool extra = d < lead;
-    if (extra || (shape[d - lead] == 1 && grad.shape()[d] != 1)) a.axes.push_back(static_cast<std::int64_t>(d));
+    if (extra || (shape[d - lead] == 1 && grad.shape()[d] != 1))
+      a.axes.push_back(static_cast<std::int64_t>(d));
   }
   Tensor summed = a.axes.empty() ? grad : call1(OpId::sum, {grad}, a);
   return summed.reshape(shape);
@@ -42,7 +44,8 @@ Var add(Tape& tape, const Var& a, const Var& b) {
 Var sub(Tape& tape, const Var& a, const Var& b) {
   Shape sa = a.shape(), sb = b.shape();
   return tape.record({a, b}, call1(OpId::sub, {a.value(), b.value()}), [sa, sb](const Tensor& g) {
-    return std::vector<Tensor>{sum_to_shape(g, sa), sum_to_shape(call1(OpId::scale, {g}, with_alpha(-1.0)), sb)};
+    return std::vector<Tensor>{sum_to_shape(g, sa),
+                               sum_to_shape(call1(OpId::scale, {g}, with_alpha(-1.0)), sb)};
   });
 }
 
@@ -51,8 +54,10 @@ Var mul(Tape& tape, const Var& a, const Var& b) {
   bool ga = a.requires_grad(), gb = b.requires_grad();
   return tape.record({a, b}, call1(OpId::mul, {av, bv}), [av, bv, ga, gb](const Tensor& g) {
     std::vector<Tensor> grads(2);
-    if (ga) grads[0] = sum_to_shape(call1(OpId::mul, {g, bv}), av.shape());
-    if (gb) grads[1] = sum_to_shape(call1(OpId::mul, {g, av}), bv.shape());
+    if (ga)
+      grads[0] = sum_to_shape(call1(OpId::mul, {g, bv}), av.shape());
+    if (gb)
+      grads[1] = sum_to_shape(call1(OpId::mul, {g, av}), bv.shape());
     return grads;
   });
 }
@@ -65,54 +70,80 @@ Var div(Tape& tape, const Var& a, const Var& b) {
   return tape.record({a, b}, y, [av, bv, y, ga, gb](const Tensor& g) {
     std::vector<Tensor> grads(2);
     Tensor g_over_b = call1(OpId::div, {g, bv});
-    if (ga) grads[0] = sum_to_shape(g_over_b, av.shape());
-    if (gb) grads[1] = sum_to_shape(call1(OpId::scale, {call1(OpId::mul, {g_over_b, y})}, with_alpha(-1.0)), bv.shape());
+    if (ga)
+      grads[0] = sum_to_shape(g_over_b, av.shape());
+    if (gb)
+      grads[1] = sum_to_shape(
+          call1(OpId::scale, {call1(OpId::mul, {g_over_b, y})}, with_alpha(-1.0)), bv.shape());
     return grads;
   });
 }
 
 Var scale(Tape& tape, const Var& x, double alpha) {
-  return tape.record({x}, call1(OpId::scale, {x.value()}, with_alpha(alpha)), [alpha](const Tensor& g) {
-    return std::vector<Tensor>{call1(OpId::scale, {g}, with_alpha(alpha))};
-  });
+  return tape.record({x}, call1(OpId::scale, {x.value()}, with_alpha(alpha)),
+                     [alpha](const Tensor& g) {
+                       return std::vector<Tensor>{call1(OpId::scale, {g}, with_alpha(alpha))};
+                     });
 }
 
 Var exp(Tape& tape, const Var& x) {
   Tensor y = call1(OpId::exp, {x.value()});
-  return tape.record({x}, y, [y](const Tensor& g) { return std::vector<Tensor>{call1(OpId::mul, {g, y})}; });
+  return tape.record({x}, y, [y](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::mul, {g, y})};
+  });
 }
 
 Var log(Tape& tape, const Var& x) {
   Tensor xv = x.value();
-  return tape.record({x}, call1(OpId::log, {xv}),
-                     [xv](const Tensor& g) { return std::vector<Tensor>{call1(OpId::div, {g, xv})}; });
+  return tape.record({x}, call1(OpId::log, {xv}), [xv](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::div, {g, xv})};
+  });
 }
 
 Var tanh(Tape& tape, const Var& x) {
   Tensor y = call1(OpId::tanh, {x.value()});
-  return tape.record({x}, y,
-                     [y](const Tensor& g) { return std::vector<Tensor>{call1(OpId::tanh_backward, {g, y})}; });
+  return tape.record({x}, y, [y](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::tanh_backward, {g, y})};
+  });
 }
 
 Var relu(Tape& tape, const Var& x) {
   Tensor xv = x.value();
-  return tape.record({x}, call1(OpId::relu, {xv}),
-                     [xv](const Tensor& g) { return std::vector<Tensor>{call1(OpId::relu_backward, {g, xv})}; });
+  return tape.record({x}, call1(OpId::relu, {xv}), [xv](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::relu_backward, {g, xv})};
+  });
 }
 
 Var gelu(Tape& tape, const Var& x) {
   Tensor xv = x.value();
-  return tape.record({x}, call1(OpId::gelu, {xv}),
-                     [xv](const Tensor& g) { return std::vector<Tensor>{call1(OpId::gelu_backward, {g, xv})}; });
+  return tape.record({x}, call1(OpId::gelu, {xv}), [xv](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::gelu_backward, {g, xv})};
+  });
 }
 
 Var dropout(Tape& tape, const Var& x, double p, std::uint64_t seed) {
-  if (p == 0.0) return x;
+  if (p == 0.0)
+    return x;
   Attrs a;
   a.p = p;
   a.seed = seed;
-  return tape.record({x}, call1(OpId::dropout, {x.value()}, a),
-                     [a](const Tensor& g) { return std::vector<Tensor>{call1(OpId::dropout_backward, {g}, a)}; });
+  return tape.record({x}, call1(OpId::dropout, {x.value()}, a), [a](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::dropout_backward, {g}, a)};
+  });
+}
+
+Var dropout(Tape& tape, const Var& x, double p, std::uint64_t step_seed, std::uint64_t site) {
+  if (p == 0.0)
+    return x;
+  Attrs a;
+  a.p = p;
+  a.seed = mix_seed(step_seed, site);
+  a.seed_per_step = true;
+  a.step_seed = step_seed;
+  a.seed_site = site;
+  return tape.record({x}, call1(OpId::dropout, {x.value()}, a), [a](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::dropout_backward, {g}, a)};
+  });
 }
 
 namespace {
@@ -125,8 +156,10 @@ Attrs reduce_attrs(std::vector<std::int64_t> axes, bool keepdim) {
 // Shape of a reduction's output with the reduced axes kept as 1 (for broadcasting back).
 Shape kept_shape(const Shape& in, const std::vector<std::int64_t>& axes) {
   Shape out = in;
-  if (axes.empty()) std::fill(out.begin(), out.end(), 1);
-  for (auto axis : axes) out[normalize_axis(axis, static_cast<int>(in.size()), "reduce")] = 1;
+  if (axes.empty())
+    std::fill(out.begin(), out.end(), 1);
+  for (auto axis : axes)
+    out[normalize_axis(axis, static_cast<int>(in.size()), "reduce")] = 1;
   return out;
 }
 }  // namespace
@@ -145,7 +178,8 @@ Var mean(Tape& tape, const Var& x, std::vector<std::int64_t> axes, bool keepdim)
   Attrs a = reduce_attrs(axes, keepdim);
   Shape in = x.shape(), kept = kept_shape(in, axes);
   Tensor y = call1(OpId::mean, {x.value()}, a);
-  double count = static_cast<double>(shape_numel(in)) / static_cast<double>(std::max<std::int64_t>(y.numel(), 1));
+  double count = static_cast<double>(shape_numel(in)) /
+                 static_cast<double>(std::max<std::int64_t>(y.numel(), 1));
   return tape.record({x}, y, [in, kept, count](const Tensor& g) {
     Attrs e;
     e.shape = in;
@@ -167,14 +201,16 @@ Var max(Tape& tape, const Var& x, std::int64_t axis, bool keepdim) {
 
 Var softmax(Tape& tape, const Var& x) {
   Tensor y = call1(OpId::softmax, {x.value()});
-  return tape.record({x}, y,
-                     [y](const Tensor& g) { return std::vector<Tensor>{call1(OpId::softmax_backward, {g, y})}; });
+  return tape.record({x}, y, [y](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::softmax_backward, {g, y})};
+  });
 }
 
 Var log_softmax(Tape& tape, const Var& x) {
   Tensor y = call1(OpId::log_softmax, {x.value()});
-  return tape.record({x}, y,
-                     [y](const Tensor& g) { return std::vector<Tensor>{call1(OpId::log_softmax_backward, {g, y})}; });
+  return tape.record({x}, y, [y](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::log_softmax_backward, {g, y})};
+  });
 }
 
 Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets) {
@@ -201,7 +237,9 @@ Var matmul(Tape& tape, const Var& a, const Var& b, bool trans_a, bool trans_b) {
       m.trans_b = ty;
       return call1(OpId::matmul, {x, y}, m);
     };
-    if (ga) grads[0] = sum_to_shape(trans_a ? mm(bv, g, trans_b, true) : mm(g, bv, false, !trans_b), av.shape());
+    if (ga)
+      grads[0] =
+          sum_to_shape(trans_a ? mm(bv, g, trans_b, true) : mm(g, bv, false, !trans_b), av.shape());
     if (gb) {
       // A batch-free B against a batched A: fold A's batch into rows so dB is one GEMM.
       if (bv.rank() == 2 && av.rank() > 2 && !trans_a) {
@@ -209,7 +247,8 @@ Var matmul(Tape& tape, const Var& a, const Var& b, bool trans_a, bool trans_b) {
         Tensor g2 = dispatch::contiguous(g).reshape({-1, g.dim(-1)});
         grads[1] = trans_b ? mm(g2, a2, true, false) : mm(a2, g2, true, false);
       } else {
-        grads[1] = sum_to_shape(trans_b ? mm(g, av, true, trans_a) : mm(av, g, !trans_a, false), bv.shape());
+        grads[1] = sum_to_shape(trans_b ? mm(g, av, true, trans_a) : mm(av, g, !trans_a, false),
+                                bv.shape());
       }
     }
     return grads;
@@ -217,32 +256,34 @@ Var matmul(Tape& tape, const Var& a, const Var& b, bool trans_a, bool trans_b) {
 }
 
 Var linear(Tape& tape, const Var& x, const Var& weight, const Var& bias, bool trans_b) {
-  // y = x W + b with x flattened to [rows, K]. dx = dy W^T, dW = x^T dy (or dy^T x), db = sum_rows dy.
+  // y = x W + b with x flattened to [rows, K]. dx = dy W^T, dW = x^T dy (or dy^T x), db = sum_rows
+  // dy.
   Attrs attrs;
   attrs.trans_b = trans_b;
   Tensor xv = x.value(), wv = weight.value();
   bool gx = x.requires_grad(), gw = weight.requires_grad(), gb = bias.requires_grad();
-  return tape.record({x, weight, bias}, call1(OpId::linear, {xv, wv, bias.value()}, attrs), [=](const Tensor& g) {
-    std::vector<Tensor> grads(3);
-    Tensor g2 = dispatch::contiguous(g).reshape({-1, g.dim(-1)});
-    Tensor x2 = xv.reshape({-1, xv.dim(-1)});
-    Attrs m;
-    if (gx) {
-      m.trans_b = !trans_b;
-      grads[0] = call1(OpId::matmul, {g2, wv}, m).reshape(xv.shape());
-    }
-    if (gw) {
-      Attrs t;
-      t.trans_a = true;
-      grads[1] = trans_b ? call1(OpId::matmul, {g2, x2}, t) : call1(OpId::matmul, {x2, g2}, t);
-    }
-    if (gb) {
-      Attrs s;
-      s.axes = {0};
-      grads[2] = call1(OpId::sum, {g2}, s);
-    }
-    return grads;
-  });
+  return tape.record(
+      {x, weight, bias}, call1(OpId::linear, {xv, wv, bias.value()}, attrs), [=](const Tensor& g) {
+        std::vector<Tensor> grads(3);
+        Tensor g2 = dispatch::contiguous(g).reshape({-1, g.dim(-1)});
+        Tensor x2 = xv.reshape({-1, xv.dim(-1)});
+        Attrs m;
+        if (gx) {
+          m.trans_b = !trans_b;
+          grads[0] = call1(OpId::matmul, {g2, wv}, m).reshape(xv.shape());
+        }
+        if (gw) {
+          Attrs t;
+          t.trans_a = true;
+          grads[1] = trans_b ? call1(OpId::matmul, {g2, x2}, t) : call1(OpId::matmul, {x2, g2}, t);
+        }
+        if (gb) {
+          Attrs s;
+          s.axes = {0};
+          grads[2] = call1(OpId::sum, {g2}, s);
+        }
+        return grads;
+      });
 }
 
 Var layer_norm(Tape& tape, const Var& x, const Var& weight, const Var& bias, double eps) {
@@ -259,9 +300,10 @@ Var layer_norm(Tape& tape, const Var& x, const Var& weight, const Var& bias, dou
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids) {
   Attrs a;
   a.shape = weight.shape();
-  return tape.record({weight}, call1(OpId::embedding, {weight.value(), ids}), [ids, a](const Tensor& g) {
-    return std::vector<Tensor>{call1(OpId::embedding_backward, {g, ids}, a)};
-  });
+  return tape.record({weight}, call1(OpId::embedding, {weight.value(), ids}),
+                     [ids, a](const Tensor& g) {
+                       return std::vector<Tensor>{call1(OpId::embedding_backward, {g, ids}, a)};
+                     });
 }
 
 Var causal_attention(Tape& tape, const Var& qkv, std::int64_t heads) {
@@ -275,14 +317,16 @@ Var causal_attention(Tape& tape, const Var& qkv, std::int64_t heads) {
   });
 }
 
-Var conv2d(Tape& tape, const Var& x, const Var& weight, const Var& bias, std::int64_t stride, std::int64_t padding) {
+Var conv2d(Tape& tape, const Var& x, const Var& weight, const Var& bias, std::int64_t stride,
+           std::int64_t padding) {
   Attrs a;
   a.stride = stride;
   a.padding = padding;
   Tensor xv = x.value(), wv = weight.value();
-  return tape.record({x, weight, bias}, call1(OpId::conv2d, {xv, wv, bias.value()}, a), [xv, wv, a](const Tensor& g) {
-    return call(OpId::conv2d_backward, {g, xv, wv}, a);
-  });
+  return tape.record({x, weight, bias}, call1(OpId::conv2d, {xv, wv, bias.value()}, a),
+                     [xv, wv, a](const Tensor& g) {
+                       return call(OpId::conv2d_backward, {g, xv, wv}, a);
+                     });
 }
 
 Var max_pool2d(Tape& tape, const Var& x, std::int64_t kernel, std::int64_t stride) {
@@ -317,7 +361,8 @@ Var reshape(Tape& tape, const Var& x, const Shape& shape) {
 
 Var permute(Tape& tape, const Var& x, const std::vector<int>& order) {
   std::vector<int> inverse(order.size());
-  for (std::size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int>(i);
+  for (std::size_t i = 0; i < order.size(); ++i)
+    inverse[order[i]] = static_cast<int>(i);
   return tape.record({x}, x.value().permute(order), [inverse](const Tensor& g) {
     return std::vector<Tensor>{dispatch::contiguous(g.permute(inverse))};
   });

@@ -24,6 +24,9 @@ Var tanh(Tape& tape, const Var& x);
 Var relu(Tape& tape, const Var& x);
 Var gelu(Tape& tape, const Var& x);
 Var dropout(Tape& tape, const Var& x, double p, std::uint64_t seed);
+// Dropout whose mask changes every step: seed = mix_seed(step_seed, site), recorded so a
+// replayed graph can draw the next step's mask.
+Var dropout(Tape& tape, const Var& x, double p, std::uint64_t step_seed, std::uint64_t site);
 
 // Reductions.
 Var sum(Tape& tape, const Var& x, std::vector<std::int64_t> axes = {}, bool keepdim = false);
@@ -43,7 +46,8 @@ Var linear(Tape& tape, const Var& x, const Var& weight, const Var& bias, bool tr
 Var layer_norm(Tape& tape, const Var& x, const Var& weight, const Var& bias, double eps = 1e-5);
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids);
 Var causal_attention(Tape& tape, const Var& qkv, std::int64_t heads);
-Var conv2d(Tape& tape, const Var& x, const Var& weight, const Var& bias, std::int64_t stride, std::int64_t padding);
+Var conv2d(Tape& tape, const Var& x, const Var& weight, const Var& bias, std::int64_t stride,
+           std::int64_t padding);
 Var max_pool2d(Tape& tape, const Var& x, std::int64_t kernel, std::int64_t stride);
 Var avg_pool2d(Tape& tape, const Var& x, std::int64_t kernel, std::int64_t stride);
 

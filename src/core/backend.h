@@ -26,11 +26,11 @@ enum class StreamKind { compute, copy, comm };
 
 // What a device is and can do; the planner's device profile extends these measured figures.
 struct DeviceInfo {
-  std::string name;                  // e.g. "cpu (2 threads, avx512)"
-  std::size_t memory_bytes = 0;      // usable device memory
-  double peak_flops_f32 = 0;         // FLOP/s, theoretical
-  double memory_bandwidth = 0;       // bytes/s, theoretical (0 = unknown)
-  bool host_accessible = false;      // true when device pointers are plain host pointers
+  std::string name;              // e.g. "cpu (2 threads, avx512)"
+  std::size_t memory_bytes = 0;  // usable device memory
+  double peak_flops_f32 = 0;     // FLOP/s, theoretical
+  double memory_bandwidth = 0;   // bytes/s, theoretical (0 = unknown)
+  bool host_accessible = false;  // true when device pointers are plain host pointers
 };
 
 // ---------------------------------------------------------------------------
@@ -39,7 +39,8 @@ struct DeviceInfo {
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(void* data, std::size_t bytes, Backend* owner) : data_(data), bytes_(bytes), owner_(owner) {}
+  Buffer(void* data, std::size_t bytes, Backend* owner)
+      : data_(data), bytes_(bytes), owner_(owner) {}
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   Buffer(Buffer&& other) noexcept { swap(other); }
@@ -121,9 +122,14 @@ class Backend {
   // activations and optimizer state stay f32). Returns false when the backend cannot.
   virtual bool set_matmul_precision(DType dtype) { return dtype == DType::f32; }
 
+  // Returns memory the backend's allocator keeps for reuse to the system (or driver), e.g.
+  // before a graph allocates its planned memory. Default: nothing is cached.
+  virtual void release_cached_memory() {}
+
   // Blocking host<->device transfers on the default stream.
   virtual void upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) = 0;
-  virtual void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) = 0;
+  virtual void download(const Buffer& src, std::size_t src_offset, void* host,
+                        std::size_t bytes) = 0;
 
  protected:
   friend class Buffer;
@@ -132,7 +138,8 @@ class Backend {
 };
 
 inline Buffer::~Buffer() {
-  if (data_ != nullptr) owner_->release(data_, bytes_);
+  if (data_ != nullptr)
+    owner_->release(data_, bytes_);
 }
 
 }  // namespace loom

@@ -29,15 +29,19 @@ struct Attrs {
   Shape shape;                     // fill, expand, *_backward: the target shape
   bool keepdim = false;
   bool trans_a = false, trans_b = false;
-  std::int64_t axis = -1;          // max, concat, slice_backward
-  std::int64_t start = 0;          // slice_backward
-  double alpha = 1.0;              // scale factor, fill value
-  double eps = 1e-5;               // layer_norm; adamw
-  double p = 0.0;                  // dropout probability
-  std::uint64_t seed = 0;          // dropout
-  std::int64_t heads = 1;          // causal_attention
+  std::int64_t axis = -1;  // max, concat, slice_backward
+  std::int64_t start = 0;  // slice_backward
+  double alpha = 1.0;      // scale factor, fill value
+  double eps = 1e-5;       // layer_norm; adamw
+  double p = 0.0;          // dropout probability
+  std::uint64_t seed = 0;  // dropout: the mask's seed
+  // dropout drawn anew each step: seed = mix_seed(step_seed, seed_site), so a replayed
+  // graph (graph/) can give the node the next step's seed.
+  bool seed_per_step = false;
+  std::uint64_t step_seed = 0, seed_site = 0;
+  std::int64_t heads = 1;                            // causal_attention
   std::int64_t kernel = 2, stride = 1, padding = 0;  // conv2d, pooling
-  DType dtype = DType::f32;        // cast, fill
+  DType dtype = DType::f32;                          // cast, fill
   // adamw_step
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, weight_decay = 0.0;
   std::int64_t step = 1;
@@ -90,7 +94,8 @@ class OpRunner {
 };
 
 // A composite op written with other catalog ops; returns the op's outputs.
-using DecomposeFn = std::vector<Tensor> (*)(OpRunner& ops, std::span<const Tensor> inputs, const Attrs& attrs);
+using DecomposeFn = std::vector<Tensor> (*)(OpRunner& ops, std::span<const Tensor> inputs,
+                                            const Attrs& attrs);
 // The op's decomposition, or nullptr for a primitive (decompositions.cpp).
 DecomposeFn decomposition(OpId op);
 
@@ -105,6 +110,14 @@ namespace reference {
 #include "core/ops.def"
 #undef LOOM_OP
 }  // namespace reference
+
+// Mixes two numbers into a seed (splitmix64), e.g. (run seed, step) -> batch seed.
+inline std::uint64_t mix_seed(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x2545F4914F6CDD1Dull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 
 // Counter-based hash giving dropout's keep mask: the same (seed, index) gives the same
 // uniform number on every backend, so masks need no storage and no RNG state.

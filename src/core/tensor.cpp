@@ -10,7 +10,8 @@ namespace loom {
 
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
+  for (std::int64_t d : shape)
+    n *= d;
   return n;
 }
 
@@ -27,14 +28,16 @@ Strides contiguous_strides(const Shape& shape) {
 std::string shape_str(const Shape& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ",";
+    if (i)
+      s += ",";
     s += std::to_string(shape[i]);
   }
   return s + "]";
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Backend& backend) {
-  for (std::int64_t d : shape) check(d >= 0, "Tensor::empty: negative dimension in shape " + shape_str(shape));
+  for (std::int64_t d : shape)
+    check(d >= 0, "Tensor::empty: negative dimension in shape " + shape_str(shape));
   Tensor t;
   std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
   t.storage_ = std::make_shared<Buffer>(backend.allocate(bytes, MemoryKind::device));
@@ -46,33 +49,65 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Backend& backend) {
 
 Tensor Tensor::from_host(const Shape& shape, DType dtype, const void* host, Backend& backend) {
   Tensor t = empty(shape, dtype, backend);
-  if (t.nbytes() > 0) backend.upload(host, *t.storage_, 0, t.nbytes());
+  if (t.nbytes() > 0)
+    backend.upload(host, *t.storage_, 0, t.nbytes());
   return t;
 }
 
 Tensor Tensor::from_floats(const Shape& shape, std::span<const float> values, Backend& backend) {
   check(static_cast<std::int64_t>(values.size()) == shape_numel(shape),
-        "Tensor::from_floats: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
+        "Tensor::from_floats: " + std::to_string(values.size()) + " values for shape " +
+            shape_str(shape));
   return from_host(shape, DType::f32, values.data(), backend);
 }
 
-Tensor Tensor::from_ints(const Shape& shape, std::span<const std::int32_t> values, Backend& backend) {
+Tensor Tensor::from_ints(const Shape& shape, std::span<const std::int32_t> values,
+                         Backend& backend) {
   check(static_cast<std::int64_t>(values.size()) == shape_numel(shape),
-        "Tensor::from_ints: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
+        "Tensor::from_ints: " + std::to_string(values.size()) + " values for shape " +
+            shape_str(shape));
   return from_host(shape, DType::i32, values.data(), backend);
+}
+
+Tensor Tensor::view_of(std::shared_ptr<Buffer> storage, std::int64_t offset, const Shape& shape,
+                       const Strides& strides, DType dtype) {
+  check(storage != nullptr && shape.size() == strides.size() && offset >= 0,
+        "Tensor::view_of: needs storage and one stride per dimension of " + shape_str(shape));
+  const bool empty = shape_numel(shape) == 0;
+  std::int64_t end = offset;  // one past the highest element index the view reaches
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    check(shape[i] >= 0 && strides[i] >= 0,
+          "Tensor::view_of: negative size or stride in " + shape_str(shape));
+    if (!empty)
+      end += (shape[i] - 1) * strides[i];
+  }
+  if (!empty)
+    ++end;
+  check(static_cast<std::size_t>(end) * dtype_size(dtype) <= storage->bytes(),
+        "Tensor::view_of: " + shape_str(shape) + " at element " + std::to_string(offset) +
+            " reaches past the " + std::to_string(storage->bytes()) + "-byte storage");
+  Tensor t;
+  t.storage_ = std::move(storage);
+  t.offset_ = offset;
+  t.shape_ = shape;
+  t.strides_ = strides;
+  t.dtype_ = dtype;
+  return t;
 }
 
 std::int64_t Tensor::dim(int axis) const {
   int r = rank();
   int a = axis < 0 ? axis + r : axis;
-  check(a >= 0 && a < r, "Tensor::dim: axis " + std::to_string(axis) + " out of range for " + describe());
+  check(a >= 0 && a < r,
+        "Tensor::dim: axis " + std::to_string(axis) + " out of range for " + describe());
   return shape_[a];
 }
 
 bool Tensor::is_contiguous() const {
   std::int64_t expected = 1;
   for (std::size_t i = shape_.size(); i-- > 0;) {
-    if (shape_[i] != 1 && strides_[i] != expected) return false;
+    if (shape_[i] != 1 && strides_[i] != expected)
+      return false;
     expected *= shape_[i];
   }
   return true;
@@ -82,11 +117,13 @@ void* Tensor::host_address() const {
   check(defined(), "Tensor::data: undefined tensor");
   check(backend().host_accessible(),
         "Tensor::data: " + describe() + " is not host-accessible; copy it with to(cpu) first");
-  return static_cast<std::byte*>(storage_->data()) + offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
+  return static_cast<std::byte*>(storage_->data()) +
+         offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
 }
 
 void* Tensor::device_address() const {
-  return static_cast<std::byte*>(storage_->data()) + offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
+  return static_cast<std::byte*>(storage_->data()) +
+         offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
@@ -117,12 +154,14 @@ Tensor Tensor::reshape(const Shape& shape) const {
 }
 
 Tensor Tensor::permute(const std::vector<int>& order) const {
-  check(static_cast<int>(order.size()) == rank(), "Tensor::permute: order has wrong length for " + describe());
+  check(static_cast<int>(order.size()) == rank(),
+        "Tensor::permute: order has wrong length for " + describe());
   std::vector<bool> seen(order.size(), false);
   Tensor t = *this;
   for (std::size_t i = 0; i < order.size(); ++i) {
     int a = order[i];
-    check(a >= 0 && a < rank() && !seen[a], "Tensor::permute: invalid axis order for " + describe());
+    check(a >= 0 && a < rank() && !seen[a],
+          "Tensor::permute: invalid axis order for " + describe());
     seen[a] = true;
     t.shape_[i] = shape_[a];
     t.strides_[i] = strides_[a];
@@ -136,7 +175,8 @@ Tensor Tensor::transpose(int axis_a, int axis_b) const {
   int b = axis_b < 0 ? axis_b + r : axis_b;
   std::vector<int> order(r);
   std::iota(order.begin(), order.end(), 0);
-  check(a >= 0 && a < r && b >= 0 && b < r, "Tensor::transpose: axis out of range for " + describe());
+  check(a >= 0 && a < r && b >= 0 && b < r,
+        "Tensor::transpose: axis out of range for " + describe());
   std::swap(order[a], order[b]);
   return permute(order);
 }
@@ -146,7 +186,8 @@ Tensor Tensor::slice(int axis, std::int64_t start, std::int64_t end) const {
   int a = axis < 0 ? axis + r : axis;
   check(a >= 0 && a < r, "Tensor::slice: axis out of range for " + describe());
   check(0 <= start && start <= end && end <= shape_[a],
-        "Tensor::slice: range [" + std::to_string(start) + "," + std::to_string(end) + ") outside " + describe());
+        "Tensor::slice: range [" + std::to_string(start) + "," + std::to_string(end) +
+            ") outside " + describe());
   Tensor t = *this;
   t.offset_ += start * strides_[a];
   t.shape_[a] = end - start;
@@ -164,21 +205,26 @@ Tensor Tensor::select(int axis, std::int64_t index) const {
 std::vector<std::byte> Tensor::gather_host_bytes() const {
   std::size_t esize = dtype_size(dtype_);
   std::vector<std::byte> out(nbytes());
-  if (numel() == 0) return out;
+  if (numel() == 0)
+    return out;
   // Bring the whole referenced span of storage to the host, then gather by strides.
   std::int64_t max_offset = 0;
-  for (int i = 0; i < rank(); ++i) max_offset += (shape_[i] - 1) * strides_[i];
+  for (int i = 0; i < rank(); ++i)
+    max_offset += (shape_[i] - 1) * strides_[i];
   std::size_t span_bytes = static_cast<std::size_t>(max_offset + 1) * esize;
   std::vector<std::byte> span(span_bytes);
   backend().download(*storage_, static_cast<std::size_t>(offset_) * esize, span.data(), span_bytes);
-  if (is_contiguous()) return span;
+  if (is_contiguous())
+    return span;
   std::vector<std::int64_t> index(shape_.size(), 0);
   for (std::int64_t n = 0; n < numel(); ++n) {
     std::int64_t src = 0;
-    for (int i = 0; i < rank(); ++i) src += index[i] * strides_[i];
+    for (int i = 0; i < rank(); ++i)
+      src += index[i] * strides_[i];
     std::memcpy(out.data() + n * esize, span.data() + src * esize, esize);
     for (int i = rank() - 1; i >= 0; --i) {
-      if (++index[i] < shape_[i]) break;
+      if (++index[i] < shape_[i])
+        break;
       index[i] = 0;
     }
   }
@@ -194,7 +240,8 @@ std::vector<float> Tensor::to_floats() const {
   check(dtype_ == DType::f32, "Tensor::to_floats: " + describe() + " is not f32");
   std::vector<std::byte> bytes = gather_host_bytes();
   std::vector<float> out(numel());
-  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  if (!out.empty())
+    std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
 }
 
@@ -202,7 +249,8 @@ std::vector<std::int32_t> Tensor::to_ints() const {
   check(dtype_ == DType::i32, "Tensor::to_ints: " + describe() + " is not i32");
   std::vector<std::byte> bytes = gather_host_bytes();
   std::vector<std::int32_t> out(numel());
-  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  if (!out.empty())
+    std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
 }
 
@@ -212,8 +260,10 @@ float Tensor::item() const {
 }
 
 std::string Tensor::describe() const {
-  if (!defined()) return "undefined tensor";
-  return std::string(dtype_name(dtype_)) + shape_str(shape_) + " on " + std::string(backend().name());
+  if (!defined())
+    return "undefined tensor";
+  return std::string(dtype_name(dtype_)) + shape_str(shape_) + " on " +
+         std::string(backend().name());
 }
 
 }  // namespace loom

@@ -33,7 +33,12 @@ class Tensor {
   // New storage filled from host memory holding numel * dtype_size bytes.
   static Tensor from_host(const Shape& shape, DType dtype, const void* host, Backend& backend);
   static Tensor from_floats(const Shape& shape, std::span<const float> values, Backend& backend);
-  static Tensor from_ints(const Shape& shape, std::span<const std::int32_t> values, Backend& backend);
+  static Tensor from_ints(const Shape& shape, std::span<const std::int32_t> values,
+                          Backend& backend);
+  // A view of existing storage (offset and strides in elements), e.g. a region of a
+  // graph's memory arena. Throws when the view reaches outside the storage.
+  static Tensor view_of(std::shared_ptr<Buffer> storage, std::int64_t offset, const Shape& shape,
+                        const Strides& strides, DType dtype);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -64,10 +69,10 @@ class Tensor {
   Tensor select(int axis, std::int64_t index) const;  // drops `axis`, keeping one index
 
   // ---- copies ---------------------------------------------------------------
-  Tensor to(Backend& backend) const;  // contiguous copy on `backend`
-  std::vector<float> to_floats() const;  // f32 tensor, any device, any layout
+  Tensor to(Backend& backend) const;          // contiguous copy on `backend`
+  std::vector<float> to_floats() const;       // f32 tensor, any device, any layout
   std::vector<std::int32_t> to_ints() const;  // i32 tensor, any device, any layout
-  float item() const;  // value of a one-element f32 tensor
+  float item() const;                         // value of a one-element f32 tensor
 
   std::string describe() const;  // "f32[2,3] on cpu"
 

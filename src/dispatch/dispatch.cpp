@@ -21,7 +21,8 @@ bool env_flag(const char* name) {
 std::string describe_inputs(std::span<const Tensor> inputs) {
   std::string s;
   for (const Tensor& t : inputs) {
-    if (!s.empty()) s += ", ";
+    if (!s.empty())
+      s += ", ";
     s += t.describe();
   }
   return s;
@@ -29,12 +30,14 @@ std::string describe_inputs(std::span<const Tensor> inputs) {
 
 void debug_once(const std::string& backend, OpId op, Path path) {
   static const bool enabled = env_flag("LOOM_DEBUG_DISPATCH");
-  if (!enabled) return;
+  if (!enabled)
+    return;
   static std::mutex mutex;
   static std::set<std::tuple<std::string, OpId, Path>> seen;
   std::lock_guard lock(mutex);
   if (seen.insert({backend, op, path}).second)
-    std::cerr << "[dispatch] " << backend << " " << op_name(op) << " -> " << path_name(path) << "\n";
+    std::cerr << "[dispatch] " << backend << " " << op_name(op) << " -> " << path_name(path)
+              << "\n";
 }
 
 void count(const std::string& backend, OpId op, Path path, std::uint64_t bytes, double seconds) {
@@ -51,18 +54,24 @@ double since(std::chrono::steady_clock::time_point start) {
 Backend& backend_of(OpId op, std::span<const Tensor> inputs, Backend* device) {
   Backend* chosen = nullptr;
   for (const Tensor& t : inputs) {
-    if (!t.defined()) continue;
-    if (chosen == nullptr) chosen = &t.backend();
-    check(&t.backend() == chosen, std::string(op_name(op)) + ": inputs live on different devices (" +
+    if (!t.defined())
+      continue;
+    if (chosen == nullptr)
+      chosen = &t.backend();
+    check(&t.backend() == chosen, std::string(op_name(op)) +
+                                      ": inputs live on different devices (" +
                                       describe_inputs(inputs) + "); move them with to() first");
   }
-  if (chosen != nullptr) return *chosen;
+  if (chosen != nullptr)
+    return *chosen;
   return device != nullptr ? *device : static_cast<Backend&>(cpu::backend());
 }
 
+thread_local Recorder* active_recorder = nullptr;
+
 // Runs a call whose inputs and outputs are ready on `backend`.
-void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
-             const Attrs& attrs) {
+void run_kernel(Backend& backend, OpId op, std::span<const Tensor> inputs,
+                std::span<Tensor> outputs, const Attrs& attrs) {
   OpCall call{op, inputs, outputs, attrs};
   std::string name(backend.name());
   auto start = std::chrono::steady_clock::now();
@@ -72,8 +81,9 @@ void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::spa
     debug_once(name, op, Path::native);
     return;
   }
-  check(!env_flag("LOOM_STRICT"), "LOOM_STRICT: " + std::string(op_name(op)) + " on " + name +
-                                      " would fall back to the CPU (inputs: " + describe_inputs(inputs) + ")");
+  check(!env_flag("LOOM_STRICT"),
+        "LOOM_STRICT: " + std::string(op_name(op)) + " on " + name +
+            " would fall back to the CPU (inputs: " + describe_inputs(inputs) + ")");
   // CPU fallback: copy inputs to the host, run the CPU kernel, copy outputs back.
   cpu::CpuBackend& host = cpu::backend();
   std::uint64_t moved = 0;
@@ -83,12 +93,14 @@ void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::spa
     moved += t.defined() ? t.nbytes() : 0;
   }
   std::vector<Tensor> host_outputs;
-  for (const Tensor& t : outputs) host_outputs.push_back(Tensor::empty(t.shape(), t.dtype(), host));
+  for (const Tensor& t : outputs)
+    host_outputs.push_back(Tensor::empty(t.shape(), t.dtype(), host));
   OpCall host_call{op, host_inputs, host_outputs, attrs};
   host.launch(host_call, host.default_stream());
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     backend.upload(host_outputs[i].data<void>(), *outputs[i].storage(),
-                   static_cast<std::size_t>(outputs[i].offset()) * dtype_size(outputs[i].dtype()), outputs[i].nbytes());
+                   static_cast<std::size_t>(outputs[i].offset()) * dtype_size(outputs[i].dtype()),
+                   outputs[i].nbytes());
     moved += outputs[i].nbytes();
   }
   count(name, op, Path::fallback, moved, since(start));
@@ -107,13 +119,35 @@ class DeviceRunner final : public OpRunner {
   Backend& device_;
 };
 
+// Runs the kernel, then tells the recorder (if any) what ran.
+void run_recorded(Backend& backend, OpId op, std::span<const Tensor> inputs,
+                  std::span<Tensor> outputs, const Attrs& attrs, bool fresh_outputs) {
+  run_kernel(backend, op, inputs, outputs, attrs);
+  if (active_recorder != nullptr)
+    active_recorder->executed(backend, op, inputs, outputs, attrs, fresh_outputs);
+}
+
 }  // namespace
+
+void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+             const Attrs& attrs) {
+  run_kernel(backend, op, inputs, outputs, attrs);
+}
+
+Recorder* set_recorder(Recorder* recorder) {
+  Recorder* previous = active_recorder;
+  active_recorder = recorder;
+  return previous;
+}
 
 const char* path_name(Path path) {
   switch (path) {
-    case Path::native: return "native";
-    case Path::decomposed: return "decomposed";
-    case Path::fallback: return "fallback";
+    case Path::native:
+      return "native";
+    case Path::decomposed:
+      return "decomposed";
+    case Path::fallback:
+      return "fallback";
   }
   return "?";
 }
@@ -124,15 +158,17 @@ Stats& stats() {
 }
 
 Tensor contiguous(const Tensor& x) {
-  if (!x.defined() || x.is_contiguous()) return x;
+  if (!x.defined() || x.is_contiguous())
+    return x;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.backend());
   std::array<Tensor, 1> in{x};
   std::array<Tensor, 1> out{y};
-  execute(x.backend(), OpId::copy, in, out, Attrs{});
+  run_recorded(x.backend(), OpId::copy, in, out, Attrs{}, true);
   return y;
 }
 
-std::vector<Tensor> call(OpId op, std::span<const Tensor> inputs, const Attrs& attrs, Backend* device) {
+std::vector<Tensor> call(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
+                         Backend* device) {
   const OpInfo& info = op_info(op);
   check(info.num_inputs < 0 ? !inputs.empty() : static_cast<int>(inputs.size()) == info.num_inputs,
         std::string(info.name) + ": got " + std::to_string(inputs.size()) + " inputs, expected " +
@@ -141,18 +177,22 @@ std::vector<Tensor> call(OpId op, std::span<const Tensor> inputs, const Attrs& a
   std::vector<TensorSpec> specs = info.infer(inputs, attrs);
   std::vector<Tensor> ready;
   ready.reserve(inputs.size());
-  for (const Tensor& t : inputs) ready.push_back(op == OpId::copy ? t : contiguous(t));
+  for (const Tensor& t : inputs)
+    ready.push_back(op == OpId::copy ? t : contiguous(t));
   if (DecomposeFn decompose = decomposition(op);
       decompose != nullptr && !backend.supports(OpCall{op, ready, {}, attrs})) {
     auto start = std::chrono::steady_clock::now();
     DeviceRunner runner(backend);
     std::vector<Tensor> outputs = decompose(runner, ready, attrs);
-    check(outputs.size() == specs.size(), std::string(info.name) + ": decomposition returned the wrong number of outputs");
+    check(outputs.size() == specs.size(),
+          std::string(info.name) + ": decomposition returned the wrong number of outputs");
     for (std::size_t i = 0; i < outputs.size(); ++i) {
-      check(outputs[i].numel() == shape_numel(specs[i].shape) && outputs[i].dtype() == specs[i].dtype,
-            std::string(info.name) + ": decomposition output " + std::to_string(i) + " is " + outputs[i].describe() +
-                ", expected " + shape_str(specs[i].shape));
-      if (outputs[i].shape() != specs[i].shape) outputs[i] = contiguous(outputs[i]).reshape(specs[i].shape);
+      check(
+          outputs[i].numel() == shape_numel(specs[i].shape) && outputs[i].dtype() == specs[i].dtype,
+          std::string(info.name) + ": decomposition output " + std::to_string(i) + " is " +
+              outputs[i].describe() + ", expected " + shape_str(specs[i].shape));
+      if (outputs[i].shape() != specs[i].shape)
+        outputs[i] = contiguous(outputs[i]).reshape(specs[i].shape);
     }
     count(std::string(backend.name()), op, Path::decomposed, 0, since(start));
     debug_once(std::string(backend.name()), op, Path::decomposed);
@@ -160,12 +200,14 @@ std::vector<Tensor> call(OpId op, std::span<const Tensor> inputs, const Attrs& a
   }
   std::vector<Tensor> outputs;
   outputs.reserve(specs.size());
-  for (const TensorSpec& spec : specs) outputs.push_back(Tensor::empty(spec.shape, spec.dtype, backend));
-  execute(backend, op, ready, outputs, attrs);
+  for (const TensorSpec& spec : specs)
+    outputs.push_back(Tensor::empty(spec.shape, spec.dtype, backend));
+  run_recorded(backend, op, ready, outputs, attrs, true);
   return outputs;
 }
 
-std::vector<Tensor> call(OpId op, std::initializer_list<Tensor> inputs, const Attrs& attrs, Backend* device) {
+std::vector<Tensor> call(OpId op, std::initializer_list<Tensor> inputs, const Attrs& attrs,
+                         Backend* device) {
   return call(op, std::span<const Tensor>(inputs.begin(), inputs.size()), attrs, device);
 }
 
@@ -173,21 +215,25 @@ Tensor call1(OpId op, std::initializer_list<Tensor> inputs, const Attrs& attrs) 
   return call(op, inputs, attrs).front();
 }
 
-void call_into(OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs, const Attrs& attrs) {
+void call_into(OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+               const Attrs& attrs) {
   const OpInfo& info = op_info(op);
-  check(static_cast<int>(inputs.size()) == info.num_inputs && static_cast<int>(outputs.size()) == info.num_outputs,
+  check(static_cast<int>(inputs.size()) == info.num_inputs &&
+            static_cast<int>(outputs.size()) == info.num_outputs,
         std::string(info.name) + ": wrong number of inputs or outputs");
   Backend& backend = backend_of(op, inputs, nullptr);
   std::vector<TensorSpec> specs = info.infer(inputs, attrs);
   for (std::size_t i = 0; i < outputs.size(); ++i) {
-    check(outputs[i].shape() == specs[i].shape && outputs[i].dtype() == specs[i].dtype && outputs[i].is_contiguous() &&
-              &outputs[i].backend() == &backend,
-          std::string(info.name) + ": output " + std::to_string(i) + " is " + outputs[i].describe() +
-              ", expected contiguous " + std::string(dtype_name(specs[i].dtype)) + shape_str(specs[i].shape));
+    check(outputs[i].shape() == specs[i].shape && outputs[i].dtype() == specs[i].dtype &&
+              outputs[i].is_contiguous() && &outputs[i].backend() == &backend,
+          std::string(info.name) + ": output " + std::to_string(i) + " is " +
+              outputs[i].describe() + ", expected contiguous " +
+              std::string(dtype_name(specs[i].dtype)) + shape_str(specs[i].shape));
   }
   std::vector<Tensor> ready;
-  for (const Tensor& t : inputs) ready.push_back(contiguous(t));
-  execute(backend, op, ready, outputs, attrs);
+  for (const Tensor& t : inputs)
+    ready.push_back(contiguous(t));
+  run_recorded(backend, op, ready, outputs, attrs, false);
 }
 
 }  // namespace loom::dispatch

@@ -11,9 +11,9 @@
 
 #include <cstdint>
 #include <map>
-#include <tuple>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/op_catalog.h"
@@ -48,9 +48,29 @@ Tensor call1(OpId op, std::initializer_list<Tensor> inputs, const Attrs& attrs =
 
 // Runs `op` writing into existing contiguous `outputs` (in-place ops such as adamw_step,
 // whose outputs alias inputs).
-void call_into(OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs, const Attrs& attrs);
+void call_into(OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+               const Attrs& attrs);
 
 // A contiguous tensor with the same values (the input itself when already contiguous).
 Tensor contiguous(const Tensor& x);
+
+// Runs one kernel on `backend`: native when supports() says so, else the CPU fallback
+// (LOOM_STRICT applies). Inputs and outputs are ready (contiguous, on `backend`). Counted
+// like any call. This is how a captured graph (graph/) replays its nodes.
+void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+             const Attrs& attrs);
+
+// Listens to every kernel dispatch runs, after decompositions are expanded and inputs made
+// contiguous: what graph capture (graph/) records. `fresh_outputs` is true when dispatch
+// allocated the outputs for this call (false for call_into, whose outputs already exist).
+class Recorder {
+ public:
+  virtual ~Recorder() = default;
+  virtual void executed(Backend& backend, OpId op, std::span<const Tensor> inputs,
+                        std::span<const Tensor> outputs, const Attrs& attrs,
+                        bool fresh_outputs) = 0;
+};
+// Installs `recorder` for calls made on this thread (nullptr removes it); returns the previous one.
+Recorder* set_recorder(Recorder* recorder);
 
 }  // namespace loom::dispatch

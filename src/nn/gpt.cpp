@@ -118,7 +118,7 @@ ag::Var Gpt::head(ag::Tape& tape, const ag::Var& x_in) {
 ag::Var Gpt::dropout(ag::Tape& tape, const ag::Var& x, const ForwardOptions& options,
                      std::uint64_t site) {
   const double p = options.training ? config_.dropout : 0.0;
-  return ag::dropout(tape, x, p, mix_seed(options.dropout_seed, site));
+  return ag::dropout(tape, x, p, options.dropout_seed, site);
 }
 
 std::vector<std::size_t> Gpt::parameter_indices(std::int64_t first, std::int64_t last,

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <random>
 
+#include "core/op_catalog.h"
 #include "core/tensor.h"
 
 namespace loom::nn {
@@ -13,7 +14,7 @@ namespace loom::nn {
 class Rng {
  public:
   explicit Rng(std::uint64_t seed) : engine_(seed) {}
-  double uniform();                      // [0, 1)
+  double uniform();                        // [0, 1)
   double normal(double mean, double std);  // Box-Muller
   std::uint64_t next() { return engine_(); }
 
@@ -22,10 +23,10 @@ class Rng {
 };
 
 Tensor normal_tensor(const Shape& shape, double std, Rng& rng, Backend& backend);
-Tensor uniform_tensor(const Shape& shape, double bound, Rng& rng, Backend& backend);  // U(-bound, bound)
+Tensor uniform_tensor(const Shape& shape, double bound, Rng& rng,
+                      Backend& backend);  // U(-bound, bound)
 Tensor constant_tensor(const Shape& shape, float value, Backend& backend);
 
-// Mixes two numbers into a seed (splitmix64), e.g. (run seed, step) -> batch seed.
-std::uint64_t mix_seed(std::uint64_t a, std::uint64_t b);
+using loom::mix_seed;  // core/op_catalog.h: (run seed, step) -> batch seed
 
 }  // namespace loom::nn

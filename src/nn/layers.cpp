@@ -49,7 +49,7 @@ ag::Var Mlp::forward(ag::Tape& tape, const Tensor& inputs, const ForwardOptions&
   const double p = options.training ? config_.dropout : 0.0;
   for (std::size_t i = 0; i + 2 < params_.size(); i += 2) {
     x = ag::relu(tape, ag::linear(tape, x, params_[i].var, params_[i + 1].var, true));
-    x = ag::dropout(tape, x, p, mix_seed(options.dropout_seed, i));
+    x = ag::dropout(tape, x, p, options.dropout_seed, i);
   }
   return ag::linear(tape, x, params_[params_.size() - 2].var, params_.back().var, true);
 }

@@ -130,9 +130,10 @@ const std::map<std::string, Field>& fields() {
       {"device", string_field(&TrainConfig::device, {"cpu", "partial", "opencl", "cuda"},
                               "device to train on: cpu, partial (a backend with 10 native ops), "
                               "opencl or cuda (when built and a device is present)")},
-      {"pipeline", int_field(&TrainConfig::pipeline, 1, 1024,
-                             "pipeline stages: the GPT split across this many processes per "
-                             "replica (mpirun -np P x replicas); 1: all processes are data parallel")},
+      {"pipeline",
+       int_field(&TrainConfig::pipeline, 1, 1024,
+                 "pipeline stages: the GPT split across this many processes per "
+                 "replica (mpirun -np P x replicas); 1: all processes are data parallel")},
       {"micro_batches",
        int_field(&TrainConfig::micro_batches, 0, 1 << 20,
                  "micro-batches per step in a pipeline (0: one per stage); must divide batch")},
@@ -144,6 +145,10 @@ const std::map<std::string, Field>& fields() {
       {"zero", int_field(&TrainConfig::zero, 0, 1,
                          "1: data-parallel processes each keep and update 1/N of the optimizer "
                          "state (ZeRO stage 1)")},
+      {"mode", string_field(&TrainConfig::mode, {"eager", "graph"},
+                            "execution: eager (op by op) or graph (the first step is captured, "
+                            "then replayed with dead nodes removed and planned memory; the same "
+                            "numbers)")},
       {"precision", string_field(&TrainConfig::precision, {"f32", "bf16"},
                                  "matmul operands: f32, or bf16 with f32 accumulation (weights, "
                                  "activations and optimizer state stay f32)")},
@@ -233,6 +238,9 @@ void TrainConfig::finalize() {
                                   " is not divisible by heads = " + std::to_string(heads));
   }
   check(min_lr <= lr, "min_lr = " + std::to_string(min_lr) + " exceeds lr = " + std::to_string(lr));
+  check(mode == "eager" || pipeline == 1,
+        "mode = graph with pipeline = " + std::to_string(pipeline) +
+            ": pipeline stages run eagerly for now; use mode = eager");
 }
 
 const std::vector<std::string>& TrainConfig::keys() {

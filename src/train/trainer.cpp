@@ -18,6 +18,7 @@
 #include "dispatch/devices.h"
 #include "dist/communicator.h"
 #include "dist/pipeline.h"
+#include "graph/graph.h"
 #include "nn/init.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
@@ -160,6 +161,52 @@ data::Batch shard(data::Batch batch, const dist::Communicator& comm) {
           batch.targets.slice(0, first * per_row, (first + rows) * per_row)};
 }
 
+// Forward and backward op by op: returns the loss, leaves gradients in the parameters.
+Tensor eager_step(nn::Model& model, const data::Batch& batch, const nn::ForwardOptions& options) {
+  ag::Tape tape;
+  ag::Var loss = ag::cross_entropy(tape, model.forward(tape, batch.inputs, options), batch.targets);
+  tape.backward(loss);
+  return loss.value();
+}
+
+// The same step in graph mode: the first call runs it eagerly while capturing it; later
+// calls replay the captured graph (dead nodes removed, intermediates in planned memory)
+// with this step's batch, parameters and dropout seed. Gradients are views of the
+// graph's memory until the next step.
+class GraphStep {
+ public:
+  Tensor run(nn::Model& model, const data::Batch& batch, const nn::ForwardOptions& options) {
+    std::vector<nn::Parameter>& params = model.parameters();
+    std::vector<Tensor> inputs{batch.inputs, batch.targets};
+    for (const nn::Parameter& p : params)
+      inputs.push_back(p.var.value());
+    if (!graph_) {
+      graph::Capture capture(inputs);
+      Tensor loss = eager_step(model, batch, options);
+      std::vector<Tensor> outputs{loss};
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (!params[i].var.grad().defined())
+          continue;
+        outputs.push_back(params[i].var.grad());
+        with_grad_.push_back(i);
+      }
+      graph_ = capture.finish(outputs);
+      graph_->eliminate_dead_nodes();
+      graph_->plan_memory();
+      return loss;
+    }
+    graph_->replay(inputs, {options.dropout_seed});
+    for (std::size_t k = 0; k < with_grad_.size(); ++k)
+      params[with_grad_[k]].var.state()->grad = graph_->output(k + 1);
+    return graph_->output(0);
+  }
+  std::string summary() const { return graph_ ? graph_->summary() : "graph: not captured"; }
+
+ private:
+  std::optional<graph::Graph> graph_;
+  std::vector<std::size_t> with_grad_;  // parameters whose gradients are outputs 1, 2, ...
+};
+
 }  // namespace
 
 Summary run_training(const TrainConfig& cfg) {
@@ -259,6 +306,8 @@ Summary run_training(const TrainConfig& cfg) {
           nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xe7a1, i), device));
   }
 
+  const bool graph_mode = cfg.mode == "graph";
+  GraphStep graph_step;
   Progress progress(cfg.steps, cfg.progress && !cfg.json && lead, cfg.log_every, lead);
   Summary summary;
   std::vector<double> step_seconds;
@@ -278,14 +327,14 @@ Summary run_training(const TrainConfig& cfg) {
       loss_value = dist::mean_over_ranks(*data_comm, loss_value);
     } else {
       data::Batch batch = shard(source.batch(step, device), comm);
-      ag::Tape tape;
-      ag::Var loss =
-          ag::cross_entropy(tape, model->forward(tape, batch.inputs, options), batch.targets);
-      tape.backward(loss);
+      Tensor loss =
+          graph_mode ? graph_step.run(*model, batch, options) : eager_step(*model, batch, options);
+      if (graph_mode && lead && !cfg.json && step == start + 1)
+        progress.message(graph_step.summary());
       averager.average(model->parameters());
       if (cfg.grad_clip > 0)
         optim::clip_grad_norm(model->parameters(), cfg.grad_clip);
-      loss_value = dist::mean_over_ranks(comm, loss.value().item());
+      loss_value = dist::mean_over_ranks(comm, loss.item());
     }
     optimizer.step(lr);
     optimizer.zero_grad();

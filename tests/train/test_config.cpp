@@ -25,20 +25,54 @@ TEST(Config, YamlAndFlagsAreValidatedWithFileFieldAndValue) {
   EXPECT_EQ(c.layers, 2);
   EXPECT_DOUBLE_EQ(c.lr, 3e-4);
 
-  std::string e = error_of([&] { train::TrainConfig x; x.load_yaml(write(dir, "unknown.yaml", "layerz: 2\n")); });
+  std::string e = error_of([&] {
+    train::TrainConfig x;
+    x.load_yaml(write(dir, "unknown.yaml", "layerz: 2\n"));
+  });
   EXPECT_NE(e.find("unknown.yaml: unknown field 'layerz'"), std::string::npos) << e;
-  e = error_of([&] { train::TrainConfig x; x.load_yaml(write(dir, "bad.yaml", "layers: [1, 2\n")); });
+  e = error_of([&] {
+    train::TrainConfig x;
+    x.load_yaml(write(dir, "bad.yaml", "layers: [1, 2\n"));
+  });
   EXPECT_NE(e.find("bad.yaml: malformed YAML at line"), std::string::npos) << e;
-  e = error_of([&] { train::TrainConfig x; x.load_yaml(write(dir, "range.yaml", "lr: -1\n")); });
+  e = error_of([&] {
+    train::TrainConfig x;
+    x.load_yaml(write(dir, "range.yaml", "lr: -1\n"));
+  });
   EXPECT_NE(e.find("range.yaml: field 'lr': value '-1' is out of range"), std::string::npos) << e;
-  e = error_of([&] { train::TrainConfig x; x.load_yaml(write(dir, "type.yaml", "batch: twelve\n")); });
+  e = error_of([&] {
+    train::TrainConfig x;
+    x.load_yaml(write(dir, "type.yaml", "batch: twelve\n"));
+  });
   EXPECT_NE(e.find("field 'batch': value 'twelve' is not an integer"), std::string::npos) << e;
-  e = error_of([&] { train::TrainConfig x; x.set("model", "rnn", "command line --model"); });
+  e = error_of([&] {
+    train::TrainConfig x;
+    x.set("model", "rnn", "command line --model");
+  });
   EXPECT_NE(e.find("'rnn' is not one of: gpt, mlp, cnn"), std::string::npos) << e;
-  e = error_of([&] { train::TrainConfig x; x.load_yaml(dir + "/absent.yaml"); });
+  e = error_of([&] {
+    train::TrainConfig x;
+    x.load_yaml(dir + "/absent.yaml");
+  });
   EXPECT_NE(e.find("absent.yaml: cannot open"), std::string::npos) << e;
-  e = error_of([&] { train::TrainConfig x; x.set("heads", "3", "t"); x.finalize(); });
+  e = error_of([&] {
+    train::TrainConfig x;
+    x.set("heads", "3", "t");
+    x.finalize();
+  });
   EXPECT_NE(e.find("not divisible by heads = 3"), std::string::npos) << e;
+  e = error_of([&] {
+    train::TrainConfig x;
+    x.set("mode", "lazy", "command line --mode");
+  });
+  EXPECT_NE(e.find("'lazy' is not one of: eager, graph"), std::string::npos) << e;
+  e = error_of([&] {
+    train::TrainConfig x;
+    x.set("mode", "graph", "t");
+    x.set("pipeline", "2", "t");
+    x.finalize();
+  });
+  EXPECT_NE(e.find("mode = graph with pipeline = 2"), std::string::npos) << e;
 }
 
 TEST(Config, MissingDataFailsBeforeAnyCheckpoint) {
@@ -55,9 +89,17 @@ TEST(Config, MissingDataFailsBeforeAnyCheckpoint) {
 TEST(Config, InitWithMismatchedShapesNamesTheTensor) {
   std::string dir = temp_dir("init");
   train::TrainConfig small;
-  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
-           {"data", "random"}, {"vocab", "20"}, {"layers", "1"}, {"width", "16"}, {"heads", "2"}, {"context", "8"},
-           {"batch", "2"}, {"steps", "1"}, {"eval_every", "0"}, {"final_eval", "false"}, {"json", "true"}})
+  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{{"data", "random"},
+                                                                      {"vocab", "20"},
+                                                                      {"layers", "1"},
+                                                                      {"width", "16"},
+                                                                      {"heads", "2"},
+                                                                      {"context", "8"},
+                                                                      {"batch", "2"},
+                                                                      {"steps", "1"},
+                                                                      {"eval_every", "0"},
+                                                                      {"final_eval", "false"},
+                                                                      {"json", "true"}})
     small.set(k, v, "t");
   small.out = dir + "/a";
   small.finalize();
@@ -67,7 +109,9 @@ TEST(Config, InitWithMismatchedShapesNamesTheTensor) {
   wider.init = dir + "/a/checkpoint/model.safetensors";
   wider.out = dir + "/b";
   std::string e = error_of([&] { train::run_training(wider); });
-  EXPECT_NE(e.find("tensor 'transformer.wte.weight' has shape [20,16], the model expects [20,32]"), std::string::npos) << e;
+  EXPECT_NE(e.find("tensor 'transformer.wte.weight' has shape [20,16], the model expects [20,32]"),
+            std::string::npos)
+      << e;
   EXPECT_FALSE(std::filesystem::exists(dir + "/b/checkpoint"));
 }
 

@@ -15,10 +15,20 @@ namespace {
 
 train::TrainConfig small_run(const std::string& out) {
   train::TrainConfig c;
-  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
-           {"data", "random"}, {"vocab", "40"}, {"layers", "2"}, {"width", "32"}, {"heads", "2"}, {"context", "16"},
-           {"batch", "4"}, {"steps", "8"}, {"warmup", "2"}, {"dropout", "0.1"}, {"eval_every", "0"},
-           {"final_eval", "false"}, {"progress", "false"}, {"json", "true"}})
+  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{{"data", "random"},
+                                                                      {"vocab", "40"},
+                                                                      {"layers", "2"},
+                                                                      {"width", "32"},
+                                                                      {"heads", "2"},
+                                                                      {"context", "16"},
+                                                                      {"batch", "4"},
+                                                                      {"steps", "8"},
+                                                                      {"warmup", "2"},
+                                                                      {"dropout", "0.1"},
+                                                                      {"eval_every", "0"},
+                                                                      {"final_eval", "false"},
+                                                                      {"progress", "false"},
+                                                                      {"json", "true"}})
     c.set(k, v, "test");
   c.out = out;
   c.finalize();
@@ -60,7 +70,8 @@ TEST(Resume, MismatchedCheckpointFilesAreRefused) {
   std::string state = dir + "/checkpoint/train_state.safetensors";
   io::SafetensorsFile f = io::SafetensorsFile::read(state);
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& e : f.entries()) tensors.emplace_back(e.name, f.load_f32(e, cpu()));
+  for (const auto& e : f.entries())
+    tensors.emplace_back(e.name, f.load_f32(e, cpu()));
   auto meta = f.metadata();
   meta["step"] = "5";
   io::write_safetensors(state, tensors, meta);
@@ -71,6 +82,54 @@ TEST(Resume, MismatchedCheckpointFilesAreRefused) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("interrupted save"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GraphMode, TrainsToTheEagerLossesAndWeightsAndResumesExactly) {
+  // small_run has dropout, so each replay must draw that step's masks.
+  std::string eager = temp_dir("eager"), graph = temp_dir("graph"), split = temp_dir("graph_split");
+  train::run_training(small_run(eager));
+  train::TrainConfig whole = small_run(graph);
+  whole.mode = "graph";
+  train::run_training(whole);
+  EXPECT_EQ(metric_losses(eager), metric_losses(graph));
+  EXPECT_EQ(all_weights(eager), all_weights(graph));
+
+  train::TrainConfig first = small_run(split);
+  first.mode = "graph";
+  first.stop_after = 3;
+  train::run_training(first);
+  train::TrainConfig second = small_run(split);
+  second.mode = "graph";
+  second.resume = true;
+  train::run_training(second);
+  EXPECT_EQ(metric_losses(eager), metric_losses(split));
+  EXPECT_EQ(all_weights(eager), all_weights(split));
+}
+
+TEST(GraphMode, ImageModelsTrainToTheEagerLosses) {
+  for (std::string model : {"mlp", "cnn"}) {
+    std::string eager = temp_dir("eager_" + model), graph = temp_dir("graph_" + model);
+    auto run = [&](const std::string& out, const std::string& mode) {
+      train::TrainConfig c;
+      for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{{"model", model},
+                                                                          {"steps", "5"},
+                                                                          {"batch", "16"},
+                                                                          {"width", "32"},
+                                                                          {"mode", mode},
+                                                                          {"final_eval", "false"},
+                                                                          {"progress", "false"},
+                                                                          {"json", "true"}})
+        c.set(k, v, "test");
+      c.mnist_dir = source_dir() + "/data/mnist";
+      c.out = out;
+      c.finalize();
+      train::run_training(c);
+    };
+    run(eager, "eager");
+    run(graph, "graph");
+    EXPECT_EQ(metric_losses(eager), metric_losses(graph)) << model;
+    EXPECT_EQ(metric_losses(graph).size(), 5u) << model;
   }
 }
 

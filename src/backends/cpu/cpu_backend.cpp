@@ -1,5 +1,6 @@
 #include "backends/cpu/cpu_backend.h"
 
+#include <malloc.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -97,6 +98,9 @@ void CpuBackend::trim_cache() {
       std::free(block);
   free_blocks_.clear();
   cached_bytes_ = 0;
+  // glibc keeps freed heap pages resident (blocks below its mmap threshold); hand the
+  // free ones back so the next large allocation does not add to them.
+  malloc_trim(0);
 }
 
 std::unique_ptr<Stream> CpuBackend::create_stream(StreamKind) {

@@ -34,6 +34,7 @@ class CpuBackend final : public Backend {
   void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
   // bf16: matmul and linear round their operands to bf16 first (attention stays f32).
   bool set_matmul_precision(DType dtype) override;
+  void release_cached_memory() override { trim_cache(); }
 
   // "fast" when a CPU-specific kernel is registered for `op`, "reference" otherwise.
   std::string_view kernel_source(OpId op) const;

@@ -1,0 +1,343 @@
+#include "graph/graph.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "core/error.h"
+
+namespace loom::graph {
+namespace {
+
+// Arena offsets are multiples of this: a cache line on CPUs, a transaction on GPUs, and
+// a multiple of every dtype's size, so element offsets stay whole.
+constexpr std::size_t kArenaAlignment = 256;
+
+std::size_t align_up(std::size_t bytes) {
+  return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+}
+
+// [first, end) element range a view reaches (first == end for an empty view).
+std::pair<std::int64_t, std::int64_t> extent(std::int64_t offset, const Shape& shape,
+                                             const Strides& strides) {
+  if (shape_numel(shape) == 0)
+    return {offset, offset};
+  std::int64_t last = offset;
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    last += (shape[i] - 1) * strides[i];
+  return {offset, last + 1};
+}
+
+std::string megabytes(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return text;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Capture
+// ---------------------------------------------------------------------------
+
+Capture::Capture(std::span<const Tensor> inputs) : inputs_(inputs.begin(), inputs.end()) {
+  for (std::size_t i = 0; i < inputs_.size(); ++i) {
+    const Tensor& t = inputs_[i];
+    check(t.defined() && t.is_contiguous(),
+          "graph capture: input " + std::to_string(i) +
+              " must be a defined, contiguous tensor, got " +
+              (t.defined() ? t.describe() : std::string("an undefined tensor")));
+    check(index_.find(t.storage().get()) == index_.end(),
+          "graph capture: input " + std::to_string(i) + " (" + t.describe() +
+              ") shares storage with an earlier input; pass separate tensors");
+    int s = storage_of(t, false);
+    graph_.storages_[s].input = static_cast<int>(i);
+    graph_.storages_[s].external.reset();  // bound anew at each replay
+    graph_.inputs_.push_back({t.shape(), t.dtype()});
+    graph_.input_offsets_.push_back(t.offset());
+  }
+  previous_ = dispatch::set_recorder(this);
+}
+
+Capture::~Capture() {
+  if (active_)
+    dispatch::set_recorder(previous_);
+}
+
+int Capture::storage_of(const Tensor& t, bool fresh) {
+  const Buffer* key = t.storage().get();
+  if (auto it = index_.find(key); it != index_.end() && !fresh) {
+    std::shared_ptr<Buffer> alive = seen_[it->second].lock();
+    if (alive.get() == key)
+      return it->second;
+  }
+  StorageInfo info;
+  info.bytes = key->bytes();
+  info.backend = &t.backend();
+  info.internal = fresh;
+  if (!fresh)
+    info.external = t.storage();  // used in place at replay: keep it alive
+  graph_.storages_.push_back(std::move(info));
+  seen_.push_back(t.storage());
+  const int id = static_cast<int>(graph_.storages_.size() - 1);
+  index_[key] = id;
+  return id;
+}
+
+Operand Capture::operand_of(const Tensor& t, bool fresh) {
+  if (!t.defined())
+    return Operand{};
+  Operand o{storage_of(t, fresh), t.offset(), t.shape(), t.strides(), t.dtype()};
+  if (int in = graph_.storages_[o.storage].input; in >= 0) {
+    // A declared input is rebound at replay; its operands must lie inside it.
+    auto [first, end] = extent(o.offset, o.shape, o.strides);
+    const std::int64_t base = graph_.input_offsets_[in];
+    check(first >= base && end <= base + shape_numel(graph_.inputs_[in].shape),
+          "graph capture: a kernel reads outside input " + std::to_string(in) + " (" +
+              inputs_[in].describe() + ") in its storage; pass that whole region as the input");
+  }
+  return o;
+}
+
+void Capture::executed(Backend& backend, OpId op, std::span<const Tensor> inputs,
+                       std::span<const Tensor> outputs, const Attrs& attrs, bool fresh_outputs) {
+  Node node{op, attrs, &backend, {}, {}};
+  for (const Tensor& t : inputs)
+    node.inputs.push_back(operand_of(t, false));
+  for (const Tensor& t : outputs)
+    node.outputs.push_back(operand_of(t, fresh_outputs));
+  graph_.nodes_.push_back(std::move(node));
+}
+
+Graph Capture::finish(std::span<const Tensor> outputs) {
+  check(active_, "graph capture: finish() called twice");
+  dispatch::set_recorder(previous_);
+  active_ = false;
+  for (const Tensor& t : outputs) {
+    check(t.defined(), "graph capture: an output is undefined");
+    graph_.outputs_.push_back(operand_of(t, false));
+    graph_.captured_outputs_.push_back(t);
+  }
+  graph_.stats_.captured_nodes = graph_.nodes_.size();
+  graph_.stats_.nodes = graph_.nodes_.size();
+  return std::move(graph_);
+}
+
+// ---------------------------------------------------------------------------
+// Passes
+// ---------------------------------------------------------------------------
+
+void Graph::eliminate_dead_nodes() {
+  check(!materialized_, "graph: passes run before the first replay");
+  // Walk backwards: a node is live when it writes external storage (a side effect the
+  // caller sees) or a storage a live node or an output reads. Nodes only read what
+  // earlier nodes wrote, so one backward pass decides every node.
+  std::vector<bool> needed(storages_.size(), false);
+  for (const Operand& o : outputs_)
+    needed[o.storage] = true;
+  std::vector<Node> kept;
+  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
+    bool live = false;
+    for (const Operand& o : it->outputs)
+      live = live || !storages_[o.storage].internal || needed[o.storage];
+    if (!live)
+      continue;
+    for (const Operand& o : it->inputs)
+      if (o.storage >= 0)
+        needed[o.storage] = true;
+    for (const Operand& o : it->outputs)
+      needed[o.storage] = true;  // an in-place write needs its producer
+    kept.push_back(std::move(*it));
+  }
+  std::reverse(kept.begin(), kept.end());
+  nodes_ = std::move(kept);
+  stats_.nodes = nodes_.size();
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> Graph::lifetimes() const {
+  std::vector<std::pair<std::int64_t, std::int64_t>> life(storages_.size(), {-1, -1});
+  auto touch = [&](int s, std::int64_t at) {
+    if (s < 0)
+      return;
+    if (life[s].first < 0)
+      life[s].first = at;
+    life[s].second = std::max(life[s].second, at);
+  };
+  for (std::size_t n = 0; n < nodes_.size(); ++n) {
+    for (const Operand& o : nodes_[n].inputs)
+      touch(o.storage, static_cast<std::int64_t>(n));
+    for (const Operand& o : nodes_[n].outputs)
+      touch(o.storage, static_cast<std::int64_t>(n));
+  }
+  for (const Operand& o : outputs_)
+    touch(o.storage, static_cast<std::int64_t>(nodes_.size()));
+  return life;
+}
+
+void Graph::plan_memory() {
+  check(!materialized_, "graph: passes run before the first replay");
+  const auto life = lifetimes();
+  arena_offsets_.assign(storages_.size(), -1);
+  // Largest first; each goes to the lowest offset that no time-overlapping placed storage
+  // of the same device occupies.
+  std::vector<int> order;
+  for (std::size_t s = 0; s < storages_.size(); ++s)
+    if (storages_[s].internal && life[s].first >= 0)
+      order.push_back(static_cast<int>(s));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return storages_[a].bytes > storages_[b].bytes; });
+  struct Placed {
+    std::int64_t offset, end, first, last;
+    Backend* backend;
+  };
+  std::vector<Placed> placed;
+  for (int s : order) {
+    const std::int64_t size = static_cast<std::int64_t>(align_up(storages_[s].bytes));
+    std::vector<const Placed*> conflicts;
+    for (const Placed& p : placed)
+      if (p.backend == storages_[s].backend && p.first <= life[s].second && life[s].first <= p.last)
+        conflicts.push_back(&p);
+    std::sort(conflicts.begin(), conflicts.end(),
+              [](const Placed* a, const Placed* b) { return a->offset < b->offset; });
+    std::int64_t offset = 0;
+    for (const Placed* p : conflicts) {
+      if (offset + size <= p->offset)
+        break;  // fits in the gap before p
+      offset = std::max(offset, p->end);
+    }
+    arena_offsets_[s] = offset;
+    placed.push_back({offset, offset + size, life[s].first, life[s].second, storages_[s].backend});
+  }
+  stats_.planned = true;
+}
+
+// ---------------------------------------------------------------------------
+// Replay
+// ---------------------------------------------------------------------------
+
+Tensor Graph::tensor_of(const Operand& o) const {
+  if (o.storage < 0)
+    return Tensor();
+  const StorageInfo& info = storages_[o.storage];
+  if (info.input >= 0) {
+    const Tensor& bound = bound_inputs_[info.input];
+    return Tensor::view_of(bound.storage(), o.offset - input_offsets_[info.input] + bound.offset(),
+                           o.shape, o.strides, o.dtype);
+  }
+  const std::int64_t base =
+      storage_base_[o.storage] / static_cast<std::int64_t>(dtype_size(o.dtype));
+  return Tensor::view_of(storage_buffers_[o.storage], base + o.offset, o.shape, o.strides, o.dtype);
+}
+
+void Graph::materialize() {
+  const auto life = lifetimes();
+  storage_buffers_.assign(storages_.size(), nullptr);
+  storage_base_.assign(storages_.size(), 0);
+  stats_.internal_storages = stats_.external_storages = 0;
+  stats_.internal_bytes = stats_.memory_bytes = 0;
+  std::map<Backend*, std::int64_t> arena_size;
+  for (std::size_t s = 0; s < storages_.size(); ++s) {
+    const StorageInfo& info = storages_[s];
+    if (life[s].first < 0)
+      continue;  // no longer referenced
+    if (!info.internal) {
+      ++stats_.external_storages;
+      storage_buffers_[s] = info.external;  // null for declared inputs (bound at replay)
+      continue;
+    }
+    ++stats_.internal_storages;
+    stats_.internal_bytes += info.bytes;
+    if (stats_.planned)
+      arena_size[info.backend] =
+          std::max(arena_size[info.backend],
+                   arena_offsets_[s] + static_cast<std::int64_t>(align_up(info.bytes)));
+  }
+  std::map<Backend*, std::shared_ptr<Buffer>> arena;
+  for (auto [backend, size] : arena_size) {
+    arena[backend] = std::make_shared<Buffer>(
+        backend->allocate(static_cast<std::size_t>(size), MemoryKind::device));
+    arenas_.push_back(arena[backend]);
+    stats_.memory_bytes += static_cast<std::size_t>(size);
+  }
+  for (std::size_t s = 0; s < storages_.size(); ++s) {
+    const StorageInfo& info = storages_[s];
+    if (!info.internal || life[s].first < 0)
+      continue;
+    if (stats_.planned) {
+      storage_buffers_[s] = arena[info.backend];
+      storage_base_[s] = arena_offsets_[s];
+    } else {
+      storage_buffers_[s] =
+          std::make_shared<Buffer>(info.backend->allocate(info.bytes, MemoryKind::device));
+      stats_.memory_bytes += info.bytes;
+    }
+  }
+  materialized_ = true;
+}
+
+void Graph::replay(std::span<const Tensor> inputs, const ReplayOptions& options) {
+  check(inputs.size() == inputs_.size(), "graph replay: got " + std::to_string(inputs.size()) +
+                                             " inputs, the graph was captured with " +
+                                             std::to_string(inputs_.size()));
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    check(t.defined() && t.is_contiguous() && t.shape() == inputs_[i].shape &&
+              t.dtype() == inputs_[i].dtype,
+          "graph replay: input " + std::to_string(i) + " is " +
+              (t.defined() ? t.describe() : std::string("undefined")) + ", expected contiguous " +
+              std::string(dtype_name(inputs_[i].dtype)) + shape_str(inputs_[i].shape));
+  }
+  if (!materialized_) {
+    // The capture's intermediates go back first, so planned memory can reuse their bytes.
+    captured_outputs_.clear();
+    std::set<Backend*> devices;
+    for (const StorageInfo& info : storages_)
+      devices.insert(info.backend);
+    for (Backend* device : devices)
+      device->release_cached_memory();
+    materialize();
+  }
+  bound_inputs_.assign(inputs.begin(), inputs.end());
+  for (std::size_t s = 0; s < storages_.size(); ++s)
+    if (storages_[s].input >= 0)
+      check(&bound_inputs_[storages_[s].input].backend() == storages_[s].backend,
+            "graph replay: input " + std::to_string(storages_[s].input) + " is on " +
+                std::string(bound_inputs_[storages_[s].input].backend().name()) +
+                ", the graph was captured on " + std::string(storages_[s].backend->name()));
+  std::vector<Tensor> in, out;
+  for (Node& node : nodes_) {
+    if (node.attrs.seed_per_step)
+      node.attrs.seed = mix_seed(options.step_seed, node.attrs.seed_site);
+    in.clear();
+    out.clear();
+    for (const Operand& o : node.inputs)
+      in.push_back(tensor_of(o));
+    for (const Operand& o : node.outputs)
+      out.push_back(tensor_of(o));
+    dispatch::execute(*node.backend, node.op, in, out, node.attrs);
+  }
+  replayed_ = true;
+}
+
+Tensor Graph::output(std::size_t index) const {
+  check(index < outputs_.size(),
+        "graph: output " + std::to_string(index) + " of " + std::to_string(outputs_.size()));
+  if (!replayed_)
+    return captured_outputs_[index];
+  return tensor_of(outputs_[index]);
+}
+
+std::string Graph::summary() const {
+  std::string s = "graph: " + std::to_string(stats_.nodes) + " nodes";
+  if (stats_.nodes != stats_.captured_nodes)
+    s += " (" + std::to_string(stats_.captured_nodes) + " captured)";
+  if (materialized_) {
+    s += ", " + std::to_string(stats_.internal_storages) + " intermediate tensors (" +
+         megabytes(stats_.internal_bytes) + ") in " + megabytes(stats_.memory_bytes) +
+         (stats_.planned ? " of planned memory" : "") + ", " +
+         std::to_string(stats_.external_storages) + " external";
+  }
+  return s;
+}
+
+}  // namespace loom::graph

@@ -1,0 +1,155 @@
+// graph/ (floor 4) — capture a step once, optimise it, replay it.
+//
+// Capture runs the step eagerly once while dispatch reports every kernel it runs (after
+// decompositions are expanded and inputs made contiguous): the op, its attributes, and
+// the storage regions it reads and writes. A storage first seen as a fresh kernel output
+// is *internal*: the graph owns it at replay. Every other storage is *external* and used
+// in place: the declared inputs (batch, parameters), which the caller passes again at
+// each replay, and anything else the step reads (optimizer state, constants).
+//
+// Passes, in order:
+//   eliminate_dead_nodes: drops nodes whose results nobody reads and that write no
+//     external storage.
+//   plan_memory: gives each internal storage an offset in one arena per device such
+//     that storages whose lifetimes overlap never share bytes (greedy by size, as
+//     TFLite's arena planner). Without it, each internal storage has its own buffer.
+// Replay runs the nodes in capture order through dispatch::execute, so dispatch counts
+// and LOOM_STRICT apply as in eager mode, with each per-step dropout seed renewed.
+// Outputs are views of graph memory, valid until the next replay.
+//
+// What a captured step may not do: read a device value on the host to decide what to
+// run next (the replay repeats the captured decision), or read host data created during
+// the step that changes from step to step without declaring it as an input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/op_catalog.h"
+#include "core/tensor.h"
+#include "dispatch/dispatch.h"
+
+namespace loom::graph {
+
+// A region of a storage as one kernel argument sees it.
+struct Operand {
+  int storage = -1;         // index into Graph::storages(); -1: an undefined (optional) input
+  std::int64_t offset = 0;  // elements
+  Shape shape;
+  Strides strides;
+  DType dtype = DType::f32;
+};
+
+struct Node {
+  OpId op;
+  Attrs attrs;
+  Backend* backend = nullptr;
+  std::vector<Operand> inputs, outputs;
+};
+
+struct StorageInfo {
+  std::size_t bytes = 0;
+  Backend* backend = nullptr;
+  int input = -1;                    // external: index of the declared input it backs, or -1
+  bool internal = false;             // first written as a fresh kernel output during capture
+  std::shared_ptr<Buffer> external;  // undeclared external storage, used in place
+};
+
+struct GraphStats {
+  std::size_t captured_nodes = 0, nodes = 0;
+  std::size_t internal_storages = 0, external_storages = 0;
+  std::size_t internal_bytes = 0;  // sum of the internal storages' sizes
+  std::size_t memory_bytes = 0;    // what replay allocates for them (arena or one each)
+  bool planned = false;
+};
+
+struct ReplayOptions {
+  std::uint64_t step_seed = 0;  // dropout nodes with per-step masks use mix_seed(step_seed, site)
+};
+
+class Graph {
+ public:
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<StorageInfo>& storages() const { return storages_; }
+  std::size_t num_inputs() const { return inputs_.size(); }
+  std::size_t num_outputs() const { return outputs_.size(); }
+  const GraphStats& stats() const { return stats_; }
+  std::string summary() const;  // one line: nodes, storages, memory
+
+  // Passes (before the first replay).
+  void eliminate_dead_nodes();
+  void plan_memory();
+  // Byte offset of each internal storage in its device's arena (-1: not internal). Set by
+  // plan_memory; tests use it to check that no two live storages share bytes.
+  const std::vector<std::int64_t>& arena_offsets() const { return arena_offsets_; }
+  // Lifetime [first node, last node] of each storage in the current node list;
+  // outputs live to nodes().size().
+  std::vector<std::pair<std::int64_t, std::int64_t>> lifetimes() const;
+
+  // Runs the step with `inputs` in place of the captured inputs (same shapes and dtypes,
+  // same device, contiguous).
+  void replay(std::span<const Tensor> inputs, const ReplayOptions& options = {});
+  // Output i of the last replay (or of the capture, before any replay).
+  Tensor output(std::size_t index) const;
+
+ private:
+  friend class Capture;
+  void materialize();  // allocates internal memory and builds each node's tensors
+  Tensor tensor_of(const Operand& operand) const;
+
+  std::vector<Node> nodes_;
+  std::vector<StorageInfo> storages_;
+  std::vector<TensorSpec> inputs_;           // declared inputs' shapes and dtypes
+  std::vector<std::int64_t> input_offsets_;  // declared inputs' element offsets at capture
+  std::vector<Operand> outputs_;
+  std::vector<Tensor> captured_outputs_;  // the capture's own results, until the first replay
+  std::vector<std::int64_t> arena_offsets_;
+  GraphStats stats_;
+
+  // Replay state.
+  bool materialized_ = false;
+  std::vector<std::shared_ptr<Buffer>> storage_buffers_;  // per storage: its arena or own buffer
+  std::vector<std::int64_t> storage_base_;                // per storage: byte offset in that buffer
+  std::vector<std::shared_ptr<Buffer>> arenas_;
+  std::vector<Tensor> bound_inputs_;
+  bool replayed_ = false;
+};
+
+// Records the kernels run on this thread between construction and finish().
+class Capture final : public dispatch::Recorder {
+ public:
+  // `inputs`: the tensors the caller will pass again at each replay (the batch, the
+  // parameters). Each must be contiguous.
+  explicit Capture(std::span<const Tensor> inputs);
+  ~Capture() override;
+  Capture(const Capture&) = delete;
+  Capture& operator=(const Capture&) = delete;
+
+  // Stops recording and returns the graph whose outputs are `outputs` (tensors produced
+  // during the capture, or inputs).
+  Graph finish(std::span<const Tensor> outputs);
+
+  void executed(Backend& backend, OpId op, std::span<const Tensor> inputs,
+                std::span<const Tensor> outputs, const Attrs& attrs, bool fresh_outputs) override;
+
+ private:
+  int storage_of(const Tensor& t, bool fresh);
+  Operand operand_of(const Tensor& t, bool fresh);
+
+  Graph graph_;
+  std::vector<Tensor> inputs_;
+  // Storage identity: the Buffer's address, valid while the weak reference lives (an
+  // intermediate's memory goes back as soon as the step drops it, and a later buffer may
+  // then take the same address: that is a new storage).
+  std::map<const Buffer*, int> index_;
+  std::vector<std::weak_ptr<Buffer>> seen_;
+  dispatch::Recorder* previous_ = nullptr;
+  bool active_ = true;
+};
+
+}  // namespace loom::graph
