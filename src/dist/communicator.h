@@ -6,10 +6,14 @@
 // the job is one process and every collective is the identity.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nn/model.h"
@@ -59,6 +63,46 @@ class GradientAverager {
  private:
   Communicator& comm_;
   std::vector<float> flat_;
+};
+
+// Gradient averaging overlapped with the backward pass (graph mode): the replay hands
+// over each gradient as soon as it is final; a communication thread (the job's comm
+// stream) packs them, in that order, into buckets of at least `bucket_bytes` and
+// all-reduces each full bucket while the backward pass goes on. finish() sends the last
+// bucket and waits. Gradients must be host-accessible and contiguous; nothing else may
+// touch them between ready() and finish(), and nothing else may call the communicator
+// in that time (MPI is initialised for one calling thread at a time). For two processes
+// the result is bitwise that of GradientAverager (a + b is exact in either order); for
+// more, MPI may associate the sums differently per message size.
+class OverlappedAverager {
+ public:
+  OverlappedAverager(Communicator& comm, std::size_t bucket_bytes);
+  ~OverlappedAverager();
+  OverlappedAverager(const OverlappedAverager&) = delete;
+  OverlappedAverager& operator=(const OverlappedAverager&) = delete;
+
+  void ready(const Tensor& grad);  // this gradient is final
+  void finish();                   // every gradient of the step was handed over: wait
+  std::size_t buckets_last_step() const { return buckets_last_step_; }
+
+ private:
+  void close_bucket();  // hands the bucket being filled to the thread
+  void run();           // the communication thread
+  void reduce_bucket(std::vector<Tensor>& members);
+
+  Communicator& comm_;
+  std::size_t bucket_bytes_;
+  std::vector<Tensor> filling_;  // main thread: the bucket being filled
+  std::size_t filling_bytes_ = 0;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::deque<std::vector<Tensor>> queue_;  // closed buckets, in order
+  bool busy_ = false, stop_ = false;
+  std::size_t reduced_ = 0;                  // buckets done this step (thread)
+  std::string error_;                        // the thread's failure, rethrown by finish()
+  std::vector<std::vector<float>> buckets_;  // kept between steps (no page faults)
+  std::size_t buckets_last_step_ = 0;
+  std::thread thread_;
 };
 
 // A tensor of `shape` on `backend` holding rank `root`'s `value` (the other ranks' `value`

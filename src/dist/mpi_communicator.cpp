@@ -36,7 +36,12 @@ void initialize_once() {
   if (initialized)
     return;
   int provided = 0;
-  ok(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  // SERIALIZED: the communication thread of overlapped gradient averaging calls MPI while
+  // the main thread computes; the two never call it at the same time.
+  ok(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  check(provided >= MPI_THREAD_SERIALIZED,
+        "MPI: this MPI library cannot be called from more than one thread (thread level " +
+            std::to_string(provided) + "); Loom needs MPI_THREAD_SERIALIZED");
   std::atexit([] {
     int finalized = 0;
     MPI_Finalized(&finalized);

@@ -272,6 +272,24 @@ void Graph::materialize() {
       stats_.memory_bytes += info.bytes;
     }
   }
+  // When each output is final: after its last reference (not counting the end of the graph).
+  ready_after_.assign(nodes_.size(), {});
+  ready_at_start_.clear();
+  std::vector<std::int64_t> last(storages_.size(), -1);
+  for (std::size_t n = 0; n < nodes_.size(); ++n) {
+    for (const Operand& o : nodes_[n].inputs)
+      if (o.storage >= 0)
+        last[o.storage] = static_cast<std::int64_t>(n);
+    for (const Operand& o : nodes_[n].outputs)
+      last[o.storage] = static_cast<std::int64_t>(n);
+  }
+  for (std::size_t k = 0; k < outputs_.size(); ++k) {
+    const std::int64_t at = last[outputs_[k].storage];
+    if (at < 0)
+      ready_at_start_.push_back(k);
+    else
+      ready_after_[static_cast<std::size_t>(at)].push_back(k);
+  }
   materialized_ = true;
 }
 
@@ -304,8 +322,13 @@ void Graph::replay(std::span<const Tensor> inputs, const ReplayOptions& options)
             "graph replay: input " + std::to_string(storages_[s].input) + " is on " +
                 std::string(bound_inputs_[storages_[s].input].backend().name()) +
                 ", the graph was captured on " + std::string(storages_[s].backend->name()));
+  replayed_ = true;  // output() now gives graph memory
+  if (options.output_ready)
+    for (std::size_t k : ready_at_start_)
+      options.output_ready(k);
   std::vector<Tensor> in, out;
-  for (Node& node : nodes_) {
+  for (std::size_t n = 0; n < nodes_.size(); ++n) {
+    Node& node = nodes_[n];
     if (node.attrs.seed_per_step)
       node.attrs.seed = mix_seed(options.step_seed, node.attrs.seed_site);
     in.clear();
@@ -315,8 +338,10 @@ void Graph::replay(std::span<const Tensor> inputs, const ReplayOptions& options)
     for (const Operand& o : node.outputs)
       out.push_back(tensor_of(o));
     dispatch::execute(*node.backend, node.op, in, out, node.attrs);
+    if (options.output_ready)
+      for (std::size_t k : ready_after_[n])
+        options.output_ready(k);
   }
-  replayed_ = true;
 }
 
 Tensor Graph::output(std::size_t index) const {
@@ -325,6 +350,28 @@ Tensor Graph::output(std::size_t index) const {
   if (!replayed_)
     return captured_outputs_[index];
   return tensor_of(outputs_[index]);
+}
+
+std::string Graph::listing() const {
+  std::string s;
+  auto operand_text = [&](const Operand& o) {
+    if (o.storage < 0)
+      return std::string("-");
+    const StorageInfo& info = storages_[o.storage];
+    std::string kind = info.internal ? "t" : (info.input >= 0 ? "in" : "ext");
+    return kind + std::to_string(o.storage) + shape_str(o.shape);
+  };
+  for (std::size_t n = 0; n < nodes_.size(); ++n) {
+    const Node& node = nodes_[n];
+    s += std::to_string(n) + " " + std::string(op_name(node.op)) + " ";
+    for (std::size_t k = 0; k < node.outputs.size(); ++k)
+      s += (k ? "," : "") + operand_text(node.outputs[k]);
+    s += " <-";
+    for (const Operand& o : node.inputs)
+      s += " " + operand_text(o);
+    s += "\n";
+  }
+  return s;
 }
 
 std::string Graph::summary() const {

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -70,6 +71,11 @@ struct GraphStats {
 
 struct ReplayOptions {
   std::uint64_t step_seed = 0;  // dropout nodes with per-step masks use mix_seed(step_seed, site)
+  // Called during the replay, on the replaying thread, once output k is final: after the
+  // last node that reads or writes it. From then on no node touches it, so another
+  // thread may read and rewrite it in place (e.g. all-reduce a gradient while the rest
+  // of the backward pass runs).
+  std::function<void(std::size_t k)> output_ready;
 };
 
 class Graph {
@@ -80,6 +86,8 @@ class Graph {
   std::size_t num_outputs() const { return outputs_.size(); }
   const GraphStats& stats() const { return stats_; }
   std::string summary() const;  // one line: nodes, storages, memory
+  // One line per node: index, op, output and input shapes (in=storage:shape).
+  std::string listing() const;
 
   // Passes (before the first replay).
   void eliminate_dead_nodes();
@@ -117,6 +125,8 @@ class Graph {
   std::vector<std::int64_t> storage_base_;                // per storage: byte offset in that buffer
   std::vector<std::shared_ptr<Buffer>> arenas_;
   std::vector<Tensor> bound_inputs_;
+  std::vector<std::vector<std::size_t>> ready_after_;  // per node: outputs final after it
+  std::vector<std::size_t> ready_at_start_;            // outputs no node touches
   bool replayed_ = false;
 };
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -45,6 +46,12 @@ std::string Summary::to_json() const {
     j["val_loss"] = *val_loss;
   if (test_accuracy)
     j["test_accuracy"] = *test_accuracy;
+  if (graph_nodes)
+    j["graph_nodes"] = *graph_nodes;
+  if (graph_memory_bytes)
+    j["graph_memory_bytes"] = *graph_memory_bytes;
+  if (overlapped_buckets)
+    j["overlapped_buckets"] = *overlapped_buckets;
   return j.dump();
 }
 
@@ -175,12 +182,15 @@ Tensor eager_step(nn::Model& model, const data::Batch& batch, const nn::ForwardO
 // graph's memory until the next step.
 class GraphStep {
  public:
-  Tensor run(nn::Model& model, const data::Batch& batch, const nn::ForwardOptions& options) {
+  // `grad_ready`, if given, receives each gradient during a replay as soon as it is final.
+  Tensor run(nn::Model& model, const data::Batch& batch, const nn::ForwardOptions& options,
+             const std::function<void(const Tensor&)>& grad_ready = nullptr) {
     std::vector<nn::Parameter>& params = model.parameters();
     std::vector<Tensor> inputs{batch.inputs, batch.targets};
     for (const nn::Parameter& p : params)
       inputs.push_back(p.var.value());
     if (!graph_) {
+      replayed_ = false;
       graph::Capture capture(inputs);
       Tensor loss = eager_step(model, batch, options);
       std::vector<Tensor> outputs{loss};
@@ -193,18 +203,32 @@ class GraphStep {
       graph_ = capture.finish(outputs);
       graph_->eliminate_dead_nodes();
       graph_->plan_memory();
+      if (const char* debug = std::getenv("LOOM_DEBUG_GRAPH"); debug != nullptr && debug[0] == '1')
+        std::fprintf(stderr, "[graph] the captured step after its passes:\n%s",
+                     graph_->listing().c_str());
       return loss;
     }
-    graph_->replay(inputs, {options.dropout_seed});
+    graph::ReplayOptions replay;
+    replay.step_seed = options.dropout_seed;
+    if (grad_ready)
+      replay.output_ready = [&](std::size_t k) {
+        if (k > 0)
+          grad_ready(graph_->output(k));
+      };
+    graph_->replay(inputs, replay);
+    replayed_ = true;
     for (std::size_t k = 0; k < with_grad_.size(); ++k)
       params[with_grad_[k]].var.state()->grad = graph_->output(k + 1);
     return graph_->output(0);
   }
+  bool replayed() const { return replayed_; }  // the last run() replayed (not captured)
   std::string summary() const { return graph_ ? graph_->summary() : "graph: not captured"; }
+  const graph::Graph* graph() const { return graph_ ? &*graph_ : nullptr; }
 
  private:
   std::optional<graph::Graph> graph_;
   std::vector<std::size_t> with_grad_;  // parameters whose gradients are outputs 1, 2, ...
+  bool replayed_ = false;
 };
 
 }  // namespace
@@ -308,6 +332,15 @@ Summary run_training(const TrainConfig& cfg) {
 
   const bool graph_mode = cfg.mode == "graph";
   GraphStep graph_step;
+  // Graph mode, data parallel, host memory: gradients are all-reduced in buckets on a
+  // communication thread while the replay computes the rest of the backward pass.
+  std::unique_ptr<dist::OverlappedAverager> overlapped;
+  std::function<void(const Tensor&)> grad_ready;
+  if (graph_mode && cfg.overlap && comm.size() > 1 && device.host_accessible()) {
+    overlapped = std::make_unique<dist::OverlappedAverager>(
+        comm, static_cast<std::size_t>(cfg.bucket_mb * 1e6));
+    grad_ready = [&](const Tensor& grad) { overlapped->ready(grad); };
+  }
   Progress progress(cfg.steps, cfg.progress && !cfg.json && lead, cfg.log_every, lead);
   Summary summary;
   std::vector<double> step_seconds;
@@ -327,11 +360,18 @@ Summary run_training(const TrainConfig& cfg) {
       loss_value = dist::mean_over_ranks(*data_comm, loss_value);
     } else {
       data::Batch batch = shard(source.batch(step, device), comm);
-      Tensor loss =
-          graph_mode ? graph_step.run(*model, batch, options) : eager_step(*model, batch, options);
+      Tensor loss = graph_mode ? graph_step.run(*model, batch, options, grad_ready)
+                               : eager_step(*model, batch, options);
+      if (overlapped && graph_step.replayed())
+        overlapped->finish();
+      else
+        averager.average(model->parameters());
       if (graph_mode && lead && !cfg.json && step == start + 1)
-        progress.message(graph_step.summary());
-      averager.average(model->parameters());
+        progress.message(graph_step.summary() +
+                         (overlapped ? ", gradients all-reduced in " +
+                                           std::to_string(overlapped->buckets_last_step()) +
+                                           " buckets during the backward pass"
+                                     : ""));
       if (cfg.grad_clip > 0)
         optim::clip_grad_norm(model->parameters(), cfg.grad_clip);
       loss_value = dist::mean_over_ranks(comm, loss.item());
@@ -377,6 +417,12 @@ Summary run_training(const TrainConfig& cfg) {
   }
   progress.finish();
   summary.lead = lead;
+  if (const graph::Graph* g = graph_step.graph(); g != nullptr && graph_step.replayed()) {
+    summary.graph_nodes = static_cast<std::int64_t>(g->stats().nodes);
+    summary.graph_memory_bytes = static_cast<std::int64_t>(g->stats().memory_bytes);
+  }
+  if (overlapped && graph_step.replayed())
+    summary.overlapped_buckets = static_cast<std::int64_t>(overlapped->buckets_last_step());
   if (pipelined)
     pipeline->gather_to_all(&optimizer);
   if (sharding && cfg.save)

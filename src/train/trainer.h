@@ -16,6 +16,9 @@ struct Summary {
   std::int64_t peak_rss_bytes = 0;
   double loss_first = 0, loss_last = 0;
   std::optional<double> val_loss, test_accuracy;
+  // Graph mode: nodes replayed per step, bytes of planned memory for the intermediates,
+  // and all-reduce buckets per step overlapped with the backward pass (data parallel).
+  std::optional<std::int64_t> graph_nodes, graph_memory_bytes, overlapped_buckets;
   bool lead = true;  // rank 0 of a data-parallel job (the one that reports)
   std::string to_json() const;
 };

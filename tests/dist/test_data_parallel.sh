@@ -5,7 +5,8 @@
 # processes is a clear error. Pipeline parallel (`--pipeline 2`): the same losses with 2
 # or 3 micro-batches, a checkpoint that evaluates as the one-process one does, exact
 # resume, clear errors; GPipe and 1F1B bitwise equal; 3 stages; and 2 data-parallel replicas of 2 stages on 4 processes. ZeRO stage 1 (`--zero 1`): bitwise the numbers of plain data
-# parallelism. Usage: test_data_parallel.sh MPIEXEC path/to/loom
+# parallelism. Graph mode (`--mode graph`): gradients all-reduced in buckets during the
+# backward pass, bitwise the eager numbers on 2 processes. Usage: test_data_parallel.sh MPIEXEC path/to/loom
 set -u
 mpiexec="$1" loom="$2"
 dir=$(mktemp -d)
@@ -62,6 +63,27 @@ assert losses("zr") == losses("two"), "resumed losses differ"
 for f in ("model.safetensors", "train_state.safetensors"):
     assert tensors(f"{d}/zero/checkpoint/{f}") == tensors(f"{d}/two/checkpoint/{f}"), f
 print("zero 1: losses and checkpoint tensors identical to plain data parallel")
+PY
+
+# Graph mode: the captured step replayed, its gradients all-reduced in buckets on a
+# communication thread during the backward pass (0.05 MB buckets: many of them). Two
+# processes: bitwise the eager run's losses and weights; three: within 1e-5 of one process.
+"${mpi[@]}" "$loom" train "${common[@]}" --mode graph --bucket_mb 0.05 --out "$dir/graph" > "$dir/graph.log" 2>&1 \
+  || fail "graph mode: $(tail -n 3 "$dir/graph.log")"
+grep -qE '"overlapped_buckets":([2-9]|[1-9][0-9])' "$dir/graph.log" || fail "graph mode did not overlap: $(grep steps "$dir/graph.log")"
+"$mpiexec" -np 3 --oversubscribe --bind-to none "$loom" train "${common[@]}" --batch 12 --mode graph --bucket_mb 0.05 \
+  --out "$dir/graph3" > "$dir/graph3.log" 2>&1 || fail "graph mode, 3 processes: $(tail -n 3 "$dir/graph3.log")"
+cmp -s "$dir/graph/checkpoint/model.safetensors" "$dir/two/checkpoint/model.safetensors" \
+  || fail "graph mode: the 2-process weights differ from the eager run's"
+python3 - "$dir" <<'PY' || fail "graph mode losses differ (above)"
+import json, sys
+d = sys.argv[1]
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
+assert losses("graph") == losses("two"), "graph mode, 2 processes: losses differ from eager"
+worst = max(abs(a - b) / abs(a) for a, b in zip(losses("one"), losses("graph3")))
+print(f"graph mode: 2 processes bitwise eager; 3 processes vs one: worst relative loss difference {worst:.2e}")
+assert len(losses("graph3")) == 10 and worst < 1e-5, worst
 PY
 
 # Pipeline parallel: two stages of two blocks each.

@@ -57,7 +57,9 @@ class GptStepper {
         graph_->plan_memory();
       }
     } else {
-      graph_->replay(inputs, {step_seed});
+      graph::ReplayOptions replay;
+      replay.step_seed = step_seed;
+      graph_->replay(inputs, replay);
       loss = graph_->output(0);
       for (std::size_t i = 0; i < params.size(); ++i)
         params[i].var.state()->grad = graph_->output(i + 1);
