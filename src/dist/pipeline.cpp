@@ -178,23 +178,15 @@ double GptPipeline::forward_backward(const data::Batch& batch, const nn::Forward
 
 double GptPipeline::clip_grad_norm(double max_norm) {
   std::vector<nn::Parameter>& params = model_.parameters();
-  float squares = 0.0f;
-  for (std::size_t i : used_) {
-    if (owner_[i] != stage() || !params[i].var.grad().defined())
-      continue;  // each parameter once
-    squares += dispatch::call1(OpId::sum_squares, {params[i].var.grad()}).item();
-  }
+  std::vector<bool> used(params.size(), false);
+  for (std::size_t i : used_)
+    used[i] = true;
+  // Each parameter is counted once, by its owner stage; the sum then spans the stages.
+  float squares = optim::grad_sum_squares(
+      params, [&](std::size_t i) { return used[i] && owner_[i] == stage(); });
   comm_.all_reduce_sum(std::span<float>(&squares, 1));
   double norm = std::sqrt(static_cast<double>(squares));
-  if (norm > max_norm && norm > 0.0) {
-    Attrs a;
-    a.alpha = max_norm / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
-    for (std::size_t i : used_) {
-      if (!params[i].var.grad().defined())
-        continue;
-      params[i].var.state()->grad = dispatch::call1(OpId::scale, {params[i].var.grad()}, a);
-    }
-  }
+  optim::scale_grads_to_norm(params, norm, max_norm, [&](std::size_t i) { return used[i]; });
   return norm;
 }
 

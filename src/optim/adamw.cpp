@@ -59,27 +59,35 @@ void AdamW::zero_grad() {
     p.var.zero_grad();
 }
 
-double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm) {
-  // The squares are summed on the device and read once: one host synchronisation per
-  // step instead of one per parameter (each a full stall on a GPU).
+float grad_sum_squares(const std::vector<nn::Parameter>& params, const ParameterFilter& counted) {
   Tensor total;
-  for (const nn::Parameter& p : params) {
-    if (!p.var.grad().defined())
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& grad = params[i].var.grad();
+    if (!grad.defined() || (counted && !counted(i)))
       continue;
-    Tensor squares = dispatch::call1(OpId::sum_squares, {p.var.grad()});
+    Tensor squares = dispatch::call1(OpId::sum_squares, {grad});
     total = total.defined() ? dispatch::call1(OpId::add, {total, squares}) : squares;
   }
-  double norm = total.defined() ? std::sqrt(static_cast<double>(total.item())) : 0.0;
-  if (norm > max_norm && norm > 0.0) {
-    Attrs a;
-    a.alpha = max_norm / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
-    for (nn::Parameter& p : params) {
-      if (!p.var.grad().defined())
-        continue;
-      Tensor scaled = dispatch::call1(OpId::scale, {p.var.grad()}, a);
-      p.var.state()->grad = scaled;
-    }
+  return total.defined() ? total.item() : 0.0f;
+}
+
+void scale_grads_to_norm(std::vector<nn::Parameter>& params, double norm, double max_norm,
+                         const ParameterFilter& counted) {
+  if (!(norm > max_norm && norm > 0.0))
+    return;
+  Attrs a;
+  a.alpha = max_norm / (norm + 1e-6);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    nn::Parameter& p = params[i];
+    if (!p.var.grad().defined() || (counted && !counted(i)))
+      continue;
+    p.var.state()->grad = dispatch::call1(OpId::scale, {p.var.grad()}, a);
   }
+}
+
+double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm) {
+  double norm = std::sqrt(static_cast<double>(grad_sum_squares(params)));
+  scale_grads_to_norm(params, norm, max_norm);
   return norm;
 }
 

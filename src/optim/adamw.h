@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "nn/model.h"
@@ -40,6 +41,18 @@ class AdamW {
 // Scales all gradients by max_norm / norm when their global L2 norm exceeds max_norm.
 // Returns the norm before clipping. Parameters without a gradient are skipped.
 double clip_grad_norm(std::vector<nn::Parameter>& params, double max_norm);
+
+// The two halves of clip_grad_norm, for norms that span processes (pipeline stages):
+// `counted(i)` picks the parameters to include (empty: every one with a gradient).
+using ParameterFilter = std::function<bool(std::size_t index)>;
+// Sum of the squares of the gradients, summed on the device and read once (one host
+// synchronisation per step instead of one per parameter, each a full stall on a GPU).
+float grad_sum_squares(const std::vector<nn::Parameter>& params,
+                       const ParameterFilter& counted = {});
+// Scales the gradients by max_norm / (norm + 1e-6) when norm > max_norm, as
+// torch.nn.utils.clip_grad_norm_.
+void scale_grads_to_norm(std::vector<nn::Parameter>& params, double norm, double max_norm,
+                         const ParameterFilter& counted = {});
 
 // lr(it): linear warmup over `warmup` steps to `max_lr`, then cosine decay to `min_lr` at
 // `decay_steps`, constant after (nanoGPT's schedule, same formula).
