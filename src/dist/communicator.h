@@ -41,6 +41,10 @@ class Communicator {
   // The ranks that pass the same `color` form a new communicator, ranked by `key`
   // (collective: every rank calls it). Pipeline x data parallelism splits the world so.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // True when the ranks run on more than one machine. On one machine the collectives
+  // are memory copies done by the same cores that compute, so overlapping them with the
+  // compute cannot hide them.
+  virtual bool spans_machines() const { return false; }
 };
 
 // One process: size 1, collectives leave the data as it is.

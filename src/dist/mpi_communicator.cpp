@@ -57,6 +57,14 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);  // errors become loom::Error
     ok(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     ok(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    // The ranks that share memory with this one (collective, as construction is).
+    MPI_Comm local = MPI_COMM_NULL;
+    ok(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+       "MPI_Comm_split_type");
+    int local_size = 0;
+    ok(MPI_Comm_size(local, &local_size), "MPI_Comm_size");
+    MPI_Comm_free(&local);
+    spans_machines_ = local_size < size_;  // then true on every rank
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -74,6 +82,7 @@ class MpiCommunicator final : public Communicator {
   std::string_view name() const override { return "mpi"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool spans_machines() const override { return spans_machines_; }
   void all_reduce_sum(std::span<float> data) override {
     in_pieces(data.size(), [&](std::size_t at, int count) {
       ok(MPI_Allreduce(MPI_IN_PLACE, data.data() + at, count, MPI_FLOAT, MPI_SUM, comm_),
@@ -110,6 +119,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0, size_ = 1;
+  bool spans_machines_ = false;
 };
 
 }  // namespace

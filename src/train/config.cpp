@@ -149,9 +149,11 @@ const std::map<std::string, Field>& fields() {
                             "execution: eager (op by op) or graph (the first step is captured, "
                             "then replayed with dead nodes removed and planned memory; the same "
                             "numbers)")},
-      {"overlap", bool_field(&TrainConfig::overlap,
-                             "graph mode with data parallelism: all-reduce gradient buckets on a "
-                             "communication thread while the backward pass goes on")},
+      {"overlap", string_field(&TrainConfig::overlap, {"auto", "true", "false"},
+                               "graph mode with data parallelism: all-reduce gradient buckets on a "
+                               "communication thread while the backward pass goes on; auto: when "
+                               "the processes span machines (on one machine the copies take the "
+                               "cores the compute needs)")},
       {"bucket_mb", double_field(&TrainConfig::bucket_mb, 0.001, 1e6,
                                  "MB of gradients per all-reduce when overlapping")},
       {"precision", string_field(&TrainConfig::precision, {"f32", "bf16"},

@@ -336,9 +336,11 @@ Summary run_training(const TrainConfig& cfg) {
   // communication thread while the replay computes the rest of the backward pass.
   std::unique_ptr<dist::OverlappedAverager> overlapped;
   std::function<void(const Tensor&)> grad_ready;
-  if (graph_mode && cfg.overlap && comm.size() > 1 && device.host_accessible()) {
+  const bool overlap =
+      cfg.overlap == "true" || (cfg.overlap == "auto" && data_comm->spans_machines());
+  if (graph_mode && overlap && data_comm->size() > 1 && device.host_accessible()) {
     overlapped = std::make_unique<dist::OverlappedAverager>(
-        comm, static_cast<std::size_t>(cfg.bucket_mb * 1e6));
+        *data_comm, static_cast<std::size_t>(cfg.bucket_mb * 1e6));
     grad_ready = [&](const Tensor& grad) { overlapped->ready(grad); };
   }
   Progress progress(cfg.steps, cfg.progress && !cfg.json && lead, cfg.log_every, lead);

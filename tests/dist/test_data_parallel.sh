@@ -66,13 +66,18 @@ print("zero 1: losses and checkpoint tensors identical to plain data parallel")
 PY
 
 # Graph mode: the captured step replayed, its gradients all-reduced in buckets on a
-# communication thread during the backward pass (0.05 MB buckets: many of them). Two
-# processes: bitwise the eager run's losses and weights; three: within 1e-5 of one process.
-"${mpi[@]}" "$loom" train "${common[@]}" --mode graph --bucket_mb 0.05 --out "$dir/graph" > "$dir/graph.log" 2>&1 \
+# communication thread during the backward pass (forced: on one machine `auto` does not
+# overlap; 0.05 MB buckets: many of them). Two processes: bitwise the eager run's losses
+# and weights; three: within 1e-5 of one process.
+"${mpi[@]}" "$loom" train "${common[@]}" --mode graph --overlap true --bucket_mb 0.05 --out "$dir/graph" > "$dir/graph.log" 2>&1 \
   || fail "graph mode: $(tail -n 3 "$dir/graph.log")"
 grep -qE '"overlapped_buckets":([2-9]|[1-9][0-9])' "$dir/graph.log" || fail "graph mode did not overlap: $(grep steps "$dir/graph.log")"
 "$mpiexec" -np 3 --oversubscribe --bind-to none "$loom" train "${common[@]}" --batch 12 --mode graph --bucket_mb 0.05 \
-  --out "$dir/graph3" > "$dir/graph3.log" 2>&1 || fail "graph mode, 3 processes: $(tail -n 3 "$dir/graph3.log")"
+  --overlap true --out "$dir/graph3" > "$dir/graph3.log" 2>&1 || fail "graph mode, 3 processes: $(tail -n 3 "$dir/graph3.log")"
+"${mpi[@]}" "$loom" train "${common[@]}" --mode graph --out "$dir/graph_auto" > "$dir/graph_auto.log" 2>&1 \
+  || fail "graph mode, overlap auto: $(tail -n 3 "$dir/graph_auto.log")"
+grep -q '"graph_nodes"' "$dir/graph_auto.log" && ! grep -q overlapped_buckets "$dir/graph_auto.log" \
+  || fail "graph mode, overlap auto on one machine: expected no overlap: $(grep steps "$dir/graph_auto.log")"
 cmp -s "$dir/graph/checkpoint/model.safetensors" "$dir/two/checkpoint/model.safetensors" \
   || fail "graph mode: the 2-process weights differ from the eager run's"
 python3 - "$dir" <<'PY' || fail "graph mode losses differ (above)"
@@ -81,6 +86,7 @@ d = sys.argv[1]
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
 assert losses("graph") == losses("two"), "graph mode, 2 processes: losses differ from eager"
+assert losses("graph_auto") == losses("two"), "graph mode, overlap auto: losses differ from eager"
 worst = max(abs(a - b) / abs(a) for a, b in zip(losses("one"), losses("graph3")))
 print(f"graph mode: 2 processes bitwise eager; 3 processes vs one: worst relative loss difference {worst:.2e}")
 assert len(losses("graph3")) == 10 and worst < 1e-5, worst
