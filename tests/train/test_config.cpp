@@ -73,6 +73,16 @@ TEST(Config, YamlAndFlagsAreValidatedWithFileFieldAndValue) {
     x.finalize();
   });
   EXPECT_NE(e.find("mode = graph with pipeline = 2"), std::string::npos) << e;
+  e = error_of([&] {
+    train::TrainConfig x;
+    x.set("overlap", "yes", "command line --overlap");
+  });
+  EXPECT_NE(e.find("'yes' is not one of: auto, true, false"), std::string::npos) << e;
+  e = error_of([&] {
+    train::TrainConfig x;
+    x.set("bucket_mb", "0", "command line --bucket_mb");
+  });
+  EXPECT_NE(e.find("field 'bucket_mb': value '0' is out of range"), std::string::npos) << e;
 }
 
 TEST(Config, MissingDataFailsBeforeAnyCheckpoint) {
