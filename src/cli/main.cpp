@@ -8,6 +8,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "cli/bench_command.h"
+#include "cli/onnx_command.h"
 #include "cli/ops_command.h"
 #include "cli/plan_command.h"
 #include "core/error.h"
@@ -90,6 +91,10 @@ int main(int argc, char** argv) {
   loom::cli::BenchOptions bench_options;
   CLI::App* bench = loom::cli::add_bench_command(app, bench_options);
 
+  // ---- onnx -----------------------------------------------------------------
+  loom::cli::OnnxOptions onnx_options;
+  CLI::App* onnx = loom::cli::add_onnx_command(app, onnx_options);
+
   // ---- plan -----------------------------------------------------------------
   loom::cli::PlanOptions plan_options;
   CLI::App* plan = loom::cli::add_plan_command(app, plan_options);
@@ -140,6 +145,8 @@ int main(int argc, char** argv) {
       return loom::cli::run_ops(ops_options);
     } else if (bench->parsed()) {
       return loom::cli::run_bench(bench_options);
+    } else if (onnx->parsed()) {
+      return loom::cli::run_onnx(onnx_options);
     } else if (plan->parsed()) {
       return loom::cli::run_plan(plan_options);
     }

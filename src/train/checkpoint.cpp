@@ -7,6 +7,7 @@
 #include "io/safetensors.h"
 #include "nn/gpt.h"
 #include "nn/layers.h"
+#include "nn/onnx_model.h"
 
 namespace loom::train {
 
@@ -16,6 +17,8 @@ std::string ModelSpec::to_json() const {
   nlohmann::ordered_json j{{"kind", kind},       {"vocab", vocab}, {"context", context},
                            {"layers", layers},   {"heads", heads}, {"width", width},
                            {"dropout", dropout}, {"bias", bias}};
+  if (!onnx.empty())
+    j["onnx"] = onnx;
   return j.dump();
 }
 
@@ -31,6 +34,7 @@ ModelSpec ModelSpec::from_json(const std::string& text, const std::string& where
     s.width = j.at("width").get<std::int64_t>();
     s.dropout = j.value("dropout", 0.0);
     s.bias = j.value("bias", true);
+    s.onnx = j.value("onnx", std::string());
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + ": metadata loom_model is not a valid model description (" + e.what() +
                 ")");
@@ -46,6 +50,8 @@ std::unique_ptr<nn::Model> make_model(const ModelSpec& spec, std::uint64_t seed,
                     spec.width, spec.dropout, spec.bias};
     return std::make_unique<nn::Gpt>(c, seed, backend);
   }
+  if (spec.kind == "onnx")
+    return std::make_unique<nn::OnnxModel>(spec.onnx, backend);  // weights from the file
   if (spec.kind == "mlp") {
     nn::MlpConfig c;
     c.hidden = spec.width;

@@ -21,6 +21,7 @@ struct ModelSpec {
   std::int64_t vocab = 65, context = 64, layers = 4, heads = 4, width = 128;
   double dropout = 0.0;
   bool bias = true;
+  std::string onnx;  // kind onnx: the model file
   std::string to_json() const;
   static ModelSpec from_json(const std::string& text, const std::string& where);
 };

@@ -98,7 +98,11 @@ Field string_field(std::string TrainConfig::*member, std::vector<std::string> al
 
 const std::map<std::string, Field>& fields() {
   static const std::map<std::string, Field> table = {
-      {"model", string_field(&TrainConfig::model, {"gpt", "mlp", "cnn"}, "model: gpt | mlp | cnn")},
+      {"model", string_field(&TrainConfig::model, {"gpt", "mlp", "cnn", "onnx"},
+                             "model: gpt | mlp | cnn | onnx (an imported ONNX file, --onnx)")},
+      {"onnx", string_field(&TrainConfig::onnx, {},
+                            "model = onnx: the .onnx file (an image classifier trained on MNIST; "
+                            "its float initializers are the parameters)")},
       {"layers",
        int_field(&TrainConfig::layers, 1, 1024, "transformer blocks (gpt); hidden layers (mlp)")},
       {"width",
@@ -228,13 +232,14 @@ void TrainConfig::finalize() {
     };
     fallback("data", "mnist");
     fallback("batch", "64");
-    fallback("steps", model == "mlp" ? "3200" : "1600");
+    fallback("steps", model == "cnn" ? "1600" : "3200");
     fallback("warmup", "0");
     fallback("weight_decay", "0");
     fallback("grad_clip", "0");
-    fallback("width", model == "mlp" ? "512" : "128");
+    fallback("width", model == "cnn" ? "128" : "512");
     fallback("layers", "2");
     fallback("dropout", model == "mlp" ? "0.2" : "0");
+    check(model != "onnx" || !onnx.empty(), "model = onnx needs --onnx FILE (an .onnx model)");
     fallback("eval_every", "0");
     fallback("ckpt_every", "0");
     check(data == "mnist",

@@ -12,7 +12,8 @@ namespace loom::train {
 
 struct TrainConfig {
   // model
-  std::string model = "gpt";  // gpt | mlp | cnn
+  std::string model = "gpt";  // gpt | mlp | cnn | onnx
+  std::string onnx;           // model = onnx: an ONNX image classifier to import and train
   std::int64_t layers = 4, width = 128, heads = 4, context = 64;
   double dropout = 0.0;
   bool bias = true;  // gpt: false trains without Linear/LayerNorm biases (kept at zero)

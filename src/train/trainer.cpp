@@ -241,8 +241,8 @@ Summary run_training(const TrainConfig& cfg) {
   check(device.set_matmul_precision(cfg.precision == "bf16" ? DType::bf16 : DType::f32),
         "precision: '" + cfg.precision + "' is not supported on device '" + cfg.device + "'");
   Source source(cfg);
-  ModelSpec spec{cfg.model, source.vocab(), cfg.context, cfg.layers,
-                 cfg.heads, cfg.width,      cfg.dropout, cfg.bias};
+  ModelSpec spec{cfg.model, source.vocab(), cfg.context, cfg.layers, cfg.heads,
+                 cfg.width, cfg.dropout,    cfg.bias,    cfg.onnx};
   // Data parallelism: each of the job's processes (mpirun -np N) trains on its share of
   // every batch; gradients are averaged, so the N processes take the steps one process
   // would take with the whole batch. Rank 0 alone logs, evaluates and writes.

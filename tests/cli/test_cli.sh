@@ -68,5 +68,19 @@ printf 'abcabcabcabcabcabcabcabcabcabcabcabc\n' > "$dir/abc.txt"
   --out "$dir/abc" --json --eval_every 0 > /dev/null || { echo "FAIL: abc run"; failures=$((failures + 1)); }
 bytes=$("$loom" sample "$dir/abc/checkpoint" --prompt "abc" --tokens 5 | wc -c)
 [[ $bytes -eq 9 ]] || { echo "FAIL: sample printed $bytes bytes, expected prompt (3) + 5 + newline"; failures=$((failures + 1)); }
+# ONNX: an exported PyTorch MLP runs to PyTorch's outputs, trains on MNIST, and bad use
+# is named.
+fx=tests/fixtures/onnx
+"$loom" onnx "$fx/mlp_mnist.onnx" --input "$fx/mlp_mnist/input_0.pb" --expect "$fx/mlp_mnist/output_0.pb" \
+  > "$dir/onnx.log" 2>&1 && grep -q "within tolerance" "$dir/onnx.log" \
+  || { echo "FAIL: loom onnx mlp_mnist: $(tail -n 2 "$dir/onnx.log")"; failures=$((failures + 1)); }
+"$loom" onnx "$fx/tiny_gpt_block.onnx" --json | grep -q '"op":"Erf","count":1,"supported":false' \
+  || { echo "FAIL: loom onnx coverage of tiny_gpt_block"; failures=$((failures + 1)); }
+expect_error "expected shape [2,1,28,28]" onnx "$fx/mlp_mnist.onnx" --input "$fx/mlp_mnist/input_0.pb" --expect "$fx/mlp_mnist/input_0.pb"
+expect_error "absent.onnx: cannot open" onnx "$dir/absent.onnx"
+expect_error "model = onnx needs --onnx FILE" train --model onnx --out "$dir/o12"
+"$loom" train --model onnx --onnx "$fx/mlp_mnist.onnx" --steps 20 --out "$dir/onnx_train" --json > "$dir/onnx_train.log" 2>&1 \
+  && tail -n 1 "$dir/onnx_train.log" | grep -q '"test_accuracy"' \
+  || { echo "FAIL: training the imported ONNX model: $(tail -n 2 "$dir/onnx_train.log")"; failures=$((failures + 1)); }
 echo "$failures failed"
 [[ $failures -eq 0 ]]

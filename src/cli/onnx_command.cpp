@@ -1,0 +1,103 @@
+#include "cli/onnx_command.h"
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "dispatch/devices.h"
+#include "io/onnx.h"
+#include "nn/onnx_model.h"
+
+namespace loom::cli {
+
+CLI::App* add_onnx_command(CLI::App& app, OnnxOptions& options) {
+  CLI::App* cmd = app.add_subcommand(
+      "onnx", "an ONNX model: its operators and which Loom runs; with --input, run it");
+  cmd->add_option("model", options.model, "the .onnx file")->required();
+  cmd->add_option("--input", options.inputs, "a TensorProto (.pb) per graph input, in order");
+  cmd->add_option("--expect", options.expect,
+                  "a TensorProto (.pb) per graph output: compare, exit 1 when outside tolerance");
+  cmd->add_option("--device", options.device, "backend to run on (cpu, partial, opencl, cuda)");
+  cmd->add_option("--rtol", options.rtol, "relative tolerance for --expect");
+  cmd->add_option("--atol", options.atol, "absolute tolerance for --expect");
+  cmd->add_flag("--json", options.json, "print one JSON object");
+  return cmd;
+}
+
+int run_onnx(const OnnxOptions& options) {
+  Backend& device = dispatch::device(options.device);
+  nn::OnnxModel model(options.model, device);
+  const io::OnnxGraph& g = model.graph();
+  nlohmann::ordered_json report{
+      {"model", options.model}, {"producer", g.producer},  {"ir_version", g.ir_version},
+      {"opset", g.opset},       {"nodes", g.nodes.size()}, {"parameters", model.parameter_count()}};
+  int unsupported = 0;
+  nlohmann::ordered_json ops = nlohmann::ordered_json::array();
+  for (const auto& use : model.coverage()) {
+    ops.push_back({{"op", use.op}, {"count", use.count}, {"supported", use.supported}});
+    unsupported += use.supported ? 0 : 1;
+  }
+  report["ops"] = ops;
+  if (!options.json) {
+    std::printf("%s: %s, IR %lld, opset %lld, %zu nodes, %lld parameters\n", options.model.c_str(),
+                g.producer.c_str(), static_cast<long long>(g.ir_version),
+                static_cast<long long>(g.opset), g.nodes.size(),
+                static_cast<long long>(model.parameter_count()));
+    std::printf("%-22s %6s  %s\n", "ONNX op", "nodes", "Loom");
+    for (const auto& use : model.coverage())
+      std::printf("%-22s %6d  %s\n", use.op.c_str(), use.count,
+                  use.supported ? "imported" : "not supported yet");
+    std::printf("%d of %zu op types not supported\n", unsupported, model.coverage().size());
+  }
+  int status = 0;
+  if (!options.inputs.empty()) {
+    std::vector<Tensor> inputs;
+    for (const std::string& path : options.inputs)
+      inputs.push_back(io::read_onnx_tensor(path, cpu::backend()));
+    autograd::Tape tape;
+    tape.set_recording(false);
+    std::vector<autograd::Var> outputs = model.run(tape, inputs, {});
+    check(options.expect.empty() || options.expect.size() == outputs.size(),
+          std::to_string(options.expect.size()) + " --expect files for " +
+              std::to_string(outputs.size()) + " graph outputs");
+    nlohmann::ordered_json results = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      const Tensor& y = outputs[i].value();
+      nlohmann::ordered_json r{{"output", g.outputs[i].name}, {"shape", y.shape()}};
+      std::string line = g.outputs[i].name + ": " + y.describe();
+      if (!options.expect.empty()) {
+        Tensor want = io::read_onnx_tensor(options.expect[i], cpu::backend());
+        check(want.shape() == y.shape(), options.expect[i] + ": expected shape " +
+                                             shape_str(want.shape()) + ", the model gives " +
+                                             shape_str(y.shape()));
+        std::vector<float> got = y.to_floats(), ref = want.to_floats();
+        double worst_abs = 0, worst_ratio = 0;
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          double diff = std::fabs(static_cast<double>(got[k]) - ref[k]);
+          worst_abs = std::max(worst_abs, diff);
+          worst_ratio =
+              std::max(worst_ratio, diff / (options.atol + options.rtol * std::fabs(ref[k])));
+        }
+        const bool ok = worst_ratio <= 1.0;
+        status = ok ? status : 1;
+        r["max_abs_error"] = worst_abs;
+        r["within_tolerance"] = ok;
+        char error[32];
+        std::snprintf(error, sizeof error, "%.3g", worst_abs);
+        line += std::string(", max |error| ") + error + " against " + options.expect[i] + ": " +
+                (ok ? "within tolerance" : "OUTSIDE TOLERANCE");
+      }
+      results.push_back(r);
+      if (!options.json)
+        std::printf("%s\n", line.c_str());
+    }
+    report["outputs"] = results;
+  }
+  if (options.json)
+    std::printf("%s\n", report.dump().c_str());
+  return status;
+}
+
+}  // namespace loom::cli

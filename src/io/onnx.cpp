@@ -1,0 +1,209 @@
+#include "io/onnx.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace loom::io {
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), path + ": cannot open for reading");
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  check(!in.bad(), path + ": read error");
+  return bytes.str();
+}
+
+std::string data_type_name(int type) {
+  return onnx::TensorProto_DataType_IsValid(type)
+             ? onnx::TensorProto_DataType_Name(static_cast<onnx::TensorProto_DataType>(type))
+             : std::to_string(type);
+}
+
+// Copies `count` values, either from the typed repeated field or from raw_data (little
+// endian, as the format specifies), converting each with `convert`.
+template <class Out, class Raw, class Field, class Convert>
+std::vector<Out> values_of(const onnx::TensorProto& t, std::int64_t count, const Field& field,
+                           Convert convert, const std::string& where) {
+  std::vector<Out> out(static_cast<std::size_t>(count));
+  if (!t.raw_data().empty()) {
+    check(t.raw_data().size() == static_cast<std::size_t>(count) * sizeof(Raw),
+          where + ": raw_data holds " + std::to_string(t.raw_data().size()) +
+              " bytes, the shape needs " +
+              std::to_string(count * static_cast<std::int64_t>(sizeof(Raw))));
+    for (std::int64_t i = 0; i < count; ++i) {
+      Raw v;
+      std::memcpy(&v, t.raw_data().data() + i * static_cast<std::int64_t>(sizeof(Raw)),
+                  sizeof(Raw));
+      out[static_cast<std::size_t>(i)] = convert(v);
+    }
+    return out;
+  }
+  check(field.size() == count, where + ": holds " + std::to_string(field.size()) +
+                                   " values, the shape needs " + std::to_string(count));
+  for (std::int64_t i = 0; i < count; ++i)
+    out[static_cast<std::size_t>(i)] = convert(field.Get(static_cast<int>(i)));
+  return out;
+}
+
+Tensor to_tensor(const onnx::TensorProto& t, Backend& host, const std::string& where) {
+  check(t.data_location() != onnx::TensorProto_DataLocation_EXTERNAL,
+        where +
+            ": tensor data in an external file is not supported; save the model with its data "
+            "inside");
+  Shape shape(t.dims().begin(), t.dims().end());
+  for (std::int64_t d : shape)
+    check(d >= 0, where + ": negative dimension in " + shape_str(shape));
+  const std::int64_t count = shape_numel(shape);
+  switch (t.data_type()) {
+    case onnx::TensorProto_DataType_FLOAT: {
+      auto v = values_of<float, float>(
+          t, count, t.float_data(), [](float x) { return x; }, where);
+      return Tensor::from_host(shape, DType::f32, v.data(), host);
+    }
+    case onnx::TensorProto_DataType_DOUBLE: {
+      auto v = values_of<float, double>(
+          t, count, t.double_data(), [](double x) { return static_cast<float>(x); }, where);
+      return Tensor::from_host(shape, DType::f32, v.data(), host);
+    }
+    case onnx::TensorProto_DataType_INT64: {
+      auto v = values_of<std::int64_t, std::int64_t>(
+          t, count, t.int64_data(), [](std::int64_t x) { return x; }, where);
+      return Tensor::from_host(shape, DType::i64, v.data(), host);
+    }
+    case onnx::TensorProto_DataType_INT32: {
+      auto v = values_of<std::int32_t, std::int32_t>(
+          t, count, t.int32_data(), [](std::int32_t x) { return x; }, where);
+      return Tensor::from_host(shape, DType::i32, v.data(), host);
+    }
+    case onnx::TensorProto_DataType_BOOL:
+    case onnx::TensorProto_DataType_UINT8: {
+      auto v = values_of<std::uint8_t, std::uint8_t>(
+          t, count, t.int32_data(), [](auto x) { return static_cast<std::uint8_t>(x); }, where);
+      return Tensor::from_host(shape, DType::u8, v.data(), host);
+    }
+    default:
+      throw Error(where + ": element type " + data_type_name(t.data_type()) +
+                  " is not supported (expected FLOAT, DOUBLE, INT64, INT32, BOOL or UINT8)");
+  }
+}
+
+DType dtype_of(int elem_type) {
+  switch (elem_type) {
+    case onnx::TensorProto_DataType_INT64:
+      return DType::i64;
+    case onnx::TensorProto_DataType_INT32:
+      return DType::i32;
+    case onnx::TensorProto_DataType_BOOL:
+    case onnx::TensorProto_DataType_UINT8:
+      return DType::u8;
+    default:
+      return DType::f32;
+  }
+}
+
+OnnxValueInfo value_info(const onnx::ValueInfoProto& v) {
+  OnnxValueInfo info;
+  info.name = v.name();
+  if (v.type().has_tensor_type()) {
+    info.dtype = dtype_of(v.type().tensor_type().elem_type());
+    for (const auto& d : v.type().tensor_type().shape().dim())
+      info.shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
+  }
+  return info;
+}
+
+OnnxAttribute attribute(const onnx::AttributeProto& a, Backend& host, const std::string& where) {
+  OnnxAttribute out;
+  using A = onnx::AttributeProto;
+  switch (a.type()) {
+    case A::FLOAT:
+      out.kind = OnnxAttribute::Kind::f, out.f = a.f();
+      break;
+    case A::INT:
+      out.kind = OnnxAttribute::Kind::i, out.i = a.i();
+      break;
+    case A::STRING:
+      out.kind = OnnxAttribute::Kind::s, out.s = a.s();
+      break;
+    case A::TENSOR:
+      out.kind = OnnxAttribute::Kind::t;
+      out.t = to_tensor(a.t(), host, where + " attribute '" + a.name() + "'");
+      break;
+    case A::FLOATS:
+      out.kind = OnnxAttribute::Kind::floats;
+      out.floats.assign(a.floats().begin(), a.floats().end());
+      break;
+    case A::INTS:
+      out.kind = OnnxAttribute::Kind::ints;
+      out.ints.assign(a.ints().begin(), a.ints().end());
+      break;
+    case A::STRINGS:
+      out.kind = OnnxAttribute::Kind::strings;
+      out.strings.assign(a.strings().begin(), a.strings().end());
+      break;
+    default:
+      // Graph-valued attributes (If, Loop, Scan) and sparse tensors: kept as "none"; the
+      // importer reports the node's op as unsupported.
+      break;
+  }
+  return out;
+}
+
+}  // namespace
+
+OnnxGraph read_onnx(const std::string& path, Backend& host) {
+  onnx::ModelProto model;
+  check(model.ParseFromString(read_file(path)),
+        path + ": not an ONNX model (the protobuf ModelProto does not parse)");
+  check(model.has_graph(), path + ": the model has no graph");
+  OnnxGraph g;
+  g.path = path;
+  g.producer = model.producer_name() +
+               (model.producer_version().empty() ? "" : " " + model.producer_version());
+  g.ir_version = model.ir_version();
+  for (const auto& opset : model.opset_import())
+    if (opset.domain().empty() || opset.domain() == "ai.onnx")
+      g.opset = opset.version();
+  const onnx::GraphProto& graph = model.graph();
+  std::set<std::string> initialized;
+  for (const onnx::TensorProto& t : graph.initializer()) {
+    g.initializers.emplace_back(t.name(),
+                                to_tensor(t, host, path + ": initializer '" + t.name() + "'"));
+    initialized.insert(t.name());
+  }
+  for (const auto& v : graph.input())
+    if (!initialized.count(v.name()))
+      g.inputs.push_back(value_info(v));
+  for (const auto& v : graph.output())
+    g.outputs.push_back(value_info(v));
+  for (const onnx::NodeProto& n : graph.node()) {
+    OnnxNode node;
+    node.op_type = n.op_type();
+    node.name = n.name();
+    node.domain = n.domain();
+    node.inputs.assign(n.input().begin(), n.input().end());
+    node.outputs.assign(n.output().begin(), n.output().end());
+    const std::string where = path + ": node '" + n.name() + "' (" + n.op_type() + ")";
+    for (const auto& a : n.attribute())
+      node.attributes[a.name()] = attribute(a, host, where);
+    g.nodes.push_back(std::move(node));
+  }
+  return g;
+}
+
+Tensor read_onnx_tensor(const std::string& path, Backend& host) {
+  onnx::TensorProto t;
+  check(t.ParseFromString(read_file(path)),
+        path + ": not an ONNX TensorProto (the protobuf does not parse)");
+  return to_tensor(t, host, path);
+}
+
+}  // namespace loom::io

@@ -1,0 +1,58 @@
+// nn/onnx_model.h — a model imported from ONNX, run (and trained) by Loom's engine.
+//
+// Each ONNX node becomes differentiable catalog calls (autograd functions), so an
+// imported model runs on every backend through dispatch (native, decomposed or counted
+// fallback) and trains like a native one: its float initializers are the parameters,
+// under their ONNX names. Integer initializers and constants (shapes, axes) stay on the
+// host, where shape arithmetic belongs.
+//
+// Supported ONNX ops are listed by onnx_supported_ops(); a model with any other op
+// loads, reports it in coverage(), and fails with the node's name and op when run.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/onnx.h"
+#include "nn/model.h"
+
+namespace loom::nn {
+
+// The ONNX op types the importer maps onto catalog operators, sorted.
+const std::vector<std::string>& onnx_supported_ops();
+
+class OnnxModel final : public Model {
+ public:
+  // Reads `path` and places its float initializers on `backend` as parameters.
+  OnnxModel(const std::string& path, Backend& backend);
+
+  std::vector<Parameter>& parameters() override { return params_; }
+  // The first graph input is `inputs`; returns the first graph output.
+  autograd::Var forward(autograd::Tape& tape, const Tensor& inputs,
+                        const ForwardOptions& options) override;
+  std::string kind() const override { return "onnx"; }
+
+  // Every graph output for the given graph inputs (in the graph's input order).
+  std::vector<autograd::Var> run(autograd::Tape& tape, const std::vector<Tensor>& inputs,
+                                 const ForwardOptions& options);
+
+  struct OpUse {
+    std::string op;
+    int count = 0;
+    bool supported = false;
+  };
+  // Each op type of the graph, in first-use order, with its count and support.
+  std::vector<OpUse> coverage() const;
+  const io::OnnxGraph& graph() const { return graph_; }
+
+ private:
+  io::OnnxGraph graph_;
+  Backend& backend_;
+  std::vector<Parameter> params_;
+  std::map<std::string, std::size_t> param_index_;  // initializer name -> params_ index
+  std::map<std::string, Tensor> host_constants_;    // non-float initializers
+};
+
+}  // namespace loom::nn
