@@ -107,6 +107,29 @@ Var tanh(Tape& tape, const Var& x) {
   });
 }
 
+// d sqrt(x) = dy / (2 sqrt(x))
+Var sqrt(Tape& tape, const Var& x) {
+  Tensor y = call1(OpId::sqrt, {x.value()});
+  return tape.record({x}, y, [y](const Tensor& g) {
+    Attrs half;
+    half.alpha = 0.5;
+    return std::vector<Tensor>{call1(OpId::div, {call1(OpId::scale, {g}, half), y})};
+  });
+}
+
+// d erf(x) = dy * 2/sqrt(pi) * e^{-x^2}
+Var erf(Tape& tape, const Var& x) {
+  Tensor xv = x.value();
+  return tape.record({x}, call1(OpId::erf, {xv}), [xv](const Tensor& g) {
+    Attrs minus;
+    minus.alpha = -1.0;
+    Attrs factor;
+    factor.alpha = 1.1283791670955126;  // 2 / sqrt(pi)
+    Tensor density = call1(OpId::exp, {call1(OpId::scale, {call1(OpId::mul, {xv, xv})}, minus)});
+    return std::vector<Tensor>{call1(OpId::mul, {g, call1(OpId::scale, {density}, factor)})};
+  });
+}
+
 Var relu(Tape& tape, const Var& x) {
   Tensor xv = x.value();
   return tape.record({x}, call1(OpId::relu, {xv}), [xv](const Tensor& g) {

@@ -21,6 +21,8 @@ Var scale(Tape& tape, const Var& x, double alpha);
 Var exp(Tape& tape, const Var& x);
 Var log(Tape& tape, const Var& x);
 Var tanh(Tape& tape, const Var& x);
+Var sqrt(Tape& tape, const Var& x);
+Var erf(Tape& tape, const Var& x);
 Var relu(Tape& tape, const Var& x);
 Var gelu(Tape& tape, const Var& x);
 Var dropout(Tape& tape, const Var& x, double p, std::uint64_t seed);

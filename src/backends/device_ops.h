@@ -56,7 +56,8 @@ inline std::optional<BinaryPlan> plan_binary(OpId op, const Shape& a, const Shap
   return BinaryPlan{code, other_left, mode, std::max<std::int64_t>(r.period, 1)};
 }
 
-// Codes of the `unary` kernels: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha.
+// Codes of the `unary` kernels: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha,
+// 6 sqrt, 7 erf.
 inline int unary_code(OpId op) {
   switch (op) {
     case OpId::exp:
@@ -69,6 +70,10 @@ inline int unary_code(OpId op) {
       return 3;
     case OpId::gelu:
       return 4;
+    case OpId::sqrt:
+      return 6;
+    case OpId::erf:
+      return 7;
     default:
       return 5;
   }

@@ -5,7 +5,8 @@ namespace loom {
 void Timeline::signal(std::uint64_t value) {
   {
     std::lock_guard lock(mutex_);
-    if (value > value_) value_ = value;
+    if (value > value_)
+      value_ = value;
   }
   reached_.notify_all();
 }

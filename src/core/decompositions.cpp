@@ -41,7 +41,8 @@ struct Ops {  // small helpers over an OpRunner
   }
   // tanh(x) = 1 - 2 / (e^{2x} + 1)
   Tensor tanh(const Tensor& x) {
-    return add(constant(1.0, x), scale(div(constant(1.0, x), add(exp(scale(x, 2.0)), constant(1.0, x))), -2.0));
+    return add(constant(1.0, x),
+               scale(div(constant(1.0, x), add(exp(scale(x, 2.0)), constant(1.0, x))), -2.0));
   }
 };
 
@@ -60,7 +61,8 @@ std::vector<Tensor> scale(OpRunner& r, std::span<const Tensor> in, const Attrs& 
 std::vector<Tensor> mean(OpRunner& r, std::span<const Tensor> in, const Attrs& a) {
   Ops o{r};
   Tensor total = o.one(OpId::sum, {in[0]}, a);
-  double count = static_cast<double>(in[0].numel()) / static_cast<double>(std::max<std::int64_t>(total.numel(), 1));
+  double count = static_cast<double>(in[0].numel()) /
+                 static_cast<double>(std::max<std::int64_t>(total.numel(), 1));
   return {o.scale(total, 1.0 / count)};
 }
 
@@ -71,7 +73,15 @@ std::vector<Tensor> linear(OpRunner& r, std::span<const Tensor> in, const Attrs&
   return {o.add(o.one(OpId::matmul, {in[0], in[1]}, m), in[2])};
 }
 
-std::vector<Tensor> tanh(OpRunner& r, std::span<const Tensor> in, const Attrs&) { return {Ops{r}.tanh(in[0])}; }
+std::vector<Tensor> tanh(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  return {Ops{r}.tanh(in[0])};
+}
+
+// sqrt(x) = e^{log(x) / 2} (log 0 = -inf gives 0; about 2 ulp from the exact root).
+std::vector<Tensor> sqrt(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};
+  return {o.exp(o.scale(o.one(OpId::log, {in[0]}), 0.5))};
+}
 
 std::vector<Tensor> tanh_backward(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
   Ops o{r};  // dy (1 - y^2)
@@ -149,6 +159,7 @@ std::array<DecomposeFn, kNumOps> make_table() {
   set(OpId::mean, mean);
   set(OpId::linear, linear);
   set(OpId::tanh, tanh);
+  set(OpId::sqrt, sqrt);
   set(OpId::tanh_backward, tanh_backward);
   set(OpId::gelu, gelu);
   set(OpId::gelu_backward, gelu_backward);

@@ -7,36 +7,54 @@ namespace loom {
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
   }
   return "?";
 }
 
 std::string_view safetensors_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::u8: return "U8";
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::u8:
+      return "U8";
   }
   return "?";
 }
@@ -53,7 +71,8 @@ bool parse_safetensors_dtype(std::string_view text, DType& out) {
 
 std::uint16_t float_to_bf16(float value) {
   std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  if (std::isnan(value)) return static_cast<std::uint16_t>((bits >> 16) | 0x40);  // quiet NaN
+  if (std::isnan(value))
+    return static_cast<std::uint16_t>((bits >> 16) | 0x40);  // quiet NaN
   // Round to nearest, ties to even: add 0x7fff plus the lowest kept bit.
   bits += 0x7fff + ((bits >> 16) & 1);
   return static_cast<std::uint16_t>(bits >> 16);
@@ -69,22 +88,27 @@ std::uint16_t float_to_f16(float value) {
   std::uint32_t sign = (x >> 16) & 0x8000;
   std::uint32_t mantissa = x & 0x7fffff;
   int exponent = static_cast<int>((x >> 23) & 0xff);
-  if (exponent == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00 | (mantissa ? 0x200 : 0));
+  if (exponent == 0xff)
+    return static_cast<std::uint16_t>(sign | 0x7c00 | (mantissa ? 0x200 : 0));
   int e = exponent - 127 + 15;
-  if (e >= 0x1f) return static_cast<std::uint16_t>(sign | 0x7c00);  // overflow to inf
-  if (e <= 0) {                                                       // subnormal or zero
-    if (e < -10) return static_cast<std::uint16_t>(sign);
+  if (e >= 0x1f)
+    return static_cast<std::uint16_t>(sign | 0x7c00);  // overflow to inf
+  if (e <= 0) {                                        // subnormal or zero
+    if (e < -10)
+      return static_cast<std::uint16_t>(sign);
     mantissa |= 0x800000;
     int shift = 14 - e;
     std::uint32_t half = mantissa >> shift;
     std::uint32_t rest = mantissa & ((1u << shift) - 1);
     std::uint32_t halfway = 1u << (shift - 1);
-    if (rest > halfway || (rest == halfway && (half & 1))) ++half;
+    if (rest > halfway || (rest == halfway && (half & 1)))
+      ++half;
     return static_cast<std::uint16_t>(sign | half);
   }
   std::uint32_t half = sign | (static_cast<std::uint32_t>(e) << 10) | (mantissa >> 13);
   std::uint32_t rest = mantissa & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (half & 1))) ++half;  // may carry into exponent: fine
+  if (rest > 0x1000 || (rest == 0x1000 && (half & 1)))
+    ++half;  // may carry into exponent: fine
   return static_cast<std::uint16_t>(half);
 }
 
@@ -96,7 +120,8 @@ float f16_to_float(std::uint16_t bits) {
     float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
     return sign ? -magnitude : magnitude;
   }
-  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000 | (mantissa << 13));
+  if (exponent == 0x1f)
+    return std::bit_cast<float>(sign | 0x7f800000 | (mantissa << 13));
   return std::bit_cast<float>(sign | (static_cast<std::uint32_t>(exponent - 15 + 127) << 23) |
                               (mantissa << 13));
 }

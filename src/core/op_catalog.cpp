@@ -19,32 +19,39 @@ std::string where(std::string_view op, int input) {
 
 void expect_dtype(Inputs in, int i, DType dtype, std::string_view op) {
   check(in[i].defined(), where(op, i) + " is undefined");
-  check(in[i].dtype() == dtype, where(op, i) + " is " + in[i].describe() + ", expected " +
-                                    std::string(dtype_name(dtype)));
+  check(in[i].dtype() == dtype,
+        where(op, i) + " is " + in[i].describe() + ", expected " + std::string(dtype_name(dtype)));
 }
 
 void expect_rank(Inputs in, int i, int rank, std::string_view op) {
-  check(in[i].rank() == rank, where(op, i) + " is " + in[i].describe() + ", expected rank " + std::to_string(rank));
+  check(in[i].rank() == rank,
+        where(op, i) + " is " + in[i].describe() + ", expected rank " + std::to_string(rank));
 }
 
 void expect_same_shape(Inputs in, int i, int j, std::string_view op) {
-  check(in[i].shape() == in[j].shape(), std::string(op) + ": inputs " + std::to_string(i) + " and " +
-                                            std::to_string(j) + " differ: " + in[i].describe() + " vs " +
-                                            in[j].describe());
+  check(in[i].shape() == in[j].shape(),
+        std::string(op) + ": inputs " + std::to_string(i) + " and " + std::to_string(j) +
+            " differ: " + in[i].describe() + " vs " + in[j].describe());
 }
 
-Specs infer_copy(Inputs in, const Attrs&) { return {{in[0].shape(), in[0].dtype()}}; }
+Specs infer_copy(Inputs in, const Attrs&) {
+  return {{in[0].shape(), in[0].dtype()}};
+}
 
 Specs infer_fill(Inputs, const Attrs& a) {
-  for (auto d : a.shape) check(d >= 0, "fill: negative dimension in " + shape_str(a.shape));
+  for (auto d : a.shape)
+    check(d >= 0, "fill: negative dimension in " + shape_str(a.shape));
   return {{a.shape, a.dtype}};
 }
 
-Specs infer_cast(Inputs in, const Attrs& a) { return {{in[0].shape(), a.dtype}}; }
+Specs infer_cast(Inputs in, const Attrs& a) {
+  return {{in[0].shape(), a.dtype}};
+}
 
 Specs infer_expand(Inputs in, const Attrs& a) {
   expect_dtype(in, 0, DType::f32, "expand");
-  check(in[0].rank() <= static_cast<int>(a.shape.size()) && broadcast_shapes(in[0].shape(), a.shape, "expand") == a.shape,
+  check(in[0].rank() <= static_cast<int>(a.shape.size()) &&
+            broadcast_shapes(in[0].shape(), a.shape, "expand") == a.shape,
         "expand: " + in[0].describe() + " cannot broadcast to " + shape_str(a.shape));
   return {{a.shape, DType::f32}};
 }
@@ -55,11 +62,14 @@ Specs infer_concat(Inputs in, const Attrs& a) {
   Shape out = in[0].shape();
   for (std::size_t i = 1; i < in.size(); ++i) {
     check(in[i].rank() == in[0].rank() && in[i].dtype() == in[0].dtype(),
-          where("concat", static_cast<int>(i)) + " is " + in[i].describe() + ", unlike input 0 " + in[0].describe());
+          where("concat", static_cast<int>(i)) + " is " + in[i].describe() + ", unlike input 0 " +
+              in[0].describe());
     for (int d = 0; d < in[0].rank(); ++d) {
-      if (d == axis) continue;
-      check(in[i].shape()[d] == out[d], where("concat", static_cast<int>(i)) + " is " + in[i].describe() +
-                                            ", must match input 0 except on axis " + std::to_string(axis));
+      if (d == axis)
+        continue;
+      check(in[i].shape()[d] == out[d],
+            where("concat", static_cast<int>(i)) + " is " + in[i].describe() +
+                ", must match input 0 except on axis " + std::to_string(axis));
     }
     out[axis] += in[i].shape()[axis];
   }
@@ -69,15 +79,17 @@ Specs infer_concat(Inputs in, const Attrs& a) {
 Specs infer_slice_backward(Inputs in, const Attrs& a) {
   expect_dtype(in, 0, DType::f32, "slice_backward");
   check(in[0].rank() == static_cast<int>(a.shape.size()), "slice_backward: dy " + in[0].describe() +
-                                                              " and shape " + shape_str(a.shape) + " differ in rank");
+                                                              " and shape " + shape_str(a.shape) +
+                                                              " differ in rank");
   int axis = normalize_axis(a.axis, in[0].rank(), "slice_backward");
   for (int d = 0; d < in[0].rank(); ++d) {
     if (d == axis) {
       check(a.start >= 0 && a.start + in[0].shape()[d] <= a.shape[d],
-            "slice_backward: slice [" + std::to_string(a.start) + ", +" + std::to_string(in[0].shape()[d]) +
-                ") outside " + shape_str(a.shape));
+            "slice_backward: slice [" + std::to_string(a.start) + ", +" +
+                std::to_string(in[0].shape()[d]) + ") outside " + shape_str(a.shape));
     } else {
-      check(in[0].shape()[d] == a.shape[d], "slice_backward: dy " + in[0].describe() + " does not fit " + shape_str(a.shape));
+      check(in[0].shape()[d] == a.shape[d],
+            "slice_backward: dy " + in[0].describe() + " does not fit " + shape_str(a.shape));
     }
   }
   return {{a.shape, DType::f32}};
@@ -88,23 +100,53 @@ Specs infer_binary(Inputs in, const Attrs&, std::string_view op) {
   expect_dtype(in, 1, DType::f32, op);
   return {{broadcast_shapes(in[0].shape(), in[1].shape(), op), DType::f32}};
 }
-Specs infer_add(Inputs in, const Attrs& a) { return infer_binary(in, a, "add"); }
-Specs infer_sub(Inputs in, const Attrs& a) { return infer_binary(in, a, "sub"); }
-Specs infer_mul(Inputs in, const Attrs& a) { return infer_binary(in, a, "mul"); }
-Specs infer_div(Inputs in, const Attrs& a) { return infer_binary(in, a, "div"); }
+Specs infer_add(Inputs in, const Attrs& a) {
+  return infer_binary(in, a, "add");
+}
+Specs infer_sub(Inputs in, const Attrs& a) {
+  return infer_binary(in, a, "sub");
+}
+Specs infer_mul(Inputs in, const Attrs& a) {
+  return infer_binary(in, a, "mul");
+}
+Specs infer_div(Inputs in, const Attrs& a) {
+  return infer_binary(in, a, "div");
+}
 
 Specs infer_unary_f32(Inputs in, std::string_view op) {
   expect_dtype(in, 0, DType::f32, op);
   return {{in[0].shape(), DType::f32}};
 }
-Specs infer_scale(Inputs in, const Attrs&) { return infer_unary_f32(in, "scale"); }
-Specs infer_exp(Inputs in, const Attrs&) { return infer_unary_f32(in, "exp"); }
-Specs infer_log(Inputs in, const Attrs&) { return infer_unary_f32(in, "log"); }
-Specs infer_tanh(Inputs in, const Attrs&) { return infer_unary_f32(in, "tanh"); }
-Specs infer_relu(Inputs in, const Attrs&) { return infer_unary_f32(in, "relu"); }
-Specs infer_gelu(Inputs in, const Attrs&) { return infer_unary_f32(in, "gelu"); }
-Specs infer_softmax(Inputs in, const Attrs&) { return infer_unary_f32(in, "softmax"); }
-Specs infer_log_softmax(Inputs in, const Attrs&) { return infer_unary_f32(in, "log_softmax"); }
+Specs infer_scale(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "scale");
+}
+Specs infer_exp(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "exp");
+}
+Specs infer_log(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "log");
+}
+Specs infer_tanh(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "tanh");
+}
+Specs infer_sqrt(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "sqrt");
+}
+Specs infer_erf(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "erf");
+}
+Specs infer_relu(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "relu");
+}
+Specs infer_gelu(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "gelu");
+}
+Specs infer_softmax(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "softmax");
+}
+Specs infer_log_softmax(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "log_softmax");
+}
 
 Specs infer_pair_f32(Inputs in, std::string_view op) {
   expect_dtype(in, 0, DType::f32, op);
@@ -112,26 +154,45 @@ Specs infer_pair_f32(Inputs in, std::string_view op) {
   expect_same_shape(in, 0, 1, op);
   return {{in[0].shape(), DType::f32}};
 }
-Specs infer_relu_backward(Inputs in, const Attrs&) { return infer_pair_f32(in, "relu_backward"); }
-Specs infer_gelu_backward(Inputs in, const Attrs&) { return infer_pair_f32(in, "gelu_backward"); }
-Specs infer_tanh_backward(Inputs in, const Attrs&) { return infer_pair_f32(in, "tanh_backward"); }
-Specs infer_softmax_backward(Inputs in, const Attrs&) { return infer_pair_f32(in, "softmax_backward"); }
-Specs infer_log_softmax_backward(Inputs in, const Attrs&) { return infer_pair_f32(in, "log_softmax_backward"); }
+Specs infer_relu_backward(Inputs in, const Attrs&) {
+  return infer_pair_f32(in, "relu_backward");
+}
+Specs infer_gelu_backward(Inputs in, const Attrs&) {
+  return infer_pair_f32(in, "gelu_backward");
+}
+Specs infer_tanh_backward(Inputs in, const Attrs&) {
+  return infer_pair_f32(in, "tanh_backward");
+}
+Specs infer_softmax_backward(Inputs in, const Attrs&) {
+  return infer_pair_f32(in, "softmax_backward");
+}
+Specs infer_log_softmax_backward(Inputs in, const Attrs&) {
+  return infer_pair_f32(in, "log_softmax_backward");
+}
 
 Specs infer_dropout_like(Inputs in, const Attrs& a, std::string_view op) {
-  check(a.p >= 0.0 && a.p < 1.0, std::string(op) + ": p = " + std::to_string(a.p) + ", expected 0 <= p < 1");
+  check(a.p >= 0.0 && a.p < 1.0,
+        std::string(op) + ": p = " + std::to_string(a.p) + ", expected 0 <= p < 1");
   return infer_unary_f32(in, op);
 }
-Specs infer_dropout(Inputs in, const Attrs& a) { return infer_dropout_like(in, a, "dropout"); }
-Specs infer_dropout_backward(Inputs in, const Attrs& a) { return infer_dropout_like(in, a, "dropout_backward"); }
+Specs infer_dropout(Inputs in, const Attrs& a) {
+  return infer_dropout_like(in, a, "dropout");
+}
+Specs infer_dropout_backward(Inputs in, const Attrs& a) {
+  return infer_dropout_like(in, a, "dropout_backward");
+}
 
-Shape reduced_shape(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim, std::string_view op) {
+Shape reduced_shape(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim,
+                    std::string_view op) {
   std::vector<bool> reduce(x.rank(), axes.empty());
-  for (auto axis : axes) reduce[normalize_axis(axis, x.rank(), op)] = true;
+  for (auto axis : axes)
+    reduce[normalize_axis(axis, x.rank(), op)] = true;
   Shape out;
   for (int d = 0; d < x.rank(); ++d) {
-    if (!reduce[d]) out.push_back(x.shape()[d]);
-    else if (keepdim) out.push_back(1);
+    if (!reduce[d])
+      out.push_back(x.shape()[d]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -152,7 +213,8 @@ Specs infer_max_backward(Inputs in, const Attrs& a) {
   expect_dtype(in, 1, DType::f32, "max_backward");
   Shape reduced = reduced_shape(in[1], {a.axis}, a.keepdim, "max_backward");
   check(in[0].shape() == reduced && in[2].shape() == reduced,
-        "max_backward: dy " + in[0].describe() + " and y " + in[2].describe() + " must be " + shape_str(reduced));
+        "max_backward: dy " + in[0].describe() + " and y " + in[2].describe() + " must be " +
+            shape_str(reduced));
   return {{in[1].shape(), DType::f32}};
 }
 Specs infer_sum_squares(Inputs in, const Attrs&) {
@@ -164,14 +226,17 @@ Specs infer_cross_entropy(Inputs in, const Attrs&) {
   expect_dtype(in, 0, DType::f32, "cross_entropy");
   expect_rank(in, 0, 2, "cross_entropy");
   expect_dtype(in, 1, DType::i32, "cross_entropy");
-  check(in[1].rank() == 1 && in[1].dim(0) == in[0].dim(0),
-        "cross_entropy: targets " + in[1].describe() + " must be [N] for logits " + in[0].describe());
+  check(
+      in[1].rank() == 1 && in[1].dim(0) == in[0].dim(0),
+      "cross_entropy: targets " + in[1].describe() + " must be [N] for logits " + in[0].describe());
   return {{Shape{}, DType::f32}, {Shape{in[0].dim(0)}, DType::f32}};
 }
 Specs infer_cross_entropy_backward(Inputs in, const Attrs&) {
-  check(in[0].numel() == 1, "cross_entropy_backward: dloss " + in[0].describe() + " must hold one element");
+  check(in[0].numel() == 1,
+        "cross_entropy_backward: dloss " + in[0].describe() + " must hold one element");
   Specs fwd = infer_cross_entropy(in.subspan(1, 2), Attrs{});
-  check(in[3].shape() == fwd[1].shape, "cross_entropy_backward: lse " + in[3].describe() + " must be " + shape_str(fwd[1].shape));
+  check(in[3].shape() == fwd[1].shape,
+        "cross_entropy_backward: lse " + in[3].describe() + " must be " + shape_str(fwd[1].shape));
   return {{in[1].shape(), DType::f32}};
 }
 
@@ -184,8 +249,8 @@ Specs infer_matmul(Inputs in, const Attrs& a) {
   std::int64_t ka = a.trans_a ? in[0].dim(-2) : in[0].dim(-1);
   std::int64_t kb = a.trans_b ? in[1].dim(-1) : in[1].dim(-2);
   std::int64_t n = a.trans_b ? in[1].dim(-2) : in[1].dim(-1);
-  check(ka == kb, "matmul: inner dimensions differ: " + in[0].describe() + (a.trans_a ? "^T" : "") + " x " +
-                      in[1].describe() + (a.trans_b ? "^T" : ""));
+  check(ka == kb, "matmul: inner dimensions differ: " + in[0].describe() + (a.trans_a ? "^T" : "") +
+                      " x " + in[1].describe() + (a.trans_b ? "^T" : ""));
   Shape batch_a(in[0].shape().begin(), in[0].shape().end() - 2);
   Shape batch_b(in[1].shape().begin(), in[1].shape().end() - 2);
   Shape out = broadcast_shapes(batch_a, batch_b, "matmul");
@@ -202,30 +267,36 @@ Specs infer_linear(Inputs in, const Attrs& a) {
   check(in[0].rank() >= 1, "linear: input 0 is a scalar");
   std::int64_t k = a.trans_b ? in[1].dim(1) : in[1].dim(0);
   std::int64_t n = a.trans_b ? in[1].dim(0) : in[1].dim(1);
-  check(in[0].dim(-1) == k, "linear: x " + in[0].describe() + " does not match weight " + in[1].describe() +
-                                (a.trans_b ? " [out,in]" : " [in,out]"));
-  check(in[2].rank() == 1 && in[2].dim(0) == n, "linear: bias " + in[2].describe() + " must be [" + std::to_string(n) + "]");
+  check(in[0].dim(-1) == k, "linear: x " + in[0].describe() + " does not match weight " +
+                                in[1].describe() + (a.trans_b ? " [out,in]" : " [in,out]"));
+  check(in[2].rank() == 1 && in[2].dim(0) == n,
+        "linear: bias " + in[2].describe() + " must be [" + std::to_string(n) + "]");
   Shape out = in[0].shape();
   out.back() = n;
   return {{out, DType::f32}};
 }
 
 Specs infer_layer_norm(Inputs in, const Attrs& a) {
-  for (int i = 0; i < 3; ++i) expect_dtype(in, i, DType::f32, "layer_norm");
+  for (int i = 0; i < 3; ++i)
+    expect_dtype(in, i, DType::f32, "layer_norm");
   check(in[0].rank() >= 1, "layer_norm: input 0 is a scalar");
   std::int64_t c = in[0].dim(-1);
   check(in[1].shape() == Shape{c} && in[2].shape() == Shape{c},
-        "layer_norm: weight " + in[1].describe() + " and bias " + in[2].describe() + " must be [" + std::to_string(c) + "]");
+        "layer_norm: weight " + in[1].describe() + " and bias " + in[2].describe() + " must be [" +
+            std::to_string(c) + "]");
   check(a.eps > 0, "layer_norm: eps must be > 0");
   Shape rows(in[0].shape().begin(), in[0].shape().end() - 1);
   return {{in[0].shape(), DType::f32}, {rows, DType::f32}, {rows, DType::f32}};
 }
 Specs infer_layer_norm_backward(Inputs in, const Attrs&) {
-  for (int i = 0; i < 5; ++i) expect_dtype(in, i, DType::f32, "layer_norm_backward");
+  for (int i = 0; i < 5; ++i)
+    expect_dtype(in, i, DType::f32, "layer_norm_backward");
   expect_same_shape(in, 0, 1, "layer_norm_backward");
   Shape rows(in[1].shape().begin(), in[1].shape().end() - 1);
-  check(in[3].shape() == rows && in[4].shape() == rows, "layer_norm_backward: mean/rstd must be " + shape_str(rows));
-  check(in[2].shape() == Shape{in[1].dim(-1)}, "layer_norm_backward: weight " + in[2].describe() + " does not match x");
+  check(in[3].shape() == rows && in[4].shape() == rows,
+        "layer_norm_backward: mean/rstd must be " + shape_str(rows));
+  check(in[2].shape() == Shape{in[1].dim(-1)},
+        "layer_norm_backward: weight " + in[2].describe() + " does not match x");
   return {{in[1].shape(), DType::f32}, {in[2].shape(), DType::f32}, {in[2].shape(), DType::f32}};
 }
 
@@ -243,7 +314,8 @@ Specs infer_embedding_backward(Inputs in, const Attrs& a) {
   check(a.shape.size() == 2, "embedding_backward: shape " + shape_str(a.shape) + " must be [V,C]");
   Shape expected = in[1].shape();
   expected.push_back(a.shape[1]);
-  check(in[0].shape() == expected, "embedding_backward: dy " + in[0].describe() + " must be " + shape_str(expected));
+  check(in[0].shape() == expected,
+        "embedding_backward: dy " + in[0].describe() + " must be " + shape_str(expected));
   return {{a.shape, DType::f32}};
 }
 
@@ -252,41 +324,50 @@ Specs infer_causal_attention(Inputs in, const Attrs& a) {
   expect_rank(in, 0, 3, "causal_attention");
   std::int64_t c3 = in[0].dim(2);
   check(c3 % 3 == 0 && a.heads > 0 && (c3 / 3) % a.heads == 0,
-        "causal_attention: qkv " + in[0].describe() + " must be [B,T,3C] with C divisible by heads = " +
-            std::to_string(a.heads));
+        "causal_attention: qkv " + in[0].describe() +
+            " must be [B,T,3C] with C divisible by heads = " + std::to_string(a.heads));
   std::int64_t b = in[0].dim(0), t = in[0].dim(1);
   return {{Shape{b, t, c3 / 3}, DType::f32}, {Shape{b, a.heads, t}, DType::f32}};
 }
 Specs infer_causal_attention_backward(Inputs in, const Attrs& a) {
   Specs fwd = infer_causal_attention(in.subspan(1, 1), a);
-  check(in[0].shape() == fwd[0].shape && in[2].shape() == fwd[0].shape && in[3].shape() == fwd[1].shape,
+  check(in[0].shape() == fwd[0].shape && in[2].shape() == fwd[0].shape &&
+            in[3].shape() == fwd[1].shape,
         "causal_attention_backward: dout/out/lse do not match qkv " + in[1].describe());
   return {{in[1].shape(), DType::f32}};
 }
 
-std::int64_t conv_out(std::int64_t size, std::int64_t kernel, std::int64_t stride, std::int64_t padding) {
+std::int64_t conv_out(std::int64_t size, std::int64_t kernel, std::int64_t stride,
+                      std::int64_t padding) {
   return (size + 2 * padding - kernel) / stride + 1;
 }
 Specs infer_conv2d(Inputs in, const Attrs& a) {
-  for (int i = 0; i < 3; ++i) expect_dtype(in, i, DType::f32, "conv2d");
+  for (int i = 0; i < 3; ++i)
+    expect_dtype(in, i, DType::f32, "conv2d");
   expect_rank(in, 0, 4, "conv2d");
   expect_rank(in, 1, 4, "conv2d");
-  check(in[1].dim(1) == in[0].dim(1), "conv2d: weight " + in[1].describe() + " channels differ from x " + in[0].describe());
+  check(in[1].dim(1) == in[0].dim(1),
+        "conv2d: weight " + in[1].describe() + " channels differ from x " + in[0].describe());
   check(in[2].shape() == Shape{in[1].dim(0)}, "conv2d: bias " + in[2].describe() + " must be [O]");
   check(a.stride > 0 && a.padding >= 0, "conv2d: stride must be > 0 and padding >= 0");
   std::int64_t oh = conv_out(in[0].dim(2), in[1].dim(2), a.stride, a.padding);
   std::int64_t ow = conv_out(in[0].dim(3), in[1].dim(3), a.stride, a.padding);
-  check(oh > 0 && ow > 0, "conv2d: kernel " + in[1].describe() + " larger than padded input " + in[0].describe());
+  check(oh > 0 && ow > 0,
+        "conv2d: kernel " + in[1].describe() + " larger than padded input " + in[0].describe());
   return {{Shape{in[0].dim(0), in[1].dim(0), oh, ow}, DType::f32}};
 }
 Specs infer_conv2d_backward(Inputs in, const Attrs& a) {
-  for (int i = 0; i < 3; ++i) expect_dtype(in, i, DType::f32, "conv2d_backward");
+  for (int i = 0; i < 3; ++i)
+    expect_dtype(in, i, DType::f32, "conv2d_backward");
   expect_rank(in, 1, 4, "conv2d_backward");
   expect_rank(in, 2, 4, "conv2d_backward");
-  Shape expected{in[1].dim(0), in[2].dim(0), conv_out(in[1].dim(2), in[2].dim(2), a.stride, a.padding),
+  Shape expected{in[1].dim(0), in[2].dim(0),
+                 conv_out(in[1].dim(2), in[2].dim(2), a.stride, a.padding),
                  conv_out(in[1].dim(3), in[2].dim(3), a.stride, a.padding)};
-  check(in[0].shape() == expected, "conv2d_backward: dy " + in[0].describe() + " must be " + shape_str(expected));
-  return {{in[1].shape(), DType::f32}, {in[2].shape(), DType::f32}, {Shape{in[2].dim(0)}, DType::f32}};
+  check(in[0].shape() == expected,
+        "conv2d_backward: dy " + in[0].describe() + " must be " + shape_str(expected));
+  return {
+      {in[1].shape(), DType::f32}, {in[2].shape(), DType::f32}, {Shape{in[2].dim(0)}, DType::f32}};
 }
 
 Specs infer_pool(Inputs in, const Attrs& a, std::string_view op) {
@@ -295,7 +376,8 @@ Specs infer_pool(Inputs in, const Attrs& a, std::string_view op) {
   check(a.kernel > 0 && a.stride > 0, std::string(op) + ": kernel and stride must be > 0");
   std::int64_t oh = conv_out(in[0].dim(2), a.kernel, a.stride, 0);
   std::int64_t ow = conv_out(in[0].dim(3), a.kernel, a.stride, 0);
-  check(oh > 0 && ow > 0, std::string(op) + ": kernel " + std::to_string(a.kernel) + " larger than " + in[0].describe());
+  check(oh > 0 && ow > 0, std::string(op) + ": kernel " + std::to_string(a.kernel) +
+                              " larger than " + in[0].describe());
   return {{Shape{in[0].dim(0), in[0].dim(1), oh, ow}, DType::f32}};
 }
 Specs infer_max_pool2d(Inputs in, const Attrs& a) {
@@ -303,12 +385,16 @@ Specs infer_max_pool2d(Inputs in, const Attrs& a) {
   s.push_back({s[0].shape, DType::i32});
   return s;
 }
-Specs infer_avg_pool2d(Inputs in, const Attrs& a) { return infer_pool(in, a, "avg_pool2d"); }
+Specs infer_avg_pool2d(Inputs in, const Attrs& a) {
+  return infer_pool(in, a, "avg_pool2d");
+}
 Specs infer_pool_backward(Inputs in, const Attrs& a, std::string_view op) {
-  check(a.shape.size() == 4, std::string(op) + ": shape " + shape_str(a.shape) + " must be [N,C,H,W]");
+  check(a.shape.size() == 4,
+        std::string(op) + ": shape " + shape_str(a.shape) + " must be [N,C,H,W]");
   Shape expected{a.shape[0], a.shape[1], conv_out(a.shape[2], a.kernel, a.stride, 0),
                  conv_out(a.shape[3], a.kernel, a.stride, 0)};
-  check(in[0].shape() == expected, std::string(op) + ": dy " + in[0].describe() + " must be " + shape_str(expected));
+  check(in[0].shape() == expected,
+        std::string(op) + ": dy " + in[0].describe() + " must be " + shape_str(expected));
   return {{a.shape, DType::f32}};
 }
 Specs infer_max_pool2d_backward(Inputs in, const Attrs& a) {
@@ -316,7 +402,9 @@ Specs infer_max_pool2d_backward(Inputs in, const Attrs& a) {
   expect_same_shape(in, 0, 1, "max_pool2d_backward");
   return infer_pool_backward(in, a, "max_pool2d_backward");
 }
-Specs infer_avg_pool2d_backward(Inputs in, const Attrs& a) { return infer_pool_backward(in, a, "avg_pool2d_backward"); }
+Specs infer_avg_pool2d_backward(Inputs in, const Attrs& a) {
+  return infer_pool_backward(in, a, "avg_pool2d_backward");
+}
 
 Specs infer_adamw_step(Inputs in, const Attrs& a) {
   for (int i = 0; i < 4; ++i) {
@@ -333,23 +421,34 @@ constexpr OpRole optimizer = OpRole::optimizer;
 constexpr OpRole utility = OpRole::utility;
 
 const std::array<OpInfo, kNumOps> kCatalog = {{
-#define LOOM_OP(name, n_in, n_out, role, doc) {#name, n_in, n_out, role, doc, infer_##name, reference::name},
+#define LOOM_OP(name, n_in, n_out, role, doc) \
+  {#name, n_in, n_out, role, doc, infer_##name, reference::name},
 #include "core/ops.def"
 #undef LOOM_OP
 }};
 
 }  // namespace
 
-const OpInfo& op_info(OpId op) { return kCatalog[static_cast<std::size_t>(op)]; }
-std::string_view op_name(OpId op) { return op_info(op).name; }
-std::span<const OpInfo> all_ops() { return kCatalog; }
+const OpInfo& op_info(OpId op) {
+  return kCatalog[static_cast<std::size_t>(op)];
+}
+std::string_view op_name(OpId op) {
+  return op_info(op).name;
+}
+std::span<const OpInfo> all_ops() {
+  return kCatalog;
+}
 
 std::string_view role_name(OpRole role) {
   switch (role) {
-    case OpRole::forward: return "forward";
-    case OpRole::backward: return "backward";
-    case OpRole::optimizer: return "optimizer";
-    case OpRole::utility: return "utility";
+    case OpRole::forward:
+      return "forward";
+    case OpRole::backward:
+      return "backward";
+    case OpRole::optimizer:
+      return "optimizer";
+    case OpRole::utility:
+      return "utility";
   }
   return "?";
 }
@@ -370,8 +469,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {
   for (std::size_t i = 0; i < rank; ++i) {
     std::int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
     std::int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    check(da == db || da == 1 || db == 1,
-          std::string(op) + ": shapes " + shape_str(a) + " and " + shape_str(b) + " do not broadcast");
+    check(da == db || da == 1 || db == 1, std::string(op) + ": shapes " + shape_str(a) + " and " +
+                                              shape_str(b) + " do not broadcast");
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -379,8 +478,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {
 
 int normalize_axis(std::int64_t axis, int rank, std::string_view op) {
   std::int64_t a = axis < 0 ? axis + rank : axis;
-  check(a >= 0 && a < rank, std::string(op) + ": axis " + std::to_string(axis) + " out of range for rank " +
-                                std::to_string(rank));
+  check(a >= 0 && a < rank, std::string(op) + ": axis " + std::to_string(axis) +
+                                " out of range for rank " + std::to_string(rank));
   return static_cast<int>(a);
 }
 

@@ -22,10 +22,12 @@ void copy(const OpCall& call) {
   std::vector<std::int64_t> index(x.rank(), 0);
   for (std::int64_t n = 0; n < x.numel(); ++n) {
     std::int64_t offset = 0;
-    for (int i = 0; i < x.rank(); ++i) offset += index[i] * x.strides()[i];
+    for (int i = 0; i < x.rank(); ++i)
+      offset += index[i] * x.strides()[i];
     std::memcpy(dst + n * esize, src + offset * esize, esize);
     for (int i = x.rank() - 1; i >= 0; --i) {
-      if (++index[i] < x.shape()[i]) break;
+      if (++index[i] < x.shape()[i])
+        break;
       index[i] = 0;
     }
   }
@@ -34,9 +36,14 @@ void copy(const OpCall& call) {
 void fill(const OpCall& call) {
   Tensor& y = call.outputs[0];
   switch (y.dtype()) {
-    case DType::f32: std::fill_n(y.data<float>(), y.numel(), static_cast<float>(call.attrs.alpha)); break;
-    case DType::i32: std::fill_n(y.data<std::int32_t>(), y.numel(), static_cast<std::int32_t>(call.attrs.alpha)); break;
-    default: throw Error("fill: dtype " + std::string(dtype_name(y.dtype())) + " not supported");
+    case DType::f32:
+      std::fill_n(y.data<float>(), y.numel(), static_cast<float>(call.attrs.alpha));
+      break;
+    case DType::i32:
+      std::fill_n(y.data<std::int32_t>(), y.numel(), static_cast<std::int32_t>(call.attrs.alpha));
+      break;
+    default:
+      throw Error("fill: dtype " + std::string(dtype_name(y.dtype())) + " not supported");
   }
 }
 
@@ -45,18 +52,42 @@ void cast(const OpCall& call) {
   Tensor& y = call.outputs[0];
   std::vector<float> values(x.numel());
   switch (x.dtype()) {
-    case DType::f32: std::copy_n(x.data<float>(), x.numel(), values.begin()); break;
-    case DType::bf16: for (std::int64_t i = 0; i < x.numel(); ++i) values[i] = bf16_to_float(x.data<std::uint16_t>()[i]); break;
-    case DType::f16: for (std::int64_t i = 0; i < x.numel(); ++i) values[i] = f16_to_float(x.data<std::uint16_t>()[i]); break;
-    case DType::i32: for (std::int64_t i = 0; i < x.numel(); ++i) values[i] = static_cast<float>(x.data<std::int32_t>()[i]); break;
-    default: throw Error("cast: from " + std::string(dtype_name(x.dtype())) + " not supported");
+    case DType::f32:
+      std::copy_n(x.data<float>(), x.numel(), values.begin());
+      break;
+    case DType::bf16:
+      for (std::int64_t i = 0; i < x.numel(); ++i)
+        values[i] = bf16_to_float(x.data<std::uint16_t>()[i]);
+      break;
+    case DType::f16:
+      for (std::int64_t i = 0; i < x.numel(); ++i)
+        values[i] = f16_to_float(x.data<std::uint16_t>()[i]);
+      break;
+    case DType::i32:
+      for (std::int64_t i = 0; i < x.numel(); ++i)
+        values[i] = static_cast<float>(x.data<std::int32_t>()[i]);
+      break;
+    default:
+      throw Error("cast: from " + std::string(dtype_name(x.dtype())) + " not supported");
   }
   switch (y.dtype()) {
-    case DType::f32: std::copy(values.begin(), values.end(), y.data<float>()); break;
-    case DType::bf16: for (std::size_t i = 0; i < values.size(); ++i) y.data<std::uint16_t>()[i] = float_to_bf16(values[i]); break;
-    case DType::f16: for (std::size_t i = 0; i < values.size(); ++i) y.data<std::uint16_t>()[i] = float_to_f16(values[i]); break;
-    case DType::i32: for (std::size_t i = 0; i < values.size(); ++i) y.data<std::int32_t>()[i] = static_cast<std::int32_t>(values[i]); break;
-    default: throw Error("cast: to " + std::string(dtype_name(y.dtype())) + " not supported");
+    case DType::f32:
+      std::copy(values.begin(), values.end(), y.data<float>());
+      break;
+    case DType::bf16:
+      for (std::size_t i = 0; i < values.size(); ++i)
+        y.data<std::uint16_t>()[i] = float_to_bf16(values[i]);
+      break;
+    case DType::f16:
+      for (std::size_t i = 0; i < values.size(); ++i)
+        y.data<std::uint16_t>()[i] = float_to_f16(values[i]);
+      break;
+    case DType::i32:
+      for (std::size_t i = 0; i < values.size(); ++i)
+        y.data<std::int32_t>()[i] = static_cast<std::int32_t>(values[i]);
+      break;
+    default:
+      throw Error("cast: to " + std::string(dtype_name(y.dtype())) + " not supported");
   }
 }
 
@@ -75,8 +106,10 @@ void concat(const OpCall& call) {
   std::size_t esize = dtype_size(y.dtype());
   // View y as [outer, axis * inner] rows; each input contributes a run per row.
   std::int64_t outer = 1, inner = 1;
-  for (int d = 0; d < axis; ++d) outer *= y.shape()[d];
-  for (int d = axis + 1; d < y.rank(); ++d) inner *= y.shape()[d];
+  for (int d = 0; d < axis; ++d)
+    outer *= y.shape()[d];
+  for (int d = axis + 1; d < y.rank(); ++d)
+    inner *= y.shape()[d];
   auto* out = static_cast<std::byte*>(y.device_address());
   std::int64_t out_row = y.shape()[axis] * inner;
   std::int64_t column = 0;
@@ -111,7 +144,8 @@ void binary(const OpCall& call, F f) {
   Strides as = broadcast_strides(a.shape(), c.shape());
   Strides bs = broadcast_strides(b.shape(), c.shape());
   for_each_index(c.shape(), [&](std::int64_t n, const std::vector<std::int64_t>& idx) {
-    c.data<float>()[n] = f(a.data<float>()[offset_of(idx, as)], b.data<float>()[offset_of(idx, bs)]);
+    c.data<float>()[n] =
+        f(a.data<float>()[offset_of(idx, as)], b.data<float>()[offset_of(idx, bs)]);
   });
 }
 
@@ -119,7 +153,8 @@ template <class F>
 void unary(const OpCall& call, F f) {
   const float* x = call.inputs[0].data<float>();
   float* y = call.outputs[0].data<float>();
-  for (std::int64_t i = 0; i < call.inputs[0].numel(); ++i) y[i] = f(x[i]);
+  for (std::int64_t i = 0; i < call.inputs[0].numel(); ++i)
+    y[i] = f(x[i]);
 }
 
 template <class F>
@@ -127,27 +162,58 @@ void pairwise(const OpCall& call, F f) {
   const float* a = call.inputs[0].data<float>();
   const float* b = call.inputs[1].data<float>();
   float* y = call.outputs[0].data<float>();
-  for (std::int64_t i = 0; i < call.inputs[0].numel(); ++i) y[i] = f(a[i], b[i]);
+  for (std::int64_t i = 0; i < call.inputs[0].numel(); ++i)
+    y[i] = f(a[i], b[i]);
 }
 
 }  // namespace
 
-void add(const OpCall& call) { binary(call, [](float a, float b) { return a + b; }); }
-void sub(const OpCall& call) { binary(call, [](float a, float b) { return a - b; }); }
-void mul(const OpCall& call) { binary(call, [](float a, float b) { return a * b; }); }
-void div(const OpCall& call) { binary(call, [](float a, float b) { return a / b; }); }
+void add(const OpCall& call) {
+  binary(call, [](float a, float b) { return a + b; });
+}
+void sub(const OpCall& call) {
+  binary(call, [](float a, float b) { return a - b; });
+}
+void mul(const OpCall& call) {
+  binary(call, [](float a, float b) { return a * b; });
+}
+void div(const OpCall& call) {
+  binary(call, [](float a, float b) { return a / b; });
+}
 void scale(const OpCall& call) {
   float alpha = static_cast<float>(call.attrs.alpha);
   unary(call, [alpha](float x) { return alpha * x; });
 }
-void exp(const OpCall& call) { unary(call, [](float x) { return std::exp(x); }); }
-void log(const OpCall& call) { unary(call, [](float x) { return std::log(x); }); }
-void tanh(const OpCall& call) { unary(call, [](float x) { return std::tanh(x); }); }
-void relu(const OpCall& call) { unary(call, [](float x) { return x > 0.0f ? x : 0.0f; }); }
-void gelu(const OpCall& call) { unary(call, [](float x) { return gelu_tanh(x); }); }
-void relu_backward(const OpCall& call) { pairwise(call, [](float dy, float x) { return x > 0.0f ? dy : 0.0f; }); }
-void gelu_backward(const OpCall& call) { pairwise(call, [](float dy, float x) { return dy * gelu_tanh_grad(x); }); }
-void tanh_backward(const OpCall& call) { pairwise(call, [](float dy, float y) { return dy * (1.0f - y * y); }); }
+void exp(const OpCall& call) {
+  unary(call, [](float x) { return std::exp(x); });
+}
+void log(const OpCall& call) {
+  unary(call, [](float x) { return std::log(x); });
+}
+void tanh(const OpCall& call) {
+  unary(call, [](float x) { return std::tanh(x); });
+}
+void sqrt(const OpCall& call) {
+  unary(call, [](float x) { return std::sqrt(x); });
+}
+void erf(const OpCall& call) {
+  unary(call, [](float x) { return std::erf(x); });
+}
+void relu(const OpCall& call) {
+  unary(call, [](float x) { return x > 0.0f ? x : 0.0f; });
+}
+void gelu(const OpCall& call) {
+  unary(call, [](float x) { return gelu_tanh(x); });
+}
+void relu_backward(const OpCall& call) {
+  pairwise(call, [](float dy, float x) { return x > 0.0f ? dy : 0.0f; });
+}
+void gelu_backward(const OpCall& call) {
+  pairwise(call, [](float dy, float x) { return dy * gelu_tanh_grad(x); });
+}
+void tanh_backward(const OpCall& call) {
+  pairwise(call, [](float dy, float y) { return dy * (1.0f - y * y); });
+}
 
 void dropout(const OpCall& call) {
   const float* x = call.inputs[0].data<float>();
@@ -155,20 +221,27 @@ void dropout(const OpCall& call) {
   float p = static_cast<float>(call.attrs.p);
   float keep_scale = 1.0f / (1.0f - p);
   for (std::int64_t i = 0; i < call.inputs[0].numel(); ++i)
-    y[i] = dropout_uniform(call.attrs.seed, static_cast<std::uint64_t>(i)) >= p ? x[i] * keep_scale : 0.0f;
+    y[i] = dropout_uniform(call.attrs.seed, static_cast<std::uint64_t>(i)) >= p ? x[i] * keep_scale
+                                                                                : 0.0f;
 }
-void dropout_backward(const OpCall& call) { dropout(call); }  // the same mask and scale
+void dropout_backward(const OpCall& call) {
+  dropout(call);
+}  // the same mask and scale
 
 namespace {
 
 // Sums x over the reduced axes into y (contiguous, shape = x with reduced axes dropped).
 void reduce_sum(const Tensor& x, const std::vector<std::int64_t>& axes, std::vector<double>& acc) {
   std::vector<bool> reduce(x.rank(), axes.empty());
-  for (auto a : axes) reduce[normalize_axis(a, x.rank(), "sum")] = true;
+  for (auto a : axes)
+    reduce[normalize_axis(a, x.rank(), "sum")] = true;
   Shape kept_shape;
-  for (int d = 0; d < x.rank(); ++d) kept_shape.push_back(reduce[d] ? 1 : x.shape()[d]);
+  for (int d = 0; d < x.rank(); ++d)
+    kept_shape.push_back(reduce[d] ? 1 : x.shape()[d]);
   Strides kept = contiguous_strides(kept_shape);
-  for (int d = 0; d < x.rank(); ++d) if (reduce[d]) kept[d] = 0;
+  for (int d = 0; d < x.rank(); ++d)
+    if (reduce[d])
+      kept[d] = 0;
   acc.assign(shape_numel(kept_shape), 0.0);
   for_each_index(x.shape(), [&](std::int64_t n, const std::vector<std::int64_t>& idx) {
     acc[offset_of(idx, kept)] += x.data<float>()[n];
@@ -180,14 +253,17 @@ void reduce_sum(const Tensor& x, const std::vector<std::int64_t>& axes, std::vec
 void sum(const OpCall& call) {
   std::vector<double> acc;
   reduce_sum(call.inputs[0], call.attrs.axes, acc);
-  for (std::size_t i = 0; i < acc.size(); ++i) call.outputs[0].data<float>()[i] = static_cast<float>(acc[i]);
+  for (std::size_t i = 0; i < acc.size(); ++i)
+    call.outputs[0].data<float>()[i] = static_cast<float>(acc[i]);
 }
 
 void mean(const OpCall& call) {
   std::vector<double> acc;
   reduce_sum(call.inputs[0], call.attrs.axes, acc);
-  double count = static_cast<double>(call.inputs[0].numel()) / static_cast<double>(std::max<std::size_t>(acc.size(), 1));
-  for (std::size_t i = 0; i < acc.size(); ++i) call.outputs[0].data<float>()[i] = static_cast<float>(acc[i] / count);
+  double count = static_cast<double>(call.inputs[0].numel()) /
+                 static_cast<double>(std::max<std::size_t>(acc.size(), 1));
+  for (std::size_t i = 0; i < acc.size(); ++i)
+    call.outputs[0].data<float>()[i] = static_cast<float>(acc[i] / count);
 }
 
 namespace {
@@ -197,9 +273,11 @@ struct AxisView {  // x viewed as [outer, length, inner] around one axis
 AxisView axis_view(const Tensor& x, std::int64_t axis, std::string_view op) {
   int a = normalize_axis(axis, x.rank(), op);
   AxisView v;
-  for (int d = 0; d < a; ++d) v.outer *= x.shape()[d];
+  for (int d = 0; d < a; ++d)
+    v.outer *= x.shape()[d];
   v.length = x.shape()[a];
-  for (int d = a + 1; d < x.rank(); ++d) v.inner *= x.shape()[d];
+  for (int d = a + 1; d < x.rank(); ++d)
+    v.inner *= x.shape()[d];
   return v;
 }
 }  // namespace
@@ -210,7 +288,8 @@ void max(const OpCall& call) {
   for (std::int64_t o = 0; o < v.outer; ++o) {
     for (std::int64_t i = 0; i < v.inner; ++i) {
       float best = -std::numeric_limits<float>::infinity();
-      for (std::int64_t l = 0; l < v.length; ++l) best = std::max(best, x.data<float>()[(o * v.length + l) * v.inner + i]);
+      for (std::int64_t l = 0; l < v.length; ++l)
+        best = std::max(best, x.data<float>()[(o * v.length + l) * v.inner + i]);
       call.outputs[0].data<float>()[o * v.inner + i] = best;
     }
   }
@@ -238,7 +317,8 @@ void max_backward(const OpCall& call) {
 void sum_squares(const OpCall& call) {
   double acc = 0.0;
   const float* x = call.inputs[0].data<float>();
-  for (std::int64_t i = 0; i < call.inputs[0].numel(); ++i) acc += static_cast<double>(x[i]) * x[i];
+  for (std::int64_t i = 0; i < call.inputs[0].numel(); ++i)
+    acc += static_cast<double>(x[i]) * x[i];
   call.outputs[0].data<float>()[0] = static_cast<float>(acc);
 }
 
@@ -248,7 +328,8 @@ void for_each_row(const OpCall& call, RowFn f) {
   const Tensor& x = call.inputs[0];
   std::int64_t cols = x.rank() == 0 ? 1 : x.dim(-1);
   std::int64_t rows = cols == 0 ? 0 : x.numel() / cols;
-  for (std::int64_t r = 0; r < rows; ++r) f(r * cols, cols);
+  for (std::int64_t r = 0; r < rows; ++r)
+    f(r * cols, cols);
 }
 }  // namespace
 
@@ -257,9 +338,12 @@ void softmax(const OpCall& call) {
   float* y = call.outputs[0].data<float>();
   for_each_row(call, [&](std::int64_t at, std::int64_t n) {
     double m = -std::numeric_limits<double>::infinity(), s = 0.0;
-    for (std::int64_t j = 0; j < n; ++j) m = std::max(m, static_cast<double>(x[at + j]));
-    for (std::int64_t j = 0; j < n; ++j) s += std::exp(x[at + j] - m);
-    for (std::int64_t j = 0; j < n; ++j) y[at + j] = static_cast<float>(std::exp(x[at + j] - m) / s);
+    for (std::int64_t j = 0; j < n; ++j)
+      m = std::max(m, static_cast<double>(x[at + j]));
+    for (std::int64_t j = 0; j < n; ++j)
+      s += std::exp(x[at + j] - m);
+    for (std::int64_t j = 0; j < n; ++j)
+      y[at + j] = static_cast<float>(std::exp(x[at + j] - m) / s);
   });
 }
 
@@ -269,8 +353,10 @@ void softmax_backward(const OpCall& call) {
   float* dx = call.outputs[0].data<float>();
   for_each_row(call, [&](std::int64_t at, std::int64_t n) {
     double dot = 0.0;
-    for (std::int64_t j = 0; j < n; ++j) dot += static_cast<double>(dy[at + j]) * y[at + j];
-    for (std::int64_t j = 0; j < n; ++j) dx[at + j] = static_cast<float>(y[at + j] * (dy[at + j] - dot));
+    for (std::int64_t j = 0; j < n; ++j)
+      dot += static_cast<double>(dy[at + j]) * y[at + j];
+    for (std::int64_t j = 0; j < n; ++j)
+      dx[at + j] = static_cast<float>(y[at + j] * (dy[at + j] - dot));
   });
 }
 
@@ -279,10 +365,13 @@ void log_softmax(const OpCall& call) {
   float* y = call.outputs[0].data<float>();
   for_each_row(call, [&](std::int64_t at, std::int64_t n) {
     double m = -std::numeric_limits<double>::infinity(), s = 0.0;
-    for (std::int64_t j = 0; j < n; ++j) m = std::max(m, static_cast<double>(x[at + j]));
-    for (std::int64_t j = 0; j < n; ++j) s += std::exp(x[at + j] - m);
+    for (std::int64_t j = 0; j < n; ++j)
+      m = std::max(m, static_cast<double>(x[at + j]));
+    for (std::int64_t j = 0; j < n; ++j)
+      s += std::exp(x[at + j] - m);
     double lse = m + std::log(s);
-    for (std::int64_t j = 0; j < n; ++j) y[at + j] = static_cast<float>(x[at + j] - lse);
+    for (std::int64_t j = 0; j < n; ++j)
+      y[at + j] = static_cast<float>(x[at + j] - lse);
   });
 }
 
@@ -292,8 +381,10 @@ void log_softmax_backward(const OpCall& call) {
   float* dx = call.outputs[0].data<float>();
   for_each_row(call, [&](std::int64_t at, std::int64_t n) {
     double total = 0.0;
-    for (std::int64_t j = 0; j < n; ++j) total += dy[at + j];
-    for (std::int64_t j = 0; j < n; ++j) dx[at + j] = static_cast<float>(dy[at + j] - std::exp(y[at + j]) * total);
+    for (std::int64_t j = 0; j < n; ++j)
+      total += dy[at + j];
+    for (std::int64_t j = 0; j < n; ++j)
+      dx[at + j] = static_cast<float>(dy[at + j] - std::exp(y[at + j]) * total);
   });
 }
 
@@ -331,13 +422,16 @@ void linear(const OpCall& call) {
   const float* w = call.inputs[1].data<float>();
   const float* bias = call.inputs[2].data<float>();
   float* y = call.outputs[0].data<float>();
-  std::int64_t k = x.dim(-1), n = call.outputs[0].dim(-1), rows = x.numel() / std::max<std::int64_t>(k, 1);
-  if (k == 0) rows = call.outputs[0].numel() / std::max<std::int64_t>(n, 1);
+  std::int64_t k = x.dim(-1), n = call.outputs[0].dim(-1),
+               rows = x.numel() / std::max<std::int64_t>(k, 1);
+  if (k == 0)
+    rows = call.outputs[0].numel() / std::max<std::int64_t>(n, 1);
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t j = 0; j < n; ++j) {
       double acc = bias[j];
       for (std::int64_t p = 0; p < k; ++p)
-        acc += static_cast<double>(x.data<float>()[r * k + p]) * (call.attrs.trans_b ? w[j * k + p] : w[p * n + j]);
+        acc += static_cast<double>(x.data<float>()[r * k + p]) *
+               (call.attrs.trans_b ? w[j * k + p] : w[p * n + j]);
       y[r * n + j] = static_cast<float>(acc);
     }
   }

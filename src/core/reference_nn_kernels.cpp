@@ -27,13 +27,16 @@ void cross_entropy(const OpCall& call) {
   for (std::int64_t r = 0; r < n; ++r) {
     const float* row = logits.data<float>() + r * v;
     double m = -std::numeric_limits<double>::infinity(), s = 0.0;
-    for (std::int64_t j = 0; j < v; ++j) m = std::max(m, static_cast<double>(row[j]));
-    for (std::int64_t j = 0; j < v; ++j) s += std::exp(row[j] - m);
+    for (std::int64_t j = 0; j < v; ++j)
+      m = std::max(m, static_cast<double>(row[j]));
+    for (std::int64_t j = 0; j < v; ++j)
+      s += std::exp(row[j] - m);
     double lse = m + std::log(s);
     lse_out[r] = static_cast<float>(lse);
     total += lse - row[checked_index(targets[r], v, "cross_entropy")];
   }
-  call.outputs[0].data<float>()[0] = static_cast<float>(n > 0 ? total / static_cast<double>(n) : 0.0);
+  call.outputs[0].data<float>()[0] =
+      static_cast<float>(n > 0 ? total / static_cast<double>(n) : 0.0);
 }
 
 void cross_entropy_backward(const OpCall& call) {
@@ -62,13 +65,16 @@ void layer_norm(const OpCall& call) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* xr = x.data<float>() + r * c;
     double mean = 0.0, var = 0.0;
-    for (std::int64_t j = 0; j < c; ++j) mean += xr[j];
+    for (std::int64_t j = 0; j < c; ++j)
+      mean += xr[j];
     mean /= static_cast<double>(c);
-    for (std::int64_t j = 0; j < c; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+    for (std::int64_t j = 0; j < c; ++j)
+      var += (xr[j] - mean) * (xr[j] - mean);
     var /= static_cast<double>(c);
     double rstd = 1.0 / std::sqrt(var + call.attrs.eps);
     for (std::int64_t j = 0; j < c; ++j)
-      call.outputs[0].data<float>()[r * c + j] = static_cast<float>((xr[j] - mean) * rstd * w[j] + b[j]);
+      call.outputs[0].data<float>()[r * c + j] =
+          static_cast<float>((xr[j] - mean) * rstd * w[j] + b[j]);
     call.outputs[1].data<float>()[r] = static_cast<float>(mean);
     call.outputs[2].data<float>()[r] = static_cast<float>(rstd);
   }
@@ -99,7 +105,8 @@ void layer_norm_backward(const OpCall& call) {
     for (std::int64_t j = 0; j < c; ++j) {
       double xhat = (x[r * c + j] - mean[r]) * static_cast<double>(rstd[r]);
       double g = static_cast<double>(dy[r * c + j]) * w[j];
-      call.outputs[0].data<float>()[r * c + j] = static_cast<float>(rstd[r] * (g - mean_g - xhat * mean_gx));
+      call.outputs[0].data<float>()[r * c + j] =
+          static_cast<float>(rstd[r] * (g - mean_g - xhat * mean_gx));
     }
   }
   for (std::int64_t j = 0; j < c; ++j) {
@@ -126,7 +133,8 @@ void embedding_backward(const OpCall& call) {
   std::fill_n(dw.data<float>(), dw.numel(), 0.0f);
   for (std::int64_t i = 0; i < call.inputs[1].numel(); ++i) {
     std::int32_t id = checked_index(ids[i], v, "embedding_backward");
-    for (std::int64_t j = 0; j < c; ++j) dw.data<float>()[id * c + j] += dy[i * c + j];
+    for (std::int64_t j = 0; j < c; ++j)
+      dw.data<float>()[id * c + j] += dy[i * c + j];
   }
 }
 
@@ -135,7 +143,8 @@ namespace {
 // columns starting at h*D within each — exactly GPT-2's split + view(B,T,H,D).
 struct AttentionShape {
   std::int64_t b, t, c, h, d;
-  std::int64_t qkv(std::int64_t bi, std::int64_t ti, int which, std::int64_t hi, std::int64_t di) const {
+  std::int64_t qkv(std::int64_t bi, std::int64_t ti, int which, std::int64_t hi,
+                   std::int64_t di) const {
     return (bi * t + ti) * 3 * c + which * c + hi * d + di;
   }
   std::int64_t out(std::int64_t bi, std::int64_t ti, std::int64_t hi, std::int64_t di) const {
@@ -161,16 +170,19 @@ void causal_attention(const OpCall& call) {
         double m = -std::numeric_limits<double>::infinity();
         for (std::int64_t j = 0; j <= i; ++j) {
           double dot = 0.0;
-          for (std::int64_t e = 0; e < s.d; ++e) dot += static_cast<double>(qkv[s.qkv(b, i, 0, h, e)]) * qkv[s.qkv(b, j, 1, h, e)];
+          for (std::int64_t e = 0; e < s.d; ++e)
+            dot += static_cast<double>(qkv[s.qkv(b, i, 0, h, e)]) * qkv[s.qkv(b, j, 1, h, e)];
           p[j] = dot * scale;
           m = std::max(m, p[j]);
         }
         double total = 0.0;
-        for (std::int64_t j = 0; j <= i; ++j) total += std::exp(p[j] - m);
+        for (std::int64_t j = 0; j <= i; ++j)
+          total += std::exp(p[j] - m);
         lse[(b * s.h + h) * s.t + i] = static_cast<float>(m + std::log(total));
         for (std::int64_t e = 0; e < s.d; ++e) {
           double acc = 0.0;
-          for (std::int64_t j = 0; j <= i; ++j) acc += std::exp(p[j] - m) / total * qkv[s.qkv(b, j, 2, h, e)];
+          for (std::int64_t j = 0; j <= i; ++j)
+            acc += std::exp(p[j] - m) / total * qkv[s.qkv(b, j, 2, h, e)];
           out[s.out(b, i, h, e)] = static_cast<float>(acc);
         }
       }
@@ -193,7 +205,8 @@ void causal_attention_backward(const OpCall& call) {
     for (std::int64_t h = 0; h < s.h; ++h) {
       for (std::int64_t i = 0; i < s.t; ++i) {
         double delta = 0.0;
-        for (std::int64_t e = 0; e < s.d; ++e) delta += static_cast<double>(dout[s.out(b, i, h, e)]) * out[s.out(b, i, h, e)];
+        for (std::int64_t e = 0; e < s.d; ++e)
+          delta += static_cast<double>(dout[s.out(b, i, h, e)]) * out[s.out(b, i, h, e)];
         for (std::int64_t j = 0; j <= i; ++j) {
           double dot = 0.0, dp = 0.0;
           for (std::int64_t e = 0; e < s.d; ++e) {
@@ -203,8 +216,10 @@ void causal_attention_backward(const OpCall& call) {
           double p = std::exp(dot * scale - lse[(b * s.h + h) * s.t + i]);
           double ds = p * (dp - delta);
           for (std::int64_t e = 0; e < s.d; ++e) {
-            dqkv[s.qkv(b, i, 0, h, e)] += static_cast<float>(ds * scale * qkv[s.qkv(b, j, 1, h, e)]);
-            dqkv[s.qkv(b, j, 1, h, e)] += static_cast<float>(ds * scale * qkv[s.qkv(b, i, 0, h, e)]);
+            dqkv[s.qkv(b, i, 0, h, e)] +=
+                static_cast<float>(ds * scale * qkv[s.qkv(b, j, 1, h, e)]);
+            dqkv[s.qkv(b, j, 1, h, e)] +=
+                static_cast<float>(ds * scale * qkv[s.qkv(b, i, 0, h, e)]);
             dqkv[s.qkv(b, j, 2, h, e)] += static_cast<float>(p * dout[s.out(b, i, h, e)]);
           }
         }
@@ -230,7 +245,8 @@ void conv2d(const OpCall& call) {
             for (std::int64_t u = 0; u < kh; ++u)
               for (std::int64_t v = 0; v < kw; ++v) {
                 std::int64_t iy = yi * stride - pad + u, ix = xi * stride - pad + v;
-                if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
+                if (iy < 0 || iy >= h || ix < 0 || ix >= wd)
+                  continue;
                 acc += static_cast<double>(x.data<float>()[((ni * c + ci) * h + iy) * wd + ix]) *
                        w.data<float>()[((oi * c + ci) * kh + u) * kw + v];
               }
@@ -257,25 +273,31 @@ void conv2d_backward(const OpCall& call) {
             for (std::int64_t u = 0; u < kh; ++u)
               for (std::int64_t v = 0; v < kw; ++v) {
                 std::int64_t iy = yi * stride - pad + u, ix = xi * stride - pad + v;
-                if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
+                if (iy < 0 || iy >= h || ix < 0 || ix >= wd)
+                  continue;
                 std::int64_t xa = ((ni * c + ci) * h + iy) * wd + ix;
                 std::int64_t wa = ((oi * c + ci) * kh + u) * kw + v;
                 dx[xa] += g * w.data<float>()[wa];
                 dw[wa] += g * x.data<float>()[xa];
               }
         }
-  std::transform(dx.begin(), dx.end(), call.outputs[0].data<float>(), [](double v) { return static_cast<float>(v); });
-  std::transform(dw.begin(), dw.end(), call.outputs[1].data<float>(), [](double v) { return static_cast<float>(v); });
-  std::transform(db.begin(), db.end(), call.outputs[2].data<float>(), [](double v) { return static_cast<float>(v); });
+  std::transform(dx.begin(), dx.end(), call.outputs[0].data<float>(),
+                 [](double v) { return static_cast<float>(v); });
+  std::transform(dw.begin(), dw.end(), call.outputs[1].data<float>(),
+                 [](double v) { return static_cast<float>(v); });
+  std::transform(db.begin(), db.end(), call.outputs[2].data<float>(),
+                 [](double v) { return static_cast<float>(v); });
 }
 
 namespace {
 template <class Window>
 void pool_windows(const Tensor& x, const Tensor& y, const Attrs& a, Window f) {
-  std::int64_t planes = x.dim(0) * x.dim(1), h = x.dim(2), w = x.dim(3), oh = y.dim(2), ow = y.dim(3);
+  std::int64_t planes = x.dim(0) * x.dim(1), h = x.dim(2), w = x.dim(3), oh = y.dim(2),
+               ow = y.dim(3);
   for (std::int64_t pl = 0; pl < planes; ++pl)
     for (std::int64_t yi = 0; yi < oh; ++yi)
-      for (std::int64_t xi = 0; xi < ow; ++xi) f(pl, pl * h * w, (pl * oh + yi) * ow + xi, yi * a.stride, xi * a.stride);
+      for (std::int64_t xi = 0; xi < ow; ++xi)
+        f(pl, pl * h * w, (pl * oh + yi) * ow + xi, yi * a.stride, xi * a.stride);
 }
 }  // namespace
 
@@ -285,21 +307,23 @@ void max_pool2d(const OpCall& call) {
   float* y = call.outputs[0].data<float>();
   std::int32_t* argmax = call.outputs[1].data<std::int32_t>();
   std::int64_t w = x.dim(3), k = call.attrs.kernel;
-  pool_windows(x, call.outputs[0], call.attrs, [&](std::int64_t, std::int64_t plane, std::int64_t at, std::int64_t y0, std::int64_t x0) {
-    float best = -std::numeric_limits<float>::infinity();
-    std::int32_t best_at = 0;
-    for (std::int64_t u = 0; u < k; ++u)
-      for (std::int64_t v = 0; v < k; ++v) {
-        std::int64_t flat = (y0 + u) * w + x0 + v;
-        float value = px[plane + flat];
-        if (value > best) {
-          best = value;
-          best_at = static_cast<std::int32_t>(flat);
-        }
-      }
-    y[at] = best;
-    argmax[at] = best_at;
-  });
+  pool_windows(
+      x, call.outputs[0], call.attrs,
+      [&](std::int64_t, std::int64_t plane, std::int64_t at, std::int64_t y0, std::int64_t x0) {
+        float best = -std::numeric_limits<float>::infinity();
+        std::int32_t best_at = 0;
+        for (std::int64_t u = 0; u < k; ++u)
+          for (std::int64_t v = 0; v < k; ++v) {
+            std::int64_t flat = (y0 + u) * w + x0 + v;
+            float value = px[plane + flat];
+            if (value > best) {
+              best = value;
+              best_at = static_cast<std::int32_t>(flat);
+            }
+          }
+        y[at] = best;
+        argmax[at] = best_at;
+      });
 }
 
 void max_pool2d_backward(const OpCall& call) {
@@ -307,7 +331,8 @@ void max_pool2d_backward(const OpCall& call) {
   const std::int32_t* argmax = call.inputs[1].data<std::int32_t>();
   Tensor& dx = call.outputs[0];
   std::fill_n(dx.data<float>(), dx.numel(), 0.0f);
-  std::int64_t plane = dx.dim(2) * dx.dim(3), per_plane = call.inputs[0].dim(2) * call.inputs[0].dim(3);
+  std::int64_t plane = dx.dim(2) * dx.dim(3),
+               per_plane = call.inputs[0].dim(2) * call.inputs[0].dim(3);
   for (std::int64_t i = 0; i < call.inputs[0].numel(); ++i) {
     std::int64_t pl = i / per_plane;
     dx.data<float>()[pl * plane + argmax[i]] += dy[i];
@@ -319,12 +344,15 @@ void avg_pool2d(const OpCall& call) {
   const float* px = x.data<float>();
   float* y = call.outputs[0].data<float>();
   std::int64_t w = x.dim(3), k = call.attrs.kernel;
-  pool_windows(x, call.outputs[0], call.attrs, [&](std::int64_t, std::int64_t plane, std::int64_t at, std::int64_t y0, std::int64_t x0) {
-    double acc = 0.0;
-    for (std::int64_t u = 0; u < k; ++u)
-      for (std::int64_t v = 0; v < k; ++v) acc += px[plane + (y0 + u) * w + x0 + v];
-    y[at] = static_cast<float>(acc / static_cast<double>(k * k));
-  });
+  pool_windows(
+      x, call.outputs[0], call.attrs,
+      [&](std::int64_t, std::int64_t plane, std::int64_t at, std::int64_t y0, std::int64_t x0) {
+        double acc = 0.0;
+        for (std::int64_t u = 0; u < k; ++u)
+          for (std::int64_t v = 0; v < k; ++v)
+            acc += px[plane + (y0 + u) * w + x0 + v];
+        y[at] = static_cast<float>(acc / static_cast<double>(k * k));
+      });
 }
 
 void avg_pool2d_backward(const OpCall& call) {
@@ -335,10 +363,13 @@ void avg_pool2d_backward(const OpCall& call) {
   std::fill_n(pdx, dx.numel(), 0.0f);
   std::int64_t w = dx.dim(3), k = call.attrs.kernel;
   float inv = 1.0f / static_cast<float>(k * k);
-  pool_windows(dx, dy, call.attrs, [&](std::int64_t, std::int64_t plane, std::int64_t at, std::int64_t y0, std::int64_t x0) {
-    for (std::int64_t u = 0; u < k; ++u)
-      for (std::int64_t v = 0; v < k; ++v) pdx[plane + (y0 + u) * w + x0 + v] += pdy[at] * inv;
-  });
+  pool_windows(
+      dx, dy, call.attrs,
+      [&](std::int64_t, std::int64_t plane, std::int64_t at, std::int64_t y0, std::int64_t x0) {
+        for (std::int64_t u = 0; u < k; ++u)
+          for (std::int64_t v = 0; v < k; ++v)
+            pdx[plane + (y0 + u) * w + x0 + v] += pdy[at] * inv;
+      });
 }
 
 }  // namespace loom::reference

@@ -108,6 +108,8 @@ TEST_P(Gradcheck, UnaryFunctions) {
   gradcheck({r({3, 5})}, [](ag::Tape& t, auto& v) { return ag::exp(t, v[0]); });
   gradcheck({r({3, 5}, 0.5f, 3.0f)}, [](ag::Tape& t, auto& v) { return ag::log(t, v[0]); });
   gradcheck({r({3, 5})}, [](ag::Tape& t, auto& v) { return ag::tanh(t, v[0]); });
+  gradcheck({r({3, 5}, 0.5f, 3.0f)}, [](ag::Tape& t, auto& v) { return ag::sqrt(t, v[0]); });
+  gradcheck({r({3, 5}, -2.0f, 2.0f)}, [](ag::Tape& t, auto& v) { return ag::erf(t, v[0]); });
   gradcheck({away_from_zero({3, 5})}, [](ag::Tape& t, auto& v) { return ag::relu(t, v[0]); });
   gradcheck({r({3, 5}, -3.0f, 3.0f)}, [](ag::Tape& t, auto& v) { return ag::gelu(t, v[0]); });
   gradcheck({r({6, 7})}, [](ag::Tape& t, auto& v) { return ag::dropout(t, v[0], 0.4, 11); });

@@ -114,6 +114,11 @@ void elementwise_cases(Builder& b) {
     b.add("size1", op, {b.r({1})});
   }
   b.add("odd", OpId::log, {b.r({7, 13}, 0.01f, 10.0f)});
+  b.add("odd", OpId::sqrt, {b.r({7, 13}, 0.0f, 10.0f)});
+  b.add("large", OpId::sqrt, {b.r({300, 257}, 0.01f, 100.0f)});
+  b.add("odd", OpId::erf, {b.r({7, 13}, -3.0f, 3.0f)});
+  b.add("large", OpId::erf, {b.r({300, 257}, -5.0f, 5.0f)});
+  b.add("size1", OpId::erf, {b.r({1})});
   b.add("large", OpId::log, {b.r({300, 257}, 0.01f, 10.0f)});
   for (OpId op : {OpId::relu_backward, OpId::gelu_backward, OpId::tanh_backward}) {
     b.add("odd", op, {b.r({7, 13}), b.r({7, 13}, -3.0f, 3.0f)});

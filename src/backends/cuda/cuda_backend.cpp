@@ -240,6 +240,8 @@ bool CudaBackend::supports(const OpCall& call) const {
     case OpId::exp:
     case OpId::log:
     case OpId::tanh:
+    case OpId::sqrt:
+    case OpId::erf:
     case OpId::relu:
     case OpId::gelu:
     case OpId::relu_backward:
@@ -465,6 +467,8 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
     case OpId::exp:
     case OpId::log:
     case OpId::tanh:
+    case OpId::sqrt:
+    case OpId::erf:
     case OpId::relu:
     case OpId::gelu:
     case OpId::scale: {

@@ -84,7 +84,7 @@ extern "C" __global__ void binary(int op, const float* full, const float* other,
   }
 }
 
-// op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha
+// op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha, 6 sqrt, 7 erf
 extern "C" __global__ void unary(int op, const float* x, float* y, i64 n, float alpha) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     float v = x[i], r;
@@ -94,6 +94,8 @@ extern "C" __global__ void unary(int op, const float* x, float* y, i64 n, float 
       case 2: r = tanhf(v); break;
       case 3: r = v > 0.0f ? v : 0.0f; break;
       case 4: r = gelu_tanh(v); break;
+      case 6: r = sqrtf(v); break;
+      case 7: r = erff(v); break;
       default: r = alpha * v; break;
     }
     y[i] = r;

@@ -38,7 +38,7 @@ float gelu_tanh_grad(const float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x2);
 }
 
-// op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha
+// op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha, 6 sqrt, 7 erf
 __kernel void unary(const int op, __global const float* x, const ulong x_off, __global float* y, const ulong y_off,
                     const float alpha) {
   size_t i = get_global_id(0);
@@ -50,6 +50,8 @@ __kernel void unary(const int op, __global const float* x, const ulong x_off, __
     case 2: r = tanh(v); break;
     case 3: r = v > 0.0f ? v : 0.0f; break;
     case 4: r = gelu_tanh(v); break;
+    case 6: r = sqrt(v); break;
+    case 7: r = erf(v); break;
     default: r = alpha * v; break;
   }
   y[y_off + i] = r;

@@ -273,6 +273,8 @@ bool OpenClBackend::supports(const OpCall& call) const {
     case OpId::exp:
     case OpId::log:
     case OpId::tanh:
+    case OpId::sqrt:
+    case OpId::erf:
     case OpId::relu:
     case OpId::gelu:
     case OpId::relu_backward:
@@ -344,6 +346,8 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
     case OpId::exp:
     case OpId::log:
     case OpId::tanh:
+    case OpId::sqrt:
+    case OpId::erf:
     case OpId::relu:
     case OpId::gelu:
     case OpId::scale: {
