@@ -266,7 +266,7 @@ Var matmul(Tape& tape, const Var& a, const Var& b, bool trans_a, bool trans_b) {
     if (gb) {
       // A batch-free B against a batched A: fold A's batch into rows so dB is one GEMM.
       if (bv.rank() == 2 && av.rank() > 2 && !trans_a) {
-        Tensor a2 = av.reshape({-1, av.dim(-1)});
+        Tensor a2 = dispatch::contiguous(av).reshape({-1, av.dim(-1)});  // av may be a view
         Tensor g2 = dispatch::contiguous(g).reshape({-1, g.dim(-1)});
         grads[1] = trans_b ? mm(g2, a2, true, false) : mm(a2, g2, true, false);
       } else {

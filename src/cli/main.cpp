@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
         if (summary.test_accuracy)
           std::printf(", test accuracy %.2f%%", 100.0 * *summary.test_accuracy);
         std::printf(", %.0f %s/s, %.1f ms/step, peak RSS %.0f MiB\n", summary.tokens_per_s,
-                    cfg.model == "gpt" ? "tokens" : "images", summary.step_ms_median,
+                    cfg.text() ? "tokens" : "images", summary.step_ms_median,
                     static_cast<double>(summary.peak_rss_bytes) / (1 << 20));
         std::printf("checkpoint: %s/checkpoint\n", cfg.out.c_str());
       }

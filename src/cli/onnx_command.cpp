@@ -23,6 +23,7 @@ CLI::App* add_onnx_command(CLI::App& app, OnnxOptions& options) {
   cmd->add_option("--rtol", options.rtol, "relative tolerance for --expect");
   cmd->add_option("--atol", options.atol, "absolute tolerance for --expect");
   cmd->add_flag("--json", options.json, "print one JSON object");
+  cmd->add_flag("--nodes", options.nodes, "list every node: op, inputs -> outputs, attributes");
   return cmd;
 }
 
@@ -50,6 +51,33 @@ int run_onnx(const OnnxOptions& options) {
       std::printf("%-22s %6d  %s\n", use.op.c_str(), use.count,
                   use.supported ? "imported" : "not supported yet");
     std::printf("%d of %zu op types not supported\n", unsupported, model.coverage().size());
+  }
+  if (options.nodes && !options.json) {
+    for (const io::OnnxNode& node : g.nodes) {
+      std::string line = node.op_type + " (" + node.name + "):";
+      for (const std::string& in : node.inputs)
+        line += " " + (in.empty() ? std::string("-") : in);
+      line += " ->";
+      for (const std::string& out : node.outputs)
+        line += " " + out;
+      for (const auto& [name, a] : node.attributes) {
+        line += " " + name + "=";
+        using K = io::OnnxAttribute::Kind;
+        if (a.kind == K::i)
+          line += std::to_string(a.i);
+        else if (a.kind == K::f)
+          line += std::to_string(a.f);
+        else if (a.kind == K::s)
+          line += a.s;
+        else if (a.kind == K::t)
+          line += a.t.describe();
+        else if (a.kind == K::ints)
+          line += shape_str(a.ints);
+        else
+          line += "(...)";
+      }
+      std::printf("  %s\n", line.c_str());
+    }
   }
   int status = 0;
   if (!options.inputs.empty()) {

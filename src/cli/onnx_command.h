@@ -14,6 +14,7 @@ struct OnnxOptions {
   std::string device = "cpu";
   double rtol = 1e-4, atol = 1e-5;
   bool json = false;
+  bool nodes = false;  // list every node
 };
 
 CLI::App* add_onnx_command(CLI::App& app, OnnxOptions& options);

@@ -26,16 +26,20 @@ std::int32_t CharTokenizer::encode_char(char32_t c) const {
   return it != alphabet_.end() && *it == c ? static_cast<std::int32_t>(it - alphabet_.begin()) : -1;
 }
 
-std::vector<std::int32_t> CharTokenizer::encode(const std::u32string& text, const std::string& what) const {
+std::vector<std::int32_t> CharTokenizer::encode(const std::u32string& text,
+                                                const std::string& what) const {
   std::vector<std::int32_t> ids;
   ids.reserve(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) {
     std::int32_t id = encode_char(text[i]);
-    check(id >= 0, what + ": character U+" + [&] {
-      std::ostringstream s;
-      s << std::hex << static_cast<std::uint32_t>(text[i]);
-      return s.str();
-    }() + " at position " + std::to_string(i) + " is not in the model's vocabulary");
+    check(
+        id >= 0, what + ": character U+" +
+                     [&] {
+                       std::ostringstream s;
+                       s << std::hex << static_cast<std::uint32_t>(text[i]);
+                       return s.str();
+                     }() +
+                     " at position " + std::to_string(i) + " is not in the model's vocabulary");
     ids.push_back(id);
   }
   return ids;
@@ -44,38 +48,54 @@ std::vector<std::int32_t> CharTokenizer::encode(const std::u32string& text, cons
 std::string CharTokenizer::decode(const std::vector<std::int32_t>& ids) const {
   std::u32string text;
   for (std::int32_t id : ids) {
-    check(id >= 0 && id < size(), "tokenizer: id " + std::to_string(id) + " outside vocabulary of " + std::to_string(size()));
+    check(id >= 0 && id < size(), "tokenizer: id " + std::to_string(id) +
+                                      " outside vocabulary of " + std::to_string(size()));
     text.push_back(alphabet_[id]);
   }
   return encode_utf8(text);
 }
 
-std::string CharTokenizer::alphabet_utf8() const { return encode_utf8(std::u32string(alphabet_.begin(), alphabet_.end())); }
+std::string CharTokenizer::alphabet_utf8() const {
+  return encode_utf8(std::u32string(alphabet_.begin(), alphabet_.end()));
+}
 
 std::u32string decode_utf8(const std::string& bytes, const std::string& what) {
   std::u32string out;
   out.reserve(bytes.size());
   std::size_t i = 0;
   auto fail = [&](const char* why) {
-    throw Error(what + ": invalid UTF-8 at byte " + std::to_string(i) + " (" + why + "); expected a UTF-8 text file");
+    throw Error(what + ": invalid UTF-8 at byte " + std::to_string(i) + " (" + why +
+                "); expected a UTF-8 text file");
   };
   while (i < bytes.size()) {
     auto b0 = static_cast<unsigned char>(bytes[i]);
     int extra = 0;
     char32_t cp = 0;
-    if (b0 < 0x80) { extra = 0; cp = b0; }
-    else if ((b0 & 0xE0) == 0xC0) { extra = 1; cp = b0 & 0x1F; }
-    else if ((b0 & 0xF0) == 0xE0) { extra = 2; cp = b0 & 0x0F; }
-    else if ((b0 & 0xF8) == 0xF0) { extra = 3; cp = b0 & 0x07; }
-    else fail("bad lead byte");
-    if (extra > 0 && i + extra >= bytes.size()) fail("truncated sequence");
+    if (b0 < 0x80) {
+      extra = 0;
+      cp = b0;
+    } else if ((b0 & 0xE0) == 0xC0) {
+      extra = 1;
+      cp = b0 & 0x1F;
+    } else if ((b0 & 0xF0) == 0xE0) {
+      extra = 2;
+      cp = b0 & 0x0F;
+    } else if ((b0 & 0xF8) == 0xF0) {
+      extra = 3;
+      cp = b0 & 0x07;
+    } else
+      fail("bad lead byte");
+    if (extra > 0 && i + extra >= bytes.size())
+      fail("truncated sequence");
     for (int k = 1; k <= extra; ++k) {
       auto b = static_cast<unsigned char>(bytes[i + k]);
-      if ((b & 0xC0) != 0x80) fail("bad continuation byte");
+      if ((b & 0xC0) != 0x80)
+        fail("bad continuation byte");
       cp = (cp << 6) | (b & 0x3F);
     }
     static constexpr char32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) fail("overlong or out-of-range code point");
+    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+      fail("overlong or out-of-range code point");
     out.push_back(cp);
     i += extra + 1;
   }
@@ -111,13 +131,15 @@ TextDataset TextDataset::load(const std::string& path) {
   contents << file.rdbuf();
   check(!file.bad(), path + ": read error");
   std::u32string text = decode_utf8(contents.str(), path);
-  check(text.size() >= 2, path + ": holds " + std::to_string(text.size()) + " characters; expected at least 2");
+  check(text.size() >= 2,
+        path + ": holds " + std::to_string(text.size()) + " characters; expected at least 2");
   TextDataset ds;
   ds.source_ = path;
   ds.tokenizer_ = CharTokenizer::from_text(text);
   ds.vocab_ = ds.tokenizer_.size();
   std::vector<std::int32_t> ids = ds.tokenizer_.encode(text, path);
-  std::size_t n_train = static_cast<std::size_t>(static_cast<double>(ids.size()) * 0.9);  // int(n * 0.9)
+  std::size_t n_train =
+      static_cast<std::size_t>(static_cast<double>(ids.size()) * 0.9);  // int(n * 0.9)
   ds.train_.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n_train));
   ds.val_.assign(ids.begin() + static_cast<std::ptrdiff_t>(n_train), ids.end());
   return ds;
@@ -130,31 +152,37 @@ TextDataset TextDataset::random(std::int64_t vocab, std::int64_t tokens, std::ui
   ds.vocab_ = vocab;
   nn::Rng rng(seed);
   std::vector<std::int32_t> ids(tokens);
-  for (auto& id : ids) id = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(vocab));
+  for (auto& id : ids)
+    id = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(vocab));
   std::size_t n_train = static_cast<std::size_t>(static_cast<double>(ids.size()) * 0.9);
   ds.train_.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n_train));
   ds.val_.assign(ids.begin() + static_cast<std::ptrdiff_t>(n_train), ids.end());
   return ds;
 }
 
-Batch TextDataset::sample(const std::vector<std::int32_t>& split, std::int64_t batch, std::int64_t context,
-                          std::uint64_t seed, Backend& backend) const {
+Batch TextDataset::sample(const std::vector<std::int32_t>& split, std::int64_t batch,
+                          std::int64_t context, std::uint64_t seed, Backend& backend) const {
   std::int64_t n = static_cast<std::int64_t>(split.size());
-  check(n > context, source_ + ": split has " + std::to_string(n) + " tokens; context = " + std::to_string(context) +
-                         " needs at least " + std::to_string(context + 1));
+  check(n > context, source_ + ": split has " + std::to_string(n) +
+                         " tokens; context = " + std::to_string(context) + " needs at least " +
+                         std::to_string(context + 1));
   nn::Rng rng(seed);
   std::vector<std::int32_t> x(batch * context), y(batch * context);
   for (std::int64_t b = 0; b < batch; ++b) {
-    std::int64_t start = static_cast<std::int64_t>(rng.next() % static_cast<std::uint64_t>(n - context));
+    std::int64_t start =
+        static_cast<std::int64_t>(rng.next() % static_cast<std::uint64_t>(n - context));
     std::copy_n(split.begin() + start, context, x.begin() + b * context);
     std::copy_n(split.begin() + start + 1, context, y.begin() + b * context);
   }
-  return {Tensor::from_ints({batch, context}, x, backend), Tensor::from_ints({batch * context}, y, backend)};
+  return {Tensor::from_ints({batch, context}, x, backend),
+          Tensor::from_ints({batch * context}, y, backend)};
 }
 
-std::vector<Batch> eval_windows(const std::vector<std::int32_t>& tokens, std::int64_t context, std::int64_t batch,
-                                Backend& backend) {
+std::vector<Batch> eval_windows(const std::vector<std::int32_t>& tokens, std::int64_t context,
+                                std::int64_t batch, Backend& backend, bool full_batches_only) {
   std::int64_t windows = (static_cast<std::int64_t>(tokens.size()) - 1) / context;
+  if (full_batches_only)
+    windows -= windows % batch;
   std::vector<Batch> batches;
   for (std::int64_t first = 0; first < windows; first += batch) {
     std::int64_t count = std::min(batch, windows - first);
@@ -164,7 +192,8 @@ std::vector<Batch> eval_windows(const std::vector<std::int32_t>& tokens, std::in
       std::copy_n(tokens.begin() + start, context, x.begin() + w * context);
       std::copy_n(tokens.begin() + start + 1, context, y.begin() + w * context);
     }
-    batches.push_back({Tensor::from_ints({count, context}, x, backend), Tensor::from_ints({count * context}, y, backend)});
+    batches.push_back({Tensor::from_ints({count, context}, x, backend),
+                       Tensor::from_ints({count * context}, y, backend)});
   }
   return batches;
 }

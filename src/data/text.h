@@ -62,8 +62,11 @@ class TextDataset {
 };
 
 // All consecutive non-overlapping windows of `context` (+1 target) tokens of `tokens`,
-// grouped `batch` windows at a time: the deterministic evaluation set.
-std::vector<Batch> eval_windows(const std::vector<std::int32_t>& tokens, std::int64_t context, std::int64_t batch,
-                                Backend& backend);
+// grouped `batch` windows at a time: the deterministic evaluation set. With
+// `full_batches_only` the last (windows % batch) windows are left out, for models whose
+// batch size is fixed.
+std::vector<Batch> eval_windows(const std::vector<std::int32_t>& tokens, std::int64_t context,
+                                std::int64_t batch, Backend& backend,
+                                bool full_batches_only = false);
 
 }  // namespace loom::data

@@ -1,6 +1,7 @@
 #include "nn/onnx_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <numeric>
 
@@ -102,10 +103,6 @@ int axis_of(std::int64_t axis, int rank, const std::string& where) {
   return static_cast<int>(axis < 0 ? axis + rank : axis);
 }
 
-template <ag::Var (*F)(ag::Tape&, const ag::Var&, const ag::Var&)>
-void binary(Runner& r, const io::OnnxNode& n) {
-  r.set(n, 0, F(r.tape, r.var(n, 0), r.var(n, 1)));
-}
 template <ag::Var (*F)(ag::Tape&, const ag::Var&)>
 void unary(Runner& r, const io::OnnxNode& n) {
   r.set(n, 0, F(r.tape, r.var(n, 0)));
@@ -238,6 +235,8 @@ void transpose(Runner& r, const io::OnnxNode& n) {
 }
 
 void identity(Runner& r, const io::OnnxNode& n) {
+  if (r.env.count(n.outputs.at(0)))
+    return;  // an initializer alias the model holds as its own parameter
   r.env[n.outputs.at(0)] = r.value(n, 0);
 }
 
@@ -282,17 +281,255 @@ void constant(Runner& r, const io::OnnxNode& n) {
     r.set_host(n, 0, value);  // integer constants stay on the host, where shapes are computed
 }
 
+// ---- shape arithmetic on the host -------------------------------------------------
+// Exporters compute shapes with Shape, Gather, Slice, Concat and integer arithmetic;
+// those values live on the host as i64 tensors.
+
+Tensor host_ints(const Shape& shape, const std::vector<std::int64_t>& values) {
+  return Tensor::from_host(shape, DType::i64, values.data(), cpu::backend());
+}
+
+bool is_host(const Runner& r, const io::OnnxNode& n, std::size_t i) {
+  return r.has_input(n, i) && r.value(n, i).host.defined();
+}
+
+// Integer a (op) b with numpy broadcasting of a one-element side; Div truncates as C++.
+void host_binary(Runner& r, const io::OnnxNode& n) {
+  const Tensor& ta = r.value(n, 0).host;
+  const Tensor& tb = r.value(n, 1).host;
+  std::vector<std::int64_t> a = r.ints(n, 0), b = r.ints(n, 1);
+  check(a.size() == b.size() || a.size() == 1 || b.size() == 1,
+        r.where(n) + ": integer operands of " + std::to_string(a.size()) + " and " +
+            std::to_string(b.size()) + " values do not broadcast");
+  const std::size_t count = std::max(a.size(), b.size());
+  std::vector<std::int64_t> out(count);
+  for (std::size_t k = 0; k < count; ++k) {
+    std::int64_t x = a[a.size() == 1 ? 0 : k], y = b[b.size() == 1 ? 0 : k];
+    if (n.op_type == "Add")
+      out[k] = x + y;
+    else if (n.op_type == "Sub")
+      out[k] = x - y;
+    else if (n.op_type == "Mul")
+      out[k] = x * y;
+    else {
+      check(y != 0, r.where(n) + ": integer division by zero");
+      out[k] = x / y;
+    }
+  }
+  r.set_host(n, 0, host_ints(a.size() >= b.size() ? ta.shape() : tb.shape(), out));
+}
+
+template <ag::Var (*F)(ag::Tape&, const ag::Var&, const ag::Var&)>
+void arithmetic(Runner& r, const io::OnnxNode& n) {
+  if (is_host(r, n, 0) && is_host(r, n, 1))
+    host_binary(r, n);
+  else
+    r.set(n, 0, F(r.tape, r.var(n, 0), r.var(n, 1)));
+}
+
+void shape(Runner& r, const io::OnnxNode& n) {
+  const Value& v = r.value(n, 0);
+  const Shape s = v.var.defined() ? v.var.shape() : v.host.shape();
+  const auto rank = static_cast<std::int64_t>(s.size());
+  std::int64_t start = r.attr_int(n, "start", 0), end = r.attr_int(n, "end", rank);
+  start = std::clamp(start < 0 ? start + rank : start, std::int64_t{0}, rank);
+  end = std::clamp(end < 0 ? end + rank : end, std::int64_t{0}, rank);
+  std::vector<std::int64_t> dims(s.begin() + start, s.begin() + std::max(start, end));
+  r.set_host(n, 0, host_ints({static_cast<std::int64_t>(dims.size())}, dims));
+}
+
+// Gather along axis 0: rows of a float matrix by integer ids (an embedding lookup), or
+// entries of a host integer vector (shape arithmetic).
+void gather(Runner& r, const io::OnnxNode& n) {
+  check(r.attr_int(n, "axis", 0) == 0,
+        r.where(n) + ": Gather along an axis other than 0 is not supported yet");
+  check(is_host(r, n, 1), r.where(n) + ": indices must be an integer tensor");
+  const Tensor& indices = r.value(n, 1).host;
+  std::vector<std::int64_t> ids = r.ints(n, 1);
+  if (is_host(r, n, 0)) {
+    std::vector<std::int64_t> data = r.ints(n, 0);
+    check(r.value(n, 0).host.rank() == 1, r.where(n) + ": integer data must be a vector");
+    std::vector<std::int64_t> out;
+    for (std::int64_t i : ids) {
+      const auto size = static_cast<std::int64_t>(data.size());
+      check(i >= -size && i < size, r.where(n) + ": index " + std::to_string(i) + " outside " +
+                                        std::to_string(size) + " values");
+      out.push_back(data[static_cast<std::size_t>(i < 0 ? i + size : i)]);
+    }
+    r.set_host(n, 0, host_ints(indices.shape(), out));
+    return;
+  }
+  const ag::Var& table = r.var(n, 0);
+  check(table.shape().size() == 2,
+        r.where(n) + ": float data must be a matrix (an embedding table)");
+  std::vector<std::int32_t> rows;
+  for (std::int64_t i : ids) {
+    const std::int64_t count = table.dim(0);
+    check(i >= -count && i < count, r.where(n) + ": index " + std::to_string(i) + " outside " +
+                                        std::to_string(count) + " rows");
+    rows.push_back(static_cast<std::int32_t>(i < 0 ? i + count : i));
+  }
+  Tensor id_tensor = Tensor::from_ints(indices.shape(), rows, cpu::backend()).to(r.backend);
+  r.set(n, 0, ag::embedding(r.tape, table, id_tensor));
+}
+
+// starts, ends, axes, steps: host integers; only step 1 is supported.
+void slice(Runner& r, const io::OnnxNode& n) {
+  const Value& v = r.value(n, 0);
+  const Shape s = v.var.defined() ? v.var.shape() : v.host.shape();
+  const int rank = static_cast<int>(s.size());
+  std::vector<std::int64_t> starts = r.ints(n, 1), ends = r.ints(n, 2);
+  std::vector<std::int64_t> axes = r.has_input(n, 3) ? r.ints(n, 3) : std::vector<std::int64_t>{};
+  std::vector<std::int64_t> steps = r.has_input(n, 4) ? r.ints(n, 4) : std::vector<std::int64_t>{};
+  if (axes.empty())
+    for (std::size_t i = 0; i < starts.size(); ++i)
+      axes.push_back(static_cast<std::int64_t>(i));
+  check(starts.size() == ends.size() && starts.size() == axes.size(),
+        r.where(n) + ": starts, ends and axes differ in length");
+  ag::Var x = v.var;
+  Tensor host = v.host;
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    check(steps.empty() || steps[i] == 1,
+          r.where(n) + ": slices with a step other than 1 are not supported yet");
+    const int axis = axis_of(axes[i], rank, r.where(n));
+    const std::int64_t dim = s[static_cast<std::size_t>(axis)];
+    auto clamp = [&](std::int64_t at) {
+      return std::clamp(at < 0 ? at + dim : at, std::int64_t{0}, dim);
+    };
+    const std::int64_t begin = clamp(starts[i]), end = std::max(begin, clamp(ends[i]));
+    if (x.defined())
+      x = ag::slice(r.tape, x, axis, begin, end);
+    else
+      host = host.slice(axis, begin, end);
+  }
+  if (x.defined())
+    r.set(n, 0, x);
+  else
+    r.set_host(n, 0, host.to(cpu::backend()));  // a contiguous copy
+}
+
+void unsqueeze(Runner& r, const io::OnnxNode& n) {
+  const Value& v = r.value(n, 0);
+  const Shape s = v.var.defined() ? v.var.shape() : v.host.shape();
+  std::vector<std::int64_t> axes = r.has_input(n, 1) ? r.ints(n, 1) : r.attr_ints(n, "axes");
+  const int rank = static_cast<int>(s.size() + axes.size());
+  std::vector<bool> inserted(static_cast<std::size_t>(rank), false);
+  for (std::int64_t a : axes)
+    inserted[static_cast<std::size_t>(axis_of(a, rank, r.where(n)))] = true;
+  Shape out;
+  std::size_t next = 0;
+  for (int i = 0; i < rank; ++i)
+    out.push_back(inserted[static_cast<std::size_t>(i)] ? 1 : s.at(next++));
+  if (v.var.defined())
+    r.set(n, 0, ag::reshape(r.tape, v.var, out));
+  else
+    r.set_host(n, 0, host_ints(out, r.ints(n, 0)));
+}
+
+void concat(Runner& r, const io::OnnxNode& n) {
+  const std::int64_t axis = r.attr_int(n, "axis", 0);
+  bool all_host = true;
+  for (std::size_t i = 0; i < n.inputs.size(); ++i)
+    all_host = all_host && is_host(r, n, i);
+  if (all_host) {
+    std::vector<std::int64_t> out;
+    for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+      check(r.value(n, i).host.rank() == 1, r.where(n) + ": integer inputs must be vectors");
+      std::vector<std::int64_t> part = r.ints(n, i);
+      out.insert(out.end(), part.begin(), part.end());
+    }
+    r.set_host(n, 0, host_ints({static_cast<std::int64_t>(out.size())}, out));
+    return;
+  }
+  std::vector<ag::Var> parts;
+  for (std::size_t i = 0; i < n.inputs.size(); ++i)
+    parts.push_back(r.var(n, i));
+  r.set(n, 0,
+        ag::concat(r.tape, parts,
+                   axis_of(axis, static_cast<int>(parts[0].shape().size()), r.where(n))));
+}
+
+// Float stays float; integers stay integers (as i64) or become a float constant.
+void cast(Runner& r, const io::OnnxNode& n) {
+  constexpr std::int64_t kFloat = 1, kDouble = 11;
+  const std::int64_t to = r.attr_int(n, "to", kFloat);
+  const Value& v = r.value(n, 0);
+  const bool to_float = to == kFloat || to == kDouble;
+  if (v.var.defined()) {
+    check(to_float,
+          r.where(n) + ": casting a float tensor to an integer type is not supported yet");
+    r.set(n, 0, v.var);
+  } else if (to_float) {
+    std::vector<std::int64_t> ints = r.ints(n, 0);
+    std::vector<float> values(ints.begin(), ints.end());
+    r.set(n, 0, r.constant(Tensor::from_floats(v.host.shape(), values, cpu::backend())));
+  } else {
+    r.set_host(n, 0, host_ints(v.host.shape(), r.ints(n, 0)));
+  }
+}
+
+void reduce_mean(Runner& r, const io::OnnxNode& n) {
+  const ag::Var& x = r.var(n, 0);
+  std::vector<std::int64_t> axes = r.has_input(n, 1) ? r.ints(n, 1) : r.attr_ints(n, "axes");
+  const bool keepdims = r.attr_int(n, "keepdims", 1) != 0;
+  if (axes.empty() && r.attr_int(n, "noop_with_empty_axes", 0) != 0) {
+    r.set(n, 0, x);
+    return;
+  }
+  r.set(n, 0, ag::mean(r.tape, x, axes, keepdims));
+}
+
+// x ^ e for a constant exponent: 1, 2 (x * x, exact as in every framework) or 0.5 (sqrt).
+void pow(Runner& r, const io::OnnxNode& n) {
+  const ag::Var& x = r.var(n, 0);
+  double e = 0;
+  if (is_host(r, n, 1)) {
+    e = static_cast<double>(r.ints(n, 1).at(0));
+  } else {
+    const Tensor& exponent = r.var(n, 1).value();
+    check(exponent.numel() == 1, r.where(n) + ": the exponent must be one number");
+    e = exponent.item();
+  }
+  if (e == 1.0)
+    r.set(n, 0, x);
+  else if (e == 2.0)
+    r.set(n, 0, ag::mul(r.tape, x, x));
+  else if (e == 0.5)
+    r.set(n, 0, ag::sqrt(r.tape, x));
+  else
+    throw Error(r.where(n) + ": exponent " + std::to_string(e) +
+                " is not supported yet (1, 2 and 0.5 are)");
+}
+
 const std::map<std::string, OpFn>& op_table() {
   static const std::map<std::string, OpFn> table = {
-      {"Add", binary<ag::add>}, {"Constant", constant},
-      {"Div", binary<ag::div>}, {"Dropout", dropout},
-      {"Exp", unary<ag::exp>},  {"Flatten", flatten},
-      {"Gemm", gemm},           {"Identity", identity},
-      {"Log", unary<ag::log>},  {"MatMul", matmul},
-      {"Mul", binary<ag::mul>}, {"Relu", unary<ag::relu>},
-      {"Reshape", reshape},     {"Softmax", softmax},
-      {"Sub", binary<ag::sub>}, {"Tanh", unary<ag::tanh>},
+      {"Add", arithmetic<ag::add>},
+      {"Cast", cast},
+      {"Concat", concat},
+      {"Constant", constant},
+      {"Div", arithmetic<ag::div>},
+      {"Dropout", dropout},
+      {"Erf", unary<ag::erf>},
+      {"Exp", unary<ag::exp>},
+      {"Flatten", flatten},
+      {"Gather", gather},
+      {"Gemm", gemm},
+      {"Identity", identity},
+      {"Log", unary<ag::log>},
+      {"MatMul", matmul},
+      {"Mul", arithmetic<ag::mul>},
+      {"Pow", pow},
+      {"ReduceMean", reduce_mean},
+      {"Relu", unary<ag::relu>},
+      {"Reshape", reshape},
+      {"Shape", shape},
+      {"Slice", slice},
+      {"Softmax", softmax},
+      {"Sqrt", unary<ag::sqrt>},
+      {"Sub", arithmetic<ag::sub>},
+      {"Tanh", unary<ag::tanh>},
       {"Transpose", transpose},
+      {"Unsqueeze", unsqueeze},
   };
   return table;
 }
@@ -311,13 +548,34 @@ const std::vector<std::string>& onnx_supported_ops() {
 
 OnnxModel::OnnxModel(const std::string& path, Backend& backend)
     : graph_(io::read_onnx(path, cpu::backend())), backend_(backend) {
+  std::map<std::string, Tensor> floats;
   for (const auto& [name, tensor] : graph_.initializers) {
     if (tensor.dtype() == DType::f32) {
+      std::vector<float> values = tensor.to_floats();
+      if (!std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); })) {
+        // A mask with -inf (attention) is a constant, not something to train.
+        float_constants_[name] = ag::Var(tensor.to(backend), false);
+        continue;
+      }
+      floats[name] = tensor;
       param_index_[name] = params_.size();
       params_.push_back(Parameter{name, ag::Var(tensor.to(backend), true), tensor.rank() >= 2});
     } else {
       host_constants_[name] = tensor;
     }
+  }
+  // Exporters store equal initializers once and name the others through Identity nodes
+  // (torch.onnx: LayerNorm biases that all start at zero). They are separate parameters
+  // of the model, so each gets its own copy here, and training keeps them apart.
+  for (const io::OnnxNode& node : graph_.nodes) {
+    if (node.op_type != "Identity" || node.inputs.size() != 1 || node.outputs.size() != 1 ||
+        !floats.count(node.inputs[0]) || param_index_.count(node.outputs[0]))
+      continue;
+    const Tensor& value = floats[node.inputs[0]];
+    param_index_[node.outputs[0]] = params_.size();
+    params_.push_back(
+        Parameter{node.outputs[0], ag::Var(value.to(backend), true), value.rank() >= 2});
+    untied_.insert(node.outputs[0]);
   }
   check(!graph_.inputs.empty(), path + ": the graph has no inputs besides its initializers");
   check(!graph_.outputs.empty(), path + ": the graph has no outputs");
@@ -346,26 +604,34 @@ std::vector<ag::Var> OnnxModel::run(ag::Tape& tape, const std::vector<Tensor>& i
   Runner r(graph_, tape, options, backend_);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const io::OnnxValueInfo& info = graph_.inputs[i];
-    check(inputs[i].dtype() == info.dtype, graph_.path + ": input '" + info.name + "' is " +
-                                               inputs[i].describe() + ", expected " +
-                                               std::string(dtype_name(info.dtype)));
+    Tensor given = inputs[i];
+    if (info.dtype == DType::i64 && given.dtype() == DType::i32) {  // Loom's token ids are i32
+      std::vector<std::int32_t> ids = given.to_ints();
+      std::vector<std::int64_t> wide(ids.begin(), ids.end());
+      given = Tensor::from_host(given.shape(), DType::i64, wide.data(), cpu::backend());
+    }
+    check(given.dtype() == info.dtype, graph_.path + ": input '" + info.name + "' is " +
+                                           given.describe() + ", expected " +
+                                           std::string(dtype_name(info.dtype)));
     // Dimension 0 is the batch: exporters often fix it at the example's size, and the
     // graph usually computes for any, so it may differ; the others must match.
-    bool shape_ok = info.shape.empty() || info.shape.size() == inputs[i].shape().size();
+    bool shape_ok = info.shape.empty() || info.shape.size() == given.shape().size();
     for (std::size_t d = 1; shape_ok && d < info.shape.size(); ++d)
-      shape_ok = info.shape[d] < 0 || info.shape[d] == inputs[i].shape()[d];
-    check(shape_ok, graph_.path + ": input '" + info.name + "' is " + inputs[i].describe() +
+      shape_ok = info.shape[d] < 0 || info.shape[d] == given.shape()[d];
+    check(shape_ok, graph_.path + ": input '" + info.name + "' is " + given.describe() +
                         ", the graph declares " + shape_str(info.shape) +
                         " (-1: any; the batch dimension may differ)");
-    if (inputs[i].dtype() == DType::f32)
-      r.env[info.name] = Value{ag::Var(inputs[i].to(backend_), false), Tensor()};
+    if (given.dtype() == DType::f32)
+      r.env[info.name] = Value{ag::Var(given.to(backend_), false), Tensor()};
     else
-      r.env[info.name] = Value{ag::Var(), inputs[i].to(cpu::backend())};
+      r.env[info.name] = Value{ag::Var(), given.to(cpu::backend())};
   }
   for (const auto& [name, index] : param_index_)
     r.env[name] = Value{params_[index].var, Tensor()};
   for (const auto& [name, tensor] : host_constants_)
     r.env[name] = Value{ag::Var(), tensor};
+  for (const auto& [name, var] : float_constants_)
+    r.env[name] = Value{var, Tensor()};
   for (const io::OnnxNode& node : graph_.nodes) {
     auto it = op_table().find(node.op_type);
     check(node.domain.empty() && it != op_table().end(),
@@ -387,7 +653,11 @@ std::vector<ag::Var> OnnxModel::run(ag::Tape& tape, const std::vector<Tensor>& i
 }
 
 ag::Var OnnxModel::forward(ag::Tape& tape, const Tensor& inputs, const ForwardOptions& options) {
-  return run(tape, {inputs}, options).front();
+  ag::Var y = run(tape, {inputs}, options).front();
+  // The Model contract: logits [rows, classes] (a language model's [B,T,V] -> [B*T,V]).
+  if (y.shape().size() > 2)
+    y = ag::reshape(tape, y, {y.value().numel() / y.shape().back(), y.shape().back()});
+  return y;
 }
 
 }  // namespace loom::nn

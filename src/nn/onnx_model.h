@@ -2,9 +2,13 @@
 //
 // Each ONNX node becomes differentiable catalog calls (autograd functions), so an
 // imported model runs on every backend through dispatch (native, decomposed or counted
-// fallback) and trains like a native one: its float initializers are the parameters,
-// under their ONNX names. Integer initializers and constants (shapes, axes) stay on the
-// host, where shape arithmetic belongs.
+// fallback) and trains like a native one. Its parameters are the float initializers,
+// under their ONNX names, except those holding non-finite values (attention masks with
+// -inf), which stay constants; an initializer that the exporter shared between several
+// names through Identity nodes becomes one parameter per name. ONNX does not tell
+// parameters from buffers, so a finite buffer (e.g. a positional table registered as a
+// buffer) trains too. Integer initializers and constants (shapes, axes) stay on the host,
+// where shape arithmetic belongs.
 //
 // Supported ONNX ops are listed by onnx_supported_ops(); a model with any other op
 // loads, reports it in coverage(), and fails with the node's name and op when run.
@@ -12,6 +16,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,8 +56,10 @@ class OnnxModel final : public Model {
   io::OnnxGraph graph_;
   Backend& backend_;
   std::vector<Parameter> params_;
-  std::map<std::string, std::size_t> param_index_;  // initializer name -> params_ index
-  std::map<std::string, Tensor> host_constants_;    // non-float initializers
+  std::map<std::string, std::size_t> param_index_;        // initializer name -> params_ index
+  std::map<std::string, Tensor> host_constants_;          // non-float initializers
+  std::map<std::string, autograd::Var> float_constants_;  // initializers with non-finite values
+  std::set<std::string> untied_;  // parameters made from an Identity of an initializer
 };
 
 }  // namespace loom::nn

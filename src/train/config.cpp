@@ -222,7 +222,11 @@ void TrainConfig::load_yaml(const std::string& path) {
 }
 
 void TrainConfig::finalize() {
-  if (model != "gpt") {
+  // An ONNX model trains on MNIST unless given text (--data FILE or random).
+  const bool images = model == "mlp" || model == "cnn" ||
+                      (model == "onnx" && (!explicitly_set.count("data") || data == "mnist"));
+  check(model != "onnx" || !onnx.empty(), "model = onnx needs --onnx FILE (an .onnx model)");
+  if (images) {
     // Image-model defaults, unless the user chose otherwise.
     auto fallback = [&](const std::string& key, const std::string& value) {
       if (!explicitly_set.count(key)) {
@@ -239,12 +243,11 @@ void TrainConfig::finalize() {
     fallback("width", model == "cnn" ? "128" : "512");
     fallback("layers", "2");
     fallback("dropout", model == "mlp" ? "0.2" : "0");
-    check(model != "onnx" || !onnx.empty(), "model = onnx needs --onnx FILE (an .onnx model)");
     fallback("eval_every", "0");
     fallback("ckpt_every", "0");
     check(data == "mnist",
           "model '" + model + "' trains on --data mnist, got data = '" + data + "'");
-  } else {
+  } else if (model == "gpt") {
     check(data != "mnist", "model 'gpt' trains on text or random tokens, not data = 'mnist'");
     check(width % heads == 0, "width = " + std::to_string(width) +
                                   " is not divisible by heads = " + std::to_string(heads));

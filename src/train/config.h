@@ -60,6 +60,8 @@ struct TrainConfig {
   static const std::vector<std::string>& keys();
   static std::string help(const std::string& key);
   std::string to_json() const;
+  // Trains on text (tokens) rather than MNIST images: gpt, or an ONNX model given text.
+  bool text() const { return model == "gpt" || (model == "onnx" && data != "mnist"); }
 };
 
 }  // namespace loom::train

@@ -21,6 +21,7 @@
 #include "dist/pipeline.h"
 #include "graph/graph.h"
 #include "nn/init.h"
+#include "nn/onnx_model.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
 
@@ -61,7 +62,7 @@ namespace {
 class Source {
  public:
   explicit Source(const TrainConfig& cfg) : cfg_(cfg) {
-    if (cfg.model == "gpt") {
+    if (cfg.text()) {
       text_ = cfg.data == "random" ? data::TextDataset::random(cfg.vocab, 1'000'000,
                                                                static_cast<std::uint64_t>(cfg.seed))
                                    : data::TextDataset::load(cfg.data);
@@ -75,7 +76,7 @@ class Source {
     data::normalize_mnist(test_);
   }
 
-  bool text() const { return cfg_.model == "gpt"; }
+  bool text() const { return cfg_.text(); }
   const data::TextDataset& dataset() const { return text_; }
   std::int64_t vocab() const { return text() ? text_.vocab() : 10; }
   std::int64_t items_per_step() const { return text() ? cfg_.batch * cfg_.context : cfg_.batch; }
@@ -273,6 +274,13 @@ Summary run_training(const TrainConfig& cfg) {
             std::to_string(data_comm->size()) + " data-parallel " +
             (pipelined ? "replicas" : "processes"));
   std::unique_ptr<nn::Model> model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);
+  if (auto* imported = dynamic_cast<nn::OnnxModel*>(model.get())) {
+    const bool tokens = imported->graph().inputs.front().dtype != DType::f32;
+    check(tokens == source.text(), cfg.onnx + ": the model takes " +
+                                       (tokens ? "token ids" : "float images") +
+                                       (source.text() ? ", not text (data = " + cfg.data + ")"
+                                                      : ", not MNIST images; give --data FILE"));
+  }
   if (!cfg.init.empty())
     load_weights(cfg.init, *model);
   optim::AdamW optimizer(model->parameters(), {cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});
@@ -443,7 +451,14 @@ Summary run_training(const TrainConfig& cfg) {
                                                     : 0;
   if (lead && source.text() && cfg.final_eval) {
     summary.val_loss =
-        mean_loss(*model, data::eval_windows(source.dataset().val(), cfg.context, 64, device));
+        cfg.model == "onnx"
+            // An exported graph may have its batch size baked into reshapes: evaluate in
+            // full batches of the training batch (the last val_windows % batch windows are
+            // left out).
+            ? mean_loss(*model, data::eval_windows(source.dataset().val(), cfg.context, cfg.batch,
+                                                   device, true))
+            : mean_loss(*model,
+                        data::eval_windows(source.dataset().val(), cfg.context, 64, device));
     metrics << nlohmann::json{{"step", cfg.steps}, {"val_loss", *summary.val_loss}}.dump() << "\n";
   }
   if (lead && !source.text()) {
