@@ -1,7 +1,10 @@
 #include "cli/onnx_command.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/cpu_backend.h"
@@ -15,7 +18,11 @@ namespace loom::cli {
 CLI::App* add_onnx_command(CLI::App& app, OnnxOptions& options) {
   CLI::App* cmd = app.add_subcommand(
       "onnx", "an ONNX model: its operators and which Loom runs; with --input, run it");
-  cmd->add_option("model", options.model, "the .onnx file")->required();
+  cmd->add_option("model", options.model, "the .onnx file");
+  cmd->add_option("--conformance", options.conformance,
+                  "a folder of ONNX backend tests (test_*/model.onnx, test_data_set_0/*.pb): "
+                  "run every test, print a line per failure and a summary");
+  cmd->add_flag("--verbose", options.verbose, "with --conformance: a line for every test");
   cmd->add_option("--input", options.inputs, "a TensorProto (.pb) per graph input, in order");
   cmd->add_option("--expect", options.expect,
                   "a TensorProto (.pb) per graph output: compare, exit 1 when outside tolerance");
@@ -27,8 +34,49 @@ CLI::App* add_onnx_command(CLI::App& app, OnnxOptions& options) {
   return cmd;
 }
 
+namespace {
+
+int run_conformance(const OnnxOptions& options, Backend& device) {
+  std::vector<std::filesystem::path> tests;
+  for (const auto& entry : std::filesystem::directory_iterator(options.conformance))
+    if (std::filesystem::exists(entry.path() / "model.onnx"))
+      tests.push_back(entry.path());
+  std::sort(tests.begin(), tests.end());
+  check(!tests.empty(), options.conformance + ": no test folders with a model.onnx");
+  std::map<std::string, int> tally;
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  for (const auto& dir : tests) {
+    nn::OnnxTestResult r = nn::run_onnx_backend_test(dir.string(), device);
+    ++tally[r.status];
+    results.push_back({{"test", r.test}, {"status", r.status}, {"detail", r.detail}});
+    if (!options.json && (options.verbose || r.status == "fail" || r.status == "error"))
+      std::printf("%-60s %-11s %s\n", r.test.c_str(), r.status.c_str(), r.detail.c_str());
+  }
+  if (options.json) {
+    std::printf("%s\n", nlohmann::ordered_json{{"folder", options.conformance},
+                                               {"tests", tests.size()},
+                                               {"pass", tally["pass"]},
+                                               {"fail", tally["fail"]},
+                                               {"error", tally["error"]},
+                                               {"unsupported", tally["unsupported"]},
+                                               {"results", results}}
+                            .dump()
+                            .c_str());
+  } else {
+    std::printf("%zu tests on %s: %d pass, %d fail, %d error, %d use an op Loom does not import\n",
+                tests.size(), std::string(device.name()).c_str(), tally["pass"], tally["fail"],
+                tally["error"], tally["unsupported"]);
+  }
+  return tally["fail"] + tally["error"] > 0 ? 1 : 0;
+}
+
+}  // namespace
+
 int run_onnx(const OnnxOptions& options) {
   Backend& device = dispatch::device(options.device);
+  if (!options.conformance.empty())
+    return run_conformance(options, device);
+  check(!options.model.empty(), "loom onnx: give a MODEL.onnx or --conformance DIR");
   nn::OnnxModel model(options.model, device);
   const io::OnnxGraph& g = model.graph();
   nlohmann::ordered_json report{

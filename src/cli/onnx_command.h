@@ -15,6 +15,9 @@ struct OnnxOptions {
   double rtol = 1e-4, atol = 1e-5;
   bool json = false;
   bool nodes = false;  // list every node
+  // A folder of ONNX backend tests (test_*/model.onnx + test_data_set_0/*.pb): run each.
+  std::string conformance;
+  bool verbose = false;  // with conformance: a line for every test, not only the failures
 };
 
 CLI::App* add_onnx_command(CLI::App& app, OnnxOptions& options);

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <numeric>
+#include <optional>
 
 #include "autograd/functions.h"
 #include "backends/cpu/cpu_backend.h"
@@ -59,6 +61,9 @@ class Runner {
     std::vector<std::int64_t> out(static_cast<std::size_t>(v.host.numel()));
     if (v.host.dtype() == DType::i64) {
       const auto* p = v.host.data<std::int64_t>();
+      std::copy(p, p + v.host.numel(), out.begin());
+    } else if (v.host.dtype() == DType::u8) {
+      const auto* p = v.host.data<std::uint8_t>();
       std::copy(p, p + v.host.numel(), out.begin());
     } else {
       std::vector<std::int32_t> i32 = v.host.to_ints();
@@ -138,9 +143,21 @@ void gemm(Runner& r, const io::OnnxNode& n) {
 void matmul(Runner& r, const io::OnnxNode& n) {
   const ag::Var& a = r.var(n, 0);
   const ag::Var& b = r.var(n, 1);
-  check(a.shape().size() >= 2 && b.shape().size() >= 2,
-        r.where(n) + ": MatMul of vectors (rank 1) is not supported yet");
-  r.set(n, 0, ag::matmul(r.tape, a, b));
+  // numpy's rule: a vector a is a row [1,K], a vector b a column [K,1]; the added
+  // dimension is removed from the product.
+  const bool a_vector = a.shape().size() == 1, b_vector = b.shape().size() == 1;
+  ag::Var a2 = a_vector ? ag::reshape(r.tape, a, {1, a.dim(0)}) : a;
+  ag::Var b2 = b_vector ? ag::reshape(r.tape, b, {b.dim(0), 1}) : b;
+  ag::Var y = ag::matmul(r.tape, a2, b2);
+  if (a_vector || b_vector) {
+    Shape s = y.shape();
+    if (b_vector)
+      s.erase(s.end() - 1);
+    if (a_vector)
+      s.erase(s.end() - (b_vector ? 1 : 2));
+    y = ag::reshape(r.tape, y, s);
+  }
+  r.set(n, 0, y);
 }
 
 void softmax(Runner& r, const io::OnnxNode& n) {
@@ -247,10 +264,18 @@ void dropout(Runner& r, const io::OnnxNode& n) {
   if (r.has_input(n, 1))
     ratio = r.value(n, 1).host.defined() ? static_cast<double>(r.ints(n, 1).at(0))
                                          : static_cast<double>(r.var(n, 1).value().item());
-  if (!r.options.training || ratio == 0.0) {
+  // ONNX's training_mode input overrides the run's mode when given.
+  const bool training = r.has_input(n, 2) ? r.ints(n, 2).at(0) != 0 : r.options.training;
+  if (!training || ratio == 0.0) {
     r.set(n, 0, x);
+    if (n.outputs.size() > 1 && !n.outputs[1].empty()) {  // the mask: every element kept
+      std::vector<std::uint8_t> keep(static_cast<std::size_t>(x.value().numel()), 1);
+      r.set_host(n, 1, Tensor::from_host(x.shape(), DType::u8, keep.data(), cpu::backend()));
+    }
     return;
   }
+  check(n.outputs.size() < 2 || n.outputs[1].empty(),
+        r.where(n) + ": the mask output of dropout in training is not supported yet");
   r.set(n, 0, ag::dropout(r.tape, x, ratio, r.options.dropout_seed, r.node_index));
 }
 
@@ -341,12 +366,12 @@ void shape(Runner& r, const io::OnnxNode& n) {
 // Gather along axis 0: rows of a float matrix by integer ids (an embedding lookup), or
 // entries of a host integer vector (shape arithmetic).
 void gather(Runner& r, const io::OnnxNode& n) {
-  check(r.attr_int(n, "axis", 0) == 0,
-        r.where(n) + ": Gather along an axis other than 0 is not supported yet");
   check(is_host(r, n, 1), r.where(n) + ": indices must be an integer tensor");
   const Tensor& indices = r.value(n, 1).host;
   std::vector<std::int64_t> ids = r.ints(n, 1);
   if (is_host(r, n, 0)) {
+    check(r.attr_int(n, "axis", 0) == 0,
+          r.where(n) + ": integer data is gathered along axis 0 only");
     std::vector<std::int64_t> data = r.ints(n, 0);
     check(r.value(n, 0).host.rank() == 1, r.where(n) + ": integer data must be a vector");
     std::vector<std::int64_t> out;
@@ -360,8 +385,26 @@ void gather(Runner& r, const io::OnnxNode& n) {
     return;
   }
   const ag::Var& table = r.var(n, 0);
-  check(table.shape().size() == 2,
-        r.where(n) + ": float data must be a matrix (an embedding table)");
+  const int rank = static_cast<int>(table.shape().size());
+  const int axis = axis_of(r.attr_int(n, "axis", 0), rank, r.where(n));
+  if (axis != 0 || rank != 2) {
+    // Any axis, any rank: one slice per index, concatenated, then the index dimensions in
+    // place of the gathered axis (differentiable; meant for small index counts).
+    const std::int64_t count = table.dim(axis);
+    std::vector<ag::Var> parts;
+    for (std::int64_t i : ids) {
+      check(i >= -count && i < count,
+            r.where(n) + ": index " + std::to_string(i) + " outside " + std::to_string(count));
+      const std::int64_t at = i < 0 ? i + count : i;
+      parts.push_back(ag::slice(r.tape, table, axis, at, at + 1));
+    }
+    ag::Var joined = parts.size() == 1 ? parts[0] : ag::concat(r.tape, parts, axis);
+    Shape out(table.shape().begin(), table.shape().begin() + axis);
+    out.insert(out.end(), indices.shape().begin(), indices.shape().end());
+    out.insert(out.end(), table.shape().begin() + axis + 1, table.shape().end());
+    r.set(n, 0, ag::reshape(r.tape, joined, out));
+    return;
+  }
   std::vector<std::int32_t> rows;
   for (std::int64_t i : ids) {
     const std::int64_t count = table.dim(0);
@@ -479,26 +522,42 @@ void reduce_mean(Runner& r, const io::OnnxNode& n) {
   r.set(n, 0, ag::mean(r.tape, x, axes, keepdims));
 }
 
-// x ^ e for a constant exponent: 1, 2 (x * x, exact as in every framework) or 0.5 (sqrt).
+// x ^ y. A constant exponent that is a small integer is repeated multiplication (exact
+// as in every framework, negative bases included); 0.5 is sqrt; anything else is
+// e^{y log x}, which needs x > 0.
 void pow(Runner& r, const io::OnnxNode& n) {
   const ag::Var& x = r.var(n, 0);
-  double e = 0;
-  if (is_host(r, n, 1)) {
-    e = static_cast<double>(r.ints(n, 1).at(0));
-  } else {
-    const Tensor& exponent = r.var(n, 1).value();
-    check(exponent.numel() == 1, r.where(n) + ": the exponent must be one number");
-    e = exponent.item();
+  std::optional<double> constant;
+  if (is_host(r, n, 1) && r.value(n, 1).host.numel() == 1)
+    constant = static_cast<double>(r.ints(n, 1).at(0));
+  else if (!is_host(r, n, 1) && r.var(n, 1).value().numel() == 1 && !r.var(n, 1).requires_grad())
+    constant = r.var(n, 1).value().item();
+  auto one = [&] {
+    return r.constant(Tensor::from_floats({}, std::vector<float>{1.0f}, cpu::backend()));
+  };
+  if (constant && *constant == std::round(*constant) && std::fabs(*constant) <= 16) {
+    const auto e = static_cast<int>(std::fabs(*constant));
+    ag::Var y = e == 0 ? ag::add(r.tape, ag::scale(r.tape, x, 0.0), one()) : x;  // x^0: ones
+    for (int k = 1; k < e; ++k)
+      y = ag::mul(r.tape, y, x);
+    if (*constant < 0)
+      y = ag::div(r.tape, one(), y);
+    r.set(n, 0, y);
+    return;
   }
-  if (e == 1.0)
-    r.set(n, 0, x);
-  else if (e == 2.0)
-    r.set(n, 0, ag::mul(r.tape, x, x));
-  else if (e == 0.5)
+  if (constant && *constant == 0.5) {
     r.set(n, 0, ag::sqrt(r.tape, x));
-  else
-    throw Error(r.where(n) + ": exponent " + std::to_string(e) +
-                " is not supported yet (1, 2 and 0.5 are)");
+    return;
+  }
+  ag::Var exponent;
+  if (is_host(r, n, 1)) {
+    std::vector<std::int64_t> ints = r.ints(n, 1);
+    std::vector<float> v(ints.begin(), ints.end());
+    exponent = r.constant(Tensor::from_floats(r.value(n, 1).host.shape(), v, cpu::backend()));
+  } else {
+    exponent = r.var(n, 1);
+  }
+  r.set(n, 0, ag::exp(r.tape, ag::mul(r.tape, exponent, ag::log(r.tape, x))));
 }
 
 const std::map<std::string, OpFn>& op_table() {
@@ -577,7 +636,6 @@ OnnxModel::OnnxModel(const std::string& path, Backend& backend)
         Parameter{node.outputs[0], ag::Var(value.to(backend), true), value.rank() >= 2});
     untied_.insert(node.outputs[0]);
   }
-  check(!graph_.inputs.empty(), path + ": the graph has no inputs besides its initializers");
   check(!graph_.outputs.empty(), path + ": the graph has no outputs");
 }
 
@@ -596,8 +654,9 @@ std::vector<OnnxModel::OpUse> OnnxModel::coverage() const {
   return uses;
 }
 
-std::vector<ag::Var> OnnxModel::run(ag::Tape& tape, const std::vector<Tensor>& inputs,
-                                    const ForwardOptions& options) {
+std::vector<std::pair<ag::Var, Tensor>> OnnxModel::run_graph(ag::Tape& tape,
+                                                             const std::vector<Tensor>& inputs,
+                                                             const ForwardOptions& options) {
   check(inputs.size() == graph_.inputs.size(), graph_.path + ": the graph takes " +
                                                    std::to_string(graph_.inputs.size()) +
                                                    " inputs, got " + std::to_string(inputs.size()));
@@ -641,15 +700,35 @@ std::vector<ag::Var> OnnxModel::run(ag::Tape& tape, const std::vector<Tensor>& i
     it->second(r, node);
     ++r.node_index;
   }
-  std::vector<ag::Var> outputs;
+  std::vector<std::pair<ag::Var, Tensor>> outputs;
   for (const io::OnnxValueInfo& out : graph_.outputs) {
     auto it = r.env.find(out.name);
-    check(it != r.env.end() && it->second.var.defined(),
-          graph_.path + ": graph output '" + out.name +
-              "' is not a float tensor computed by the graph");
-    outputs.push_back(it->second.var);
+    check(it != r.env.end(), graph_.path + ": graph output '" + out.name + "' is never computed");
+    outputs.emplace_back(it->second.var, it->second.host);
   }
   return outputs;
+}
+
+std::vector<ag::Var> OnnxModel::run(ag::Tape& tape, const std::vector<Tensor>& inputs,
+                                    const ForwardOptions& options) {
+  std::vector<ag::Var> vars;
+  std::size_t k = 0;
+  for (auto& [var, host] : run_graph(tape, inputs, options)) {
+    check(var.defined(), graph_.path + ": graph output '" + graph_.outputs[k].name +
+                             "' is an integer tensor, not something to differentiate");
+    vars.push_back(var);
+    ++k;
+  }
+  return vars;
+}
+
+std::vector<Tensor> OnnxModel::evaluate(const std::vector<Tensor>& inputs) {
+  ag::Tape tape;
+  tape.set_recording(false);
+  std::vector<Tensor> values;
+  for (auto& [var, host] : run_graph(tape, inputs, {}))
+    values.push_back(var.defined() ? var.value() : host);
+  return values;
 }
 
 ag::Var OnnxModel::forward(ag::Tape& tape, const Tensor& inputs, const ForwardOptions& options) {
@@ -658,6 +737,84 @@ ag::Var OnnxModel::forward(ag::Tape& tape, const Tensor& inputs, const ForwardOp
   if (y.shape().size() > 2)
     y = ag::reshape(tape, y, {y.value().numel() / y.shape().back(), y.shape().back()});
   return y;
+}
+
+namespace {
+
+// Values of an f32/i64/i32/u8 tensor as doubles.
+std::vector<double> numbers(const Tensor& t) {
+  Tensor h = t.to(cpu::backend());
+  std::vector<double> v(static_cast<std::size_t>(h.numel()));
+  for (std::int64_t i = 0; i < h.numel(); ++i) {
+    switch (h.dtype()) {
+      case DType::f32:
+        v[i] = h.data<float>()[i];
+        break;
+      case DType::i64:
+        v[i] = static_cast<double>(h.data<std::int64_t>()[i]);
+        break;
+      case DType::i32:
+        v[i] = h.data<std::int32_t>()[i];
+        break;
+      case DType::u8:
+        v[i] = h.data<std::uint8_t>()[i];
+        break;
+      default:
+        throw Error("cannot compare a " + std::string(dtype_name(h.dtype())) + " tensor");
+    }
+  }
+  return v;
+}
+
+// One ONNX backend test: the model on test_data_set_0's inputs against its outputs, with
+// the ONNX runner's default tolerance (rtol 1e-3, atol 1e-7).
+}  // namespace
+
+OnnxTestResult run_onnx_backend_test(const std::string& folder, Backend& device) {
+  const std::filesystem::path dir(folder);
+  OnnxTestResult r{dir.filename().string(), "pass", ""};
+  try {
+    OnnxModel model((dir / "model.onnx").string(), device);
+    for (const auto& use : model.coverage())
+      if (!use.supported) {
+        r.status = "unsupported";
+        r.detail += (r.detail.empty() ? "" : ", ") + use.op;
+      }
+    if (r.status == "unsupported")
+      return r;
+    const std::filesystem::path data = dir / "test_data_set_0";
+    std::vector<Tensor> inputs;
+    for (std::size_t i = 0; std::filesystem::exists(data / ("input_" + std::to_string(i) + ".pb"));
+         ++i)
+      inputs.push_back(io::read_onnx_tensor(
+          (data / ("input_" + std::to_string(i) + ".pb")).string(), cpu::backend()));
+    std::vector<Tensor> outputs = model.evaluate(inputs);
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      Tensor want = io::read_onnx_tensor((data / ("output_" + std::to_string(k) + ".pb")).string(),
+                                         cpu::backend());
+      if (outputs[k].shape() != want.shape()) {
+        r.status = "fail";
+        r.detail = "output " + std::to_string(k) + " is " + shape_str(outputs[k].shape()) +
+                   ", expected " + shape_str(want.shape());
+        return r;
+      }
+      std::vector<double> got = numbers(outputs[k]), ref = numbers(want);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const bool same =
+            got[i] == ref[i] || (std::isnan(got[i]) && std::isnan(ref[i]));  // inf, nan
+        if (!same && !(std::fabs(got[i] - ref[i]) <= 1e-7 + 1e-3 * std::fabs(ref[i]))) {
+          r.status = "fail";
+          r.detail = "output " + std::to_string(k) + " element " + std::to_string(i) + ": " +
+                     std::to_string(got[i]) + ", expected " + std::to_string(ref[i]);
+          return r;
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    r.status = "error";
+    r.detail = e.what();
+  }
+  return r;
 }
 
 }  // namespace loom::nn

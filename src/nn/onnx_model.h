@@ -28,6 +28,14 @@ namespace loom::nn {
 // The ONNX op types the importer maps onto catalog operators, sorted.
 const std::vector<std::string>& onnx_supported_ops();
 
+// One test of the ONNX backend suite (a folder with model.onnx and test_data_set_0/
+// input_N.pb, output_N.pb): the model on those inputs against those outputs, with the
+// ONNX runner's default tolerance (rtol 1e-3, atol 1e-7; integers exactly).
+struct OnnxTestResult {
+  std::string test, status, detail;  // status: pass | fail | error | unsupported (detail: the ops)
+};
+OnnxTestResult run_onnx_backend_test(const std::string& folder, Backend& device);
+
 class OnnxModel final : public Model {
  public:
   // Reads `path` and places its float initializers on `backend` as parameters.
@@ -42,6 +50,8 @@ class OnnxModel final : public Model {
   // Every graph output for the given graph inputs (in the graph's input order).
   std::vector<autograd::Var> run(autograd::Tape& tape, const std::vector<Tensor>& inputs,
                                  const ForwardOptions& options);
+  // Inference: every graph output as a tensor (float on the device, integers on the host).
+  std::vector<Tensor> evaluate(const std::vector<Tensor>& inputs);
 
   struct OpUse {
     std::string op;
@@ -53,6 +63,10 @@ class OnnxModel final : public Model {
   const io::OnnxGraph& graph() const { return graph_; }
 
  private:
+  // Each output as a Var (float) or a host tensor (integers).
+  std::vector<std::pair<autograd::Var, Tensor>> run_graph(autograd::Tape& tape,
+                                                          const std::vector<Tensor>& inputs,
+                                                          const ForwardOptions& options);
   io::OnnxGraph graph_;
   Backend& backend_;
   std::vector<Parameter> params_;

@@ -4,6 +4,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "autograd/functions.h"
@@ -42,6 +43,25 @@ TEST_P(OnnxOnBackend, ExportsGivePyTorchsOutputs) {
     ASSERT_EQ(got.shape(), want.shape());
     EXPECT_LE(worst_ratio(values(got), values(want), 1e-5, 1e-5), 1.0);
   }
+}
+
+// The official ONNX backend node tests Loom passes (tests/fixtures/onnx/node: each op's
+// reference model, inputs and outputs from onnx v1.22.0), on every backend.
+TEST_P(OnnxOnBackend, OfficialNodeTestsPass) {
+  Backend* device = nullptr;
+  for (Backend* b : backends())
+    if (std::string(b->name()).rfind(GetParam(), 0) == 0)
+      device = b;
+  ASSERT_NE(device, nullptr);
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(fixture("node"))) {
+    if (!entry.is_directory())
+      continue;
+    nn::OnnxTestResult r = nn::run_onnx_backend_test(entry.path().string(), *device);
+    EXPECT_EQ(r.status, "pass") << r.test << ": " << r.detail;
+    ++count;
+  }
+  EXPECT_GE(count, 150);
 }
 
 std::vector<std::string> backend_names() {
