@@ -560,9 +560,165 @@ void pow(Runner& r, const io::OnnxNode& n) {
   r.set(n, 0, ag::exp(r.tape, ag::mul(r.tape, exponent, ag::log(r.tape, x))));
 }
 
+// ---- convolutional networks --------------------------------------------------------
+
+// All entries of an ints attribute equal to `value` (absent: true).
+bool all_equal(const std::vector<std::int64_t>& values, std::int64_t value) {
+  return std::all_of(values.begin(), values.end(), [&](std::int64_t v) { return v == value; });
+}
+
+// One stride (and padding) for both spatial dimensions, as the catalog's 2-D ops take.
+std::int64_t uniform(const Runner& r, const io::OnnxNode& n, const std::string& name,
+                     std::int64_t fallback) {
+  std::vector<std::int64_t> v = r.attr_ints(n, name);
+  if (v.empty())
+    return fallback;
+  check(all_equal(v, v[0]),
+        r.where(n) + ": " + name + " " + shape_str(v) +
+            " must be equal in every dimension (Loom's 2-D operators take one)");
+  return v[0];
+}
+
+void check_plain_window(const Runner& r, const io::OnnxNode& n) {
+  auto it = n.attributes.find("auto_pad");
+  check(it == n.attributes.end() || it->second.s == "NOTSET" || it->second.s == "VALID",
+        r.where(n) + ": auto_pad " + (it == n.attributes.end() ? "" : it->second.s) +
+            " is not supported yet");
+  check(all_equal(r.attr_ints(n, "dilations"), 1),
+        r.where(n) + ": dilations other than 1 are not supported yet");
+  check(r.attr_int(n, "ceil_mode", 0) == 0, r.where(n) + ": ceil_mode is not supported yet");
+}
+
+void conv(Runner& r, const io::OnnxNode& n) {
+  const ag::Var& x = r.var(n, 0);
+  const ag::Var& w = r.var(n, 1);
+  check(x.shape().size() == 4, r.where(n) + ": only 2-D convolution (NCHW input) is supported yet");
+  check(r.attr_int(n, "group", 1) == 1, r.where(n) + ": grouped convolution is not supported yet");
+  check_plain_window(r, n);
+  const std::int64_t stride = uniform(r, n, "strides", 1), padding = uniform(r, n, "pads", 0);
+  ag::Var bias = r.has_input(n, 2)
+                     ? r.var(n, 2)
+                     : r.constant(Tensor::from_floats(
+                           {w.dim(0)}, std::vector<float>(static_cast<std::size_t>(w.dim(0)), 0.0f),
+                           cpu::backend()));
+  r.set(n, 0, ag::conv2d(r.tape, x, w, bias, stride, padding));
+}
+
+// Square windows without padding: what max_pool2d and avg_pool2d take.
+std::pair<std::int64_t, std::int64_t> pool_window(const Runner& r, const io::OnnxNode& n) {
+  check(r.var(n, 0).shape().size() == 4,
+        r.where(n) + ": only 2-D pooling (NCHW input) is supported yet");
+  check_plain_window(r, n);
+  check(all_equal(r.attr_ints(n, "pads"), 0), r.where(n) + ": padded pooling is not supported yet");
+  std::vector<std::int64_t> kernel = r.attr_ints(n, "kernel_shape");
+  check(kernel.size() == 2 && kernel[0] == kernel[1],
+        r.where(n) + ": kernel_shape " + shape_str(kernel) + " must be square");
+  return {kernel[0], uniform(r, n, "strides", 1)};
+}
+
+void max_pool(Runner& r, const io::OnnxNode& n) {
+  check(n.outputs.size() < 2 || n.outputs[1].empty(),
+        r.where(n) + ": the Indices output is not supported yet");
+  check(r.attr_int(n, "storage_order", 0) == 0,
+        r.where(n) + ": storage_order 1 is not supported yet");
+  auto [kernel, stride] = pool_window(r, n);
+  r.set(n, 0, ag::max_pool2d(r.tape, r.var(n, 0), kernel, stride));
+}
+
+void average_pool(Runner& r, const io::OnnxNode& n) {
+  auto [kernel, stride] = pool_window(r, n);
+  r.set(n, 0, ag::avg_pool2d(r.tape, r.var(n, 0), kernel, stride));
+}
+
+void global_average_pool(Runner& r, const io::OnnxNode& n) {
+  const ag::Var& x = r.var(n, 0);
+  std::vector<std::int64_t> spatial;
+  for (std::size_t d = 2; d < x.shape().size(); ++d)
+    spatial.push_back(static_cast<std::int64_t>(d));
+  r.set(n, 0, ag::mean(r.tape, x, spatial, true));
+}
+
+// Inference form: y = (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1).
+void batch_normalization(Runner& r, const io::OnnxNode& n) {
+  check(r.attr_int(n, "training_mode", 0) == 0 && (n.outputs.size() < 2 || n.outputs[1].empty()),
+        r.where(n) +
+            ": BatchNormalization in training mode is not supported yet (export in eval mode)");
+  const ag::Var& x = r.var(n, 0);
+  const int rank = static_cast<int>(x.shape().size());
+  check(rank >= 2, r.where(n) + ": the input needs a channel axis");
+  Shape per_channel{x.dim(1)};
+  for (int d = 2; d < rank; ++d)
+    per_channel.push_back(1);  // [C,1,1]: broadcasts over N and the spatial axes
+  auto channel = [&](std::size_t i) { return ag::reshape(r.tape, r.var(n, i), per_channel); };
+  const double eps = r.attr_float(n, "epsilon", 1e-5);
+  ag::Var eps_tensor = r.constant(
+      Tensor::from_floats({}, std::vector<float>{static_cast<float>(eps)}, cpu::backend()));
+  ag::Var rstd = ag::sqrt(r.tape, ag::add(r.tape, channel(4), eps_tensor));
+  ag::Var normed = ag::div(r.tape, ag::sub(r.tape, x, channel(3)), rstd);
+  r.set(n, 0, ag::add(r.tape, ag::mul(r.tape, normed, channel(1)), channel(2)));
+}
+
+// clip(x, lo, hi) = min(max(x, lo), hi) with max(x, lo) = lo + relu(x - lo) and
+// min(y, hi) = y - relu(y - hi): relus, so it stays differentiable with the catalog's ops
+// (within an ulp of the exact value).
+void clip(Runner& r, const io::OnnxNode& n) {
+  const ag::Var& x = r.var(n, 0);
+  auto bound = [&](std::size_t input, const char* attr) -> std::optional<ag::Var> {
+    if (r.has_input(n, input))
+      return r.var(n, input);
+    if (n.attributes.count(attr))
+      return r.constant(Tensor::from_floats(
+          {}, std::vector<float>{static_cast<float>(r.attr_float(n, attr, 0))}, cpu::backend()));
+    return std::nullopt;
+  };
+  std::optional<ag::Var> lo = bound(1, "min"), hi = bound(2, "max");
+  ag::Var y = x;
+  if (lo)
+    y = ag::add(r.tape, *lo, ag::relu(r.tape, ag::sub(r.tape, x, *lo)));
+  if (hi)  // of the clipped-below value: min(max(x, lo), hi) = hi when lo > hi, as numpy
+    y = ag::sub(r.tape, y, ag::relu(r.tape, ag::sub(r.tape, y, *hi)));
+  r.set(n, 0, y);
+}
+
+// ---- more elementwise ------------------------------------------------------------------
+
+ag::Var one_like(Runner& r) {
+  return r.constant(Tensor::from_floats({}, std::vector<float>{1.0f}, cpu::backend()));
+}
+
+void sigmoid(Runner& r, const io::OnnxNode& n) {  // 1 / (1 + e^{-x})
+  ag::Var one = one_like(r);
+  r.set(n, 0,
+        ag::div(r.tape, one,
+                ag::add(r.tape, one, ag::exp(r.tape, ag::scale(r.tape, r.var(n, 0), -1.0)))));
+}
+
+void neg(Runner& r, const io::OnnxNode& n) {
+  r.set(n, 0, ag::scale(r.tape, r.var(n, 0), -1.0));
+}
+
+void abs(Runner& r, const io::OnnxNode& n) {  // relu(x) + relu(-x)
+  const ag::Var& x = r.var(n, 0);
+  r.set(n, 0, ag::add(r.tape, ag::relu(r.tape, x), ag::relu(r.tape, ag::scale(r.tape, x, -1.0))));
+}
+
+void reciprocal(Runner& r, const io::OnnxNode& n) {
+  r.set(n, 0, ag::div(r.tape, one_like(r), r.var(n, 0)));
+}
+
 const std::map<std::string, OpFn>& op_table() {
   static const std::map<std::string, OpFn> table = {
+      {"Abs", abs},
       {"Add", arithmetic<ag::add>},
+      {"AveragePool", average_pool},
+      {"BatchNormalization", batch_normalization},
+      {"Clip", clip},
+      {"Conv", conv},
+      {"GlobalAveragePool", global_average_pool},
+      {"MaxPool", max_pool},
+      {"Neg", neg},
+      {"Reciprocal", reciprocal},
+      {"Sigmoid", sigmoid},
       {"Cast", cast},
       {"Concat", concat},
       {"Constant", constant},
