@@ -1,11 +1,14 @@
 #include "nn/onnx_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
+#include <span>
 
 #include "autograd/functions.h"
 #include "backends/cpu/cpu_backend.h"
@@ -563,7 +566,7 @@ void pow(Runner& r, const io::OnnxNode& n) {
 // ---- convolutional networks --------------------------------------------------------
 
 // All entries of an ints attribute equal to `value` (absent: true).
-bool all_equal(const std::vector<std::int64_t>& values, std::int64_t value) {
+bool all_equal(std::span<const std::int64_t> values, std::int64_t value) {
   return std::all_of(values.begin(), values.end(), [&](std::int64_t v) { return v == value; });
 }
 
@@ -579,41 +582,116 @@ std::int64_t uniform(const Runner& r, const io::OnnxNode& n, const std::string& 
   return v[0];
 }
 
-void check_plain_window(const Runner& r, const io::OnnxNode& n) {
+void check_no_dilation(const Runner& r, const io::OnnxNode& n) {
   auto it = n.attributes.find("auto_pad");
   check(it == n.attributes.end() || it->second.s == "NOTSET" || it->second.s == "VALID",
         r.where(n) + ": auto_pad " + (it == n.attributes.end() ? "" : it->second.s) +
             " is not supported yet");
   check(all_equal(r.attr_ints(n, "dilations"), 1),
         r.where(n) + ": dilations other than 1 are not supported yet");
-  check(r.attr_int(n, "ceil_mode", 0) == 0, r.where(n) + ": ceil_mode is not supported yet");
 }
 
+// ONNX pads [top, left, bottom, right] of a 2-D window op (absent: none).
+std::array<std::int64_t, 4> pads_of(const Runner& r, const io::OnnxNode& n) {
+  std::vector<std::int64_t> p = r.attr_ints(n, "pads");
+  if (p.empty())
+    return {0, 0, 0, 0};
+  check(p.size() == 4, r.where(n) + ": pads " + shape_str(p) + " must have 4 entries for 2-D");
+  return {p[0], p[1], p[2], p[3]};
+}
+
+// x [N,C,H,W] with `pads` rows and columns of `fill` around it (concatenated constants:
+// the gradient reaches x only).
+ag::Var pad_spatial(Runner& r, const ag::Var& x, const std::array<std::int64_t, 4>& pads,
+                    float fill) {
+  ag::Var y = x;
+  for (int axis : {2, 3}) {
+    const std::int64_t before = pads[axis - 2], after = pads[axis];
+    if (before == 0 && after == 0)
+      continue;
+    std::vector<ag::Var> parts;
+    auto block = [&](std::int64_t size) {
+      Shape s = y.shape();
+      s[static_cast<std::size_t>(axis)] = size;
+      std::vector<float> values(static_cast<std::size_t>(shape_numel(s)), fill);
+      return r.constant(Tensor::from_floats(s, values, cpu::backend()));
+    };
+    if (before > 0)
+      parts.push_back(block(before));
+    parts.push_back(y);
+    if (after > 0)
+      parts.push_back(block(after));
+    y = ag::concat(r.tape, parts, axis);
+  }
+  return y;
+}
+
+// Convolution: symmetric padding goes to conv2d itself, other padding is added first;
+// groups are separate convolutions over channel slices, concatenated.
 void conv(Runner& r, const io::OnnxNode& n) {
-  const ag::Var& x = r.var(n, 0);
+  ag::Var x = r.var(n, 0);
   const ag::Var& w = r.var(n, 1);
   check(x.shape().size() == 4, r.where(n) + ": only 2-D convolution (NCHW input) is supported yet");
-  check(r.attr_int(n, "group", 1) == 1, r.where(n) + ": grouped convolution is not supported yet");
-  check_plain_window(r, n);
-  const std::int64_t stride = uniform(r, n, "strides", 1), padding = uniform(r, n, "pads", 0);
-  ag::Var bias = r.has_input(n, 2)
-                     ? r.var(n, 2)
-                     : r.constant(Tensor::from_floats(
-                           {w.dim(0)}, std::vector<float>(static_cast<std::size_t>(w.dim(0)), 0.0f),
-                           cpu::backend()));
-  r.set(n, 0, ag::conv2d(r.tape, x, w, bias, stride, padding));
+  check_no_dilation(r, n);
+  const std::int64_t stride = uniform(r, n, "strides", 1), groups = r.attr_int(n, "group", 1);
+  std::array<std::int64_t, 4> pads = pads_of(r, n);
+  std::int64_t padding = 0;
+  if (all_equal(pads, pads[0]))
+    padding = pads[0];
+  else
+    x = pad_spatial(r, x, pads, 0.0f);
+  const std::int64_t out_channels = w.dim(0);
+  ag::Var bias =
+      r.has_input(n, 2)
+          ? r.var(n, 2)
+          : r.constant(Tensor::from_floats(
+                {out_channels}, std::vector<float>(static_cast<std::size_t>(out_channels), 0.0f),
+                cpu::backend()));
+  check(groups >= 1 && x.dim(1) % groups == 0 && out_channels % groups == 0 &&
+            w.dim(1) * groups == x.dim(1),
+        r.where(n) + ": group " + std::to_string(groups) + " does not divide the channels of " +
+            x.value().describe() + " and " + w.value().describe());
+  if (groups == 1) {
+    r.set(n, 0, ag::conv2d(r.tape, x, w, bias, stride, padding));
+    return;
+  }
+  const std::int64_t in_per = x.dim(1) / groups, out_per = out_channels / groups;
+  std::vector<ag::Var> outputs;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    ag::Var xg = ag::slice(r.tape, x, 1, g * in_per, (g + 1) * in_per);
+    ag::Var wg = ag::slice(r.tape, w, 0, g * out_per, (g + 1) * out_per);
+    ag::Var bg = ag::slice(r.tape, bias, 0, g * out_per, (g + 1) * out_per);
+    outputs.push_back(ag::conv2d(r.tape, xg, wg, bg, stride, padding));
+  }
+  r.set(n, 0, ag::concat(r.tape, outputs, 1));
 }
 
-// Square windows without padding: what max_pool2d and avg_pool2d take.
+// A square window and one stride, as max_pool2d and avg_pool2d take.
 std::pair<std::int64_t, std::int64_t> pool_window(const Runner& r, const io::OnnxNode& n) {
   check(r.var(n, 0).shape().size() == 4,
         r.where(n) + ": only 2-D pooling (NCHW input) is supported yet");
-  check_plain_window(r, n);
-  check(all_equal(r.attr_ints(n, "pads"), 0), r.where(n) + ": padded pooling is not supported yet");
+  check_no_dilation(r, n);
   std::vector<std::int64_t> kernel = r.attr_ints(n, "kernel_shape");
   check(kernel.size() == 2 && kernel[0] == kernel[1],
         r.where(n) + ": kernel_shape " + shape_str(kernel) + " must be square");
   return {kernel[0], uniform(r, n, "strides", 1)};
+}
+
+// ceil_mode: windows that start inside the (padded) input but run past its end count too;
+// the extra end rows and columns this needs.
+std::array<std::int64_t, 4> with_ceil(const Runner& r, const io::OnnxNode& n, const ag::Var& x,
+                                      std::array<std::int64_t, 4> pads, std::int64_t kernel,
+                                      std::int64_t stride) {
+  if (r.attr_int(n, "ceil_mode", 0) == 0)
+    return pads;
+  for (int axis : {2, 3}) {
+    const std::int64_t size = x.dim(axis) + pads[axis - 2] + pads[axis];
+    std::int64_t out = (size - kernel + stride - 1) / stride + 1;
+    if ((out - 1) * stride >= x.dim(axis) + pads[axis - 2])
+      --out;  // a window may not start in the end padding
+    pads[axis] += std::max<std::int64_t>(0, (out - 1) * stride + kernel - size);
+  }
+  return pads;
 }
 
 void max_pool(Runner& r, const io::OnnxNode& n) {
@@ -622,12 +700,30 @@ void max_pool(Runner& r, const io::OnnxNode& n) {
   check(r.attr_int(n, "storage_order", 0) == 0,
         r.where(n) + ": storage_order 1 is not supported yet");
   auto [kernel, stride] = pool_window(r, n);
-  r.set(n, 0, ag::max_pool2d(r.tape, r.var(n, 0), kernel, stride));
+  const ag::Var& x = r.var(n, 0);
+  std::array<std::int64_t, 4> pads = with_ceil(r, n, x, pads_of(r, n), kernel, stride);
+  ag::Var padded = pad_spatial(r, x, pads, -std::numeric_limits<float>::infinity());
+  r.set(n, 0, ag::max_pool2d(r.tape, padded, kernel, stride));
 }
 
+// Padding counts as zeros (count_include_pad = 1), or the sum is divided by the number of
+// real elements in each window: avg(x padded with 0) / avg(ones padded with 0).
 void average_pool(Runner& r, const io::OnnxNode& n) {
+  check(r.attr_int(n, "ceil_mode", 0) == 0,
+        r.where(n) + ": ceil_mode is not supported yet for AveragePool");
   auto [kernel, stride] = pool_window(r, n);
-  r.set(n, 0, ag::avg_pool2d(r.tape, r.var(n, 0), kernel, stride));
+  const ag::Var& x = r.var(n, 0);
+  std::array<std::int64_t, 4> pads = pads_of(r, n);
+  ag::Var y = ag::avg_pool2d(r.tape, pad_spatial(r, x, pads, 0.0f), kernel, stride);
+  if (r.attr_int(n, "count_include_pad", 0) == 0 && !all_equal(pads, 0)) {
+    Shape plane{1, 1, x.dim(2), x.dim(3)};
+    ag::Var ones = r.constant(Tensor::from_floats(
+        plane, std::vector<float>(static_cast<std::size_t>(shape_numel(plane)), 1.0f),
+        cpu::backend()));
+    y = ag::div(r.tape, y,
+                ag::avg_pool2d(r.tape, pad_spatial(r, ones, pads, 0.0f), kernel, stride));
+  }
+  r.set(n, 0, y);
 }
 
 void global_average_pool(Runner& r, const io::OnnxNode& n) {
