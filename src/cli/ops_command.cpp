@@ -6,10 +6,13 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/functions.h"
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
 #include "core/op_catalog.h"
 #include "dispatch/devices.h"
 #include "dispatch/dispatch.h"
 #include "nn/init.h"
+#include "nn/onnx_model.h"
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
 
@@ -46,6 +49,9 @@ Report measure(const OpsOptions& o, Backend& device) {
     spec.heads = o.heads;
     spec.context = o.context;
     spec.vocab = o.vocab;
+  } else if (model_kind == "onnx") {
+    check(!o.onnx.empty(), "loom ops --model onnx needs --onnx FILE");
+    spec.onnx = o.onnx;
   } else {
     spec.width = model_kind == "mlp" ? 512 : 128;
     spec.layers = 2;
@@ -61,6 +67,31 @@ Report measure(const OpsOptions& o, Backend& device) {
       v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(o.vocab));
     inputs = Tensor::from_ints({o.batch, o.context}, x, device);
     targets = Tensor::from_ints({o.batch * o.context}, y, device);
+  } else if (model_kind == "onnx") {
+    // The graph's first input as declared (symbolic dimensions: 1); token ids below the
+    // size of the output's last axis; targets one per row of the logits.
+    const auto& graph = dynamic_cast<nn::OnnxModel&>(*model).graph();
+    Shape shape;
+    for (std::int64_t d : graph.inputs.front().shape)
+      shape.push_back(d > 0 ? d : 1);
+    const std::int64_t classes =
+        !graph.outputs.front().shape.empty() && graph.outputs.front().shape.back() > 0
+            ? graph.outputs.front().shape.back()
+            : 2;
+    if (graph.inputs.front().dtype == DType::f32) {
+      inputs = nn::normal_tensor(shape, 1.0, rng, device);
+    } else {
+      std::vector<std::int32_t> x(static_cast<std::size_t>(shape_numel(shape)));
+      for (auto& v : x)
+        v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(classes));
+      inputs = Tensor::from_ints(shape, x, cpu::backend());
+    }
+    autograd::Tape probe;
+    probe.set_recording(false);
+    std::vector<std::int32_t> y(static_cast<std::size_t>(model->forward(probe, inputs, {}).dim(0)));
+    for (auto& v : y)
+      v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(classes));
+    targets = Tensor::from_ints({static_cast<std::int64_t>(y.size())}, y, device);
   } else {
     inputs = nn::normal_tensor({64, 1, 28, 28}, 1.0, rng, device);
     std::vector<std::int32_t> y(64);
@@ -128,8 +159,9 @@ std::string cell_text(const Cell& c) {
 CLI::App* add_ops_command(CLI::App& app, OpsOptions& o) {
   CLI::App* ops =
       app.add_subcommand("ops", "operator coverage of a model's training step on each backend");
-  ops->add_option("--model", o.model, "gpt | mlp | cnn")
-      ->check(CLI::IsMember({"gpt", "mlp", "cnn"}));
+  ops->add_option("--model", o.model, "gpt | mlp | cnn | onnx (with --onnx FILE)")
+      ->check(CLI::IsMember({"gpt", "mlp", "cnn", "onnx"}));
+  ops->add_option("--onnx", o.onnx, "model onnx: the .onnx file whose training step to report");
   ops->add_option("--backend", o.backend, "a backend name or all");
   ops->add_flag("--json", o.json, "one JSON object per backend");
   ops->add_option("--layers", o.layers, "gpt: transformer blocks")->check(CLI::Range(1, 1024));

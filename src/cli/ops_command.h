@@ -8,6 +8,7 @@ namespace loom::cli {
 
 struct OpsOptions {
   std::string model = "gpt";
+  std::string onnx;  // model onnx: the file
   std::string backend = "all";
   bool json = false;
   // gpt's shape (defaults: the default training run) and the timed steps after one warm-up.

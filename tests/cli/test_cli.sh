@@ -80,6 +80,10 @@ fx=tests/fixtures/onnx
 expect_error "expected shape [2,1,28,28]" onnx "$fx/mlp_mnist.onnx" --input "$fx/mlp_mnist/input_0.pb" --expect "$fx/mlp_mnist/input_0.pb"
 expect_error "absent.onnx: cannot open" onnx "$dir/absent.onnx"
 expect_error "model = onnx needs --onnx FILE" train --model onnx --out "$dir/o12"
+"$loom" ops --model onnx --onnx "$fx/tiny_gpt_block.onnx" --backend partial > "$dir/onnx_ops.log" 2>&1 \
+  && grep -qE '^erf +forward +fallback 1' "$dir/onnx_ops.log" \
+  || { echo "FAIL: loom ops for an imported model: $(tail -n 3 "$dir/onnx_ops.log")"; failures=$((failures + 1)); }
+expect_error "loom ops --model onnx needs --onnx FILE" ops --model onnx
 "$loom" train --model onnx --onnx "$fx/mlp_mnist.onnx" --steps 20 --out "$dir/onnx_train" --json > "$dir/onnx_train.log" 2>&1 \
   && tail -n 1 "$dir/onnx_train.log" | grep -q '"test_accuracy"' \
   || { echo "FAIL: training the imported ONNX model: $(tail -n 2 "$dir/onnx_train.log")"; failures=$((failures + 1)); }
