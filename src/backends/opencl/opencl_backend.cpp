@@ -248,6 +248,8 @@ bool OpenClBackend::supports(const OpCall& call) const {
   switch (call.op) {
     case OpId::copy:
       return call.inputs[0].rank() <= 6;
+    case OpId::expand:  // a strided copy whose broadcast dimensions have stride 0
+      return call.attrs.shape.size() <= 6;
     case OpId::slice_backward:
     case OpId::sum_squares:
     case OpId::embedding:
@@ -400,6 +402,24 @@ void OpenClBackend::launch(const OpCall& call, Stream&) {
       }
       run("copy_strided", n(out[0]), mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]),
           static_cast<cl_int>(x.rank()), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+          stride[0], stride[1], stride[2], stride[3], stride[4], stride[5]);
+      return;
+    }
+    case OpId::expand: {
+      // Right-aligned broadcasting: a size-1 or missing dimension of x repeats (stride 0).
+      const Tensor& x = in[0];
+      const Shape& target = out[0].shape();
+      const int rank = static_cast<int>(target.size()), lead = rank - x.rank();
+      cl_ulong shape[6] = {1, 1, 1, 1, 1, 1}, stride[6] = {0, 0, 0, 0, 0, 0};
+      for (int d = 0; d < rank; ++d) {
+        shape[d] = static_cast<cl_ulong>(target[static_cast<std::size_t>(d)]);
+        const int xd = d - lead;
+        stride[d] = xd < 0 || x.shape()[static_cast<std::size_t>(xd)] == 1
+                        ? 0
+                        : static_cast<cl_ulong>(x.strides()[static_cast<std::size_t>(xd)]);
+      }
+      run("copy_strided", n(out[0]), mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]),
+          static_cast<cl_int>(rank), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
           stride[0], stride[1], stride[2], stride[3], stride[4], stride[5]);
       return;
     }
