@@ -15,6 +15,10 @@ Backend& cpu();
 // Every backend available in this build and on this machine (the conformance suite
 // runs each of them unchanged).
 std::vector<Backend*> backends();
+// Their names without the device index ("opencl:0" -> "opencl"), for parameterised tests,
+// and the backend with that name.
+std::vector<std::string> backend_names();
+Backend& backend_named(const std::string& name);
 
 Tensor random(const Shape& shape, nn::Rng& rng, float lo = -1.0f, float hi = 1.0f);
 Tensor random_ids(const Shape& shape, std::int64_t limit, nn::Rng& rng);
@@ -24,7 +28,8 @@ Tensor non_contiguous(const Shape& shape, nn::Rng& rng);
 std::vector<double> values(const Tensor& t);
 
 // Largest |a-b| / (atol + rtol |b|); <= 1 means within tolerance.
-double worst_ratio(const std::vector<double>& a, const std::vector<double>& b, double rtol, double atol);
+double worst_ratio(const std::vector<double>& a, const std::vector<double>& b, double rtol,
+                   double atol);
 // Normalised mean squared error sum (a-b)^2 / sum b^2 (ggml's measure for GEMM/reductions).
 double nmse(const std::vector<double>& a, const std::vector<double>& b);
 

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -30,11 +32,14 @@ void write_file_atomically(const std::string& path, std::string_view contents) {
   std::size_t written = 0;
   while (written < contents.size()) {
     ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("write failed");
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      fail("write failed");
     written += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd) != 0) fail("fsync failed");
+  if (::fsync(fd) != 0)
+    fail("fsync failed");
   if (::close(fd) != 0) {
     ::unlink(temp.c_str());
     throw Error(path + ": close failed: " + std::strerror(errno));
@@ -49,6 +54,15 @@ void write_file_atomically(const std::string& path, std::string_view contents) {
     ::fsync(dir_fd);
     ::close(dir_fd);
   }
+}
+
+std::string read_whole_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  check(file.good(), path + ": cannot open (missing or unreadable)");
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  check(!file.bad(), path + ": read error");
+  return contents.str();
 }
 
 }  // namespace loom::io

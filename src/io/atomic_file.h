@@ -10,4 +10,7 @@ namespace loom::io {
 // Writes `contents` (possibly in pieces) to `path` atomically; throws naming the path.
 void write_file_atomically(const std::string& path, std::string_view contents);
 
+// The whole file as bytes; throws naming the path when it cannot be opened or read.
+std::string read_whole_file(const std::string& path);
+
 }  // namespace loom::io

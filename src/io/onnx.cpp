@@ -8,18 +8,10 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace loom::io {
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), path + ": cannot open for reading");
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  check(!in.bad(), path + ": read error");
-  return bytes.str();
-}
 
 std::string data_type_name(int type) {
   return onnx::TensorProto_DataType_IsValid(type)
@@ -161,7 +153,7 @@ OnnxAttribute attribute(const onnx::AttributeProto& a, Backend& host, const std:
 
 OnnxGraph read_onnx(const std::string& path, Backend& host) {
   onnx::ModelProto model;
-  check(model.ParseFromString(read_file(path)),
+  check(model.ParseFromString(read_whole_file(path)),
         path + ": not an ONNX model (the protobuf ModelProto does not parse)");
   check(model.has_graph(), path + ": the model has no graph");
   OnnxGraph g;
@@ -201,7 +193,7 @@ OnnxGraph read_onnx(const std::string& path, Backend& host) {
 
 Tensor read_onnx_tensor(const std::string& path, Backend& host) {
   onnx::TensorProto t;
-  check(t.ParseFromString(read_file(path)),
+  check(t.ParseFromString(read_whole_file(path)),
         path + ": not an ONNX TensorProto (the protobuf does not parse)");
   return to_tensor(t, host, path);
 }

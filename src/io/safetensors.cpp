@@ -14,15 +14,6 @@ namespace {
 
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;  // the format's own limit
 
-std::string read_whole_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  check(file.good(), path + ": cannot open (missing or unreadable)");
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  check(!file.bad(), path + ": read error");
-  return contents.str();
-}
-
 }  // namespace
 
 SafetensorsFile SafetensorsFile::read(const std::string& path) {
@@ -30,17 +21,20 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
   check(bytes.size() >= 8, path + ": " + std::to_string(bytes.size()) +
                                " bytes; a safetensors file starts with an 8-byte header length");
   std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
+  for (int i = 7; i >= 0; --i)
+    header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
   check(header_len <= kMaxHeaderBytes && header_len <= bytes.size() - 8,
         path + ": header length = " + std::to_string(header_len) + ", but the file has only " +
             std::to_string(bytes.size() - 8) + " bytes after it (truncated or corrupt)");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
+    header = nlohmann::json::parse(bytes.begin() + 8,
+                                   bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
   } catch (const nlohmann::json::exception& e) {
     throw Error(path + ": header is not valid JSON (" + e.what() + ")");
   }
-  check(header.is_object(), path + ": header is " + std::string(header.type_name()) + ", expected a JSON object");
+  check(header.is_object(),
+        path + ": header is " + std::string(header.type_name()) + ", expected a JSON object");
   SafetensorsFile file;
   file.path_ = path;
   file.data_ = bytes.substr(8 + header_len);
@@ -49,50 +43,62 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
     if (name == "__metadata__") {
       check(value.is_object(), path + ": __metadata__ must be an object of strings");
       for (auto& [k, v] : value.items()) {
-        check(v.is_string(), path + ": __metadata__." + k + " is " + std::string(v.type_name()) + ", expected a string");
+        check(v.is_string(), path + ": __metadata__." + k + " is " + std::string(v.type_name()) +
+                                 ", expected a string");
         file.metadata_[k] = v.get<std::string>();
       }
       continue;
     }
     std::string where = path + ": tensor '" + name + "'";
-    check(value.is_object() && value.contains("dtype") && value.contains("shape") && value.contains("data_offsets"),
+    check(value.is_object() && value.contains("dtype") && value.contains("shape") &&
+              value.contains("data_offsets"),
           where + " needs dtype, shape and data_offsets");
     SafetensorsEntry e;
     e.name = name;
-    check(value["dtype"].is_string() && parse_safetensors_dtype(value["dtype"].get<std::string>(), e.dtype),
-          where + ": dtype " + value["dtype"].dump() + " is not one of F32, BF16, F16, I32, I64, U8");
-    check(value["shape"].is_array(), where + ": shape " + value["shape"].dump() + " is not an array");
+    check(
+        value["dtype"].is_string() &&
+            parse_safetensors_dtype(value["dtype"].get<std::string>(), e.dtype),
+        where + ": dtype " + value["dtype"].dump() + " is not one of F32, BF16, F16, I32, I64, U8");
+    check(value["shape"].is_array(),
+          where + ": shape " + value["shape"].dump() + " is not an array");
     for (const auto& d : value["shape"]) {
-      check(d.is_number_unsigned(), where + ": shape " + value["shape"].dump() + " must hold non-negative integers");
+      check(d.is_number_unsigned(),
+            where + ": shape " + value["shape"].dump() + " must hold non-negative integers");
       e.shape.push_back(d.get<std::int64_t>());
     }
     const auto& offsets = value["data_offsets"];
-    check(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() && offsets[1].is_number_unsigned(),
+    check(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+              offsets[1].is_number_unsigned(),
           where + ": data_offsets " + offsets.dump() + " must be [begin, end]");
     e.begin = offsets[0].get<std::size_t>();
     e.end = offsets[1].get<std::size_t>();
     check(e.begin <= e.end && e.end <= data_size, where + ": data_offsets " + offsets.dump() +
-                                                      " outside the data section of " + std::to_string(data_size) + " bytes");
+                                                      " outside the data section of " +
+                                                      std::to_string(data_size) + " bytes");
     std::size_t expected = static_cast<std::size_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
-    check(e.end - e.begin == expected, where + ": data_offsets " + offsets.dump() + " span " +
-                                           std::to_string(e.end - e.begin) + " bytes, but " +
-                                           std::string(safetensors_name(e.dtype)) + shape_str(e.shape) + " needs " +
-                                           std::to_string(expected));
+    check(e.end - e.begin == expected,
+          where + ": data_offsets " + offsets.dump() + " span " + std::to_string(e.end - e.begin) +
+              " bytes, but " + std::string(safetensors_name(e.dtype)) + shape_str(e.shape) +
+              " needs " + std::to_string(expected));
     file.entries_.push_back(std::move(e));
   }
   // No two tensors may share bytes.
   std::vector<const SafetensorsEntry*> by_offset;
-  for (const auto& e : file.entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  for (const auto& e : file.entries_)
+    by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](auto* a, auto* b) { return a->begin < b->begin; });
   for (std::size_t i = 1; i < by_offset.size(); ++i)
-    check(by_offset[i]->begin >= by_offset[i - 1]->end,
-          path + ": tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name + "' overlap");
+    check(by_offset[i]->begin >= by_offset[i - 1]->end, path + ": tensors '" +
+                                                            by_offset[i - 1]->name + "' and '" +
+                                                            by_offset[i]->name + "' overlap");
   return file;
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   for (const auto& e : entries_)
-    if (e.name == name) return &e;
+    if (e.name == name)
+      return &e;
   return nullptr;
 }
 
@@ -101,7 +107,9 @@ Tensor SafetensorsFile::load_f32(const SafetensorsEntry& entry, Backend& backend
   std::int64_t n = shape_numel(entry.shape);
   std::vector<float> values(n);
   switch (entry.dtype) {
-    case DType::f32: std::memcpy(values.data(), src, n * sizeof(float)); break;
+    case DType::f32:
+      std::memcpy(values.data(), src, n * sizeof(float));
+      break;
     case DType::bf16:
     case DType::f16:
       for (std::int64_t i = 0; i < n; ++i) {
@@ -111,21 +119,26 @@ Tensor SafetensorsFile::load_f32(const SafetensorsEntry& entry, Backend& backend
       }
       break;
     default:
-      throw Error(path_ + ": tensor '" + entry.name + "' is " + std::string(safetensors_name(entry.dtype)) +
-                  ", expected a floating-point dtype");
+      throw Error(path_ + ": tensor '" + entry.name + "' is " +
+                  std::string(safetensors_name(entry.dtype)) + ", expected a floating-point dtype");
   }
   return Tensor::from_floats(entry.shape, values, backend);
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  if (!metadata.empty())
+    header["__metadata__"] = metadata;
   std::size_t offset = 0;
   std::vector<std::vector<float>> f32_data;
   for (const auto& [name, tensor] : tensors) {
-    check(tensor.dtype() == DType::f32, path + ": tensor '" + name + "' is " + tensor.describe() + "; Loom writes f32");
-    header[name] = {{"dtype", "F32"}, {"shape", tensor.shape()}, {"data_offsets", {offset, offset + tensor.nbytes()}}};
+    check(tensor.dtype() == DType::f32,
+          path + ": tensor '" + name + "' is " + tensor.describe() + "; Loom writes f32");
+    header[name] = {{"dtype", "F32"},
+                    {"shape", tensor.shape()},
+                    {"data_offsets", {offset, offset + tensor.nbytes()}}};
     offset += tensor.nbytes();
   }
   std::string json = header.dump();
@@ -133,7 +146,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   std::string out;
   out.reserve(8 + json.size() + offset);
   std::uint64_t len = json.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+  for (int i = 0; i < 8; ++i)
+    out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
   out += json;
   for (const auto& [name, tensor] : tensors) {
     std::vector<float> values = tensor.to_floats();

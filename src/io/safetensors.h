@@ -42,7 +42,8 @@ class SafetensorsFile {
 };
 
 // Writes tensors (any device; copied to the host) and string metadata atomically.
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata);
 
 }  // namespace loom::io

@@ -27,11 +27,7 @@ class OnnxOnBackend : public ::testing::TestWithParam<std::string> {};
 
 // Each PyTorch export against PyTorch's own output for its example input.
 TEST_P(OnnxOnBackend, ExportsGivePyTorchsOutputs) {
-  Backend* device = nullptr;
-  for (Backend* b : backends())
-    if (std::string(b->name()).rfind(GetParam(), 0) == 0)
-      device = b;
-  ASSERT_NE(device, nullptr);
+  Backend* device = &backend_named(GetParam());
   for (std::string name : {"mlp_mnist", "transformer_encoder_layer", "tiny_gpt_block"}) {
     SCOPED_TRACE(name);
     nn::OnnxModel model(fixture(name + ".onnx"), *device);
@@ -48,11 +44,7 @@ TEST_P(OnnxOnBackend, ExportsGivePyTorchsOutputs) {
 // The official ONNX backend node tests Loom passes (tests/fixtures/onnx/node: each op's
 // reference model, inputs and outputs from onnx v1.22.0), on every backend.
 TEST_P(OnnxOnBackend, OfficialNodeTestsPass) {
-  Backend* device = nullptr;
-  for (Backend* b : backends())
-    if (std::string(b->name()).rfind(GetParam(), 0) == 0)
-      device = b;
-  ASSERT_NE(device, nullptr);
+  Backend* device = &backend_named(GetParam());
   int count = 0;
   for (const auto& entry : std::filesystem::directory_iterator(fixture("node"))) {
     if (!entry.is_directory())
@@ -62,15 +54,6 @@ TEST_P(OnnxOnBackend, OfficialNodeTestsPass) {
     ++count;
   }
   EXPECT_GE(count, 189);
-}
-
-std::vector<std::string> backend_names() {
-  std::vector<std::string> names;
-  for (Backend* b : backends()) {
-    std::string name(b->name());
-    names.push_back(name.substr(0, name.find(':')));
-  }
-  return names;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, OnnxOnBackend, ::testing::ValuesIn(backend_names()),
