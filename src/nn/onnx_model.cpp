@@ -25,6 +25,9 @@ namespace {
 struct Value {
   ag::Var var;
   Tensor host;
+  // A graph input of token ids as Loom gave them (i32, on the model's device): an
+  // embedding lookup reads them there, with no host copy that graph capture would freeze.
+  Tensor device_ids;
 };
 
 class Runner;
@@ -89,10 +92,10 @@ class Runner {
   }
   void set(const io::OnnxNode& node, std::size_t i, ag::Var v) {
     check(i < node.outputs.size(), where(node) + ": has no output " + std::to_string(i));
-    env[node.outputs[i]] = Value{std::move(v), Tensor()};
+    env[node.outputs[i]] = Value{std::move(v), Tensor(), Tensor()};
   }
   void set_host(const io::OnnxNode& node, std::size_t i, Tensor t) {
-    env[node.outputs[i]] = Value{ag::Var(), std::move(t)};
+    env[node.outputs[i]] = Value{ag::Var(), std::move(t), Tensor()};
   }
   ag::Var constant(const Tensor& host_tensor) { return ag::Var(host_tensor.to(backend), false); }
   std::int64_t opset() const { return graph_.opset; }
@@ -406,6 +409,10 @@ void gather(Runner& r, const io::OnnxNode& n) {
     out.insert(out.end(), indices.shape().begin(), indices.shape().end());
     out.insert(out.end(), table.shape().begin() + axis + 1, table.shape().end());
     r.set(n, 0, ag::reshape(r.tape, joined, out));
+    return;
+  }
+  if (const Tensor& direct = r.value(n, 1).device_ids; direct.defined()) {
+    r.set(n, 0, ag::embedding(r.tape, table, direct));  // the kernel checks the ids' range
     return;
   }
   std::vector<std::int32_t> rows;
@@ -891,6 +898,19 @@ OnnxModel::OnnxModel(const std::string& path, Backend& backend)
   check(!graph_.outputs.empty(), path + ": the graph has no outputs");
 }
 
+bool OnnxModel::capturable() const {
+  std::set<std::string> integer_inputs;
+  for (const io::OnnxValueInfo& in : graph_.inputs)
+    if (in.dtype != DType::f32)
+      integer_inputs.insert(in.name);
+  for (const io::OnnxNode& node : graph_.nodes)
+    for (std::size_t i = 0; i < node.inputs.size(); ++i)
+      if (integer_inputs.count(node.inputs[i]) && !(node.op_type == "Gather" && i == 1) &&
+          node.op_type != "Shape")
+        return false;  // their values are read on the host
+  return true;
+}
+
 std::vector<OnnxModel::OpUse> OnnxModel::coverage() const {
   std::vector<OpUse> uses;
   for (const io::OnnxNode& node : graph_.nodes) {
@@ -916,7 +936,10 @@ std::vector<std::pair<ag::Var, Tensor>> OnnxModel::run_graph(ag::Tape& tape,
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const io::OnnxValueInfo& info = graph_.inputs[i];
     Tensor given = inputs[i];
+    Tensor device_ids;
     if (info.dtype == DType::i64 && given.dtype() == DType::i32) {  // Loom's token ids are i32
+      if (&given.backend() == &backend_ && given.is_contiguous())
+        device_ids = given;
       std::vector<std::int32_t> ids = given.to_ints();
       std::vector<std::int64_t> wide(ids.begin(), ids.end());
       given = Tensor::from_host(given.shape(), DType::i64, wide.data(), cpu::backend());
@@ -932,17 +955,21 @@ std::vector<std::pair<ag::Var, Tensor>> OnnxModel::run_graph(ag::Tape& tape,
     check(shape_ok, graph_.path + ": input '" + info.name + "' is " + given.describe() +
                         ", the graph declares " + shape_str(info.shape) +
                         " (-1: any; the batch dimension may differ)");
+    // Used in place when already on the device: a copy made here would be a tensor that
+    // graph capture cannot see being written.
+    const bool in_place = &given.backend() == &backend_ && given.is_contiguous();
     if (given.dtype() == DType::f32)
-      r.env[info.name] = Value{ag::Var(given.to(backend_), false), Tensor()};
+      r.env[info.name] =
+          Value{ag::Var(in_place ? given : given.to(backend_), false), Tensor(), Tensor()};
     else
-      r.env[info.name] = Value{ag::Var(), given.to(cpu::backend())};
+      r.env[info.name] = Value{ag::Var(), given.to(cpu::backend()), device_ids};
   }
   for (const auto& [name, index] : param_index_)
-    r.env[name] = Value{params_[index].var, Tensor()};
+    r.env[name] = Value{params_[index].var, Tensor(), Tensor()};
   for (const auto& [name, tensor] : host_constants_)
-    r.env[name] = Value{ag::Var(), tensor};
+    r.env[name] = Value{ag::Var(), tensor, Tensor()};
   for (const auto& [name, var] : float_constants_)
-    r.env[name] = Value{var, Tensor()};
+    r.env[name] = Value{var, Tensor(), Tensor()};
   for (const io::OnnxNode& node : graph_.nodes) {
     auto it = op_table().find(node.op_type);
     check(node.domain.empty() && it != op_table().end(),

@@ -58,6 +58,10 @@ class OnnxModel final : public Model {
     int count = 0;
     bool supported = false;
   };
+  // True when a training step of this model can be captured as a graph: integer inputs
+  // (token ids) are only used as Gather indices or for their shape, never read as values
+  // on the host, where a captured replay could not see them change.
+  bool capturable() const;
   // Each op type of the graph, in first-use order, with its count and support.
   std::vector<OpUse> coverage() const;
   const io::OnnxGraph& graph() const { return graph_; }

@@ -276,6 +276,10 @@ Summary run_training(const TrainConfig& cfg) {
   std::unique_ptr<nn::Model> model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);
   if (auto* imported = dynamic_cast<nn::OnnxModel*>(model.get())) {
     const bool tokens = imported->graph().inputs.front().dtype != DType::f32;
+    check(cfg.mode != "graph" || imported->capturable(),
+          cfg.onnx +
+              ": mode = graph: the model reads its integer inputs on the host, which a "
+              "captured step cannot replay; use mode = eager");
     check(tokens == source.text(), cfg.onnx + ": the model takes " +
                                        (tokens ? "token ids" : "float images") +
                                        (source.text() ? ", not text (data = " + cfg.data + ")"

@@ -142,6 +142,34 @@ std::string write_unsupported_model(const std::string& dir) {
   return path;
 }
 
+TEST(Onnx, ModelsThatReadIntegerInputsOnTheHostAreNotCapturable) {
+  EXPECT_TRUE(nn::OnnxModel(fixture("tiny_gpt_block.onnx"), cpu()).capturable());
+  EXPECT_TRUE(nn::OnnxModel(fixture("mlp_mnist.onnx"), cpu()).capturable());
+  // ids -> Cast -> float: the values are converted on the host, outside any kernel.
+  onnx::ModelProto model;
+  model.set_ir_version(7);
+  model.add_opset_import()->set_version(14);
+  onnx::GraphProto* graph = model.mutable_graph();
+  onnx::NodeProto* node = graph->add_node();
+  node->set_op_type("Cast");
+  node->add_input("ids");
+  node->add_output("y");
+  onnx::AttributeProto* to = node->add_attribute();
+  to->set_name("to");
+  to->set_type(onnx::AttributeProto::INT);
+  to->set_i(onnx::TensorProto_DataType_FLOAT);
+  onnx::ValueInfoProto* in = graph->add_input();
+  in->set_name("ids");
+  in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_INT64);
+  graph->add_output()->set_name("y");
+  std::string path = temp_dir("onnx_cast") + "/cast.onnx";
+  {
+    std::ofstream out(path, std::ios::binary);
+    model.SerializeToOstream(&out);
+  }
+  EXPECT_FALSE(nn::OnnxModel(path, cpu()).capturable());
+}
+
 TEST(Onnx, CoverageNamesTheOpsLoomLacksAndRunningStopsAtTheFirst) {
   nn::OnnxModel model(write_unsupported_model(temp_dir("onnx_unsupported")), cpu());
   ASSERT_EQ(model.coverage().size(), 1u);
