@@ -1,6 +1,7 @@
 #include "graph/graph.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 
@@ -385,6 +386,59 @@ std::string Graph::summary() const {
          std::to_string(stats_.external_storages) + " external";
   }
   return s;
+}
+
+// ---------------------------------------------------------------------------
+// CapturedStep
+// ---------------------------------------------------------------------------
+
+std::vector<Tensor> CapturedStep::run(std::span<const Tensor> inputs, const StepFn& step,
+                                      const ReplayOptions& options) {
+  ++calls_;
+  replayed_ = false;
+  if (!graph_) {
+    Capture capture(inputs);
+    std::vector<Tensor> outputs = step();
+    graph_ = capture.finish(outputs);
+    graph_->eliminate_dead_nodes();
+    graph_->plan_memory();
+    return outputs;
+  }
+  if (calls_ > 2) {
+    graph_->replay(inputs, options);
+    replayed_ = true;
+    std::vector<Tensor> outputs;
+    for (std::size_t k = 0; k < graph_->num_outputs(); ++k)
+      outputs.push_back(graph_->output(k));
+    return outputs;
+  }
+  // Second call: the step run eagerly, then replayed on the same inputs (the same kernels:
+  // equal to rounding, bitwise on the CPU). Eager first, so its intermediates are freed
+  // before the replay allocates the planned memory. The eager outputs are returned.
+  std::vector<Tensor> eager = step();
+  check(eager.size() == graph_->num_outputs(),
+        "graph: the step returned " + std::to_string(eager.size()) +
+            " outputs, it was captured with " + std::to_string(graph_->num_outputs()));
+  std::vector<std::vector<float>> want;
+  for (const Tensor& t : eager)
+    want.push_back(t.to_floats());
+  ReplayOptions replay = options;
+  replay.output_ready = nullptr;  // these outputs are only compared
+  graph_->replay(inputs, replay);
+  for (std::size_t k = 0; k < eager.size(); ++k) {
+    std::vector<float> got = graph_->output(k).to_floats();
+    check(got.size() == want[k].size(), "graph: output " + std::to_string(k) + " changed size");
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double a = got[i], b = want[k][i];
+      check(a == b || std::fabs(a - b) <= 1e-5 + 1e-4 * std::fabs(b),
+            "graph mode: the replayed step differs from the same step run eagerly (output " +
+                std::to_string(k) + ", element " + std::to_string(i) + ": " + std::to_string(a) +
+                " against " + std::to_string(b) +
+                "). The step makes a tensor outside dispatch (a host copy or upload), which a "
+                "replay repeats with its first value; declare it as an input, or use mode = eager");
+    }
+  }
+  return eager;
 }
 
 }  // namespace loom::graph

@@ -27,6 +27,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -127,6 +128,30 @@ class Graph {
   std::vector<Tensor> bound_inputs_;
   std::vector<std::vector<std::size_t>> ready_after_;  // per node: outputs final after it
   std::vector<std::size_t> ready_at_start_;            // outputs no node touches
+  bool replayed_ = false;
+};
+
+// A step run eagerly once while captured, then replayed. The second call also runs the
+// step eagerly and checks that the replay gave the same outputs: a step that creates a
+// tensor outside dispatch (a host copy or upload inside the step) would otherwise be
+// replayed with that tensor's first value, silently. A mismatch throws, naming the output.
+class CapturedStep {
+ public:
+  // Runs the step eagerly and returns its outputs (each defined).
+  using StepFn = std::function<std::vector<Tensor>()>;
+  // `inputs`: what the step reads that may change between calls (see Capture). Returns the
+  // step's outputs: the capture's, the verifying eager run's, or the replay's. Passes run
+  // after the capture: dead-node elimination and the memory plan.
+  std::vector<Tensor> run(std::span<const Tensor> inputs, const StepFn& step,
+                          const ReplayOptions& options = {});
+  // The last run() replayed the graph alone (its outputs are graph memory, and
+  // options.output_ready was called); false for the capturing and the verifying call.
+  bool replayed() const { return replayed_; }
+  const Graph* graph() const { return graph_ ? &*graph_ : nullptr; }
+
+ private:
+  std::optional<Graph> graph_;
+  int calls_ = 0;
   bool replayed_ = false;
 };
 

@@ -190,46 +190,43 @@ class GraphStep {
     std::vector<Tensor> inputs{batch.inputs, batch.targets};
     for (const nn::Parameter& p : params)
       inputs.push_back(p.var.value());
-    if (!graph_) {
-      replayed_ = false;
-      graph::Capture capture(inputs);
-      Tensor loss = eager_step(model, batch, options);
-      std::vector<Tensor> outputs{loss};
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        if (!params[i].var.grad().defined())
-          continue;
+    const bool capturing = step_.graph() == nullptr;
+    auto eager = [&] {
+      std::vector<Tensor> outputs{eager_step(model, batch, options)};
+      if (capturing)
+        for (std::size_t i = 0; i < params.size(); ++i)
+          if (params[i].var.grad().defined())
+            with_grad_.push_back(i);
+      for (std::size_t i : with_grad_)
         outputs.push_back(params[i].var.grad());
-        with_grad_.push_back(i);
-      }
-      graph_ = capture.finish(outputs);
-      graph_->eliminate_dead_nodes();
-      graph_->plan_memory();
-      if (const char* debug = std::getenv("LOOM_DEBUG_GRAPH"); debug != nullptr && debug[0] == '1')
-        std::fprintf(stderr, "[graph] the captured step after its passes:\n%s",
-                     graph_->listing().c_str());
-      return loss;
-    }
+      return outputs;
+    };
     graph::ReplayOptions replay;
     replay.step_seed = options.dropout_seed;
     if (grad_ready)
       replay.output_ready = [&](std::size_t k) {
         if (k > 0)
-          grad_ready(graph_->output(k));
+          grad_ready(step_.graph()->output(k));
       };
-    graph_->replay(inputs, replay);
-    replayed_ = true;
+    std::vector<Tensor> outputs = step_.run(inputs, eager, replay);
+    if (capturing)
+      if (const char* debug = std::getenv("LOOM_DEBUG_GRAPH"); debug != nullptr && debug[0] == '1')
+        std::fprintf(stderr, "[graph] the captured step after its passes:\n%s",
+                     step_.graph()->listing().c_str());
     for (std::size_t k = 0; k < with_grad_.size(); ++k)
-      params[with_grad_[k]].var.state()->grad = graph_->output(k + 1);
-    return graph_->output(0);
+      params[with_grad_[k]].var.state()->grad = outputs[k + 1];
+    return outputs[0];
   }
-  bool replayed() const { return replayed_; }  // the last run() replayed (not captured)
-  std::string summary() const { return graph_ ? graph_->summary() : "graph: not captured"; }
-  const graph::Graph* graph() const { return graph_ ? &*graph_ : nullptr; }
+  // The last run() replayed the graph alone (gradients were handed to grad_ready).
+  bool replayed() const { return step_.replayed(); }
+  std::string summary() const {
+    return step_.graph() != nullptr ? step_.graph()->summary() : "graph: not captured";
+  }
+  const graph::Graph* graph() const { return step_.graph(); }
 
  private:
-  std::optional<graph::Graph> graph_;
+  graph::CapturedStep step_;
   std::vector<std::size_t> with_grad_;  // parameters whose gradients are outputs 1, 2, ...
-  bool replayed_ = false;
 };
 
 }  // namespace
@@ -380,12 +377,14 @@ Summary run_training(const TrainConfig& cfg) {
         overlapped->finish();
       else
         averager.average(model->parameters());
+      // Step 2 replays and checks the replay against the same step run eagerly; from
+      // step 3 on the replay runs alone (with the all-reduce overlapped, if on).
       if (graph_mode && lead && !cfg.json && step == start + 1)
-        progress.message(graph_step.summary() +
-                         (overlapped ? ", gradients all-reduced in " +
-                                           std::to_string(overlapped->buckets_last_step()) +
-                                           " buckets during the backward pass"
-                                     : ""));
+        progress.message(graph_step.summary() + ", replay checked against eager execution");
+      if (overlapped && lead && !cfg.json && step == start + 2)
+        progress.message("graph: gradients all-reduced in " +
+                         std::to_string(overlapped->buckets_last_step()) +
+                         " buckets during the backward pass");
       if (cfg.grad_clip > 0)
         optim::clip_grad_norm(model->parameters(), cfg.grad_clip);
       loss_value = dist::mean_over_ranks(comm, loss.item());

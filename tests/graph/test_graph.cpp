@@ -193,6 +193,45 @@ TEST(Graph, PlannedMemoryNeverSharesBytesBetweenLiveTensors) {
   EXPECT_GT(internal, 20u);
 }
 
+TEST(CapturedStep, CapturesThenChecksThenReplays) {
+  nn::Rng rng(7);
+  Tensor w = random({4, 4}, rng);
+  graph::CapturedStep step;
+  for (int call = 0; call < 4; ++call) {
+    Tensor x = random({3, 4}, rng);  // a new input each call
+    std::array<Tensor, 2> inputs{x, w};
+    auto eager = [&] {
+      return std::vector<Tensor>{
+          dispatch::call1(OpId::tanh, {dispatch::call1(OpId::matmul, {x, w})})};
+    };
+    std::vector<Tensor> got = step.run(inputs, eager);
+    EXPECT_EQ(values(got[0]), values(eager()[0])) << "call " << call;
+    EXPECT_EQ(step.replayed(), call >= 2) << "call " << call;
+  }
+}
+
+TEST(CapturedStep, AStepThatMakesTensorsOutsideDispatchIsCaughtOnTheSecondCall) {
+  // The step uploads per-call host data itself: the capture sees a constant, so a replay
+  // would repeat the first call's values. The second call's check refuses it.
+  nn::Rng rng(8);
+  graph::CapturedStep step;
+  Tensor anchor = random({2, 3}, rng);
+  std::array<Tensor, 1> inputs{anchor};
+  for (int call = 0; call < 2; ++call) {
+    auto eager = [&] {
+      std::vector<float> fresh(6, static_cast<float>(call + 1));
+      Tensor uploaded = Tensor::from_floats({2, 3}, fresh, cpu());
+      return std::vector<Tensor>{dispatch::call1(OpId::add, {anchor, uploaded})};
+    };
+    std::string message = error_of([&] { step.run(inputs, eager); });
+    if (call == 0)
+      EXPECT_EQ(message, "");
+    else
+      EXPECT_NE(message.find("differs from the same step run eagerly"), std::string::npos)
+          << message;
+  }
+}
+
 TEST(Graph, BadUseIsRefusedWithAClearError) {
   nn::Rng rng(5);
   Tensor x = random({4, 4}, rng);
