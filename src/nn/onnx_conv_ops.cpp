@@ -1,0 +1,239 @@
+// nn/onnx_conv_ops.cpp — ONNX ops of convolutional networks: Conv, pooling,
+// BatchNormalization (inference form), Clip.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <span>
+
+#include "nn/onnx_runner.h"
+
+namespace loom::nn::onnx_import {
+namespace {
+
+// ---- convolutional networks --------------------------------------------------------
+
+// All entries of an ints attribute equal to `value` (absent: true).
+bool all_equal(std::span<const std::int64_t> values, std::int64_t value) {
+  return std::all_of(values.begin(), values.end(), [&](std::int64_t v) { return v == value; });
+}
+
+// One stride (and padding) for both spatial dimensions, as the catalog's 2-D ops take.
+std::int64_t uniform(const Runner& r, const io::OnnxNode& n, const std::string& name,
+                     std::int64_t fallback) {
+  std::vector<std::int64_t> v = r.attr_ints(n, name);
+  if (v.empty())
+    return fallback;
+  check(all_equal(v, v[0]),
+        r.where(n) + ": " + name + " " + shape_str(v) +
+            " must be equal in every dimension (Loom's 2-D operators take one)");
+  return v[0];
+}
+
+void check_no_dilation(const Runner& r, const io::OnnxNode& n) {
+  auto it = n.attributes.find("auto_pad");
+  check(it == n.attributes.end() || it->second.s == "NOTSET" || it->second.s == "VALID",
+        r.where(n) + ": auto_pad " + (it == n.attributes.end() ? "" : it->second.s) +
+            " is not supported yet");
+  check(all_equal(r.attr_ints(n, "dilations"), 1),
+        r.where(n) + ": dilations other than 1 are not supported yet");
+}
+
+// ONNX pads [top, left, bottom, right] of a 2-D window op (absent: none).
+std::array<std::int64_t, 4> pads_of(const Runner& r, const io::OnnxNode& n) {
+  std::vector<std::int64_t> p = r.attr_ints(n, "pads");
+  if (p.empty())
+    return {0, 0, 0, 0};
+  check(p.size() == 4, r.where(n) + ": pads " + shape_str(p) + " must have 4 entries for 2-D");
+  return {p[0], p[1], p[2], p[3]};
+}
+
+// x [N,C,H,W] with `pads` rows and columns of `fill` around it (concatenated constants:
+// the gradient reaches x only).
+ag::Var pad_spatial(Runner& r, const ag::Var& x, const std::array<std::int64_t, 4>& pads,
+                    float fill) {
+  ag::Var y = x;
+  for (int axis : {2, 3}) {
+    const std::int64_t before = pads[axis - 2], after = pads[axis];
+    if (before == 0 && after == 0)
+      continue;
+    std::vector<ag::Var> parts;
+    auto block = [&](std::int64_t size) {
+      Shape s = y.shape();
+      s[static_cast<std::size_t>(axis)] = size;
+      std::vector<float> values(static_cast<std::size_t>(shape_numel(s)), fill);
+      return r.constant(Tensor::from_floats(s, values, cpu::backend()));
+    };
+    if (before > 0)
+      parts.push_back(block(before));
+    parts.push_back(y);
+    if (after > 0)
+      parts.push_back(block(after));
+    y = ag::concat(r.tape, parts, axis);
+  }
+  return y;
+}
+
+// Convolution: symmetric padding goes to conv2d itself, other padding is added first;
+// groups are separate convolutions over channel slices, concatenated.
+void conv(Runner& r, const io::OnnxNode& n) {
+  ag::Var x = r.var(n, 0);
+  const ag::Var& w = r.var(n, 1);
+  check(x.shape().size() == 4, r.where(n) + ": only 2-D convolution (NCHW input) is supported yet");
+  check_no_dilation(r, n);
+  const std::int64_t stride = uniform(r, n, "strides", 1), groups = r.attr_int(n, "group", 1);
+  std::array<std::int64_t, 4> pads = pads_of(r, n);
+  std::int64_t padding = 0;
+  if (all_equal(pads, pads[0]))
+    padding = pads[0];
+  else
+    x = pad_spatial(r, x, pads, 0.0f);
+  const std::int64_t out_channels = w.dim(0);
+  ag::Var bias =
+      r.has_input(n, 2)
+          ? r.var(n, 2)
+          : r.constant(Tensor::from_floats(
+                {out_channels}, std::vector<float>(static_cast<std::size_t>(out_channels), 0.0f),
+                cpu::backend()));
+  check(groups >= 1 && x.dim(1) % groups == 0 && out_channels % groups == 0 &&
+            w.dim(1) * groups == x.dim(1),
+        r.where(n) + ": group " + std::to_string(groups) + " does not divide the channels of " +
+            x.value().describe() + " and " + w.value().describe());
+  if (groups == 1) {
+    r.set(n, 0, ag::conv2d(r.tape, x, w, bias, stride, padding));
+    return;
+  }
+  const std::int64_t in_per = x.dim(1) / groups, out_per = out_channels / groups;
+  std::vector<ag::Var> outputs;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    ag::Var xg = ag::slice(r.tape, x, 1, g * in_per, (g + 1) * in_per);
+    ag::Var wg = ag::slice(r.tape, w, 0, g * out_per, (g + 1) * out_per);
+    ag::Var bg = ag::slice(r.tape, bias, 0, g * out_per, (g + 1) * out_per);
+    outputs.push_back(ag::conv2d(r.tape, xg, wg, bg, stride, padding));
+  }
+  r.set(n, 0, ag::concat(r.tape, outputs, 1));
+}
+
+// A square window and one stride, as max_pool2d and avg_pool2d take.
+std::pair<std::int64_t, std::int64_t> pool_window(const Runner& r, const io::OnnxNode& n) {
+  check(r.var(n, 0).shape().size() == 4,
+        r.where(n) + ": only 2-D pooling (NCHW input) is supported yet");
+  check_no_dilation(r, n);
+  std::vector<std::int64_t> kernel = r.attr_ints(n, "kernel_shape");
+  check(kernel.size() == 2 && kernel[0] == kernel[1],
+        r.where(n) + ": kernel_shape " + shape_str(kernel) + " must be square");
+  return {kernel[0], uniform(r, n, "strides", 1)};
+}
+
+// ceil_mode: windows that start inside the (padded) input but run past its end count too;
+// the extra end rows and columns this needs.
+std::array<std::int64_t, 4> with_ceil(const Runner& r, const io::OnnxNode& n, const ag::Var& x,
+                                      std::array<std::int64_t, 4> pads, std::int64_t kernel,
+                                      std::int64_t stride) {
+  if (r.attr_int(n, "ceil_mode", 0) == 0)
+    return pads;
+  for (int axis : {2, 3}) {
+    const std::int64_t size = x.dim(axis) + pads[axis - 2] + pads[axis];
+    std::int64_t out = (size - kernel + stride - 1) / stride + 1;
+    if ((out - 1) * stride >= x.dim(axis) + pads[axis - 2])
+      --out;  // a window may not start in the end padding
+    pads[axis] += std::max<std::int64_t>(0, (out - 1) * stride + kernel - size);
+  }
+  return pads;
+}
+
+void max_pool(Runner& r, const io::OnnxNode& n) {
+  check(n.outputs.size() < 2 || n.outputs[1].empty(),
+        r.where(n) + ": the Indices output is not supported yet");
+  check(r.attr_int(n, "storage_order", 0) == 0,
+        r.where(n) + ": storage_order 1 is not supported yet");
+  auto [kernel, stride] = pool_window(r, n);
+  const ag::Var& x = r.var(n, 0);
+  std::array<std::int64_t, 4> pads = with_ceil(r, n, x, pads_of(r, n), kernel, stride);
+  ag::Var padded = pad_spatial(r, x, pads, -std::numeric_limits<float>::infinity());
+  r.set(n, 0, ag::max_pool2d(r.tape, padded, kernel, stride));
+}
+
+// Padding counts as zeros (count_include_pad = 1), or the sum is divided by the number of
+// real elements in each window: avg(x padded with 0) / avg(ones padded with 0).
+void average_pool(Runner& r, const io::OnnxNode& n) {
+  check(r.attr_int(n, "ceil_mode", 0) == 0,
+        r.where(n) + ": ceil_mode is not supported yet for AveragePool");
+  auto [kernel, stride] = pool_window(r, n);
+  const ag::Var& x = r.var(n, 0);
+  std::array<std::int64_t, 4> pads = pads_of(r, n);
+  ag::Var y = ag::avg_pool2d(r.tape, pad_spatial(r, x, pads, 0.0f), kernel, stride);
+  if (r.attr_int(n, "count_include_pad", 0) == 0 && !all_equal(pads, 0)) {
+    Shape plane{1, 1, x.dim(2), x.dim(3)};
+    ag::Var ones = r.constant(Tensor::from_floats(
+        plane, std::vector<float>(static_cast<std::size_t>(shape_numel(plane)), 1.0f),
+        cpu::backend()));
+    y = ag::div(r.tape, y,
+                ag::avg_pool2d(r.tape, pad_spatial(r, ones, pads, 0.0f), kernel, stride));
+  }
+  r.set(n, 0, y);
+}
+
+void global_average_pool(Runner& r, const io::OnnxNode& n) {
+  const ag::Var& x = r.var(n, 0);
+  std::vector<std::int64_t> spatial;
+  for (std::size_t d = 2; d < x.shape().size(); ++d)
+    spatial.push_back(static_cast<std::int64_t>(d));
+  r.set(n, 0, ag::mean(r.tape, x, spatial, true));
+}
+
+// Inference form: y = (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1).
+void batch_normalization(Runner& r, const io::OnnxNode& n) {
+  check(r.attr_int(n, "training_mode", 0) == 0 && (n.outputs.size() < 2 || n.outputs[1].empty()),
+        r.where(n) +
+            ": BatchNormalization in training mode is not supported yet (export in eval mode)");
+  const ag::Var& x = r.var(n, 0);
+  const int rank = static_cast<int>(x.shape().size());
+  check(rank >= 2, r.where(n) + ": the input needs a channel axis");
+  Shape per_channel{x.dim(1)};
+  for (int d = 2; d < rank; ++d)
+    per_channel.push_back(1);  // [C,1,1]: broadcasts over N and the spatial axes
+  auto channel = [&](std::size_t i) { return ag::reshape(r.tape, r.var(n, i), per_channel); };
+  const double eps = r.attr_float(n, "epsilon", 1e-5);
+  ag::Var eps_tensor = r.constant(
+      Tensor::from_floats({}, std::vector<float>{static_cast<float>(eps)}, cpu::backend()));
+  ag::Var rstd = ag::sqrt(r.tape, ag::add(r.tape, channel(4), eps_tensor));
+  ag::Var normed = ag::div(r.tape, ag::sub(r.tape, x, channel(3)), rstd);
+  r.set(n, 0, ag::add(r.tape, ag::mul(r.tape, normed, channel(1)), channel(2)));
+}
+
+// clip(x, lo, hi) = min(max(x, lo), hi) with max(x, lo) = lo + relu(x - lo) and
+// min(y, hi) = y - relu(y - hi): relus, so it stays differentiable with the catalog's ops
+// (within an ulp of the exact value).
+void clip(Runner& r, const io::OnnxNode& n) {
+  const ag::Var& x = r.var(n, 0);
+  auto bound = [&](std::size_t input, const char* attr) -> std::optional<ag::Var> {
+    if (r.has_input(n, input))
+      return r.var(n, input);
+    if (n.attributes.count(attr))
+      return r.constant(Tensor::from_floats(
+          {}, std::vector<float>{static_cast<float>(r.attr_float(n, attr, 0))}, cpu::backend()));
+    return std::nullopt;
+  };
+  std::optional<ag::Var> lo = bound(1, "min"), hi = bound(2, "max");
+  ag::Var y = x;
+  if (lo)
+    y = ag::add(r.tape, *lo, ag::relu(r.tape, ag::sub(r.tape, x, *lo)));
+  if (hi)  // of the clipped-below value: min(max(x, lo), hi) = hi when lo > hi, as numpy
+    y = ag::sub(r.tape, y, ag::relu(r.tape, ag::sub(r.tape, y, *hi)));
+  r.set(n, 0, y);
+}
+
+}  // namespace
+
+void add_conv_ops(OpTable& table) {
+  table["AveragePool"] = average_pool;
+  table["BatchNormalization"] = batch_normalization;
+  table["Clip"] = clip;
+  table["Conv"] = conv;
+  table["GlobalAveragePool"] = global_average_pool;
+  table["MaxPool"] = max_pool;
+}
+
+}  // namespace loom::nn::onnx_import

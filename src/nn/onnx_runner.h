@@ -1,0 +1,133 @@
+// nn/onnx_runner.h — inside the ONNX importer: the values flowing through a graph and the
+// runner each ONNX op's translation reads its inputs from and writes its outputs to.
+// onnx_model.cpp runs the graph; onnx_ops.cpp, onnx_shape_ops.cpp and onnx_conv_ops.cpp
+// translate the ops. Not a public header: nothing outside nn/ includes it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "autograd/functions.h"
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "io/onnx.h"
+#include "nn/model.h"
+
+namespace loom::nn::onnx_import {
+
+namespace ag = loom::autograd;
+
+// A value flowing through the graph: a float tensor as a Var (on the model's device,
+// differentiable), or an integer tensor on the host (shapes, axes, indices).
+struct Value {
+  ag::Var var;
+  Tensor host;
+  // A graph input of token ids as Loom gave them (i32, on the model's device): an
+  // embedding lookup reads them there, with no host copy that graph capture would freeze.
+  Tensor device_ids;
+};
+
+class Runner {
+ public:
+  Runner(const io::OnnxGraph& graph, ag::Tape& tape, const ForwardOptions& options,
+         Backend& backend)
+      : graph_(graph), tape(tape), options(options), backend(backend) {}
+
+  std::string where(const io::OnnxNode& node) const {
+    return graph_.path + ": node '" + node.name + "' (" + node.op_type + ")";
+  }
+  bool has_input(const io::OnnxNode& node, std::size_t i) const {
+    return i < node.inputs.size() && !node.inputs[i].empty();
+  }
+  const Value& value(const io::OnnxNode& node, std::size_t i) const {
+    check(has_input(node, i), where(node) + ": input " + std::to_string(i) + " is missing");
+    auto it = env.find(node.inputs[i]);
+    check(it != env.end(),
+          where(node) + ": input '" + node.inputs[i] + "' is not computed before it");
+    return it->second;
+  }
+  const ag::Var& var(const io::OnnxNode& node, std::size_t i) const {
+    const Value& v = value(node, i);
+    check(v.var.defined(),
+          where(node) + ": input '" + node.inputs[i] + "' is an integer tensor, expected float");
+    return v.var;
+  }
+  // An integer input known on the host (a constant or initializer), as int64 values.
+  std::vector<std::int64_t> ints(const io::OnnxNode& node, std::size_t i) const {
+    const Value& v = value(node, i);
+    check(v.host.defined(), where(node) + ": input '" + node.inputs[i] +
+                                "' must be a constant integer tensor (shapes computed at run time "
+                                "from tensor values are not supported yet)");
+    std::vector<std::int64_t> out(static_cast<std::size_t>(v.host.numel()));
+    if (v.host.dtype() == DType::i64) {
+      const auto* p = v.host.data<std::int64_t>();
+      std::copy(p, p + v.host.numel(), out.begin());
+    } else if (v.host.dtype() == DType::u8) {
+      const auto* p = v.host.data<std::uint8_t>();
+      std::copy(p, p + v.host.numel(), out.begin());
+    } else {
+      std::vector<std::int32_t> i32 = v.host.to_ints();
+      std::copy(i32.begin(), i32.end(), out.begin());
+    }
+    return out;
+  }
+  std::int64_t attr_int(const io::OnnxNode& node, const std::string& name,
+                        std::int64_t fallback) const {
+    auto it = node.attributes.find(name);
+    return it == node.attributes.end() ? fallback : it->second.i;
+  }
+  double attr_float(const io::OnnxNode& node, const std::string& name, double fallback) const {
+    auto it = node.attributes.find(name);
+    return it == node.attributes.end() ? fallback : it->second.f;
+  }
+  std::vector<std::int64_t> attr_ints(const io::OnnxNode& node, const std::string& name) const {
+    auto it = node.attributes.find(name);
+    return it == node.attributes.end() ? std::vector<std::int64_t>{} : it->second.ints;
+  }
+  void set(const io::OnnxNode& node, std::size_t i, ag::Var v) {
+    check(i < node.outputs.size(), where(node) + ": has no output " + std::to_string(i));
+    env[node.outputs[i]] = Value{std::move(v), Tensor(), Tensor()};
+  }
+  void set_host(const io::OnnxNode& node, std::size_t i, Tensor t) {
+    env[node.outputs[i]] = Value{ag::Var(), std::move(t), Tensor()};
+  }
+  ag::Var constant(const Tensor& host_tensor) { return ag::Var(host_tensor.to(backend), false); }
+  std::int64_t opset() const { return graph_.opset; }
+
+  const io::OnnxGraph& graph_;
+  ag::Tape& tape;
+  const ForwardOptions& options;
+  Backend& backend;
+  std::map<std::string, Value> env;
+  std::size_t node_index = 0;
+};
+
+// One ONNX op's translation into autograd calls.
+using OpFn = void (*)(Runner& r, const io::OnnxNode& node);
+using OpTable = std::map<std::string, OpFn>;
+
+// Each file's ops, added to `table` under their ONNX names.
+void add_tensor_ops(OpTable& table);  // onnx_ops.cpp: arithmetic, matmul, softmax, views, ...
+void add_shape_ops(
+    OpTable& table);                // onnx_shape_ops.cpp: host shape arithmetic, gather, slice, ...
+void add_conv_ops(OpTable& table);  // onnx_conv_ops.cpp: convolution, pooling, normalisation
+
+inline int axis_of(std::int64_t axis, int rank, const std::string& where) {
+  check(axis >= -rank && axis < rank, where + ": axis " + std::to_string(axis) +
+                                          " is outside a rank-" + std::to_string(rank) + " tensor");
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+// An i64 tensor on the host.
+inline Tensor host_ints(const Shape& shape, const std::vector<std::int64_t>& values) {
+  return Tensor::from_host(shape, DType::i64, values.data(), cpu::backend());
+}
+
+// Whether input i is an integer tensor on the host.
+inline bool is_host(const Runner& r, const io::OnnxNode& n, std::size_t i) {
+  return r.has_input(n, i) && r.value(n, i).host.defined();
+}
+
+}  // namespace loom::nn::onnx_import

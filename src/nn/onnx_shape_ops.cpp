@@ -1,0 +1,281 @@
+// nn/onnx_shape_ops.cpp — ONNX ops that compute shapes on the host (Shape, Gather, Slice,
+// Unsqueeze, Concat, Cast, integer arithmetic), with their float forms, and ReduceMean, Pow.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <optional>
+
+#include "nn/onnx_runner.h"
+
+namespace loom::nn::onnx_import {
+namespace {
+
+// ---- shape arithmetic on the host -------------------------------------------------
+// Exporters compute shapes with Shape, Gather, Slice, Concat and integer arithmetic;
+// those values live on the host as i64 tensors.
+
+// Integer a (op) b with numpy broadcasting of a one-element side; Div truncates as C++.
+void host_binary(Runner& r, const io::OnnxNode& n) {
+  const Tensor& ta = r.value(n, 0).host;
+  const Tensor& tb = r.value(n, 1).host;
+  std::vector<std::int64_t> a = r.ints(n, 0), b = r.ints(n, 1);
+  check(a.size() == b.size() || a.size() == 1 || b.size() == 1,
+        r.where(n) + ": integer operands of " + std::to_string(a.size()) + " and " +
+            std::to_string(b.size()) + " values do not broadcast");
+  const std::size_t count = std::max(a.size(), b.size());
+  std::vector<std::int64_t> out(count);
+  for (std::size_t k = 0; k < count; ++k) {
+    std::int64_t x = a[a.size() == 1 ? 0 : k], y = b[b.size() == 1 ? 0 : k];
+    if (n.op_type == "Add")
+      out[k] = x + y;
+    else if (n.op_type == "Sub")
+      out[k] = x - y;
+    else if (n.op_type == "Mul")
+      out[k] = x * y;
+    else {
+      check(y != 0, r.where(n) + ": integer division by zero");
+      out[k] = x / y;
+    }
+  }
+  r.set_host(n, 0, host_ints(a.size() >= b.size() ? ta.shape() : tb.shape(), out));
+}
+
+template <ag::Var (*F)(ag::Tape&, const ag::Var&, const ag::Var&)>
+void arithmetic(Runner& r, const io::OnnxNode& n) {
+  if (is_host(r, n, 0) && is_host(r, n, 1))
+    host_binary(r, n);
+  else
+    r.set(n, 0, F(r.tape, r.var(n, 0), r.var(n, 1)));
+}
+
+void shape(Runner& r, const io::OnnxNode& n) {
+  const Value& v = r.value(n, 0);
+  const Shape s = v.var.defined() ? v.var.shape() : v.host.shape();
+  const auto rank = static_cast<std::int64_t>(s.size());
+  std::int64_t start = r.attr_int(n, "start", 0), end = r.attr_int(n, "end", rank);
+  start = std::clamp(start < 0 ? start + rank : start, std::int64_t{0}, rank);
+  end = std::clamp(end < 0 ? end + rank : end, std::int64_t{0}, rank);
+  std::vector<std::int64_t> dims(s.begin() + start, s.begin() + std::max(start, end));
+  r.set_host(n, 0, host_ints({static_cast<std::int64_t>(dims.size())}, dims));
+}
+
+// Gather along axis 0: rows of a float matrix by integer ids (an embedding lookup), or
+// entries of a host integer vector (shape arithmetic).
+void gather(Runner& r, const io::OnnxNode& n) {
+  check(is_host(r, n, 1), r.where(n) + ": indices must be an integer tensor");
+  const Tensor& indices = r.value(n, 1).host;
+  std::vector<std::int64_t> ids = r.ints(n, 1);
+  if (is_host(r, n, 0)) {
+    check(r.attr_int(n, "axis", 0) == 0,
+          r.where(n) + ": integer data is gathered along axis 0 only");
+    std::vector<std::int64_t> data = r.ints(n, 0);
+    check(r.value(n, 0).host.rank() == 1, r.where(n) + ": integer data must be a vector");
+    std::vector<std::int64_t> out;
+    for (std::int64_t i : ids) {
+      const auto size = static_cast<std::int64_t>(data.size());
+      check(i >= -size && i < size, r.where(n) + ": index " + std::to_string(i) + " outside " +
+                                        std::to_string(size) + " values");
+      out.push_back(data[static_cast<std::size_t>(i < 0 ? i + size : i)]);
+    }
+    r.set_host(n, 0, host_ints(indices.shape(), out));
+    return;
+  }
+  const ag::Var& table = r.var(n, 0);
+  const int rank = static_cast<int>(table.shape().size());
+  const int axis = axis_of(r.attr_int(n, "axis", 0), rank, r.where(n));
+  if (axis != 0 || rank != 2) {
+    // Any axis, any rank: one slice per index, concatenated, then the index dimensions in
+    // place of the gathered axis (differentiable; meant for small index counts).
+    const std::int64_t count = table.dim(axis);
+    std::vector<ag::Var> parts;
+    for (std::int64_t i : ids) {
+      check(i >= -count && i < count,
+            r.where(n) + ": index " + std::to_string(i) + " outside " + std::to_string(count));
+      const std::int64_t at = i < 0 ? i + count : i;
+      parts.push_back(ag::slice(r.tape, table, axis, at, at + 1));
+    }
+    ag::Var joined = parts.size() == 1 ? parts[0] : ag::concat(r.tape, parts, axis);
+    Shape out(table.shape().begin(), table.shape().begin() + axis);
+    out.insert(out.end(), indices.shape().begin(), indices.shape().end());
+    out.insert(out.end(), table.shape().begin() + axis + 1, table.shape().end());
+    r.set(n, 0, ag::reshape(r.tape, joined, out));
+    return;
+  }
+  if (const Tensor& direct = r.value(n, 1).device_ids; direct.defined()) {
+    r.set(n, 0, ag::embedding(r.tape, table, direct));  // the kernel checks the ids' range
+    return;
+  }
+  std::vector<std::int32_t> rows;
+  for (std::int64_t i : ids) {
+    const std::int64_t count = table.dim(0);
+    check(i >= -count && i < count, r.where(n) + ": index " + std::to_string(i) + " outside " +
+                                        std::to_string(count) + " rows");
+    rows.push_back(static_cast<std::int32_t>(i < 0 ? i + count : i));
+  }
+  Tensor id_tensor = Tensor::from_ints(indices.shape(), rows, cpu::backend()).to(r.backend);
+  r.set(n, 0, ag::embedding(r.tape, table, id_tensor));
+}
+
+// starts, ends, axes, steps: host integers; only step 1 is supported.
+void slice(Runner& r, const io::OnnxNode& n) {
+  const Value& v = r.value(n, 0);
+  const Shape s = v.var.defined() ? v.var.shape() : v.host.shape();
+  const int rank = static_cast<int>(s.size());
+  std::vector<std::int64_t> starts = r.ints(n, 1), ends = r.ints(n, 2);
+  std::vector<std::int64_t> axes = r.has_input(n, 3) ? r.ints(n, 3) : std::vector<std::int64_t>{};
+  std::vector<std::int64_t> steps = r.has_input(n, 4) ? r.ints(n, 4) : std::vector<std::int64_t>{};
+  if (axes.empty())
+    for (std::size_t i = 0; i < starts.size(); ++i)
+      axes.push_back(static_cast<std::int64_t>(i));
+  check(starts.size() == ends.size() && starts.size() == axes.size(),
+        r.where(n) + ": starts, ends and axes differ in length");
+  ag::Var x = v.var;
+  Tensor host = v.host;
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    check(steps.empty() || steps[i] == 1,
+          r.where(n) + ": slices with a step other than 1 are not supported yet");
+    const int axis = axis_of(axes[i], rank, r.where(n));
+    const std::int64_t dim = s[static_cast<std::size_t>(axis)];
+    auto clamp = [&](std::int64_t at) {
+      return std::clamp(at < 0 ? at + dim : at, std::int64_t{0}, dim);
+    };
+    const std::int64_t begin = clamp(starts[i]), end = std::max(begin, clamp(ends[i]));
+    if (x.defined())
+      x = ag::slice(r.tape, x, axis, begin, end);
+    else
+      host = host.slice(axis, begin, end);
+  }
+  if (x.defined())
+    r.set(n, 0, x);
+  else
+    r.set_host(n, 0, host.to(cpu::backend()));  // a contiguous copy
+}
+
+void unsqueeze(Runner& r, const io::OnnxNode& n) {
+  const Value& v = r.value(n, 0);
+  const Shape s = v.var.defined() ? v.var.shape() : v.host.shape();
+  std::vector<std::int64_t> axes = r.has_input(n, 1) ? r.ints(n, 1) : r.attr_ints(n, "axes");
+  const int rank = static_cast<int>(s.size() + axes.size());
+  std::vector<bool> inserted(static_cast<std::size_t>(rank), false);
+  for (std::int64_t a : axes)
+    inserted[static_cast<std::size_t>(axis_of(a, rank, r.where(n)))] = true;
+  Shape out;
+  std::size_t next = 0;
+  for (int i = 0; i < rank; ++i)
+    out.push_back(inserted[static_cast<std::size_t>(i)] ? 1 : s.at(next++));
+  if (v.var.defined())
+    r.set(n, 0, ag::reshape(r.tape, v.var, out));
+  else
+    r.set_host(n, 0, host_ints(out, r.ints(n, 0)));
+}
+
+void concat(Runner& r, const io::OnnxNode& n) {
+  const std::int64_t axis = r.attr_int(n, "axis", 0);
+  bool all_host = true;
+  for (std::size_t i = 0; i < n.inputs.size(); ++i)
+    all_host = all_host && is_host(r, n, i);
+  if (all_host) {
+    std::vector<std::int64_t> out;
+    for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+      check(r.value(n, i).host.rank() == 1, r.where(n) + ": integer inputs must be vectors");
+      std::vector<std::int64_t> part = r.ints(n, i);
+      out.insert(out.end(), part.begin(), part.end());
+    }
+    r.set_host(n, 0, host_ints({static_cast<std::int64_t>(out.size())}, out));
+    return;
+  }
+  std::vector<ag::Var> parts;
+  for (std::size_t i = 0; i < n.inputs.size(); ++i)
+    parts.push_back(r.var(n, i));
+  r.set(n, 0,
+        ag::concat(r.tape, parts,
+                   axis_of(axis, static_cast<int>(parts[0].shape().size()), r.where(n))));
+}
+
+// Float stays float; integers stay integers (as i64) or become a float constant.
+void cast(Runner& r, const io::OnnxNode& n) {
+  constexpr std::int64_t kFloat = 1, kDouble = 11;
+  const std::int64_t to = r.attr_int(n, "to", kFloat);
+  const Value& v = r.value(n, 0);
+  const bool to_float = to == kFloat || to == kDouble;
+  if (v.var.defined()) {
+    check(to_float,
+          r.where(n) + ": casting a float tensor to an integer type is not supported yet");
+    r.set(n, 0, v.var);
+  } else if (to_float) {
+    std::vector<std::int64_t> ints = r.ints(n, 0);
+    std::vector<float> values(ints.begin(), ints.end());
+    r.set(n, 0, r.constant(Tensor::from_floats(v.host.shape(), values, cpu::backend())));
+  } else {
+    r.set_host(n, 0, host_ints(v.host.shape(), r.ints(n, 0)));
+  }
+}
+
+void reduce_mean(Runner& r, const io::OnnxNode& n) {
+  const ag::Var& x = r.var(n, 0);
+  std::vector<std::int64_t> axes = r.has_input(n, 1) ? r.ints(n, 1) : r.attr_ints(n, "axes");
+  const bool keepdims = r.attr_int(n, "keepdims", 1) != 0;
+  if (axes.empty() && r.attr_int(n, "noop_with_empty_axes", 0) != 0) {
+    r.set(n, 0, x);
+    return;
+  }
+  r.set(n, 0, ag::mean(r.tape, x, axes, keepdims));
+}
+
+// x ^ y. A constant exponent that is a small integer is repeated multiplication (exact
+// as in every framework, negative bases included); 0.5 is sqrt; anything else is
+// e^{y log x}, which needs x > 0.
+void pow(Runner& r, const io::OnnxNode& n) {
+  const ag::Var& x = r.var(n, 0);
+  std::optional<double> constant;
+  if (is_host(r, n, 1) && r.value(n, 1).host.numel() == 1)
+    constant = static_cast<double>(r.ints(n, 1).at(0));
+  else if (!is_host(r, n, 1) && r.var(n, 1).value().numel() == 1 && !r.var(n, 1).requires_grad())
+    constant = r.var(n, 1).value().item();
+  auto one = [&] {
+    return r.constant(Tensor::from_floats({}, std::vector<float>{1.0f}, cpu::backend()));
+  };
+  if (constant && *constant == std::round(*constant) && std::fabs(*constant) <= 16) {
+    const auto e = static_cast<int>(std::fabs(*constant));
+    ag::Var y = e == 0 ? ag::add(r.tape, ag::scale(r.tape, x, 0.0), one()) : x;  // x^0: ones
+    for (int k = 1; k < e; ++k)
+      y = ag::mul(r.tape, y, x);
+    if (*constant < 0)
+      y = ag::div(r.tape, one(), y);
+    r.set(n, 0, y);
+    return;
+  }
+  if (constant && *constant == 0.5) {
+    r.set(n, 0, ag::sqrt(r.tape, x));
+    return;
+  }
+  ag::Var exponent;
+  if (is_host(r, n, 1)) {
+    std::vector<std::int64_t> ints = r.ints(n, 1);
+    std::vector<float> v(ints.begin(), ints.end());
+    exponent = r.constant(Tensor::from_floats(r.value(n, 1).host.shape(), v, cpu::backend()));
+  } else {
+    exponent = r.var(n, 1);
+  }
+  r.set(n, 0, ag::exp(r.tape, ag::mul(r.tape, exponent, ag::log(r.tape, x))));
+}
+
+}  // namespace
+
+void add_shape_ops(OpTable& table) {
+  table["Add"] = arithmetic<ag::add>;
+  table["Cast"] = cast;
+  table["Concat"] = concat;
+  table["Div"] = arithmetic<ag::div>;
+  table["Gather"] = gather;
+  table["Mul"] = arithmetic<ag::mul>;
+  table["Pow"] = pow;
+  table["ReduceMean"] = reduce_mean;
+  table["Shape"] = shape;
+  table["Slice"] = slice;
+  table["Sub"] = arithmetic<ag::sub>;
+  table["Unsqueeze"] = unsqueeze;
+}
+
+}  // namespace loom::nn::onnx_import
