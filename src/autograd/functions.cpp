@@ -162,7 +162,6 @@ Var dropout(Tape& tape, const Var& x, double p, std::uint64_t step_seed, std::ui
   a.p = p;
   a.seed = mix_seed(step_seed, site);
   a.seed_per_step = true;
-  a.step_seed = step_seed;
   a.seed_site = site;
   return tape.record({x}, call1(OpId::dropout, {x.value()}, a), [a](const Tensor& g) {
     return std::vector<Tensor>{call1(OpId::dropout_backward, {g}, a)};

@@ -38,7 +38,7 @@ struct Attrs {
   // dropout drawn anew each step: seed = mix_seed(step_seed, seed_site), so a replayed
   // graph (graph/) can give the node the next step's seed.
   bool seed_per_step = false;
-  std::uint64_t step_seed = 0, seed_site = 0;
+  std::uint64_t seed_site = 0;
   std::int64_t heads = 1;                            // causal_attention
   std::int64_t kernel = 2, stride = 1, padding = 0;  // conv2d, pooling
   DType dtype = DType::f32;                          // cast, fill

@@ -69,9 +69,11 @@ Backend& backend_of(OpId op, std::span<const Tensor> inputs, Backend* device) {
 
 thread_local Recorder* active_recorder = nullptr;
 
+}  // namespace
+
 // Runs a call whose inputs and outputs are ready on `backend`.
-void run_kernel(Backend& backend, OpId op, std::span<const Tensor> inputs,
-                std::span<Tensor> outputs, const Attrs& attrs) {
+void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+             const Attrs& attrs) {
   OpCall call{op, inputs, outputs, attrs};
   std::string name(backend.name());
   auto start = std::chrono::steady_clock::now();
@@ -107,6 +109,8 @@ void run_kernel(Backend& backend, OpId op, std::span<const Tensor> inputs,
   debug_once(name, op, Path::fallback);
 }
 
+namespace {
+
 // Runs a decomposition's sub-ops on one device, through dispatch again.
 class DeviceRunner final : public OpRunner {
  public:
@@ -122,17 +126,12 @@ class DeviceRunner final : public OpRunner {
 // Runs the kernel, then tells the recorder (if any) what ran.
 void run_recorded(Backend& backend, OpId op, std::span<const Tensor> inputs,
                   std::span<Tensor> outputs, const Attrs& attrs, bool fresh_outputs) {
-  run_kernel(backend, op, inputs, outputs, attrs);
+  execute(backend, op, inputs, outputs, attrs);
   if (active_recorder != nullptr)
     active_recorder->executed(backend, op, inputs, outputs, attrs, fresh_outputs);
 }
 
 }  // namespace
-
-void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
-             const Attrs& attrs) {
-  run_kernel(backend, op, inputs, outputs, attrs);
-}
 
 Recorder* set_recorder(Recorder* recorder) {
   Recorder* previous = active_recorder;
