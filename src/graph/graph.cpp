@@ -273,6 +273,21 @@ void Graph::materialize() {
       stats_.memory_bytes += info.bytes;
     }
   }
+  node_inputs_.assign(nodes_.size(), {});
+  node_outputs_.assign(nodes_.size(), {});
+  rebinds_.clear();
+  for (std::size_t n = 0; n < nodes_.size(); ++n) {
+    for (bool output : {false, true}) {
+      const std::vector<Operand>& operands = output ? nodes_[n].outputs : nodes_[n].inputs;
+      std::vector<Tensor>& tensors = output ? node_outputs_[n] : node_inputs_[n];
+      for (std::size_t k = 0; k < operands.size(); ++k) {
+        const bool on_input = operands[k].storage >= 0 && storages_[operands[k].storage].input >= 0;
+        tensors.push_back(on_input ? Tensor() : tensor_of(operands[k]));
+        if (on_input)
+          rebinds_.push_back({n, k, output});
+      }
+    }
+  }
   // When each output is final: after its last reference (not counting the end of the graph).
   ready_after_.assign(nodes_.size(), {});
   ready_at_start_.clear();
@@ -327,18 +342,16 @@ void Graph::replay(std::span<const Tensor> inputs, const ReplayOptions& options)
   if (options.output_ready)
     for (std::size_t k : ready_at_start_)
       options.output_ready(k);
-  std::vector<Tensor> in, out;
+  for (const Rebind& b : rebinds_) {
+    const Node& node = nodes_[b.node];
+    (b.output ? node_outputs_ : node_inputs_)[b.node][b.index] =
+        tensor_of((b.output ? node.outputs : node.inputs)[b.index]);
+  }
   for (std::size_t n = 0; n < nodes_.size(); ++n) {
     Node& node = nodes_[n];
     if (node.attrs.seed_per_step)
       node.attrs.seed = mix_seed(options.step_seed, node.attrs.seed_site);
-    in.clear();
-    out.clear();
-    for (const Operand& o : node.inputs)
-      in.push_back(tensor_of(o));
-    for (const Operand& o : node.outputs)
-      out.push_back(tensor_of(o));
-    dispatch::execute(*node.backend, node.op, in, out, node.attrs);
+    dispatch::execute(*node.backend, node.op, node_inputs_[n], node_outputs_[n], node.attrs);
     if (options.output_ready)
       for (std::size_t k : ready_after_[n])
         options.output_ready(k);

@@ -126,6 +126,14 @@ class Graph {
   std::vector<std::int64_t> storage_base_;                // per storage: byte offset in that buffer
   std::vector<std::shared_ptr<Buffer>> arenas_;
   std::vector<Tensor> bound_inputs_;
+  // Each node's argument tensors, built once by materialize(); the operands on declared
+  // inputs (listed in rebinds_) are rebuilt at each replay from the tensors passed.
+  std::vector<std::vector<Tensor>> node_inputs_, node_outputs_;
+  struct Rebind {
+    std::size_t node, index;
+    bool output;
+  };
+  std::vector<Rebind> rebinds_;
   std::vector<std::vector<std::size_t>> ready_after_;  // per node: outputs final after it
   std::vector<std::size_t> ready_at_start_;            // outputs no node touches
   bool replayed_ = false;
