@@ -37,6 +37,9 @@ CLI::App* add_onnx_command(CLI::App& app, OnnxOptions& options) {
 namespace {
 
 int run_conformance(const OnnxOptions& options, Backend& device) {
+  check(std::filesystem::is_directory(options.conformance),
+        options.conformance +
+            ": not a folder (expected ONNX backend test folders, test_*/model.onnx)");
   std::vector<std::filesystem::path> tests;
   for (const auto& entry : std::filesystem::directory_iterator(options.conformance))
     if (std::filesystem::exists(entry.path() / "model.onnx"))

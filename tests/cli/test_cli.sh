@@ -79,6 +79,13 @@ fx=tests/fixtures/onnx
   || { echo "FAIL: loom onnx tiny_gpt_block"; failures=$((failures + 1)); }
 expect_error "expected shape [2,1,28,28]" onnx "$fx/mlp_mnist.onnx" --input "$fx/mlp_mnist/input_0.pb" --expect "$fx/mlp_mnist/input_0.pb"
 expect_error "absent.onnx: cannot open" onnx "$dir/absent.onnx"
+expect_error "give a MODEL.onnx or --conformance DIR" onnx
+expect_error "$dir/none: not a folder" onnx --conformance "$dir/none"
+expect_error "no test folders with a model.onnx" onnx --conformance "$dir"
+"$loom" onnx --conformance "$fx/node" > "$dir/conformance.log" 2>&1 && grep -qE '^1[0-9]{2} tests on cpu: 1[0-9]{2} pass, 0 fail, 0 error' "$dir/conformance.log" \
+  || { echo "FAIL: loom onnx --conformance on the fixtures: $(tail -n 2 "$dir/conformance.log")"; failures=$((failures + 1)); }
+"$loom" onnx "$fx/mlp_mnist.onnx" --nodes | grep -qE '^  Gemm \(.*transB=1' \
+  || { echo "FAIL: loom onnx --nodes"; failures=$((failures + 1)); }
 expect_error "model = onnx needs --onnx FILE" train --model onnx --out "$dir/o12"
 "$loom" ops --model onnx --onnx "$fx/tiny_gpt_block.onnx" --backend partial > "$dir/onnx_ops.log" 2>&1 \
   && grep -qE '^erf +forward +fallback 1' "$dir/onnx_ops.log" \
