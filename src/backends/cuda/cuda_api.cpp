@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/emulator/emulated_api.h"
 #include "core/error.h"
 
 namespace loom::cuda {
@@ -102,7 +103,20 @@ Loaded load() {
 
 }  // namespace
 
+bool emulated() {
+  static const bool on = [] {
+    const char* env = std::getenv("LOOM_CUDA_EMULATOR");
+    return env != nullptr && *env != '\0' && std::string(env) != "0";
+  }();
+  return on;
+}
+
 const Api* api(std::string* why) {
+  if (emulated()) {
+    if (why != nullptr)
+      why->clear();
+    return &emulator::api();
+  }
   static const Loaded loaded = load();
   if (why != nullptr)
     *why = loaded.why;
@@ -118,14 +132,18 @@ void check_cu(CUresult status, const char* what) {
     a->cuGetErrorName(status, &name);
     a->cuGetErrorString(status, &text);
   }
+  std::string detail = emulated() ? emulator::last_problem() : std::string();
   throw Error(std::string("cuda: ") + what + " failed: " + (name ? name : std::to_string(status)) +
-              (text ? std::string(" (") + text + ")" : std::string()));
+              (text ? std::string(" (") + text + ")" : std::string()) +
+              (detail.empty() ? "" : ": " + detail));
 }
 
 void check_cublas(cublasStatus_t status, const char* what) {
-  check(status == CUBLAS_STATUS_SUCCESS, std::string("cuda: ") + what +
-                                             " failed with cuBLAS status " +
-                                             std::to_string(static_cast<int>(status)));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    return;
+  std::string detail = emulated() ? emulator::last_problem() : std::string();
+  throw Error(std::string("cuda: ") + what + " failed with cuBLAS status " +
+              std::to_string(static_cast<int>(status)) + (detail.empty() ? "" : ": " + detail));
 }
 
 }  // namespace loom::cuda

@@ -15,17 +15,18 @@ namespace loom::cuda {
 
 // Each driver entry point Loom calls. The header's macros map some names to their
 // versioned symbols (cuMemAlloc -> cuMemAlloc_v2), and the table resolves those.
-#define LOOM_CUDA_DRIVER_FUNCTIONS(X)                                                              \
-  X(cuInit)                                                                                        \
-  X(cuDriverGetVersion)                                                                            \
-  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem)                        \
-      X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)             \
-          X(cuCtxSetCurrent) X(cuGetErrorString) X(cuGetErrorName) X(cuMemAllocAsync)              \
-              X(cuMemFreeAsync) X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute)              \
-                  X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoDAsync) X(cuMemsetD32Async)         \
-                      X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                  \
-                          X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) \
-                              X(cuEventSynchronize) X(cuEventElapsedTime) X(cuModuleLoadData)      \
+#define LOOM_CUDA_DRIVER_FUNCTIONS(X)                                                         \
+  X(cuInit)                                                                                   \
+  X(cuDriverGetVersion)                                                                       \
+  X(cuDeviceGetCount)                                                                         \
+  X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem) X(cuDeviceGetAttribute)               \
+      X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent)             \
+          X(cuGetErrorString) X(cuGetErrorName) X(cuMemAllocAsync) X(cuMemFreeAsync)          \
+              X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuMemcpyHtoD)           \
+                  X(cuMemcpyDtoH) X(cuMemcpyDtoDAsync) X(cuMemsetD32Async) X(cuStreamCreate)  \
+                      X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamWaitEvent)          \
+                          X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)                 \
+                              X(cuEventSynchronize) X(cuEventElapsedTime) X(cuModuleLoadData) \
                                   X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)
 
 // cuBLAS: typed by hand, because cublas_api.h also declares C++ overloads of some names.
@@ -50,8 +51,11 @@ struct Api {
 };
 
 // The loaded API, or nullptr with `why` set (no driver, no cuBLAS, no device, a stub
-// library, a driver older than the kernels need). Loads once per process.
+// library, a driver older than the kernels need). Loads once per process. With
+// LOOM_CUDA_EMULATOR=1 it is the CPU emulator's table (emulator/emulated_api.h) instead.
 const Api* api(std::string* why = nullptr);
+// Whether LOOM_CUDA_EMULATOR=1 put the emulator in the driver's place.
+bool emulated();
 
 // Throws loom::Error naming the call and the driver's error name when status != CUDA_SUCCESS.
 void check_cu(CUresult status, const char* what);

@@ -1,6 +1,7 @@
 // Loom's CUDA kernels. Compiled by nvcc into a fatbin (sm_80, sm_90 and PTX) that is
 // embedded into the binary and loaded with cuModuleLoadData, so the host code needs no
-// CUDA runtime. Every kernel is extern "C" so the host finds it by name.
+// CUDA runtime. Every kernel (LOOM_KERNEL) is extern "C" so the host finds it by name;
+// the CPU emulator (emulator/) compiles this same file and finds them by the same names.
 //
 // Conventions: pointers already include the tensor's offset; sizes are 64-bit; 1-D
 // launches use grid-stride loops, so any grid size is correct. Row kernels give one warp
@@ -9,6 +10,11 @@
 #include <cuda_bf16.h>
 
 #include "backends/cuda/kernel_args.h"
+
+// The emulator (emulator/device_shim.h) compiles this file as C++ with its own definition.
+#ifndef LOOM_KERNEL
+#define LOOM_KERNEL extern "C" __global__ void
+#endif
 
 typedef long long i64;
 
@@ -69,13 +75,13 @@ __device__ __forceinline__ float binary_op(int op, float a, float b) {
 
 // ---- elementwise ---------------------------------------------------------------------
 
-extern "C" __global__ void fill(float* y, i64 n, float value) {
+LOOM_KERNEL fill(float* y, i64 n, float value) {
   for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = value;
 }
 
 // mode: 0 same shape, 1 scalar, 2 trailing block of `period`, 3 each value repeated
 // `period` times. other_left: the broadcast operand is the left one.
-extern "C" __global__ void binary(int op, const float* full, const float* other, float* c, i64 n, int mode,
+LOOM_KERNEL binary(int op, const float* full, const float* other, float* c, i64 n, int mode,
                                   i64 period, int other_left) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     i64 j = mode == 0 ? i : mode == 1 ? 0 : mode == 2 ? i % period : i / period;
@@ -85,7 +91,7 @@ extern "C" __global__ void binary(int op, const float* full, const float* other,
 }
 
 // op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha, 6 sqrt, 7 erf
-extern "C" __global__ void unary(int op, const float* x, float* y, i64 n, float alpha) {
+LOOM_KERNEL unary(int op, const float* x, float* y, i64 n, float alpha) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     float v = x[i], r;
     switch (op) {
@@ -103,7 +109,7 @@ extern "C" __global__ void unary(int op, const float* x, float* y, i64 n, float 
 }
 
 // op: 0 relu_backward (dy, x), 1 gelu_backward (dy, x), 2 tanh_backward (dy, y)
-extern "C" __global__ void unary_backward(int op, const float* dy, const float* x, float* dx, i64 n) {
+LOOM_KERNEL unary_backward(int op, const float* dy, const float* x, float* dx, i64 n) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     float g = dy[i], v = x[i];
     dx[i] = op == 0 ? (v > 0.0f ? g : 0.0f) : op == 1 ? g * gelu_tanh_grad(v) : g * (1.0f - v * v);
@@ -111,16 +117,16 @@ extern "C" __global__ void unary_backward(int op, const float* dy, const float* 
 }
 
 // y[i] = bias[i % cols]: the starting value of a linear layer's output (GEMM adds x w).
-extern "C" __global__ void broadcast_rows(const float* bias, float* y, i64 n, i64 cols) {
+LOOM_KERNEL broadcast_rows(const float* bias, float* y, i64 n, i64 cols) {
   for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = bias[i % cols];
 }
 
-extern "C" __global__ void to_bf16(const float* x, __nv_bfloat16* y, i64 n) {
+LOOM_KERNEL to_bf16(const float* x, __nv_bfloat16* y, i64 n) {
   for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = __float2bfloat16_rn(x[i]);
 }
 
 // AdamW, decoupled weight decay and bias correction; outputs may alias inputs.
-extern "C" __global__ void adamw(const float* p_in, const float* g, const float* m_in, const float* v_in, float* p_out,
+LOOM_KERNEL adamw(const float* p_in, const float* g, const float* m_in, const float* v_in, float* p_out,
                                  float* m_out, float* v_out, i64 n, float b1, float b2, float step_size,
                                  float inv_sqrt_bc2, float decay, float eps) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
@@ -136,7 +142,7 @@ extern "C" __global__ void adamw(const float* p_in, const float* g, const float*
 
 // ---- layout --------------------------------------------------------------------------
 
-extern "C" __global__ void copy_strided(const float* x, float* y, i64 n, loom::cuda::StridedView view) {
+LOOM_KERNEL copy_strided(const float* x, float* y, i64 n, loom::cuda::StridedView view) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     i64 rem = i, src = 0;
     for (int d = view.rank - 1; d >= 0; --d) {
@@ -148,7 +154,7 @@ extern "C" __global__ void copy_strided(const float* x, float* y, i64 n, loom::c
 }
 
 // dx viewed as [outer, L, inner]; dy as [outer, l, inner] placed at rows [start, start + l).
-extern "C" __global__ void slice_backward(const float* dy, float* dx, i64 n, i64 L, i64 l, i64 inner, i64 start) {
+LOOM_KERNEL slice_backward(const float* dy, float* dx, i64 n, i64 L, i64 l, i64 inner, i64 start) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     i64 in = i % inner, a = (i / inner) % L, o = i / (inner * L);
     dx[i] = (a >= start && a < start + l) ? dy[(o * l + (a - start)) * inner + in] : 0.0f;
@@ -158,7 +164,7 @@ extern "C" __global__ void slice_backward(const float* dy, float* dx, i64 n, i64
 // ---- reductions ------------------------------------------------------------------------
 
 // x viewed as [rows, cols]; one warp per row: y[r] = scale * (sum or max of the row).
-extern "C" __global__ void reduce_rows(int is_max, const float* x, float* y, i64 rows, i64 cols, float scale) {
+LOOM_KERNEL reduce_rows(int is_max, const float* x, float* y, i64 rows, i64 cols, float scale) {
   i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int lane = threadIdx.x & 31;
@@ -170,7 +176,7 @@ extern "C" __global__ void reduce_rows(int is_max, const float* x, float* y, i64
 }
 
 // x viewed as [rows, cols]; block (32, 32) owns 32 columns: y[c] = scale * sum_r x[r, c].
-extern "C" __global__ void sum_cols(const float* x, float* y, i64 rows, i64 cols, float scale) {
+LOOM_KERNEL sum_cols(const float* x, float* y, i64 rows, i64 cols, float scale) {
   __shared__ float partial[32][33];
   i64 c = (i64)blockIdx.x * 32 + threadIdx.x;
   float acc = 0.0f;
@@ -186,7 +192,7 @@ extern "C" __global__ void sum_cols(const float* x, float* y, i64 rows, i64 cols
 }
 
 // partial[block] = sum of squares of a grid-stride share of x (summed again on the host side).
-extern "C" __global__ void sum_squares_partial(const float* x, i64 n, float* partial) {
+LOOM_KERNEL sum_squares_partial(const float* x, i64 n, float* partial) {
   float acc = 0.0f;
   for (i64 i = first_index(); i < n; i += grid_stride()) acc += x[i] * x[i];
   acc = block_sum(acc);
@@ -195,7 +201,7 @@ extern "C" __global__ void sum_squares_partial(const float* x, i64 n, float* par
 
 // ---- embedding -------------------------------------------------------------------------
 
-extern "C" __global__ void embedding(const float* w, const int* ids, float* y, i64 n, i64 c) {
+LOOM_KERNEL embedding(const float* w, const int* ids, float* y, i64 n, i64 c) {
   for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = w[(i64)ids[i / c] * c + i % c];
 }
 
@@ -203,7 +209,7 @@ extern "C" __global__ void embedding(const float* w, const int* ids, float* y, i
 // order kept): segment s holds tokens order[seg_start[s] .. seg_start[s+1]) of id
 // seg_id[s]. Grid (segments, column blocks); rows of ids that never occur are zeroed
 // beforehand. Sums run in token order, as the CPU's do.
-extern "C" __global__ void embedding_backward(const float* dy, const int* order, const int* seg_start,
+LOOM_KERNEL embedding_backward(const float* dy, const int* order, const int* seg_start,
                                               const int* seg_id, float* dw, i64 c) {
   i64 j = (i64)blockIdx.y * blockDim.x + threadIdx.x;
   if (j >= c) return;
@@ -216,7 +222,7 @@ extern "C" __global__ void embedding_backward(const float* dy, const int* order,
 // ---- cross-entropy -----------------------------------------------------------------------
 
 // One block per row: lse = max + log sum exp(x - max); row_loss = lse - x[target].
-extern "C" __global__ void cross_entropy_rows(const float* x, const int* targets, float* lse, float* row_loss, i64 v) {
+LOOM_KERNEL cross_entropy_rows(const float* x, const int* targets, float* lse, float* row_loss, i64 v) {
   const i64 r = blockIdx.x;
   const float* row = x + r * v;
   float m = -INFINITY;
@@ -233,7 +239,7 @@ extern "C" __global__ void cross_entropy_rows(const float* x, const int* targets
 }
 
 // dx = dloss / N (softmax - onehot)
-extern "C" __global__ void cross_entropy_backward(const float* dloss, const float* x, const int* targets,
+LOOM_KERNEL cross_entropy_backward(const float* dloss, const float* x, const int* targets,
                                                   const float* lse, float* dx, i64 n, i64 v, float inv_n) {
   const float g = dloss[0] * inv_n;
   for (i64 i = first_index(); i < n; i += grid_stride()) {
@@ -245,7 +251,7 @@ extern "C" __global__ void cross_entropy_backward(const float* dloss, const floa
 
 // ---- layer norm (one warp per row) ----------------------------------------------------------
 
-extern "C" __global__ void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean,
+LOOM_KERNEL layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean,
                                               float* rstd, i64 rows, i64 c, float eps) {
   i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -268,7 +274,7 @@ extern "C" __global__ void layer_norm_forward(const float* x, const float* w, co
 }
 
 // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, xhat = (x - mean) rstd.
-extern "C" __global__ void layer_norm_backward_rows(const float* dy, const float* x, const float* w, const float* mean,
+LOOM_KERNEL layer_norm_backward_rows(const float* dy, const float* x, const float* w, const float* mean,
                                                     const float* rstd, float* dx, i64 rows, i64 c) {
   i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -289,7 +295,7 @@ extern "C" __global__ void layer_norm_backward_rows(const float* dy, const float
 }
 
 // dw = sum_rows dy xhat, db = sum_rows dy; block (32, 32) owns 32 columns.
-extern "C" __global__ void layer_norm_backward_cols(const float* dy, const float* x, const float* mean,
+LOOM_KERNEL layer_norm_backward_cols(const float* dy, const float* x, const float* mean,
                                                     const float* rstd, float* dw, float* db, i64 rows, i64 c) {
   __shared__ float pw[32][33], pb[32][33];
   i64 j = (i64)blockIdx.x * 32 + threadIdx.x;
@@ -320,7 +326,7 @@ extern "C" __global__ void layer_norm_backward_cols(const float* dy, const float
 // do the row-wise softmax work between the products.
 
 // [B, T, ld] columns col0 + h*D + d  ->  y[B, H, T, D]
-extern "C" __global__ void heads_split(const float* x, float* y, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0) {
+LOOM_KERNEL heads_split(const float* x, float* y, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     i64 d = i % D, t = (i / D) % T, h = (i / (D * T)) % H, b = i / (D * T * H);
     y[i] = x[(b * T + t) * ld + col0 + h * D + d];
@@ -328,7 +334,7 @@ extern "C" __global__ void heads_split(const float* x, float* y, i64 n, i64 T, i
 }
 
 // y[B, H, T, D]  ->  x[B, T, ld] columns col0 + h*D + d
-extern "C" __global__ void heads_merge(const float* y, float* x, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0) {
+LOOM_KERNEL heads_merge(const float* y, float* x, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     i64 d = i % D, t = (i / D) % T, h = (i / (D * T)) % H, b = i / (D * T * H);
     x[(b * T + t) * ld + col0 + h * D + d] = y[i];
@@ -337,7 +343,7 @@ extern "C" __global__ void heads_merge(const float* y, float* x, i64 n, i64 T, i
 
 // Rows of s are [BH * T, T] scores q.k; row r is query i = r % T. In place:
 // p[j] = exp(scale s[j] - m) / sum for j <= i, 0 after; lse[r] = m + log(sum).
-extern "C" __global__ void causal_softmax(float* s, float* lse, i64 rows, i64 T, float scale) {
+LOOM_KERNEL causal_softmax(float* s, float* lse, i64 rows, i64 T, float scale) {
   i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int lane = threadIdx.x & 31;
@@ -355,7 +361,7 @@ extern "C" __global__ void causal_softmax(float* s, float* lse, i64 rows, i64 T,
 }
 
 // The backward pass recomputes p from the scores and the saved lse.
-extern "C" __global__ void causal_softmax_recompute(float* s, const float* lse, i64 n, i64 T, float scale) {
+LOOM_KERNEL causal_softmax_recompute(float* s, const float* lse, i64 n, i64 T, float scale) {
   for (i64 idx = first_index(); idx < n; idx += grid_stride()) {
     i64 j = idx % T, r = idx / T, i = r % T;
     s[idx] = j <= i ? expf(s[idx] * scale - lse[r]) : 0.0f;
@@ -363,7 +369,7 @@ extern "C" __global__ void causal_softmax_recompute(float* s, const float* lse, 
 }
 
 // delta[b, h, t] = sum_d dout[b, t, h*D + d] out[b, t, h*D + d]
-extern "C" __global__ void attention_delta(const float* dout, const float* out, float* delta, i64 n, i64 T, i64 H,
+LOOM_KERNEL attention_delta(const float* dout, const float* out, float* delta, i64 n, i64 T, i64 H,
                                            i64 D) {
   for (i64 idx = first_index(); idx < n; idx += grid_stride()) {
     i64 t = idx % T, h = (idx / T) % H, b = idx / (T * H);
@@ -376,7 +382,7 @@ extern "C" __global__ void attention_delta(const float* dout, const float* out, 
 }
 
 // In place: dp[j] <- scale p[j] (dp[j] - delta[r]), the gradient of the scaled scores.
-extern "C" __global__ void attention_dscores(float* dp, const float* p, const float* delta, i64 n, i64 T, float scale) {
+LOOM_KERNEL attention_dscores(float* dp, const float* p, const float* delta, i64 n, i64 T, float scale) {
   for (i64 idx = first_index(); idx < n; idx += grid_stride())
     dp[idx] = scale * p[idx] * (dp[idx] - delta[idx / T]);
 }

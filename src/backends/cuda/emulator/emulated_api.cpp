@@ -1,0 +1,427 @@
+#include "backends/cuda/emulator/emulated_api.h"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <dnnl.h>
+
+#include "backends/cuda/emulator/emulated_kernels.h"
+#include "core/error.h"
+
+namespace loom::cuda::emulator {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+thread_local std::string problem;
+
+CUresult fail(CUresult status, std::string why) {
+  problem = std::move(why);
+  return status;
+}
+cublasStatus_t fail(cublasStatus_t status, std::string why) {
+  problem = std::move(why);
+  return status;
+}
+
+// Device memory is host memory, aligned as cuMemAlloc aligns it (256 bytes) and filled
+// with 0xff bytes (NaN as f32) so that a kernel reading memory nobody wrote shows it.
+struct Allocation {
+  std::unique_ptr<std::byte[]> owner;
+  std::size_t bytes = 0;
+};
+
+struct Device {
+  std::mutex mutex;
+  std::map<std::uintptr_t, Allocation> allocations;  // by the address handed out
+  std::map<std::uintptr_t, Clock::time_point> events;
+  std::uintptr_t next_handle = 0x1000;
+  std::mutex launch;  // one device: kernels run one at a time
+};
+Device& device() {
+  static Device d;
+  return d;
+}
+
+template <class Handle>
+Handle new_handle() {
+  Device& d = device();
+  std::lock_guard lock(d.mutex);
+  d.next_handle += 64;
+  return reinterpret_cast<Handle>(d.next_handle);
+}
+
+std::string hex(std::uintptr_t address) {
+  char text[32];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(address));
+  return text;
+}
+
+// "" when [address, address + bytes) lies inside one live allocation, else why not.
+std::string outside_allocation(std::uintptr_t address, std::size_t bytes) {
+  Device& d = device();
+  std::lock_guard lock(d.mutex);
+  auto it = d.allocations.upper_bound(address);
+  if (it == d.allocations.begin())
+    return hex(address) + " is below every allocation";
+  --it;
+  const std::uintptr_t start = it->first, end = start + it->second.bytes;
+  if (address >= end)
+    return hex(address) + " is past the end of the allocation at " + hex(start) + " (" +
+           std::to_string(it->second.bytes) + " bytes; freed memory, or never allocated)";
+  if (bytes > end - address)
+    return std::to_string(bytes) + " bytes from " + hex(address) + " run " +
+           std::to_string(bytes - (end - address)) + " bytes past the allocation at " + hex(start) +
+           " (" + std::to_string(it->second.bytes) + " bytes)";
+  return "";
+}
+
+CUresult check_range(std::uintptr_t address, std::size_t bytes, const char* call) {
+  if (bytes == 0)
+    return CUDA_SUCCESS;
+  std::string why = outside_allocation(address, bytes);
+  return why.empty() ? CUDA_SUCCESS
+                     : fail(CUDA_ERROR_INVALID_VALUE, std::string(call) + ": " + why);
+}
+
+const char* error_name(CUresult status) {
+  switch (status) {
+    case CUDA_SUCCESS:
+      return "CUDA_SUCCESS";
+    case CUDA_ERROR_INVALID_VALUE:
+      return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_INVALID_DEVICE:
+      return "CUDA_ERROR_INVALID_DEVICE";
+    case CUDA_ERROR_INVALID_HANDLE:
+      return "CUDA_ERROR_INVALID_HANDLE";
+    case CUDA_ERROR_NOT_FOUND:
+      return "CUDA_ERROR_NOT_FOUND";
+    case CUDA_ERROR_LAUNCH_FAILED:
+      return "CUDA_ERROR_LAUNCH_FAILED";
+    default:
+      return nullptr;
+  }
+}
+
+// ---- cuBLAS: C = alpha op(A) op(B) + beta C, column-major, per batch --------------------
+
+float load(const void* base, cudaDataType type, long long index) {
+  if (type == CUDA_R_32F)
+    return static_cast<const float*>(base)[index];
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);
+}
+
+std::size_t element_bytes(cudaDataType type) {
+  return type == CUDA_R_32F ? 4 : 2;
+}
+
+// "" when every element a batched column-major operand of rows x cols touches lies inside
+// one allocation.
+std::string operand_outside(const char* which, const void* base, cudaDataType type, long long rows,
+                            long long cols, long long ld, long long stride, int batch) {
+  if (rows == 0 || cols == 0 || batch == 0)
+    return "";
+  const long long last = (batch - 1) * stride + (cols - 1) * ld + rows;  // elements spanned
+  std::string why = outside_allocation(reinterpret_cast<std::uintptr_t>(base),
+                                       static_cast<std::size_t>(last) * element_bytes(type));
+  return why.empty() ? "" : std::string("operand ") + which + ": " + why;
+}
+
+cublasStatus_t gemm_strided_batched(cublasHandle_t, cublasOperation_t transa,
+                                    cublasOperation_t transb, int m, int n, int k,
+                                    const void* alpha_ptr, const void* a, cudaDataType a_type,
+                                    int lda, long long stride_a, const void* b, cudaDataType b_type,
+                                    int ldb, long long stride_b, const void* beta_ptr, void* c,
+                                    cudaDataType c_type, int ldc, long long stride_c, int batch,
+                                    cublasComputeType_t compute, cublasGemmAlgo_t) {
+  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+  const long long a_rows = ta ? k : m, a_cols = ta ? m : k;
+  const long long b_rows = tb ? n : k, b_cols = tb ? k : n;
+  if (m < 0 || n < 0 || k < 0 || batch < 0)
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasGemmStridedBatchedEx: a negative size");
+  if (lda < std::max<long long>(1, a_rows) || ldb < std::max<long long>(1, b_rows) ||
+      ldc < std::max(1, m))
+    return fail(CUBLAS_STATUS_INVALID_VALUE,
+                "cublasGemmStridedBatchedEx: leading dimensions lda " + std::to_string(lda) +
+                    ", ldb " + std::to_string(ldb) + ", ldc " + std::to_string(ldc) +
+                    " below the rows of A (" + std::to_string(a_rows) + "), B (" +
+                    std::to_string(b_rows) + ") or C (" + std::to_string(m) + ")");
+  if (a_type != b_type || (a_type != CUDA_R_32F && a_type != CUDA_R_16BF) || c_type != CUDA_R_32F ||
+      compute != CUBLAS_COMPUTE_32F)
+    return fail(CUBLAS_STATUS_NOT_SUPPORTED,
+                "cublasGemmStridedBatchedEx: the emulator has f32 or bf16 operands, an f32 "
+                "result and CUBLAS_COMPUTE_32F only");
+  for (const std::string& why :
+       {operand_outside("A", a, a_type, a_rows, a_cols, lda, stride_a, batch),
+        operand_outside("B", b, b_type, b_rows, b_cols, ldb, stride_b, batch),
+        operand_outside("C", c, c_type, m, n, ldc, stride_c, batch)})
+    if (!why.empty())
+      return fail(CUBLAS_STATUS_EXECUTION_FAILED, "cublasGemmStridedBatchedEx: " + why);
+  const float alpha = *static_cast<const float*>(alpha_ptr);
+  const float beta = *static_cast<const float*>(beta_ptr);
+  // op(A) packed row-major [m, k] and op(B) as rows of its columns [n, k], in f32; oneDNN
+  // multiplies them (the emulator checks the indexing, not the arithmetic), and C is
+  // written back column-major.
+  std::vector<float> a_packed(static_cast<std::size_t>(m) * k);
+  std::vector<float> b_packed(static_cast<std::size_t>(n) * k);
+  std::vector<float> product(static_cast<std::size_t>(m) * n);
+  for (int p = 0; p < batch; ++p) {
+    const long long a0 = p * stride_a, b0 = p * stride_b;
+    for (long long i = 0; i < m; ++i)
+      for (long long l = 0; l < k; ++l)
+        a_packed[i * k + l] = load(a, a_type, a0 + (ta ? l + i * lda : i + l * lda));
+    for (long long j = 0; j < n; ++j)
+      for (long long l = 0; l < k; ++l)
+        b_packed[j * k + l] = load(b, b_type, b0 + (tb ? j + l * ldb : l + j * ldb));
+    if (k > 0 && m > 0 && n > 0 &&
+        dnnl_sgemm('N', 'T', m, n, k, 1.0f, a_packed.data(), k, b_packed.data(), k, 0.0f,
+                   product.data(), n) != dnnl_success)
+      return fail(CUBLAS_STATUS_EXECUTION_FAILED, "cublasGemmStridedBatchedEx: dnnl_sgemm failed");
+    if (k == 0)
+      std::fill(product.begin(), product.end(), 0.0f);
+    float* cp = static_cast<float*>(c) + p * stride_c;
+    for (long long j = 0; j < n; ++j)
+      for (long long i = 0; i < m; ++i) {
+        float& out = cp[i + j * ldc];
+        const float ab = alpha * product[i * n + j];
+        // With beta == 0, C is written without being read (it may hold NaN), as in cuBLAS.
+        out = beta == 0.0f ? ab : ab + beta * out;
+      }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- kernels -------------------------------------------------------------------------------
+
+CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                unsigned bz, unsigned shared_bytes, CUstream, void** params, void** extra) {
+  auto* kernel = reinterpret_cast<EmulatedKernel*>(f);
+  if (kernel == nullptr)
+    return fail(CUDA_ERROR_INVALID_HANDLE, "cuLaunchKernel: a null function");
+  const std::string shape = "grid (" + std::to_string(gx) + "," + std::to_string(gy) + "," +
+                            std::to_string(gz) + "), block (" + std::to_string(bx) + "," +
+                            std::to_string(by) + "," + std::to_string(bz) + ")";
+  if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || gx > 0x7fffffffu ||
+      gy > 65535 || gz > 65535 || bx > 1024 || by > 1024 || bz > 64 ||
+      static_cast<unsigned long long>(bx) * by * bz > 1024)
+    return fail(CUDA_ERROR_INVALID_VALUE,
+                "cuLaunchKernel '" + kernel->name + "': " + shape + " is outside CUDA's limits");
+  if (shared_bytes != 0 || extra != nullptr || params == nullptr)
+    return fail(CUDA_ERROR_INVALID_VALUE,
+                "cuLaunchKernel '" + kernel->name +
+                    "': the emulator takes parameters as kernelParams only, with no dynamic "
+                    "shared memory");
+  std::lock_guard lock(device().launch);
+  try {
+    run_grid(
+        kernel->name, {gx, gy, gz}, {bx, by, bz}, [&] { kernel->call(params); }, kernel->profile);
+  } catch (const Error& e) {
+    return fail(CUDA_ERROR_LAUNCH_FAILED, std::string(e.what()) + " (" + shape + ")");
+  }
+  return CUDA_SUCCESS;
+}
+
+Api make_api() {
+  Api a;
+  a.cuInit = [](unsigned) { return CUDA_SUCCESS; };
+  a.cuDriverGetVersion = [](int* version) {
+    *version = CUDA_VERSION;
+    return CUDA_SUCCESS;
+  };
+  a.cuDeviceGetCount = [](int* count) {
+    *count = 1;
+    return CUDA_SUCCESS;
+  };
+  a.cuDeviceGet = [](CUdevice* dev, int ordinal) {
+    if (ordinal != 0)
+      return fail(CUDA_ERROR_INVALID_DEVICE, "the emulator has one device, 0");
+    *dev = 0;
+    return CUDA_SUCCESS;
+  };
+  a.cuDeviceGetName = [](char* name, int length, CUdevice) {
+    std::snprintf(name, static_cast<std::size_t>(length), "%s", "Loom CUDA emulator on the CPU");
+    return CUDA_SUCCESS;
+  };
+  a.cuDeviceTotalMem = [](std::size_t* bytes, CUdevice) {
+    *bytes = std::size_t{16} << 30;
+    return CUDA_SUCCESS;
+  };
+  a.cuDeviceGetAttribute = [](int* value, CUdevice_attribute attribute, CUdevice) {
+    switch (attribute) {
+      case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+        *value = 9;
+        break;
+      case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+        *value = 0;
+        break;
+      case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        *value = 1;
+        break;
+      case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+        *value = 1024;
+        break;
+      case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+        *value = 32;
+        break;
+      default:
+        *value = 0;
+        break;
+    }
+    return CUDA_SUCCESS;
+  };
+  a.cuDevicePrimaryCtxRetain = [](CUcontext* context, CUdevice) {
+    *context = new_handle<CUcontext>();
+    return CUDA_SUCCESS;
+  };
+  a.cuDevicePrimaryCtxRelease = [](CUdevice) { return CUDA_SUCCESS; };
+  a.cuCtxSetCurrent = [](CUcontext) { return CUDA_SUCCESS; };
+  a.cuGetErrorName = [](CUresult status, const char** name) {
+    *name = error_name(status);
+    return *name ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  };
+  a.cuGetErrorString = [](CUresult status, const char** text) {
+    *text = error_name(status);
+    return *text ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  };
+  a.cuMemAllocAsync = [](CUdeviceptr* address, std::size_t bytes, CUstream) {
+    Allocation allocation{std::make_unique_for_overwrite<std::byte[]>(bytes + 255), bytes};
+    std::memset(allocation.owner.get(), 0xff, bytes + 255);
+    auto start =
+        (reinterpret_cast<std::uintptr_t>(allocation.owner.get()) + 255) & ~std::uintptr_t{255};
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    d.allocations.emplace(start, std::move(allocation));
+    *address = static_cast<CUdeviceptr>(start);
+    return CUDA_SUCCESS;
+  };
+  a.cuMemFreeAsync = [](CUdeviceptr address, CUstream) {
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    if (d.allocations.erase(static_cast<std::uintptr_t>(address)) == 0)
+      return fail(CUDA_ERROR_INVALID_VALUE,
+                  "cuMemFreeAsync: " + hex(address) + " is not the start of a live allocation");
+    return CUDA_SUCCESS;
+  };
+  a.cuDeviceGetDefaultMemPool = [](CUmemoryPool* pool, CUdevice) {
+    *pool = new_handle<CUmemoryPool>();
+    return CUDA_SUCCESS;
+  };
+  a.cuMemPoolSetAttribute = [](CUmemoryPool, CUmemPool_attribute, void*) { return CUDA_SUCCESS; };
+  a.cuMemcpyHtoD = [](CUdeviceptr dst, const void* src, std::size_t bytes) {
+    if (CUresult r = check_range(dst, bytes, "cuMemcpyHtoD"); r != CUDA_SUCCESS)
+      return r;
+    std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+    return CUDA_SUCCESS;
+  };
+  a.cuMemcpyDtoH = [](void* dst, CUdeviceptr src, std::size_t bytes) {
+    if (CUresult r = check_range(src, bytes, "cuMemcpyDtoH"); r != CUDA_SUCCESS)
+      return r;
+    std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+    return CUDA_SUCCESS;
+  };
+  a.cuMemcpyDtoDAsync = [](CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream) {
+    for (auto [address, what] : {std::pair{dst, "cuMemcpyDtoDAsync (destination)"},
+                                 std::pair{src, "cuMemcpyDtoDAsync (source)"}})
+      if (CUresult r = check_range(address, bytes, what); r != CUDA_SUCCESS)
+        return r;
+    if (bytes != 0 && dst < src + bytes && src < dst + bytes)
+      return fail(CUDA_ERROR_INVALID_VALUE, "cuMemcpyDtoDAsync: source and destination overlap");
+    std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+    return CUDA_SUCCESS;
+  };
+  a.cuMemsetD32Async = [](CUdeviceptr dst, unsigned value, std::size_t count, CUstream) {
+    if (CUresult r = check_range(dst, count * 4, "cuMemsetD32Async"); r != CUDA_SUCCESS)
+      return r;
+    auto* words = reinterpret_cast<unsigned*>(dst);
+    std::fill(words, words + count, value);
+    return CUDA_SUCCESS;
+  };
+  a.cuStreamCreate = [](CUstream* stream, unsigned) {
+    *stream = new_handle<CUstream>();
+    return CUDA_SUCCESS;
+  };
+  a.cuStreamDestroy = [](CUstream) { return CUDA_SUCCESS; };
+  a.cuStreamSynchronize = [](CUstream) { return CUDA_SUCCESS; };  // work ran when enqueued
+  a.cuStreamWaitEvent = [](CUstream, CUevent, unsigned) { return CUDA_SUCCESS; };
+  a.cuEventCreate = [](CUevent* event, unsigned) {
+    *event = new_handle<CUevent>();
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    d.events[reinterpret_cast<std::uintptr_t>(*event)] = Clock::now();
+    return CUDA_SUCCESS;
+  };
+  a.cuEventDestroy = [](CUevent event) {
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    return d.events.erase(reinterpret_cast<std::uintptr_t>(event)) ? CUDA_SUCCESS
+                                                                   : CUDA_ERROR_INVALID_HANDLE;
+  };
+  a.cuEventRecord = [](CUevent event, CUstream) {
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    auto it = d.events.find(reinterpret_cast<std::uintptr_t>(event));
+    if (it == d.events.end())
+      return CUDA_ERROR_INVALID_HANDLE;
+    it->second = Clock::now();
+    return CUDA_SUCCESS;
+  };
+  a.cuEventSynchronize = [](CUevent) { return CUDA_SUCCESS; };
+  a.cuEventElapsedTime = [](float* ms, CUevent start, CUevent end) {
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    auto s = d.events.find(reinterpret_cast<std::uintptr_t>(start));
+    auto e = d.events.find(reinterpret_cast<std::uintptr_t>(end));
+    if (s == d.events.end() || e == d.events.end())
+      return CUDA_ERROR_INVALID_HANDLE;
+    *ms = std::chrono::duration<float, std::milli>(e->second - s->second).count();
+    return CUDA_SUCCESS;
+  };
+  a.cuModuleLoadData = [](CUmodule* module, const void* image) {
+    if (image == nullptr)
+      return fail(CUDA_ERROR_INVALID_VALUE, "cuModuleLoadData: no image");
+    *module = new_handle<CUmodule>();  // the kernels are compiled in (emulated_kernels.cpp)
+    return CUDA_SUCCESS;
+  };
+  a.cuModuleUnload = [](CUmodule) { return CUDA_SUCCESS; };
+  a.cuModuleGetFunction = [](CUfunction* function, CUmodule, const char* name) {
+    EmulatedKernel* kernel = find_kernel(name);
+    if (kernel == nullptr)
+      return fail(CUDA_ERROR_NOT_FOUND,
+                  std::string("cuModuleGetFunction: kernels.cu has no kernel '") + name + "'");
+    *function = reinterpret_cast<CUfunction>(kernel);
+    return CUDA_SUCCESS;
+  };
+  a.cuLaunchKernel = launch;
+  a.cublasCreate = [](cublasHandle_t* handle) {
+    *handle = new_handle<cublasHandle_t>();
+    return CUBLAS_STATUS_SUCCESS;
+  };
+  a.cublasDestroy = [](cublasHandle_t) { return CUBLAS_STATUS_SUCCESS; };
+  a.cublasSetStream = [](cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; };
+  a.cublasSetMathMode = [](cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; };
+  a.cublasGemmStridedBatchedEx = gemm_strided_batched;
+  return a;
+}
+
+}  // namespace
+
+const Api& api() {
+  static const Api table = make_api();
+  return table;
+}
+
+std::string last_problem() {
+  std::string why = std::move(problem);
+  problem.clear();
+  return why;
+}
+
+}  // namespace loom::cuda::emulator

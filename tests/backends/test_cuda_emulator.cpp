@@ -1,0 +1,266 @@
+// The CUDA emulator (backends/cuda/emulator) runs the CUDA backend on the CPU, so it must
+// itself be right: barriers and shuffles follow CUDA's rules, what hardware leaves
+// undefined is an error, GEMMs follow cuBLAS's column-major definition, and copies or
+// operands outside live memory are caught. The backend's own suites run on it from CTest
+// (LOOM_CUDA_EMULATOR=1); these tests check the emulator.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backends/cuda/emulator/block_scheduler.h"
+#include "backends/cuda/emulator/emulated_api.h"
+#include "core/error.h"
+#include "test_util.h"
+
+namespace loom::testing {
+namespace {
+
+namespace emu = cuda::emulator;
+
+std::string launch_error(emu::Dim3 grid, emu::Dim3 block, const std::function<void()>& body,
+                         emu::KernelProfile profile = {}) {
+  return error_of([&] { emu::run_grid("test_kernel", grid, block, body, profile); });
+}
+
+float shuffle(float value, int lane_mask) {
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof value);
+  bits = emu::shuffle_xor(0xffffffffu, bits, lane_mask);
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+TEST(CudaEmulatorScheduler, EveryThreadRunsOnceWithItsIndices) {
+  std::vector<int> seen(2 * 3 * 4 * 2, 0);
+  emu::KernelProfile profile;
+  emu::run_grid(
+      "indices", {2, 3, 1}, {4, 2, 1},
+      [&] {
+        const auto& s = emu::current_thread();
+        unsigned block = s.block_idx.x + s.grid_dim.x * s.block_idx.y;
+        unsigned thread = s.thread_idx.x + s.block_dim.x * s.thread_idx.y;
+        EXPECT_EQ(thread, s.linear);
+        ++seen[block * 8 + thread];
+      },
+      profile);
+  for (int count : seen)
+    EXPECT_EQ(count, 1);
+  EXPECT_TRUE(profile.launched);
+  EXPECT_FALSE(profile.synchronises);
+}
+
+TEST(CudaEmulatorScheduler, ABarrierOrdersWritesBeforeReads) {
+  // Each thread writes its slot, waits, then reads its neighbour's: without the barrier
+  // the early threads would read slots nobody has written yet.
+  std::vector<int> shared(96, -1), read(96, -1);
+  emu::KernelProfile profile;
+  emu::run_grid(
+      "barrier", {1, 1, 1}, {96, 1, 1},
+      [&] {
+        unsigned t = emu::current_thread().linear;
+        shared[t] = static_cast<int>(t) * 7;
+        emu::sync_threads();
+        read[t] = shared[(t + 1) % 96];
+      },
+      profile);
+  for (unsigned t = 0; t < 96; ++t)
+    EXPECT_EQ(read[t], static_cast<int>((t + 1) % 96) * 7);
+  EXPECT_TRUE(profile.synchronises);
+}
+
+TEST(CudaEmulatorScheduler, AButterflyOfShufflesSumsTheWarp) {
+  std::vector<float> sums(64);
+  emu::KernelProfile profile;
+  emu::run_grid(
+      "warp_sum", {1, 1, 1}, {64, 1, 1},
+      [&] {
+        unsigned t = emu::current_thread().linear;
+        float v = static_cast<float>(t);
+        for (int offset = 16; offset > 0; offset >>= 1)
+          v += shuffle(v, offset);
+        sums[t] = v;
+      },
+      profile);
+  for (unsigned t = 0; t < 64; ++t)  // warp 0: 0+..+31 = 496; warp 1: 32+..+63 = 1520
+    EXPECT_EQ(sums[t], t < 32 ? 496.0f : 1520.0f) << t;
+}
+
+TEST(CudaEmulatorScheduler, WhatHardwareLeavesUndefinedIsAnError) {
+  // Lanes of one warp at a shuffle while the others wait at a barrier: a deadlock.
+  EXPECT_NE(launch_error({1, 1, 1}, {32, 1, 1},
+                         [] {
+                           if (emu::current_thread().linear < 16)
+                             shuffle(1.0f, 1);
+                           else
+                             emu::sync_threads();
+                         })
+                .find("deadlock"),
+            std::string::npos);
+  // A full-warp shuffle after one lane returned.
+  EXPECT_NE(launch_error({1, 1, 1}, {32, 1, 1},
+                         [] {
+                           if (emu::current_thread().linear != 31)
+                             shuffle(1.0f, 1);
+                         })
+                .find("exited while its warp waits"),
+            std::string::npos);
+  // A shuffle in a warp of 16 threads.
+  EXPECT_NE(launch_error({1, 1, 1}, {48, 1, 1}, [] { shuffle(1.0f, 1); }).find("partial warp"),
+            std::string::npos);
+  // Lanes of a warp at different shuffles.
+  EXPECT_NE(launch_error({1, 1, 1}, {32, 1, 1},
+                         [] {
+                           shuffle(1.0f, 1);
+                           if (emu::current_thread().linear == 0)
+                             return;
+                           shuffle(1.0f, 1);
+                         })
+                .find("test_kernel"),
+            std::string::npos);
+  // A kernel whose first launch never synchronised runs without fibers; if it then does,
+  // the launch fails instead of computing a wrong result.
+  emu::KernelProfile plain{true, false};
+  EXPECT_NE(launch_error(
+                {1, 1, 1}, {32, 1, 1}, [] { emu::sync_threads(); }, plain)
+                .find("without fibers"),
+            std::string::npos);
+  // An exception inside a thread reaches the launcher.
+  EXPECT_EQ(launch_error({2, 1, 1}, {64, 1, 1},
+                         [] {
+                           emu::sync_threads();
+                           if (emu::current_thread().block_idx.x == 1 &&
+                               emu::current_thread().linear == 40)
+                             throw Error("thread 40 of block 1");
+                         }),
+            "thread 40 of block 1");
+}
+
+// ---- the emulated driver and cuBLAS -----------------------------------------------------
+
+struct DeviceBuffer {
+  CUdeviceptr address = 0;
+  explicit DeviceBuffer(std::size_t bytes) {
+    cuda::check_cu(emu::api().cuMemAllocAsync(&address, bytes, nullptr), "alloc");
+  }
+  ~DeviceBuffer() { emu::api().cuMemFreeAsync(address, nullptr); }
+  template <class T>
+  T* as() const {
+    return reinterpret_cast<T*>(address);
+  }
+};
+
+TEST(CudaEmulatorDriver, CopiesOutsideLiveMemoryAreRefusedAndNamed) {
+  const cuda::Api& api = emu::api();
+  std::vector<float> host(8, 1.0f);
+  DeviceBuffer buffer(4 * sizeof(float));
+  EXPECT_EQ(api.cuMemcpyHtoD(buffer.address, host.data(), 4 * sizeof(float)), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuMemcpyHtoD(buffer.address, host.data(), 8 * sizeof(float)),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_NE(emu::last_problem().find("16 bytes past the allocation"), std::string::npos);
+  EXPECT_EQ(api.cuMemcpyDtoH(host.data(), buffer.address + 8, 12), CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr freed = 0;
+  api.cuMemAllocAsync(&freed, 64, nullptr);
+  api.cuMemFreeAsync(freed, nullptr);
+  EXPECT_NE(api.cuMemsetD32Async(freed, 0, 4, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuMemFreeAsync(freed, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_NE(emu::last_problem().find("not the start of a live allocation"), std::string::npos);
+  // New memory reads as NaN until written, so a kernel that reads it shows it.
+  std::vector<float> fresh(4);
+  api.cuMemcpyDtoH(fresh.data(), buffer.address, 0);
+  DeviceBuffer unwritten(16);
+  api.cuMemcpyDtoH(fresh.data(), unwritten.address, 16);
+  EXPECT_TRUE(std::isnan(fresh[0]));
+}
+
+TEST(CudaEmulatorDriver, KernelsAreFoundByNameAndLaunchShapesChecked) {
+  const cuda::Api& api = emu::api();
+  CUmodule module = nullptr;
+  std::uint64_t image = 0;
+  ASSERT_EQ(api.cuModuleLoadData(&module, &image), CUDA_SUCCESS);
+  CUfunction fill = nullptr, missing = nullptr;
+  ASSERT_EQ(api.cuModuleGetFunction(&fill, module, "fill"), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuModuleGetFunction(&missing, module, "no_such_kernel"), CUDA_ERROR_NOT_FOUND);
+  EXPECT_NE(emu::last_problem().find("no_such_kernel"), std::string::npos);
+  DeviceBuffer y(1000 * sizeof(float));
+  float* data = y.as<float>();
+  long long n = 1000;
+  float value = 2.5f;
+  void* params[] = {&data, &n, &value};
+  ASSERT_EQ(api.cuLaunchKernel(fill, 3, 1, 1, 128, 1, 1, 0, nullptr, params, nullptr),
+            CUDA_SUCCESS);
+  std::vector<float> host(1000);
+  api.cuMemcpyDtoH(host.data(), y.address, host.size() * sizeof(float));
+  for (float v : host)
+    ASSERT_EQ(v, 2.5f);
+  EXPECT_EQ(api.cuLaunchKernel(fill, 1, 1, 1, 2048, 1, 1, 0, nullptr, params, nullptr),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_NE(emu::last_problem().find("outside CUDA's limits"), std::string::npos);
+}
+
+// C = alpha op(A) op(B) + beta C in column-major storage, batched with strides.
+TEST(CudaEmulatorCublas, GemmFollowsTheColumnMajorDefinition) {
+  const cuda::Api& api = emu::api();
+  const int m = 3, n = 2, k = 4, batch = 2, lda = 5, ldb = 4, ldc = 3;
+  const long long stride_a = lda * m, stride_b = ldb * n, stride_c = ldc * n;  // A is op T
+  std::vector<float> a(stride_a * batch), b(stride_b * batch), c(stride_c * batch, 1.0f);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    a[i] = static_cast<float>(i % 7) - 3.0f;
+  for (std::size_t i = 0; i < b.size(); ++i)
+    b[i] = static_cast<float>(i % 5) * 0.5f;
+  DeviceBuffer da(a.size() * 4), db(b.size() * 4), dc(c.size() * 4);
+  api.cuMemcpyHtoD(da.address, a.data(), a.size() * 4);
+  api.cuMemcpyHtoD(db.address, b.data(), b.size() * 4);
+  api.cuMemcpyHtoD(dc.address, c.data(), c.size() * 4);
+  cublasHandle_t handle = nullptr;
+  api.cublasCreate(&handle);
+  const float alpha = 2.0f, beta = 0.5f;
+  ASSERT_EQ(api.cublasGemmStridedBatchedEx(
+                handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da.as<void>(), CUDA_R_32F, lda,
+                stride_a, db.as<void>(), CUDA_R_32F, ldb, stride_b, &beta, dc.as<void>(),
+                CUDA_R_32F, ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  std::vector<float> got(c.size());
+  api.cuMemcpyDtoH(got.data(), dc.address, got.size() * 4);
+  for (int p = 0; p < batch; ++p)
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        double acc = 0;  // op(A)(i, l) = A[l + i lda] (transposed); B(l, j) = B[l + j ldb]
+        for (int l = 0; l < k; ++l)
+          acc += a[p * stride_a + l + i * lda] * b[p * stride_b + l + j * ldb];
+        EXPECT_FLOAT_EQ(got[p * stride_c + i + j * ldc], alpha * acc + beta * 1.0f);
+      }
+  // A leading dimension below op(A)'s rows, and an operand running past its memory.
+  EXPECT_EQ(api.cublasGemmStridedBatchedEx(
+                handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da.as<void>(), CUDA_R_32F, k - 1,
+                stride_a, db.as<void>(), CUDA_R_32F, ldb, stride_b, &beta, dc.as<void>(),
+                CUDA_R_32F, ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_NE(emu::last_problem().find("leading dimensions"), std::string::npos);
+  EXPECT_EQ(api.cublasGemmStridedBatchedEx(
+                handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da.as<void>(), CUDA_R_32F, lda,
+                stride_a, db.as<void>(), CUDA_R_32F, ldb, stride_b + 1, &beta, dc.as<void>(),
+                CUDA_R_32F, ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_EXECUTION_FAILED);
+  EXPECT_NE(emu::last_problem().find("operand B"), std::string::npos);
+  // With beta = 0, C is not read: NaN there does not reach the result.
+  std::vector<float> nan(c.size(), std::numeric_limits<float>::quiet_NaN());
+  api.cuMemcpyHtoD(dc.address, nan.data(), nan.size() * 4);
+  const float zero = 0.0f;
+  ASSERT_EQ(api.cublasGemmStridedBatchedEx(
+                handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da.as<void>(), CUDA_R_32F, lda,
+                stride_a, db.as<void>(), CUDA_R_32F, ldb, stride_b, &zero, dc.as<void>(),
+                CUDA_R_32F, ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  api.cuMemcpyDtoH(got.data(), dc.address, got.size() * 4);
+  for (int p = 0; p < batch; ++p)
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i)
+        EXPECT_FALSE(std::isnan(got[p * stride_c + i + j * ldc]));
+  api.cublasDestroy(handle);
+}
+
+}  // namespace
+}  // namespace loom::testing
