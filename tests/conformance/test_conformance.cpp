@@ -126,6 +126,33 @@ TEST_P(MatmulBf16, EqualsTheReferenceOnRoundedOperands) {
 INSTANTIATE_TEST_SUITE_P(AllBackends, MatmulBf16, ::testing::ValuesIn(backends()),
                          [](const auto& info) { return std::string(info.param->name()); });
 
+// Under bf16 products, attention multiplies bf16 operands (q, k, v, and the probabilities
+// and score gradients a device may write in bf16 directly): its results stay within
+// bf16's rounding of the f32 reference, forward and backward.
+TEST_P(MatmulBf16, AttentionStaysWithinBf16RoundingOfTheReference) {
+  Backend* backend = GetParam();
+  if (!backend->set_matmul_precision(DType::bf16))
+    GTEST_SKIP() << backend->name() << " has no bf16 matmul";
+  struct Reset {
+    Backend* b;
+    ~Reset() { b->set_matmul_precision(DType::f32); }
+  } reset{backend};
+  int checked = 0;
+  for (const OpCase& c : cases()) {
+    if (c.op != OpId::causal_attention && c.op != OpId::causal_attention_backward)
+      continue;
+    SCOPED_TRACE(c.label);
+    std::vector<Tensor> inputs;
+    for (const Tensor& t : c.inputs)
+      inputs.push_back(t.defined() ? t.to(*backend) : t);
+    std::vector<Tensor> expected = run_reference(c.op, c.inputs, c.attrs);
+    std::vector<Tensor> actual = dispatch::call(c.op, inputs, c.attrs, backend);
+    EXPECT_LE(worst_ratio(values(actual[0]), values(expected[0]), 3e-2, 3e-3), 1.0);
+    ++checked;
+  }
+  EXPECT_GE(checked, 2);
+}
+
 // The harness must be able to fail: a kernel that is off by one ulp-scale amount per
 // element in a GEMM passes, one that is wrong does not.
 TEST(ConformanceHarness, DetectsAWrongResult) {

@@ -273,12 +273,17 @@ void CudaBackend::gemm(bool ta, bool tb, i64 m, i64 n, i64 k, GemmOperand a, Gem
   Tensor a16, b16;  // bf16 copies, freed (stream-ordered) when this call returns
   if (matmul_precision_ == DType::bf16) {
     operand_type = CUDA_R_16BF;
-    a16 = Tensor::empty({a.numel}, DType::bf16, *this);
-    b16 = Tensor::empty({b.numel}, DType::bf16, *this);
-    run_1d("to_bf16", a.numel, a.data, ptr<void>(a16), a.numel);
-    run_1d("to_bf16", b.numel, b.data, ptr<void>(b16), b.numel);
-    a_data = ptr<void>(a16);
-    b_data = ptr<void>(b16);
+    auto to_bf16 = [&](const GemmOperand& operand, Tensor& copy) -> const void* {
+      if (operand.bf16 != nullptr)
+        return operand.bf16;
+      copy = Tensor::empty({operand.numel}, DType::bf16, *this);
+      run_1d("to_bf16", operand.numel, operand.data, ptr<void>(copy), operand.numel);
+      return ptr<void>(copy);
+    };
+    a_data = to_bf16(a, a16);
+    b_data = to_bf16(b, b16);
+  } else {
+    check(a.bf16 == nullptr && b.bf16 == nullptr, "cuda: a bf16 GEMM operand under f32 products");
   }
   // cuBLAS is column-major: a row-major C = A B is the column-major C^T = B^T A^T.
   const float alpha = 1.0f;
@@ -352,28 +357,38 @@ void CudaBackend::linear(const OpCall& call) {
        0, 1, bias.defined() ? 1.0f : 0.0f);
 }
 
-// Scores S = q k^T per (batch, head), causal softmax in place, out = P v (see kernels.cu).
+Tensor CudaBackend::attention_scratch(i64 count, const Tensor& f32_buffer) {
+  return matmul_precision_ == DType::bf16 ? Tensor::empty({count}, DType::bf16, *this) : f32_buffer;
+}
+
+// Scores S = q k^T per (batch, head), then P = causal softmax(scale S), out = P v (see
+// kernels.cu). Under f32 products P overwrites S; under bf16 products the softmax writes P
+// in bf16, the form the second GEMM reads.
 void CudaBackend::attention_forward(const OpCall& call) {
   const Tensor& qkv = call.inputs[0];
   i64 B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = call.attrs.heads, D = C / H,
       BH = B * H;
   float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  i64 n = B * T * C;
+  i64 n = B * T * C, nn = BH * T * T;
   Tensor q = Tensor::empty({n}, DType::f32, *this), k = Tensor::empty({n}, DType::f32, *this),
          v = Tensor::empty({n}, DType::f32, *this), o = Tensor::empty({n}, DType::f32, *this);
   for (auto [part, col] : {std::pair{&q, 0LL}, {&k, C}, {&v, 2 * C}})
     run_1d("heads_split", n, ptr(qkv), ptr(*part), n, T, H, D, 3 * C, col);
-  Tensor s = Tensor::empty({BH * T * T}, DType::f32, *this);
+  Tensor s = Tensor::empty({nn}, DType::f32, *this);
   gemm(false, true, T, T, D, {ptr(q), n, D, T * D}, {ptr(k), n, D, T * D}, ptr(s), T, T * T, BH,
        0.0f);
-  run_rows("causal_softmax", BH * T, ptr(s), ptr(call.outputs[1]), BH * T, T, scale);
-  gemm(false, false, T, D, T, {ptr(s), BH * T * T, T, T * T}, {ptr(v), n, D, T * D}, ptr(o), D,
-       T * D, BH, 0.0f);
+  Tensor p = attention_scratch(nn, s);
+  const int p_bf16 = p.dtype() == DType::bf16;
+  run_rows("causal_softmax", BH * T, ptr<const float>(s), ptr<void>(p), p_bf16,
+           ptr(call.outputs[1]), BH * T, T, scale);
+  GemmOperand p_operand{ptr(s), nn, T, T * T, p_bf16 ? ptr<const void>(p) : nullptr};
+  gemm(false, false, T, D, T, p_operand, {ptr(v), n, D, T * D}, ptr(o), D, T * D, BH, 0.0f);
   run_1d("heads_merge", n, ptr(o), ptr(call.outputs[0]), n, T, H, D, C, 0LL);
 }
 
-// With P recomputed from q, k and the saved lse: dV = P^T dO, dP = dO v^T,
-// dS = scale P (dP - rowsum(dO * O)), dQ = dS k, dK = dS^T q.
+// With S recomputed from q and k and P from the saved lse: dV = P^T dO, dP = dO v^T,
+// dS = scale P (dP - rowsum(dO * O)), dQ = dS k, dK = dS^T q. One kernel turns S and dP
+// into P and dS, in the type the GEMMs read.
 void CudaBackend::attention_backward(const OpCall& call) {
   const Tensor& dout = call.inputs[0];
   const Tensor& qkv = call.inputs[1];
@@ -389,21 +404,22 @@ void CudaBackend::attention_backward(const OpCall& call) {
   for (auto [part, col] : {std::pair{&q, 0LL}, {&k, C}, {&v, 2 * C}})
     run_1d("heads_split", n, ptr(qkv), ptr(*part), n, T, H, D, 3 * C, col);
   run_1d("heads_split", n, ptr(dout), ptr(d_o), n, T, H, D, C, 0LL);
-  Tensor p = scratch(nn), dp = scratch(nn), delta = scratch(BH * T);
-  gemm(false, true, T, T, D, {ptr(q), n, D, T * D}, {ptr(k), n, D, T * D}, ptr(p), T, T * T, BH,
-       0.0f);
-  run_1d("causal_softmax_recompute", nn, ptr(p), ptr(lse), nn, T, scale);
-  Tensor dq = scratch(n), dk = scratch(n), dv = scratch(n);
-  gemm(true, false, T, D, T, {ptr(p), nn, T, T * T}, {ptr(d_o), n, D, T * D}, ptr(dv), D, T * D, BH,
+  Tensor s = scratch(nn), dp = scratch(nn), delta = scratch(BH * T);
+  gemm(false, true, T, T, D, {ptr(q), n, D, T * D}, {ptr(k), n, D, T * D}, ptr(s), T, T * T, BH,
        0.0f);
   gemm(false, true, T, T, D, {ptr(d_o), n, D, T * D}, {ptr(v), n, D, T * D}, ptr(dp), T, T * T, BH,
        0.0f);
   run_1d("attention_delta", BH * T, ptr(dout), ptr(out), ptr(delta), BH * T, T, H, D);
-  run_1d("attention_dscores", nn, ptr(dp), ptr(p), ptr(delta), nn, T, scale);
-  gemm(false, false, T, D, T, {ptr(dp), nn, T, T * T}, {ptr(k), n, D, T * D}, ptr(dq), D, T * D, BH,
-       0.0f);
-  gemm(true, false, T, D, T, {ptr(dp), nn, T, T * T}, {ptr(q), n, D, T * D}, ptr(dk), D, T * D, BH,
-       0.0f);
+  Tensor p = attention_scratch(nn, s), ds = attention_scratch(nn, dp);
+  const int bf16 = p.dtype() == DType::bf16;
+  run_1d("attention_backward_scores", nn, ptr<const float>(s), ptr<const float>(dp), ptr(lse),
+         ptr<const float>(delta), ptr<void>(p), ptr<void>(ds), bf16, nn, T, scale);
+  GemmOperand p_operand{ptr(s), nn, T, T * T, bf16 ? ptr<const void>(p) : nullptr};
+  GemmOperand ds_operand{ptr(dp), nn, T, T * T, bf16 ? ptr<const void>(ds) : nullptr};
+  Tensor dq = scratch(n), dk = scratch(n), dv = scratch(n);
+  gemm(true, false, T, D, T, p_operand, {ptr(d_o), n, D, T * D}, ptr(dv), D, T * D, BH, 0.0f);
+  gemm(false, false, T, D, T, ds_operand, {ptr(k), n, D, T * D}, ptr(dq), D, T * D, BH, 0.0f);
+  gemm(true, false, T, D, T, ds_operand, {ptr(q), n, D, T * D}, ptr(dk), D, T * D, BH, 0.0f);
   for (auto [part, col] : {std::pair{&dq, 0LL}, {&dk, C}, {&dv, 2 * C}})
     run_1d("heads_merge", n, ptr(*part), ptr(dqkv), n, T, H, D, 3 * C, col);
 }

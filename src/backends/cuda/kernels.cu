@@ -341,14 +341,23 @@ LOOM_KERNEL heads_merge(const float* y, float* x, i64 n, i64 T, i64 H, i64 D, i6
   }
 }
 
-// Rows of s are [BH * T, T] scores q.k; row r is query i = r % T. In place:
-// p[j] = exp(scale s[j] - m) / sum for j <= i, 0 after; lse[r] = m + log(sum).
-LOOM_KERNEL causal_softmax(float* s, float* lse, i64 rows, i64 T, float scale) {
+// A probability or score gradient in the type the next GEMM reads: bf16 or f32.
+__device__ __forceinline__ void store_operand(void* base, i64 index, float value, int bf16) {
+  if (bf16)
+    static_cast<__nv_bfloat16*>(base)[index] = __float2bfloat16_rn(value);
+  else
+    static_cast<float*>(base)[index] = value;
+}
+
+// Rows of s are [BH * T, T] scores q.k; row r is query i = r % T. One warp per row:
+// p[j] = exp(scale s[j] - m) / sum for j <= i, 0 after (bf16 or f32; p may be s itself
+// when f32: each lane reads its elements before writing them); lse[r] = m + log(sum).
+LOOM_KERNEL causal_softmax(const float* s, void* p, int p_bf16, float* lse, i64 rows, i64 T, float scale) {
   i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int lane = threadIdx.x & 31;
   const i64 i = r % T;
-  float* row = s + r * T;
+  const float* row = s + r * T;
   float m = -INFINITY;
   for (i64 j = lane; j <= i; j += 32) m = fmaxf(m, row[j] * scale);
   m = warp_max(m);
@@ -356,16 +365,8 @@ LOOM_KERNEL causal_softmax(float* s, float* lse, i64 rows, i64 T, float scale) {
   for (i64 j = lane; j <= i; j += 32) total += expf(row[j] * scale - m);
   total = warp_sum(total);
   const float inv = 1.0f / total;
-  for (i64 j = lane; j < T; j += 32) row[j] = j <= i ? expf(row[j] * scale - m) * inv : 0.0f;
+  for (i64 j = lane; j < T; j += 32) store_operand(p, r * T + j, j <= i ? expf(row[j] * scale - m) * inv : 0.0f, p_bf16);
   if (lane == 0) lse[r] = m + logf(total);
-}
-
-// The backward pass recomputes p from the scores and the saved lse.
-LOOM_KERNEL causal_softmax_recompute(float* s, const float* lse, i64 n, i64 T, float scale) {
-  for (i64 idx = first_index(); idx < n; idx += grid_stride()) {
-    i64 j = idx % T, r = idx / T, i = r % T;
-    s[idx] = j <= i ? expf(s[idx] * scale - lse[r]) : 0.0f;
-  }
 }
 
 // delta[b, h, t] = sum_d dout[b, t, h*D + d] out[b, t, h*D + d]
@@ -381,8 +382,16 @@ LOOM_KERNEL attention_delta(const float* dout, const float* out, float* delta, i
   }
 }
 
-// In place: dp[j] <- scale p[j] (dp[j] - delta[r]), the gradient of the scaled scores.
-LOOM_KERNEL attention_dscores(float* dp, const float* p, const float* delta, i64 n, i64 T, float scale) {
-  for (i64 idx = first_index(); idx < n; idx += grid_stride())
-    dp[idx] = scale * p[idx] * (dp[idx] - delta[idx / T]);
+// From the recomputed scores s and dp = dO v^T, both [BH * T, T]: p = exp(scale s - lse)
+// on and below the diagonal (0 above), ds = scale p (dp - delta), the gradient of the
+// scaled scores. Written bf16 or f32; when f32, p may be s and ds may be dp.
+LOOM_KERNEL attention_backward_scores(const float* s, const float* dp, const float* lse, const float* delta, void* p,
+                                      void* ds, int bf16, i64 n, i64 T, float scale) {
+  for (i64 idx = first_index(); idx < n; idx += grid_stride()) {
+    i64 j = idx % T, r = idx / T, i = r % T;
+    float pv = j <= i ? expf(s[idx] * scale - lse[r]) : 0.0f;
+    float dsv = scale * pv * (dp[idx] - delta[r]);
+    store_operand(p, idx, pv, bf16);
+    store_operand(ds, idx, dsv, bf16);
+  }
 }
