@@ -61,14 +61,13 @@ class CudaBackend final : public Backend {
     long long ld, batch_stride;
     const void* bf16 = nullptr;  // the operand already in bf16 (then `data` is unused)
   };
+  // c is f32, or bf16 when c_bf16 (allowed under bf16 products only).
   void gemm(bool trans_a, bool trans_b, long long m, long long n, long long k, GemmOperand a,
-            GemmOperand b, float* c, long long ldc, long long c_stride, long long batch,
-            float beta);
+            GemmOperand b, void* c, long long ldc, long long c_stride, long long batch, float beta,
+            bool c_bf16 = false);
   void matmul(const OpCall& call);
   void linear(const OpCall& call);
-  // Attention's probabilities and score gradients in the type the next GEMM reads (bf16
-  // under bf16 products, so they are written once instead of converted afterwards).
-  Tensor attention_scratch(long long count, const Tensor& f32_buffer);
+  GemmOperand head_operand(const Tensor& t, long long offset, long long ld, long long stride);
   void attention_forward(const OpCall& call);
   void attention_backward(const OpCall& call);
   void embedding_backward(const OpCall& call);

@@ -325,11 +325,16 @@ LOOM_KERNEL layer_norm_backward_cols(const float* dy, const float* x, const floa
 // splits them into [B, H, T, D] blocks, multiplies with batched GEMMs, and these kernels
 // do the row-wise softmax work between the products.
 
-// [B, T, ld] columns col0 + h*D + d  ->  y[B, H, T, D]
-LOOM_KERNEL heads_split(const float* x, float* y, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0) {
+// [B, T, ld] columns col0 + h*D + d  ->  y[B, H, T, D], f32 or (the operand of bf16
+// products) bf16.
+LOOM_KERNEL heads_split(const float* x, void* y, int bf16, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     i64 d = i % D, t = (i / D) % T, h = (i / (D * T)) % H, b = i / (D * T * H);
-    y[i] = x[(b * T + t) * ld + col0 + h * D + d];
+    float value = x[(b * T + t) * ld + col0 + h * D + d];
+    if (bf16)
+      static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(value);
+    else
+      static_cast<float*>(y)[i] = value;
   }
 }
 
@@ -341,32 +346,37 @@ LOOM_KERNEL heads_merge(const float* y, float* x, i64 n, i64 T, i64 H, i64 D, i6
   }
 }
 
-// A probability or score gradient in the type the next GEMM reads: bf16 or f32.
-__device__ __forceinline__ void store_operand(void* base, i64 index, float value, int bf16) {
+// Scores, probabilities and their gradients are bf16 under bf16 products, else f32.
+__device__ __forceinline__ float load_score(const void* base, i64 index, int bf16) {
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]) : static_cast<const float*>(base)[index];
+}
+__device__ __forceinline__ void store_score(void* base, i64 index, float value, int bf16) {
   if (bf16)
     static_cast<__nv_bfloat16*>(base)[index] = __float2bfloat16_rn(value);
   else
     static_cast<float*>(base)[index] = value;
 }
 
-// Rows of s are [BH * T, T] scores q.k; row r is query i = r % T. One warp per row:
-// p[j] = exp(scale s[j] - m) / sum for j <= i, 0 after (bf16 or f32; p may be s itself
-// when f32: each lane reads its elements before writing them); lse[r] = m + log(sum).
-LOOM_KERNEL causal_softmax(const float* s, void* p, int p_bf16, float* lse, i64 rows, i64 T, float scale) {
+// One chunk of query rows [q0, q0 + rows) of every (batch, head): s is [BH, rows, keys]
+// with keys = q0 + rows; local row r is query i = q0 + r % rows. One warp per row, in
+// place: p[j] = exp(scale s[j] - m) / sum for j <= i, 0 after (each lane reads its
+// elements before writing them); lse[bh, i] = m + log(sum), with lse [BH, T].
+LOOM_KERNEL causal_softmax(void* s, int bf16, float* lse, i64 total_rows, i64 rows, i64 keys, i64 T, i64 q0,
+                           float scale) {
   i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (r >= rows) return;
+  if (r >= total_rows) return;
   const int lane = threadIdx.x & 31;
-  const i64 i = r % T;
-  const float* row = s + r * T;
+  const i64 i = q0 + r % rows, row0 = r * keys;
   float m = -INFINITY;
-  for (i64 j = lane; j <= i; j += 32) m = fmaxf(m, row[j] * scale);
+  for (i64 j = lane; j <= i; j += 32) m = fmaxf(m, load_score(s, row0 + j, bf16) * scale);
   m = warp_max(m);
   float total = 0.0f;
-  for (i64 j = lane; j <= i; j += 32) total += expf(row[j] * scale - m);
+  for (i64 j = lane; j <= i; j += 32) total += expf(load_score(s, row0 + j, bf16) * scale - m);
   total = warp_sum(total);
   const float inv = 1.0f / total;
-  for (i64 j = lane; j < T; j += 32) store_operand(p, r * T + j, j <= i ? expf(row[j] * scale - m) * inv : 0.0f, p_bf16);
-  if (lane == 0) lse[r] = m + logf(total);
+  for (i64 j = lane; j < keys; j += 32)
+    store_score(s, row0 + j, j <= i ? expf(load_score(s, row0 + j, bf16) * scale - m) * inv : 0.0f, bf16);
+  if (lane == 0) lse[(r / rows) * T + i] = m + logf(total);
 }
 
 // delta[b, h, t] = sum_d dout[b, t, h*D + d] out[b, t, h*D + d]
@@ -382,16 +392,16 @@ LOOM_KERNEL attention_delta(const float* dout, const float* out, float* delta, i
   }
 }
 
-// From the recomputed scores s and dp = dO v^T, both [BH * T, T]: p = exp(scale s - lse)
-// on and below the diagonal (0 above), ds = scale p (dp - delta), the gradient of the
-// scaled scores. Written bf16 or f32; when f32, p may be s and ds may be dp.
-LOOM_KERNEL attention_backward_scores(const float* s, const float* dp, const float* lse, const float* delta, void* p,
-                                      void* ds, int bf16, i64 n, i64 T, float scale) {
+// One chunk as causal_softmax's, from the recomputed scores s and dp = dO v^T: in place,
+// s <- p = exp(scale s - lse) on and below the diagonal (0 above) and
+// dp <- ds = scale p (dp - delta), the gradient of the scaled scores.
+LOOM_KERNEL attention_backward_scores(void* s, void* dp, int bf16, const float* lse, const float* delta, i64 n,
+                                      i64 rows, i64 keys, i64 T, i64 q0, float scale) {
   for (i64 idx = first_index(); idx < n; idx += grid_stride()) {
-    i64 j = idx % T, r = idx / T, i = r % T;
-    float pv = j <= i ? expf(s[idx] * scale - lse[r]) : 0.0f;
-    float dsv = scale * pv * (dp[idx] - delta[r]);
-    store_operand(p, idx, pv, bf16);
-    store_operand(ds, idx, dsv, bf16);
+    i64 j = idx % keys, r = idx / keys, i = q0 + r % rows, stat = (r / rows) * T + i;
+    float p = j <= i ? expf(load_score(s, idx, bf16) * scale - lse[stat]) : 0.0f;
+    float ds = scale * p * (load_score(dp, idx, bf16) - delta[stat]);
+    store_score(s, idx, p, bf16);
+    store_score(dp, idx, ds, bf16);
   }
 }

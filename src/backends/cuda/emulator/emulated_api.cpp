@@ -154,11 +154,14 @@ cublasStatus_t gemm_strided_batched(cublasHandle_t, cublasOperation_t transa,
                     ", ldb " + std::to_string(ldb) + ", ldc " + std::to_string(ldc) +
                     " below the rows of A (" + std::to_string(a_rows) + "), B (" +
                     std::to_string(b_rows) + ") or C (" + std::to_string(m) + ")");
-  if (a_type != b_type || (a_type != CUDA_R_32F && a_type != CUDA_R_16BF) || c_type != CUDA_R_32F ||
+  // cuBLAS's table of supported types, as far as Loom uses it: f32 x f32 -> f32, and
+  // bf16 x bf16 -> f32 or bf16, accumulated in f32.
+  if (a_type != b_type || (a_type != CUDA_R_32F && a_type != CUDA_R_16BF) ||
+      (c_type != CUDA_R_32F && !(c_type == CUDA_R_16BF && a_type == CUDA_R_16BF)) ||
       compute != CUBLAS_COMPUTE_32F)
     return fail(CUBLAS_STATUS_NOT_SUPPORTED,
-                "cublasGemmStridedBatchedEx: the emulator has f32 or bf16 operands, an f32 "
-                "result and CUBLAS_COMPUTE_32F only");
+                "cublasGemmStridedBatchedEx: the emulator has f32 x f32 -> f32 and bf16 x bf16 "
+                "-> f32 or bf16 with CUBLAS_COMPUTE_32F only");
   for (const std::string& why :
        {operand_outside("A", a, a_type, a_rows, a_cols, lda, stride_a, batch),
         operand_outside("B", b, b_type, b_rows, b_cols, ldb, stride_b, batch),
@@ -187,13 +190,17 @@ cublasStatus_t gemm_strided_batched(cublasHandle_t, cublasOperation_t transa,
       return fail(CUBLAS_STATUS_EXECUTION_FAILED, "cublasGemmStridedBatchedEx: dnnl_sgemm failed");
     if (k == 0)
       std::fill(product.begin(), product.end(), 0.0f);
-    float* cp = static_cast<float*>(c) + p * stride_c;
     for (long long j = 0; j < n; ++j)
       for (long long i = 0; i < m; ++i) {
-        float& out = cp[i + j * ldc];
-        const float ab = alpha * product[i * n + j];
+        const long long index = p * stride_c + i + j * ldc;
+        float result = alpha * product[i * n + j];
         // With beta == 0, C is written without being read (it may hold NaN), as in cuBLAS.
-        out = beta == 0.0f ? ab : ab + beta * out;
+        if (beta != 0.0f)
+          result += beta * load(c, c_type, index);
+        if (c_type == CUDA_R_32F)
+          static_cast<float*>(c)[index] = result;
+        else
+          static_cast<__nv_bfloat16*>(c)[index] = __float2bfloat16_rn(result);
       }
   }
   return CUBLAS_STATUS_SUCCESS;
