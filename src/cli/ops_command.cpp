@@ -99,6 +99,16 @@ Report measure(const OpsOptions& o, Backend& device) {
       v = static_cast<std::int32_t>(rng.next() % 10);
     targets = Tensor::from_ints({64}, y, device);
   }
+  check(device.set_matmul_precision(o.precision == "bf16" ? DType::bf16 : DType::f32),
+        "loom ops: " + std::string(device.name()) + " has no " + o.precision + " matmul products");
+  struct Restore {  // the device is the process's: leave it as found
+    Backend& device;
+    ~Restore() {
+      device.set_matmul_precision(DType::f32);
+      dispatch::set_synchronous_timing(false);
+    }
+  } restore{device};
+  dispatch::set_synchronous_timing(o.sync);
   optim::AdamW opt(model->parameters(), {});
   auto step = [&] {
     autograd::Tape tape;
@@ -173,6 +183,11 @@ CLI::App* add_ops_command(CLI::App& app, OpsOptions& o) {
   ops->add_option("--steps", o.steps,
                   "timed steps after one warm-up step (1: the first step alone)")
       ->check(CLI::Range(1, 100000));
+  ops->add_option("--precision", o.precision, "f32 | bf16: the operands of matmul products")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  ops->add_flag("--sync", o.sync,
+                "wait for each op to finish on its device, so times are device times per op "
+                "(removes overlap: for profiling)");
   return ops;
 }
 
@@ -196,8 +211,12 @@ int run_ops(const OpsOptions& o) {
     }
     return 0;
   }
-  std::printf("training step of %s: calls per step by path, and time per step\n%-26s %-10s",
-              o.model.c_str(), "op", "role");
+  std::printf("training step of %s (%s products): calls per step by path, and %s\n%-26s %-10s",
+              o.model.c_str(), o.precision.c_str(),
+              o.sync
+                  ? "device time per step (each op waited for)"
+                  : "time per step (host time: on an asynchronous device, --sync for device time)",
+              "op", "role");
   for (const auto& n : names)
     std::printf(" %-32s", n.c_str());
   std::printf("\n");

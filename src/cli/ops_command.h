@@ -14,6 +14,8 @@ struct OpsOptions {
   // gpt's shape (defaults: the default training run) and the timed steps after one warm-up.
   std::int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 12, vocab = 65;
   int steps = 1;
+  std::string precision = "f32";  // f32 | bf16: the operands of matmul products
+  bool sync = false;              // time each op to its completion on the device
 };
 
 CLI::App* add_ops_command(CLI::App& app, OpsOptions& options);

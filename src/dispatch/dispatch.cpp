@@ -1,6 +1,7 @@
 #include "dispatch/dispatch.h"
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -68,6 +69,7 @@ Backend& backend_of(OpId op, std::span<const Tensor> inputs, Backend* device) {
 }
 
 thread_local Recorder* active_recorder = nullptr;
+std::atomic<bool> synchronous_timing{false};
 
 }  // namespace
 
@@ -79,6 +81,8 @@ void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::spa
   auto start = std::chrono::steady_clock::now();
   if (backend.supports(call)) {
     backend.launch(call, backend.default_stream());
+    if (synchronous_timing.load(std::memory_order_relaxed))
+      backend.default_stream().synchronize();
     count(name, op, Path::native, 0, since(start));
     debug_once(name, op, Path::native);
     return;
@@ -132,6 +136,10 @@ void run_recorded(Backend& backend, OpId op, std::span<const Tensor> inputs,
 }
 
 }  // namespace
+
+void set_synchronous_timing(bool on) {
+  synchronous_timing.store(on);
+}
 
 Recorder* set_recorder(Recorder* recorder) {
   Recorder* previous = active_recorder;

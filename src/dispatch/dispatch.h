@@ -73,4 +73,9 @@ class Recorder {
 // Installs `recorder` for calls made on this thread (nullptr removes it); returns the previous one.
 Recorder* set_recorder(Recorder* recorder);
 
+// When on, each native launch waits for its device to finish before it is counted, so the
+// time in stats() is the device's time per op, not the host's time to enqueue it (for
+// profiling asynchronous devices: `loom ops --sync`; it removes all overlap). Off by default.
+void set_synchronous_timing(bool on);
+
 }  // namespace loom::dispatch

@@ -44,6 +44,9 @@ both=$("$loom" plan --model llama3-405b --compare 910c:98304,b200:36864 --global
 [[ $both -eq 2 ]] || { echo "FAIL: --compare with counts printed $both rows"; failures=$((failures + 1)); }
 "$loom" ops --model gpt --backend all | grep -q '^partial: .* decomposed, .* fall back' \
   || { echo "FAIL: loom ops prints no summary for the partial backend"; failures=$((failures + 1)); }
+"$loom" ops --model gpt --backend cpu --precision bf16 --sync | head -n 1 | grep -q 'bf16 products.*device time per step' \
+  || { echo "FAIL: loom ops --precision bf16 --sync"; failures=$((failures + 1)); }
+expect_error "partial has no bf16 matmul products" ops --backend partial --precision bf16
 # loom bench writes a device profile in the documented format.
 "$loom" bench --device cpu --quick --out "$dir/profile.json" > /dev/null 2>&1 || { echo "FAIL: loom bench"; failures=$((failures + 1)); }
 python3 - "$dir/profile.json" <<'PY' || { echo "FAIL: profile format"; failures=$((failures + 1)); }
