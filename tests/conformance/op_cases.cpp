@@ -236,7 +236,7 @@ void matmul_cases(Builder& b) {
 }
 
 void nn_cases(Builder& b) {
-  for (Shape s : {Shape{4, 16}, Shape{2, 3, 7}, Shape{3, 1}, Shape{64, 384}}) {
+  for (Shape s : {Shape{4, 16}, Shape{2, 3, 7}, Shape{3, 1}, Shape{64, 384}, Shape{1100, 40}}) {
     Tensor x = b.r(s, -2.0f, 3.0f), w = b.r({s.back()}), bias = b.r({s.back()});
     b.add(shape_str(s), OpId::layer_norm, {x, w, bias}, {}, Measure::elementwise, 2e-4);
     std::vector<Tensor> fwd = run_reference(OpId::layer_norm, {x, w, bias}, {});

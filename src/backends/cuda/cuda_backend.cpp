@@ -200,6 +200,31 @@ void CudaBackend::run(const char* name, unsigned grid_x, unsigned grid_y, unsign
            name);
 }
 
+namespace {
+// Column sums over many rows run in chunks of rows, so that enough blocks share the work
+// (about 512 blocks in all, each over 256 rows or more); 1 when one block per 32 columns
+// is enough.
+i64 row_chunks(i64 rows, i64 cols) {
+  const i64 col_blocks = std::max<i64>((cols + 31) / 32, 1);
+  return std::clamp<i64>(rows / 256, 1, std::max<i64>(1, 512 / col_blocks));
+}
+}  // namespace
+
+void CudaBackend::sum_columns(const float* x, float* y, i64 rows, i64 cols, float scale) {
+  if (cols == 0)
+    return;
+  const unsigned col_blocks = static_cast<unsigned>((cols + 31) / 32);
+  const i64 chunks = row_chunks(rows, cols);
+  if (chunks == 1) {
+    run("sum_cols", col_blocks, 1, 32, 32, x, y, rows, cols, scale, rows);
+    return;
+  }
+  Tensor partial = Tensor::empty({chunks * cols}, DType::f32, *this);
+  run("sum_cols", col_blocks, static_cast<unsigned>(chunks), 32, 32, x, ptr(partial), rows, cols,
+      1.0f, (rows + chunks - 1) / chunks);
+  run("sum_cols", col_blocks, 1, 32, 32, ptr<const float>(partial), y, chunks, cols, scale, chunks);
+}
+
 template <class... Args>
 void CudaBackend::run_1d(const char* name, i64 n, Args... args) {
   // Grid-stride kernels: a bounded grid covers any n.
@@ -547,8 +572,7 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
         run_rows("reduce_rows", rows, static_cast<int>(call.op == OpId::max), ptr(x), ptr(out[0]),
                  rows, cols, 1.0f);
       } else {
-        run("sum_cols", static_cast<unsigned>((cols + 31) / 32), 1, 32, 32, ptr(x), ptr(out[0]),
-            rows, cols, 1.0f);
+        sum_columns(ptr(x), ptr(out[0]), rows, cols, 1.0f);
       }
       return;
     }
@@ -632,8 +656,19 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
       i64 c = x.dim(-1), rows = c == 0 ? 0 : numel(x) / c;
       run_rows("layer_norm_backward_rows", rows, ptr(in[0]), ptr(x), ptr(in[2]), ptr(in[3]),
                ptr(in[4]), ptr(out[0]), rows, c);
-      run("layer_norm_backward_cols", static_cast<unsigned>((c + 31) / 32), 1, 32, 32, ptr(in[0]),
-          ptr(x), ptr(in[3]), ptr(in[4]), ptr(out[1]), ptr(out[2]), rows, c);
+      const unsigned col_blocks = static_cast<unsigned>((c + 31) / 32);
+      const i64 chunks = row_chunks(rows, c);
+      if (chunks == 1) {
+        run("layer_norm_backward_cols", col_blocks, 1, 32, 32, ptr(in[0]), ptr(x), ptr(in[3]),
+            ptr(in[4]), ptr(out[1]), ptr(out[2]), rows, c, rows);
+        return;
+      }
+      Tensor dw = Tensor::empty({chunks * c}, DType::f32, *this),
+             db = Tensor::empty({chunks * c}, DType::f32, *this);
+      run("layer_norm_backward_cols", col_blocks, static_cast<unsigned>(chunks), 32, 32, ptr(in[0]),
+          ptr(x), ptr(in[3]), ptr(in[4]), ptr(dw), ptr(db), rows, c, (rows + chunks - 1) / chunks);
+      sum_columns(ptr(dw), ptr(out[1]), chunks, c, 1.0f);
+      sum_columns(ptr(db), ptr(out[2]), chunks, c, 1.0f);
       return;
     }
     case OpId::causal_attention:

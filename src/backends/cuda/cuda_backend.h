@@ -65,6 +65,8 @@ class CudaBackend final : public Backend {
   void gemm(bool trans_a, bool trans_b, long long m, long long n, long long k, GemmOperand a,
             GemmOperand b, void* c, long long ldc, long long c_stride, long long batch, float beta,
             bool c_bf16 = false);
+  // y[c] = scale * sum_r x[r, c] for x [rows, cols], split over chunks of rows when tall.
+  void sum_columns(const float* x, float* y, long long rows, long long cols, float scale);
   void matmul(const OpCall& call);
   void linear(const OpCall& call);
   GemmOperand head_operand(const Tensor& t, long long offset, long long ld, long long stride);

@@ -175,19 +175,23 @@ LOOM_KERNEL reduce_rows(int is_max, const float* x, float* y, i64 rows, i64 cols
   if (lane == 0) y[r] = acc * scale;
 }
 
-// x viewed as [rows, cols]; block (32, 32) owns 32 columns: y[c] = scale * sum_r x[r, c].
-LOOM_KERNEL sum_cols(const float* x, float* y, i64 rows, i64 cols, float scale) {
+// x viewed as [rows, cols]; block (32, 32) owns 32 columns of one chunk of rows,
+// [blockIdx.y * chunk, + chunk): y[blockIdx.y, c] = scale * sum of x[r, c] over the chunk.
+// With one chunk that is the column sum; with several, the host sums the chunks' rows
+// with a second launch (a fixed order either way).
+LOOM_KERNEL sum_cols(const float* x, float* y, i64 rows, i64 cols, float scale, i64 chunk) {
   __shared__ float partial[32][33];
   i64 c = (i64)blockIdx.x * 32 + threadIdx.x;
+  i64 r0 = (i64)blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
   float acc = 0.0f;
   if (c < cols)
-    for (i64 r = threadIdx.y; r < rows; r += 32) acc += x[r * cols + c];
+    for (i64 r = r0 + threadIdx.y; r < r1; r += 32) acc += x[r * cols + c];
   partial[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
     float total = 0.0f;
     for (int k = 0; k < 32; ++k) total += partial[k][threadIdx.x];
-    y[c] = total * scale;
+    y[(i64)blockIdx.y * cols + c] = total * scale;
   }
 }
 
@@ -221,18 +225,26 @@ LOOM_KERNEL embedding_backward(const float* dy, const int* order, const int* seg
 
 // ---- cross-entropy -----------------------------------------------------------------------
 
-// One block per row: lse = max + log sum exp(x - max); row_loss = lse - x[target].
+// One block per row, one pass over it: each thread keeps a running maximum m and
+// sum s of exp(x - m) (rescaled when m grows), then the block combines them:
+// lse = M + log sum_t s_t exp(m_t - M); row_loss = lse - x[target].
 LOOM_KERNEL cross_entropy_rows(const float* x, const int* targets, float* lse, float* row_loss, i64 v) {
   const i64 r = blockIdx.x;
   const float* row = x + r * v;
-  float m = -INFINITY;
-  for (i64 j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, row[j]);
-  m = block_max(m);
-  float s = 0.0f;
-  for (i64 j = threadIdx.x; j < v; j += blockDim.x) s += expf(row[j] - m);
-  s = block_sum(s);
+  float m = -INFINITY, s = 0.0f;
+  for (i64 j = threadIdx.x; j < v; j += blockDim.x) {
+    float value = row[j];
+    if (value > m) {
+      s = s * expf(m - value) + 1.0f;
+      m = value;
+    } else if (value > -INFINITY) {
+      s += expf(value - m);
+    }
+  }
+  const float block_m = block_max(m);
+  const float total = block_sum(m > -INFINITY ? s * expf(m - block_m) : 0.0f);
   if (threadIdx.x == 0) {
-    float l = m + logf(s);
+    float l = block_m + logf(total);
     lse[r] = l;
     row_loss[r] = l - row[targets[r]];
   }
@@ -294,14 +306,16 @@ LOOM_KERNEL layer_norm_backward_rows(const float* dy, const float* x, const floa
   }
 }
 
-// dw = sum_rows dy xhat, db = sum_rows dy; block (32, 32) owns 32 columns.
+// dw = sum_rows dy xhat, db = sum_rows dy; block (32, 32) owns 32 columns of one chunk of
+// rows (as sum_cols): dw and db get one row of partial sums per chunk.
 LOOM_KERNEL layer_norm_backward_cols(const float* dy, const float* x, const float* mean,
-                                                    const float* rstd, float* dw, float* db, i64 rows, i64 c) {
+                                                    const float* rstd, float* dw, float* db, i64 rows, i64 c, i64 chunk) {
   __shared__ float pw[32][33], pb[32][33];
   i64 j = (i64)blockIdx.x * 32 + threadIdx.x;
+  i64 r0 = (i64)blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
   float sw = 0.0f, sb = 0.0f;
   if (j < c)
-    for (i64 r = threadIdx.y; r < rows; r += 32) {
+    for (i64 r = r0 + threadIdx.y; r < r1; r += 32) {
       float g = dy[r * c + j];
       sw += g * (x[r * c + j] - mean[r]) * rstd[r];
       sb += g;
@@ -315,8 +329,8 @@ LOOM_KERNEL layer_norm_backward_cols(const float* dy, const float* x, const floa
       tw += pw[k][threadIdx.x];
       tb += pb[k][threadIdx.x];
     }
-    dw[j] = tw;
-    db[j] = tb;
+    dw[(i64)blockIdx.y * c + j] = tw;
+    db[(i64)blockIdx.y * c + j] = tb;
   }
 }
 
