@@ -81,7 +81,16 @@ INSTANTIATE_TEST_SUITE_P(AllOps, Conformance, ::testing::ValuesIn(all_params()),
 // Precision bf16: matmul and linear on every backend that offers it equal the reference
 // kernel run on operands rounded to bf16, and differ from the f32 product (so the
 // rounding really happened).
-class MatmulBf16 : public ::testing::TestWithParam<Backend*> {};
+// Runs each test under bf16 products on the backend (skipped where it has none), and
+// puts f32 products back afterwards.
+class MatmulBf16 : public ::testing::TestWithParam<Backend*> {
+ protected:
+  void SetUp() override {
+    if (!GetParam()->set_matmul_precision(DType::bf16))
+      GTEST_SKIP() << GetParam()->name() << " has no bf16 matmul";
+  }
+  void TearDown() override { GetParam()->set_matmul_precision(DType::f32); }
+};
 
 Tensor rounded_to_bf16(const Tensor& t) {
   std::vector<float> v = t.to_floats();
@@ -92,12 +101,6 @@ Tensor rounded_to_bf16(const Tensor& t) {
 
 TEST_P(MatmulBf16, EqualsTheReferenceOnRoundedOperands) {
   Backend* backend = GetParam();
-  if (!backend->set_matmul_precision(DType::bf16))
-    GTEST_SKIP() << backend->name() << " has no bf16 matmul";
-  struct Reset {
-    Backend* b;
-    ~Reset() { b->set_matmul_precision(DType::f32); }
-  } reset{backend};
   int checked = 0;
   double largest_change = 0;
   for (const OpCase& c : cases()) {
@@ -131,12 +134,6 @@ INSTANTIATE_TEST_SUITE_P(AllBackends, MatmulBf16, ::testing::ValuesIn(backends()
 // bf16's rounding of the f32 reference, forward and backward.
 TEST_P(MatmulBf16, AttentionStaysWithinBf16RoundingOfTheReference) {
   Backend* backend = GetParam();
-  if (!backend->set_matmul_precision(DType::bf16))
-    GTEST_SKIP() << backend->name() << " has no bf16 matmul";
-  struct Reset {
-    Backend* b;
-    ~Reset() { b->set_matmul_precision(DType::f32); }
-  } reset{backend};
   int checked = 0;
   for (const OpCase& c : cases()) {
     if (c.op != OpId::causal_attention && c.op != OpId::causal_attention_backward)
