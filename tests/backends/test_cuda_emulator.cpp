@@ -10,9 +10,11 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/emulator/block_scheduler.h"
 #include "backends/cuda/emulator/emulated_api.h"
 #include "core/error.h"
+#include "dispatch/dispatch.h"
 #include "test_util.h"
 
 namespace loom::testing {
@@ -260,6 +262,48 @@ TEST(CudaEmulatorCublas, GemmFollowsTheColumnMajorDefinition) {
       for (int i = 0; i < m; ++i)
         EXPECT_FALSE(std::isnan(got[p * stride_c + i + j * ldc]));
   api.cublasDestroy(handle);
+}
+
+// ---- the CUDA backend on the emulator ----------------------------------------------------
+
+// Under bf16 products the backend keeps the bf16 copy of an f32 operand until the
+// operand's bytes are written or freed. Every way of writing them must drop the copy,
+// or a later product would read the old values.
+TEST(CudaEmulatorBackend, Bf16OperandCopiesNeverOutliveTheirSource) {
+  cuda::CudaBackend backend(emu::api(), 0);
+  ASSERT_TRUE(backend.set_matmul_precision(DType::bf16));
+  nn::Rng rng(11);
+  Tensor a_host = random({24, 16}, rng), b_host = random({16, 8}, rng);
+  Tensor a = a_host.to(backend), b = b_host.to(backend);
+  auto product_with = [&](const Tensor& a_values) {
+    cpu().set_matmul_precision(DType::bf16);
+    std::vector<double> expected = values(dispatch::call(OpId::matmul, {a_values, b_host})[0]);
+    cpu().set_matmul_precision(DType::f32);
+    std::vector<double> actual = values(dispatch::call(OpId::matmul, {a, b})[0]);
+    return worst_ratio(actual, expected, 1e-5, 1e-6);
+  };
+  EXPECT_LE(product_with(a_host), 1.0);
+  EXPECT_LE(product_with(a_host), 1.0);  // the cached copy
+  // Written by an upload.
+  Tensor a2 = random({24, 16}, rng);
+  std::vector<float> v2 = a2.to_floats();
+  backend.upload(v2.data(), *a.storage(), static_cast<std::size_t>(a.offset()) * 4, v2.size() * 4);
+  EXPECT_LE(product_with(a2), 1.0);
+  // Written by a kernel (fill as an op's output).
+  Attrs fill;
+  fill.shape = {24, 16};
+  fill.alpha = 0.75;
+  Tensor target = a;
+  dispatch::execute(backend, OpId::fill, {}, std::span<Tensor>(&target, 1), fill);
+  EXPECT_LE(product_with(Tensor::from_floats({24, 16}, std::vector<float>(24 * 16, 0.75f), cpu())),
+            1.0);
+  // Written by a device-to-device copy.
+  Tensor a3 = random({24, 16}, rng).to(backend);
+  backend.default_stream().copy(*a3.storage(), static_cast<std::size_t>(a3.offset()) * 4,
+                                *a.storage(), static_cast<std::size_t>(a.offset()) * 4,
+                                static_cast<std::size_t>(a.numel()) * 4);
+  EXPECT_LE(product_with(a3.to(cpu())), 1.0);
+  backend.set_matmul_precision(DType::f32);
 }
 
 }  // namespace

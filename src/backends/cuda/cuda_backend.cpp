@@ -48,6 +48,7 @@ class CudaStream final : public device_ops::DeviceStream {
  protected:
   void device_copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
                    std::size_t bytes) override {
+    backend_.forget_copies_of(address(dst, dst_offset), address(dst, dst_offset) + bytes);
     check_cu(backend_.api().cuMemcpyDtoDAsync(address(dst, dst_offset), address(src, src_offset),
                                               bytes, stream_),
              "cuMemcpyDtoDAsync");
@@ -104,9 +105,18 @@ CudaBackend::CudaBackend(const Api& api, CUdevice device) : api_(api), device_(d
   check_cublas(api_.cublasSetStream(cublas_, reinterpret_cast<cudaStream_t>(stream_)),
                "cublasSetStream");
   stream_wrapper_ = std::make_unique<CudaStream>(*this, stream_, false);
+  std::size_t memory = 0;
+  api_.cuDeviceTotalMem(&memory, device_);
+  bf16_copy_budget_ = memory / 8;
 }
 
 CudaBackend::~CudaBackend() {
+  std::vector<Bf16Copy> copies;  // freed while the stream still exists
+  {
+    std::lock_guard lock(bf16_copies_mutex_);
+    copies.swap(bf16_copies_);
+  }
+  copies.clear();
   if (stream_ != nullptr)
     api_.cuStreamSynchronize(stream_);
   stream_wrapper_.reset();
@@ -146,7 +156,9 @@ Buffer CudaBackend::allocate(std::size_t bytes, MemoryKind) {
   return Buffer(reinterpret_cast<void*>(p), bytes, this);
 }
 
-void CudaBackend::release(void* data, std::size_t) noexcept {
+void CudaBackend::release(void* data, std::size_t bytes) noexcept {
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  forget_copies_of(begin, begin + bytes);
   api_.cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(data), stream_);
 }
 
@@ -159,6 +171,7 @@ std::unique_ptr<Stream> CudaBackend::create_stream(StreamKind) {
 void CudaBackend::upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) {
   if (bytes == 0)
     return;
+  forget_copies_of(address(dst, dst_offset), address(dst, dst_offset) + bytes);
   check_cu(api_.cuMemcpyHtoD(address(dst, dst_offset), host, bytes), "cuMemcpyHtoD");
 }
 
@@ -288,6 +301,51 @@ bool CudaBackend::supports(const OpCall& call) const {
   }
 }
 
+Tensor CudaBackend::bf16_copy_of(const float* data, i64 count) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  const auto end = begin + static_cast<std::uintptr_t>(count) * sizeof(float);
+  {
+    std::lock_guard lock(bf16_copies_mutex_);
+    for (const Bf16Copy& c : bf16_copies_)
+      if (c.begin == begin && c.end == end)
+        return c.copy;
+  }
+  Tensor copy = Tensor::empty({count}, DType::bf16, *this);
+  run_1d("to_bf16", count, data, ptr<void>(copy), count);
+  std::vector<Tensor> evicted;  // freed after the lock is released (release() locks it)
+  {
+    std::lock_guard lock(bf16_copies_mutex_);
+    const std::size_t bytes = static_cast<std::size_t>(count) * 2;
+    while (!bf16_copies_.empty() && bf16_copy_bytes_ + bytes > bf16_copy_budget_) {
+      bf16_copy_bytes_ -= static_cast<std::size_t>(bf16_copies_.front().copy.numel()) * 2;
+      evicted.push_back(std::move(bf16_copies_.front().copy));
+      bf16_copies_.erase(bf16_copies_.begin());
+    }
+    if (bytes <= bf16_copy_budget_) {
+      bf16_copies_.push_back({begin, end, copy});
+      bf16_copy_bytes_ += bytes;
+    }
+  }
+  return copy;
+}
+
+void CudaBackend::forget_copies_of(std::uintptr_t begin, std::uintptr_t end) noexcept {
+  std::vector<Tensor> stale;  // freed after the lock is released (their release locks it)
+  {
+    std::lock_guard lock(bf16_copies_mutex_);
+    for (std::size_t i = 0; i < bf16_copies_.size();) {
+      Bf16Copy& c = bf16_copies_[i];
+      if (c.begin < end && begin < c.end) {
+        bf16_copy_bytes_ -= static_cast<std::size_t>(c.copy.numel()) * 2;
+        stale.push_back(std::move(c.copy));
+        bf16_copies_.erase(bf16_copies_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+}
+
 void CudaBackend::gemm(bool ta, bool tb, i64 m, i64 n, i64 k, GemmOperand a, GemmOperand b, void* c,
                        i64 ldc, i64 c_stride, i64 batch, float beta, bool c_bf16) {
   if (m == 0 || n == 0 || batch == 0)
@@ -295,18 +353,15 @@ void CudaBackend::gemm(bool ta, bool tb, i64 m, i64 n, i64 k, GemmOperand a, Gem
   const void* a_data = a.data;
   const void* b_data = b.data;
   cudaDataType operand_type = CUDA_R_32F;
-  Tensor a16, b16;  // bf16 copies, freed (stream-ordered) when this call returns
+  Tensor a16, b16;  // the operands' bf16 copies, alive until the GEMM is enqueued
   if (matmul_precision_ == DType::bf16) {
     operand_type = CUDA_R_16BF;
-    auto to_bf16 = [&](const GemmOperand& operand, Tensor& copy) -> const void* {
-      if (operand.bf16 != nullptr)
-        return operand.bf16;
-      copy = Tensor::empty({operand.numel}, DType::bf16, *this);
-      run_1d("to_bf16", operand.numel, operand.data, ptr<void>(copy), operand.numel);
-      return ptr<void>(copy);
-    };
-    a_data = to_bf16(a, a16);
-    b_data = to_bf16(b, b16);
+    if (a.bf16 == nullptr)
+      a16 = bf16_copy_of(a.data, a.numel);
+    if (b.bf16 == nullptr)
+      b16 = bf16_copy_of(b.data, b.numel);
+    a_data = a.bf16 != nullptr ? a.bf16 : ptr<void>(a16);
+    b_data = b.bf16 != nullptr ? b.bf16 : ptr<void>(b16);
   } else {
     check(a.bf16 == nullptr && b.bf16 == nullptr && !c_bf16,
           "cuda: a bf16 GEMM operand or result under f32 products");
@@ -523,6 +578,17 @@ void CudaBackend::embedding_backward(const OpCall& call) {
 void CudaBackend::launch(const OpCall& call, Stream&) {
   const auto& in = call.inputs;
   auto& out = call.outputs;
+  for (const Tensor& t : out) {  // bf16 copies of the bytes this call writes go stale
+    if (!t.defined())
+      continue;
+    const auto storage = reinterpret_cast<std::uintptr_t>(t.storage()->data());
+    if (t.is_contiguous()) {
+      const auto begin = reinterpret_cast<std::uintptr_t>(ptr<void>(t));
+      forget_copies_of(begin, begin + t.numel() * dtype_size(t.dtype()));
+    } else {
+      forget_copies_of(storage, storage + t.storage()->bytes());
+    }
+  }
   switch (call.op) {
     case OpId::fill:
       run_1d("fill", numel(out[0]), ptr(out[0]), numel(out[0]),

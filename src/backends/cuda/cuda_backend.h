@@ -7,10 +7,12 @@
 
 #include <cuda.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backends/cuda/cuda_api.h"
 #include "core/backend.h"
@@ -41,6 +43,9 @@ class CudaBackend final : public Backend {
 
   const Api& api() const { return api_; }
   CUstream stream() const { return stream_; }
+  // Device bytes [begin, end) are about to be written or freed: bf16 copies made from them
+  // are stale and dropped.
+  void forget_copies_of(std::uintptr_t begin, std::uintptr_t end) noexcept;
 
  protected:
   void release(void* data, std::size_t bytes) noexcept override;
@@ -73,6 +78,20 @@ class CudaBackend final : public Backend {
   void attention_forward(const OpCall& call);
   void attention_backward(const OpCall& call);
   void embedding_backward(const OpCall& call);
+
+  // bf16 copies of f32 GEMM operands under bf16 products, kept until their source bytes
+  // are written or freed: an operand is usually multiplied again in the backward pass
+  // (a linear layer's input by its weight gradient, an output gradient by both of its
+  // gradients), and its copy is then made once instead of twice. Oldest first, within
+  // a budget of device memory.
+  struct Bf16Copy {
+    std::uintptr_t begin, end;  // the f32 source bytes
+    Tensor copy;
+  };
+  Tensor bf16_copy_of(const float* data, long long numel);
+  std::vector<Bf16Copy> bf16_copies_;
+  std::size_t bf16_copy_bytes_ = 0, bf16_copy_budget_ = 0;
+  std::mutex bf16_copies_mutex_;
 
   const Api& api_;
   CUdevice device_;
