@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "core/error.h"
 #include "dist/mpi_communicator.h"
@@ -61,42 +62,38 @@ Communicator& world() {
   return *instance;
 }
 
-void GradientAverager::average(std::vector<nn::Parameter>& params) {
-  if (comm_.size() == 1)
-    return;
-  // Host tensors are copied in and out directly; device tensors go through to_floats /
-  // from_floats.
-  std::size_t total = 0;
-  for (const nn::Parameter& p : params)
-    if (p.var.grad().defined())
-      total += static_cast<std::size_t>(p.var.grad().numel());
-  flat_.resize(total);
+namespace {
+
+// Replaces each gradient in `grads` by its mean over the processes: one all-reduce of them
+// packed in order into `flat`. Host-contiguous gradients are read and written in place
+// (nothing else holds a gradient after the backward pass); any other is copied through
+// the host and `replace(i, mean)` receives its new value.
+void average_packed(Communicator& comm, const std::vector<Tensor>& grads, std::vector<float>& flat,
+                    const std::function<void(std::size_t, Tensor)>& replace) {
   auto direct = [](const Tensor& g) { return g.backend().host_accessible() && g.is_contiguous(); };
+  std::size_t total = 0;
+  for (const Tensor& g : grads)
+    total += static_cast<std::size_t>(g.numel());
+  flat.resize(total);
   std::size_t at = 0;
-  for (const nn::Parameter& p : params) {
-    const Tensor& g = p.var.grad();
-    if (!g.defined())
-      continue;
+  for (const Tensor& g : grads) {
     auto n = static_cast<std::size_t>(g.numel());
     if (direct(g)) {
-      std::memcpy(flat_.data() + at, g.data<float>(), n * sizeof(float));
+      std::memcpy(flat.data() + at, g.data<float>(), n * sizeof(float));
     } else {
       std::vector<float> values = g.to_floats();
-      std::copy(values.begin(), values.end(), flat_.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy(values.begin(), values.end(), flat.begin() + static_cast<std::ptrdiff_t>(at));
     }
     at += n;
   }
-  comm_.all_reduce_sum(flat_);
-  const float inv = 1.0f / static_cast<float>(comm_.size());
+  comm.all_reduce_sum(flat);
+  const float inv = 1.0f / static_cast<float>(comm.size());
   at = 0;
-  for (nn::Parameter& p : params) {
-    const Tensor& g = p.var.grad();
-    if (!g.defined())
-      continue;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const Tensor& g = grads[i];
     auto n = static_cast<std::size_t>(g.numel());
-    const float* sum = flat_.data() + at;
+    const float* sum = flat.data() + at;
     if (direct(g)) {
-      // In place: nothing else holds a gradient after the backward pass.
       float* out = g.data<float>();
       for (std::size_t k = 0; k < n; ++k)
         out[k] = sum[k] * inv;
@@ -104,10 +101,26 @@ void GradientAverager::average(std::vector<nn::Parameter>& params) {
       std::vector<float> mean(sum, sum + n);
       for (float& v : mean)
         v *= inv;
-      p.var.state()->grad = Tensor::from_floats(g.shape(), mean, g.backend());
+      replace(i, Tensor::from_floats(g.shape(), mean, g.backend()));
     }
     at += n;
   }
+}
+
+}  // namespace
+
+void GradientAverager::average(std::vector<nn::Parameter>& params) {
+  if (comm_.size() == 1)
+    return;
+  std::vector<Tensor> grads;
+  std::vector<nn::Parameter*> owners;
+  for (nn::Parameter& p : params)
+    if (p.var.grad().defined()) {
+      grads.push_back(p.var.grad());
+      owners.push_back(&p);
+    }
+  average_packed(comm_, grads, flat_,
+                 [&](std::size_t i, Tensor mean) { owners[i]->var.state()->grad = mean; });
 }
 
 OverlappedAverager::OverlappedAverager(Communicator& comm, std::size_t bucket_bytes)
@@ -163,25 +176,11 @@ void OverlappedAverager::finish() {
 void OverlappedAverager::reduce_bucket(std::vector<Tensor>& members) {
   if (buckets_.size() <= reduced_)
     buckets_.resize(reduced_ + 1);
-  std::vector<float>& flat = buckets_[reduced_];
-  std::size_t total = 0;
-  for (const Tensor& g : members)
-    total += static_cast<std::size_t>(g.numel());
-  flat.resize(total);
-  std::size_t at = 0;
-  for (const Tensor& g : members) {
-    std::memcpy(flat.data() + at, g.data<float>(), g.nbytes());
-    at += static_cast<std::size_t>(g.numel());
-  }
-  comm_.all_reduce_sum(flat);
-  const float inv = 1.0f / static_cast<float>(comm_.size());
-  at = 0;
-  for (const Tensor& g : members) {
-    float* out = g.data<float>();
-    for (std::int64_t k = 0; k < g.numel(); ++k)
-      out[k] = flat[at + static_cast<std::size_t>(k)] * inv;
-    at += static_cast<std::size_t>(g.numel());
-  }
+  // A replayed step's gradients are its graph's own buffers: they must be averaged where
+  // they are.
+  average_packed(comm_, members, buckets_[reduced_], [](std::size_t, const Tensor&) {
+    throw Error("overlapped gradient averaging needs the gradients in host memory");
+  });
 }
 
 void OverlappedAverager::run() {
