@@ -8,6 +8,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "cli/bench_command.h"
+#include "cli/fleet_command.h"
 #include "cli/onnx_command.h"
 #include "cli/ops_command.h"
 #include "cli/plan_command.h"
@@ -99,6 +100,10 @@ int main(int argc, char** argv) {
   loom::cli::PlanOptions plan_options;
   CLI::App* plan = loom::cli::add_plan_command(app, plan_options);
 
+  // ---- fleet ----------------------------------------------------------------
+  loom::cli::FleetOptions fleet_options;
+  CLI::App* fleet = loom::cli::add_fleet_command(app, fleet_options);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (train->parsed()) {
@@ -149,6 +154,8 @@ int main(int argc, char** argv) {
       return loom::cli::run_onnx(onnx_options);
     } else if (plan->parsed()) {
       return loom::cli::run_plan(plan_options);
+    } else if (fleet->parsed()) {
+      return loom::cli::run_fleet(fleet_options);
     }
   } catch (const loom::Error& e) {
     std::fflush(stdout);

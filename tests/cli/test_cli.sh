@@ -47,6 +47,12 @@ both=$("$loom" plan --model llama3-405b --compare 910c:98304,b200:36864 --global
 "$loom" ops --model gpt --backend cpu --precision bf16 --sync | head -n 1 | grep -q 'bf16 products.*device time per step' \
   || { echo "FAIL: loom ops --precision bf16 --sync"; failures=$((failures + 1)); }
 expect_error "partial has no bf16 matmul products" ops --backend partial --precision bf16
+expect_error "node count '0' is not a positive integer" fleet simulate --fleet v100:0x4 --synthetic 10
+expect_error "needs exactly one of --gavel, --jobs and --synthetic" fleet simulate --fleet v100:2x4
+expect_error "missing.trace: cannot open the trace" fleet simulate --fleet v100:2x4 --gavel "$dir/missing.trace" \
+  --throughputs data/traces/gavel/simulation_throughputs.json
+"$loom" fleet simulate --fleet v100:2x4,k80:2x4 --gavel data/traces/gavel/msr_seed0/b436b2.trace --policy fastest \
+  | grep -q '^fastest ' || { echo "FAIL: loom fleet simulate on a Gavel trace"; failures=$((failures + 1)); }
 # loom bench writes a device profile in the documented format.
 "$loom" bench --device cpu --quick --out "$dir/profile.json" > /dev/null 2>&1 || { echo "FAIL: loom bench"; failures=$((failures + 1)); }
 python3 - "$dir/profile.json" <<'PY' || { echo "FAIL: profile format"; failures=$((failures + 1)); }

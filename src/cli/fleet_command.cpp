@@ -1,0 +1,151 @@
+#include "cli/fleet_command.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cluster/catalog/catalog.h"
+#include "cluster/sched/simulator.h"
+#include "core/error.h"
+
+namespace loom::cli {
+
+using namespace loom::cluster;
+
+CLI::App* add_fleet_command(CLI::App& app, FleetOptions& o) {
+  CLI::App* fleet = app.add_subcommand("fleet", "schedule jobs on a fleet of chips");
+  fleet->require_subcommand(1);
+  CLI::App* sim = fleet->add_subcommand(
+      "simulate", "simulate a job list on a fleet under scheduling policies (discrete events)");
+  sim->add_option("--fleet", o.fleet,
+                  "pools CHIP:NODESxCHIPS[,...] (e.g. v100:36x8,k80:36x8), or a YAML file")
+      ->required();
+  sim->add_option("--gavel", o.gavel, "jobs: a Gavel trace (TSV)");
+  sim->add_option(
+      "--throughputs", o.throughputs,
+      "the Gavel throughput table (default: ../simulation_throughputs.json beside the trace)");
+  sim->add_option("--jobs", o.jobs,
+                  "jobs: a YAML list of training jobs {model, tokens, chips, arrival_h}");
+  sim->add_option("--synthetic", o.synthetic, "jobs: this many synthetic jobs")
+      ->check(CLI::Range(1, 100000000));
+  sim->add_option("--load", o.load,
+                  "synthetic: offered load, the work the arrivals bring per second over the "
+                  "fleet's chips (at the first pool's speed)")
+      ->check(CLI::Range(0.01, 10.0));
+  sim->add_option("--seed", o.seed, "synthetic: random seed");
+  sim->add_option("--policy", o.policy, "fifo | backfill | sjf | fastest | all")
+      ->check(CLI::IsMember({"fifo", "backfill", "sjf", "fastest", "all"}));
+  sim->add_option("--catalog", o.catalog, "catalog folder (default: the repository's catalog/)");
+  sim->add_flag("--json", o.json, "one JSON object per policy");
+  sim->add_option("--placements", o.placements,
+                  "write each job's pool, start and end per policy (CSV)");
+  return fleet;
+}
+
+namespace {
+int util_width(const Pool& p) {
+  return std::max(10, static_cast<int>(p.chip.size()) + 5);
+}
+
+// One CSV row per job and policy: where and when it ran (pool empty: it never ran).
+void write_placements(const std::string& path, const Fleet& fleet, const std::vector<Job>& jobs,
+                      const std::vector<SimReport>& reports) {
+  const std::string temp = path + ".tmp";
+  {
+    std::ofstream out(temp);
+    check(out.good(), path + ": cannot write the placements");
+    out << "policy,job,name,chips,arrival_s,pool,start_s,end_s\n";
+    for (const SimReport& r : reports)
+      for (std::size_t j = 0; j < jobs.size(); ++j) {
+        const Placement& pl = r.placements[j];
+        out << policy_name(r.policy) << ',' << jobs[j].id << ",\"" << jobs[j].name << "\","
+            << jobs[j].chips << ',' << jobs[j].arrival_s << ','
+            << (pl.pool < 0 ? "" : fleet.pools[static_cast<std::size_t>(pl.pool)].chip) << ','
+            << pl.start_s << ',' << pl.end_s << '\n';
+      }
+    check(out.good(), path + ": writing the placements failed");
+  }
+  std::filesystem::rename(temp, path);
+}
+}  // namespace
+
+int run_fleet(const FleetOptions& o) {
+  const int sources = !o.gavel.empty() + !o.jobs.empty() + (o.synthetic > 0);
+  check(sources == 1, "loom fleet simulate needs exactly one of --gavel, --jobs and --synthetic");
+  Fleet fleet = fleet_from(o.fleet);
+  std::vector<Job> jobs;
+  std::string source;
+  if (!o.gavel.empty()) {
+    std::string table = o.throughputs;
+    if (table.empty())
+      table = (std::filesystem::path(o.gavel).parent_path().parent_path() /
+               "simulation_throughputs.json")
+                  .string();
+    std::int64_t extrapolated = 0;
+    jobs = load_gavel_trace(o.gavel, table, &extrapolated);
+    source = "Gavel trace " + o.gavel + " (" + std::to_string(extrapolated) +
+             " jobs above the measured scale factors, scaled linearly)";
+  } else if (!o.jobs.empty()) {
+    Catalog catalog = Catalog::load(o.catalog.empty() ? default_catalog_dir() : o.catalog);
+    jobs = load_training_jobs(o.jobs, catalog, fleet);
+    source = "training jobs " + o.jobs + " (run times from the performance model)";
+  } else {
+    jobs = synthetic_jobs(o.synthetic, fleet, o.load, o.seed);
+    source = "synthetic (load " + std::to_string(o.load).substr(0, 4) + ", seed " +
+             std::to_string(o.seed) + ")";
+  }
+  std::vector<Policy> policies =
+      o.policy == "all" ? all_policies() : std::vector<Policy>{parse_policy(o.policy)};
+  if (!o.json) {
+    std::printf("fleet: %s\njobs: %zu, %s\n\n", fleet.describe().c_str(), jobs.size(),
+                source.c_str());
+    std::printf("%-9s %9s %10s %10s %10s %10s %10s", "policy", "finished", "mean JCT", "median JCT",
+                "p99 JCT", "mean wait", "makespan");
+    for (const Pool& p : fleet.pools)
+      std::printf(" %*s", util_width(p), ("util " + p.chip).c_str());
+    std::printf(" %9s\n", "sim time");
+  }
+  std::vector<SimReport> reports;
+  for (Policy policy : policies) {
+    auto start = std::chrono::steady_clock::now();
+    reports.push_back(simulate(fleet, jobs, policy));
+    const SimReport& r = reports.back();
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (o.json) {
+      nlohmann::ordered_json j{{"policy", policy_name(policy)},
+                               {"fleet", fleet.describe()},
+                               {"jobs", r.jobs},
+                               {"finished", r.finished},
+                               {"rejected", r.rejected.size()},
+                               {"mean_jct_h", r.mean_jct_s / 3600},
+                               {"median_jct_h", r.median_jct_s / 3600},
+                               {"p99_jct_h", r.p99_jct_s / 3600},
+                               {"mean_wait_h", r.mean_wait_s / 3600},
+                               {"makespan_h", r.makespan_s / 3600},
+                               {"events", r.events},
+                               {"wall_s", wall}};
+      for (const PoolUse& u : r.pools)
+        j["pools"][u.chip] = {{"chips", u.chips}, {"jobs", u.jobs}, {"utilization", u.utilization}};
+      std::printf("%s\n", j.dump().c_str());
+      continue;
+    }
+    std::printf("%-9s %9lld %9.2fh %9.2fh %9.2fh %9.2fh %9.1fh", policy_name(policy),
+                static_cast<long long>(r.finished), r.mean_jct_s / 3600, r.median_jct_s / 3600,
+                r.p99_jct_s / 3600, r.mean_wait_s / 3600, r.makespan_s / 3600);
+    for (std::size_t p = 0; p < r.pools.size(); ++p)
+      std::printf(" %*.1f%%", util_width(fleet.pools[p]) - 1, 100 * r.pools[p].utilization);
+    std::printf(" %8.2fs\n", wall);
+    if (policy == policies.back() && !r.rejected.empty()) {
+      std::printf("\n%zu jobs can never run on this fleet, e.g. %s\n", r.rejected.size(),
+                  r.rejected.front().c_str());
+    }
+  }
+  if (!o.placements.empty())
+    write_placements(o.placements, fleet, jobs, reports);
+  return 0;
+}
+
+}  // namespace loom::cli

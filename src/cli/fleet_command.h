@@ -1,0 +1,28 @@
+// cli/fleet_command — `loom fleet simulate`: a job list on a fleet under each policy.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace loom::cli {
+
+struct FleetOptions {
+  std::string fleet;  // CHIP:NODESxCHIPS,... or a YAML file
+  std::string gavel;  // a Gavel trace
+  std::string
+      throughputs;   // its throughput table (default: ../simulation_throughputs.json beside it)
+  std::string jobs;  // a YAML list of transformer training jobs
+  std::int64_t synthetic = 0;
+  double load = 0.8;
+  std::uint64_t seed = 1;
+  std::string policy = "all";
+  std::string catalog;
+  bool json = false;
+  std::string placements;  // CSV of every job's placement, per policy
+};
+
+CLI::App* add_fleet_command(CLI::App& app, FleetOptions& options);
+int run_fleet(const FleetOptions& options);
+
+}  // namespace loom::cli

@@ -1,0 +1,215 @@
+#include "cluster/sched/jobs.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "cluster/plan/plan.h"
+#include "core/error.h"
+
+namespace loom::cluster {
+namespace {
+
+double parse_number(const std::string& text, const std::string& where) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  check(used == text.size() && !text.empty() && std::isfinite(value),
+        where + ": '" + text + "' is not a number");
+  return value;
+}
+
+std::vector<std::string> split_tabs(const std::string& line) {
+  std::vector<std::string> fields;
+  std::size_t start = 0;
+  while (true) {
+    std::size_t tab = line.find('\t', start);
+    fields.push_back(
+        line.substr(start, tab == std::string::npos ? std::string::npos : tab - start));
+    if (tab == std::string::npos)
+      return fields;
+    start = tab + 1;
+  }
+}
+
+// Gavel's key "('ResNet-18 (batch size 16)', 1)" -> (job type, scale factor).
+bool parse_gavel_key(const std::string& key, std::string& type, std::int64_t& scale) {
+  std::size_t open = key.find("('"), close = key.rfind("', ");
+  if (open != 0 || close == std::string::npos || key.back() != ')')
+    return false;
+  type = key.substr(2, close - 2);
+  try {
+    scale = std::stoll(key.substr(close + 3, key.size() - close - 4));
+  } catch (const std::exception&) {
+    return false;
+  }
+  return scale > 0;
+}
+
+}  // namespace
+
+std::vector<Job> load_gavel_trace(const std::string& trace_path,
+                                  const std::string& throughputs_path, std::int64_t* extrapolated) {
+  std::ifstream tput_file(throughputs_path);
+  check(tput_file.good(), throughputs_path + ": cannot open the throughput table");
+  nlohmann::json table;
+  try {
+    table = nlohmann::json::parse(tput_file);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(throughputs_path + ": malformed JSON: " + e.what());
+  }
+  // (job type) -> scale factor -> worker type -> steps/s, consolidated workers only.
+  std::map<std::string, std::map<std::int64_t, std::map<std::string, double>>> rates;
+  for (const auto& [worker, entries] : table.items()) {
+    if (worker.find("_unconsolidated") != std::string::npos)
+      continue;
+    for (const auto& [key, value] : entries.items()) {
+      std::string type;
+      std::int64_t scale = 0;
+      check(parse_gavel_key(key, type, scale), throughputs_path + ": worker '" + worker +
+                                                   "': key '" + key +
+                                                   "' is not ('<job type>', <scale factor>)");
+      if (value.contains("null") && value["null"].is_number() && value["null"].get<double>() > 0)
+        rates[type][scale][worker] = value["null"].get<double>();
+    }
+  }
+  std::ifstream trace(trace_path);
+  check(trace.good(), trace_path + ": cannot open the trace");
+  std::vector<Job> jobs;
+  std::int64_t scaled = 0;
+  std::string line;
+  for (std::int64_t line_no = 1; std::getline(trace, line); ++line_no) {
+    if (line.empty())
+      continue;
+    const std::string where = trace_path + ": line " + std::to_string(line_no);
+    std::vector<std::string> f = split_tabs(line);
+    check(f.size() == 7, where + ": " + std::to_string(f.size()) +
+                             " tab-separated fields, expected 7 (job_type, command, num_steps_arg, "
+                             "needs_data_dir, total_steps, arrival_time_s, scale_factor)");
+    Job job;
+    job.id = static_cast<std::int64_t>(jobs.size());
+    job.name = f[0];
+    const double steps = parse_number(f[4], where + ": total_steps");
+    job.arrival_s = parse_number(f[5], where + ": arrival_time_s");
+    job.chips = static_cast<std::int64_t>(parse_number(f[6], where + ": scale_factor"));
+    check(steps > 0 && job.arrival_s >= 0 && job.chips > 0,
+          where + ": total_steps, arrival_time_s and scale_factor must be positive");
+    auto type = rates.find(job.name);
+    check(type != rates.end(),
+          where + ": job type '" + job.name + "' is not in " + throughputs_path);
+    // The measured scale factor at or below the job's (linear scaling above it).
+    auto measured = type->second.upper_bound(job.chips);
+    check(measured != type->second.begin(), where + ": no throughput for '" + job.name + "' at " +
+                                                std::to_string(job.chips) + " or fewer workers");
+    --measured;
+    const double factor = static_cast<double>(job.chips) / static_cast<double>(measured->first);
+    scaled += measured->first != job.chips;
+    for (const auto& [worker, rate] : measured->second)
+      job.seconds_on[worker] = steps / (rate * factor);
+    jobs.push_back(std::move(job));
+  }
+  if (extrapolated != nullptr)
+    *extrapolated = scaled;
+  return jobs;
+}
+
+std::vector<Job> load_training_jobs(const std::string& path, const Catalog& catalog,
+                                    const Fleet& fleet) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw Error(path + ": cannot open the job list");
+  } catch (const YAML::Exception& e) {
+    throw Error(path + ": malformed YAML at line " + std::to_string(e.mark.line + 1) + ": " +
+                e.msg);
+  }
+  const YAML::Node list = root["jobs"];
+  check(list && list.IsSequence(), path + ": field 'jobs' is missing or not a list");
+  ThroughputCache cache;
+  std::vector<Job> jobs;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string where = path + ": jobs[" + std::to_string(i) + "]";
+    const YAML::Node e = list[i];
+    auto text = [&](const char* field) {
+      check(e[field] && e[field].IsScalar(), where + ": field '" + field + "' is missing");
+      return e[field].as<std::string>();
+    };
+    Job job;
+    job.id = static_cast<std::int64_t>(i);
+    job.name = text("model");
+    const Model& model = catalog.model(job.name);
+    const double tokens = parse_number(text("tokens"), where + ": field 'tokens'");
+    const double chips = parse_number(text("chips"), where + ": field 'chips'");
+    check(tokens > 0 && chips >= 1 && chips == std::floor(chips),
+          where + ": tokens must be positive and chips a positive integer");
+    job.chips = static_cast<std::int64_t>(chips);
+    job.arrival_s = e["arrival_h"]
+                        ? 3600.0 * parse_number(text("arrival_h"), where + ": field 'arrival_h'")
+                        : 0.0;
+    check(job.arrival_s >= 0, where + ": field 'arrival_h' is negative");
+    for (const Pool& pool : fleet.pools) {
+      const double rate = cache.tokens_per_s(model, catalog.chip(pool.chip), job.chips);
+      if (rate > 0)
+        job.seconds_on[pool.chip] = tokens / rate;
+    }
+    jobs.push_back(std::move(job));
+  }
+  std::stable_sort(jobs.begin(), jobs.end(),
+                   [](const Job& a, const Job& b) { return a.arrival_s < b.arrival_s; });
+  return jobs;
+}
+
+std::vector<Job> synthetic_jobs(std::int64_t count, const Fleet& fleet, double load,
+                                std::uint64_t seed) {
+  check(count > 0 && load > 0, "synthetic jobs: the count and the load must be positive");
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::int64_t node = 1;
+  for (const Pool& p : fleet.pools)
+    node = std::max(node, p.chips_per_node);
+  std::vector<Job> jobs(static_cast<std::size_t>(count));
+  double work = 0;  // chip-seconds on the reference (first) chip type
+  for (std::int64_t i = 0; i < count; ++i) {
+    Job& job = jobs[static_cast<std::size_t>(i)];
+    job.id = i;
+    job.name = "synthetic";
+    // Chips: 1, 2, 4, ... up to a node with falling odds, then 2-16 whole nodes (5%).
+    const double u = unit(rng);
+    if (u < 0.95) {
+      std::int64_t chips = 1;
+      while (chips < node && unit(rng) < 0.45)
+        chips *= 2;
+      job.chips = chips;
+    } else {
+      job.chips = node * (2 << static_cast<int>(unit(rng) * 4));
+    }
+    // Run time: log-uniform from 5 minutes to 5 days on the reference type.
+    const double seconds = 300.0 * std::pow(1440.0, unit(rng));
+    work += seconds * static_cast<double>(job.chips);
+    for (std::size_t p = 0; p < fleet.pools.size(); ++p) {
+      const double speed = p == 0 ? 1.0 : std::pow(4.0, 2.0 * unit(rng) - 1.0);  // 1/4x .. 4x
+      job.seconds_on[fleet.pools[p].chip] = seconds / speed;
+    }
+  }
+  // Poisson arrivals whose mean rate keeps `load` of the fleet's chips busy.
+  const double span = work / (load * static_cast<double>(fleet.chips()));
+  std::exponential_distribution<double> gap(static_cast<double>(count) / span);
+  double t = 0;
+  for (Job& job : jobs) {
+    job.arrival_s = t;
+    t += gap(rng);
+  }
+  return jobs;
+}
+
+}  // namespace loom::cluster

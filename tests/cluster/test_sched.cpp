@@ -1,0 +1,204 @@
+// The fleet simulator: fleets read and refused, best-fit placement, each policy's order
+// on timelines worked out by hand, jobs no pool can run, the Gavel and training-job
+// loaders, and a 100,000-chip run that never over-commits a pool.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cluster/plan/plan.h"
+#include "cluster/sched/simulator.h"
+#include "core/error.h"
+#include "test_util.h"
+
+namespace loom::testing {
+namespace {
+
+using namespace loom::cluster;
+
+Job job(double arrival, std::int64_t chips, std::map<std::string, double> seconds) {
+  static std::int64_t next_id = 0;
+  Job j;
+  j.id = next_id++;
+  j.name = "j";
+  j.arrival_s = arrival;
+  j.chips = chips;
+  j.seconds_on = std::move(seconds);
+  return j;
+}
+
+TEST(Fleet, SpecsAndFilesAreReadOrRefusedByName) {
+  Fleet f = parse_fleet("v100:2x4,k80:3");
+  ASSERT_EQ(f.pools.size(), 2u);
+  EXPECT_EQ(f.pools[0].chip, "v100");
+  EXPECT_EQ(f.pools[0].chips(), 8);
+  EXPECT_EQ(f.pools[1].chips_per_node, 1);
+  EXPECT_EQ(f.chips(), 11);
+  EXPECT_NE(
+      error_of([] { parse_fleet("v100:0x4"); }).find("node count '0' is not a positive integer"),
+      std::string::npos);
+  EXPECT_NE(error_of([] { parse_fleet("v100"); }).find("is not CHIP:NODESxCHIPS"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_fleet("v100:2x4,v100:1x8"); }).find("chip 'v100' has two pools"),
+            std::string::npos);
+  std::string dir = temp_dir("fleet");
+  std::ofstream(dir + "/fleet.yaml") << "pools:\n  - {chip: h100-sxm, nodes: 4}\n";
+  EXPECT_NE(error_of([&] {
+              load_fleet(dir + "/fleet.yaml");
+            }).find("fleet.yaml: pools[0]: field 'chips_per_node' is missing"),
+            std::string::npos);
+  std::ofstream(dir + "/ok.yaml") << "pools:\n  - {chip: h100-sxm, nodes: 4, chips_per_node: 8}\n";
+  EXPECT_EQ(fleet_from(dir + "/ok.yaml").chips(), 32);
+}
+
+TEST(Simulator, BestFitKeepsWholeNodesFreeForBigJobs) {
+  // Two 4-chip nodes. A 3-chip job, then a 1-chip job: best fit puts the second beside
+  // the first, so the 4-chip job that follows starts at once on the other node.
+  Fleet f = parse_fleet("a:2x4");
+  std::vector<Job> jobs{job(0, 3, {{"a", 10}}), job(0, 1, {{"a", 10}}), job(0, 4, {{"a", 10}})};
+  SimReport r = simulate(f, jobs, Policy::fifo);
+  EXPECT_EQ(r.finished, 3);
+  EXPECT_EQ(r.placements[2].start_s, 0.0);
+}
+
+TEST(Simulator, FifoBlocksBehindItsHeadAndBackfillDoesNot) {
+  // One 4-chip node: job 0 holds 2 chips until t=100; job 1 (4 chips) cannot start
+  // before then; job 2 (2 chips, 10 s) fits at once.
+  Fleet f = parse_fleet("a:1x4");
+  std::vector<Job> jobs{job(0, 2, {{"a", 100}}), job(1, 4, {{"a", 100}}), job(2, 2, {{"a", 10}})};
+  SimReport fifo = simulate(f, jobs, Policy::fifo);
+  EXPECT_EQ(fifo.placements[1].start_s, 100.0);
+  EXPECT_EQ(fifo.placements[2].start_s, 200.0);
+  SimReport backfill = simulate(f, jobs, Policy::backfill);
+  EXPECT_EQ(backfill.placements[2].start_s, 2.0);
+  EXPECT_EQ(backfill.placements[1].start_s, 100.0);
+  EXPECT_LT(backfill.mean_jct_s, fifo.mean_jct_s);
+  EXPECT_DOUBLE_EQ(fifo.makespan_s, 210.0);
+}
+
+TEST(Simulator, SjfRunsTheShortestWaitingJobFirst) {
+  Fleet f = parse_fleet("a:1");
+  std::vector<Job> jobs{job(0, 1, {{"a", 100}}), job(1, 1, {{"a", 50}}), job(2, 1, {{"a", 10}})};
+  SimReport fifo = simulate(f, jobs, Policy::fifo), sjf = simulate(f, jobs, Policy::sjf);
+  EXPECT_EQ(fifo.placements[1].start_s, 100.0);
+  EXPECT_EQ(fifo.placements[2].start_s, 150.0);
+  EXPECT_EQ(sjf.placements[2].start_s, 100.0);
+  EXPECT_EQ(sjf.placements[1].start_s, 110.0);
+}
+
+TEST(Simulator, FastestPutsEachJobOnTheChipTypeWhereItFinishesFirst) {
+  Fleet f = parse_fleet("slow:1,fast:1");
+  std::vector<Job> jobs{job(0, 1, {{"slow", 100}, {"fast", 10}})};
+  EXPECT_EQ(simulate(f, jobs, Policy::fifo).placements[0].end_s,
+            100.0);  // the first pool with room
+  SimReport fastest = simulate(f, jobs, Policy::fastest);
+  EXPECT_EQ(fastest.placements[0].end_s, 10.0);
+  EXPECT_EQ(f.pools[static_cast<std::size_t>(fastest.placements[0].pool)].chip, "fast");
+}
+
+TEST(Simulator, JobsNoPoolCanRunAreReportedNotLost) {
+  Fleet f = parse_fleet("a:1x8");
+  std::vector<Job> jobs{job(0, 16, {{"a", 10}}), job(0, 1, {{"b", 10}}), job(0, 8, {{"a", 10}})};
+  SimReport r = simulate(f, jobs, Policy::backfill);
+  EXPECT_EQ(r.finished, 1);
+  ASSERT_EQ(r.rejected.size(), 2u);
+  EXPECT_NE(r.rejected[0].find("16 chips"), std::string::npos);
+  EXPECT_EQ(r.placements[0].pool, -1);
+}
+
+TEST(Jobs, GavelTraceRunTimesComeFromTheThroughputTable) {
+  const std::string dir = source_dir() + "/data/traces/gavel";
+  std::int64_t extrapolated = -1;
+  std::vector<Job> jobs = load_gavel_trace(dir + "/msr_seed0/11cb48.trace",
+                                           dir + "/simulation_throughputs.json", &extrapolated);
+  ASSERT_EQ(jobs.size(), 2000u);
+  EXPECT_GT(extrapolated, 0);  // scale factors 16-64 are above the measured 1-8
+  // The first line, by hand: total_steps / steps-per-second on each worker type.
+  std::ifstream trace(dir + "/msr_seed0/11cb48.trace");
+  std::string type, rest;
+  std::getline(trace, type, '\t');
+  std::string line;
+  std::getline(trace, line);
+  std::vector<std::string> f;
+  std::stringstream fields(line);
+  for (std::string field; std::getline(fields, field, '\t');)
+    f.push_back(field);
+  ASSERT_EQ(f.size(), 6u);
+  nlohmann::json table = nlohmann::json::parse(std::ifstream(dir + "/simulation_throughputs.json"));
+  const std::string key = "('" + type + "', " + f[5] + ")";
+  for (const char* worker : {"v100", "p100", "k80"}) {
+    double rate = table[worker][key]["null"].get<double>();
+    EXPECT_NEAR(jobs[0].seconds_on.at(worker), std::stod(f[3]) / rate,
+                1e-6 * std::stod(f[3]) / rate)
+        << worker;
+  }
+  EXPECT_EQ(jobs[0].chips, std::stoll(f[5]));
+  std::string tmp = temp_dir("gavel");
+  std::ofstream(tmp + "/bad.trace") << "ResNet-18 (batch size 16)\tcmd\t-n\t1\t1000\t0\n";
+  EXPECT_NE(error_of([&] {
+              load_gavel_trace(tmp + "/bad.trace", dir + "/simulation_throughputs.json");
+            }).find("bad.trace: line 1: 6 tab-separated fields, expected 7"),
+            std::string::npos);
+}
+
+TEST(Jobs, TrainingJobRunTimesComeFromThePerformanceModel) {
+  Catalog catalog = Catalog::load(source_dir() + "/catalog");
+  Fleet f = parse_fleet("h100-sxm:16x8,910c:16x8");
+  std::string dir = temp_dir("jobs");
+  std::ofstream(dir + "/jobs.yaml")
+      << "jobs:\n  - {model: llama3-8b, tokens: 2e10, chips: 64, arrival_h: 1}\n";
+  std::vector<Job> jobs = load_training_jobs(dir + "/jobs.yaml", catalog, f);
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].arrival_s, 3600.0);
+  ThroughputCache cache;
+  for (const char* chip : {"h100-sxm", "910c"}) {
+    double rate = cache.tokens_per_s(catalog.model("llama3-8b"), catalog.chip(chip), 64);
+    ASSERT_GT(rate, 0) << chip;
+    EXPECT_DOUBLE_EQ(jobs[0].seconds_on.at(chip), 2e10 / rate) << chip;
+  }
+  std::ofstream(dir + "/bad.yaml") << "jobs:\n  - {model: llama3-8b, chips: 64}\n";
+  EXPECT_NE(error_of([&] {
+              load_training_jobs(dir + "/bad.yaml", catalog, f);
+            }).find("jobs[0]: field 'tokens' is missing"),
+            std::string::npos);
+}
+
+TEST(Simulator, AHundredThousandChipsNeverOverCommitAPool) {
+  Fleet f = parse_fleet("h100-sxm:6250x8,910c:6250x8");
+  std::vector<Job> jobs = synthetic_jobs(20000, f, 3.0, 7);
+  for (Policy policy : all_policies()) {
+    SCOPED_TRACE(policy_name(policy));
+    SimReport r = simulate(f, jobs, policy);
+    EXPECT_EQ(r.finished, 20000);
+    EXPECT_TRUE(r.rejected.empty());
+    // Sweep starts and ends: the chips held on each pool never exceed its chips.
+    for (std::size_t p = 0; p < f.pools.size(); ++p) {
+      std::vector<std::pair<double, std::int64_t>> events;
+      for (std::size_t j = 0; j < jobs.size(); ++j) {
+        const Placement& pl = r.placements[j];
+        ASSERT_GE(pl.start_s, jobs[j].arrival_s);
+        if (pl.pool != static_cast<int>(p))
+          continue;
+        std::int64_t held = jobs[j].chips <= 8 ? jobs[j].chips : (jobs[j].chips + 7) / 8 * 8;
+        events.push_back({pl.start_s, held});
+        events.push_back({pl.end_s, -held});
+      }
+      std::sort(events.begin(), events.end());  // at equal times, ends (negative) first
+      std::int64_t held = 0, peak = 0;
+      for (auto [t, d] : events) {
+        held += d;
+        peak = std::max(peak, held);
+      }
+      EXPECT_LE(peak, f.pools[p].chips());
+      EXPECT_GT(r.pools[p].utilization, 0.0);
+      EXPECT_LE(r.pools[p].utilization, 1.0);
+    }
+  }
+  // The same input gives the same schedule.
+  SimReport a = simulate(f, jobs, Policy::fastest), b = simulate(f, jobs, Policy::fastest);
+  for (std::size_t j = 0; j < jobs.size(); ++j)
+    ASSERT_EQ(a.placements[j].start_s, b.placements[j].start_s);
+}
+
+}  // namespace
+}  // namespace loom::testing
