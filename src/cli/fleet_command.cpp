@@ -42,6 +42,20 @@ CLI::App* add_fleet_command(CLI::App& app, FleetOptions& o) {
   sim->add_flag("--json", o.json, "one JSON object per policy");
   sim->add_option("--placements", o.placements,
                   "write each job's pool, start and end per policy (CSV)");
+  sim->add_option(
+         "--node-mtbf-hours", o.node_mtbf_hours,
+         "node failures: mean hours between failures of one node (0: none; Llama 3 405B saw one "
+         "per 6334 node-hours)")
+      ->check(CLI::Range(0.0, 1e9));
+  sim->add_option("--repair-hours", o.repair_hours, "hours a failed node is down")
+      ->check(CLI::Range(0.0, 1e6));
+  sim->add_option(
+         "--checkpoint-minutes", o.checkpoint_minutes,
+         "a job's checkpoint interval: an interruption loses the work since the last one (0: all)")
+      ->check(CLI::Range(0.0, 1e6));
+  sim->add_option("--restart-minutes", o.restart_minutes,
+                  "time a job takes to restart from its checkpoint")
+      ->check(CLI::Range(0.0, 1e6));
   return fleet;
 }
 
@@ -57,14 +71,14 @@ void write_placements(const std::string& path, const Fleet& fleet, const std::ve
   {
     std::ofstream out(temp);
     check(out.good(), path + ": cannot write the placements");
-    out << "policy,job,name,chips,arrival_s,pool,start_s,end_s\n";
+    out << "policy,job,name,chips,arrival_s,pool,start_s,end_s,interruptions\n";
     for (const SimReport& r : reports)
       for (std::size_t j = 0; j < jobs.size(); ++j) {
         const Placement& pl = r.placements[j];
         out << policy_name(r.policy) << ',' << jobs[j].id << ",\"" << jobs[j].name << "\","
             << jobs[j].chips << ',' << jobs[j].arrival_s << ','
             << (pl.pool < 0 ? "" : fleet.pools[static_cast<std::size_t>(pl.pool)].chip) << ','
-            << pl.start_s << ',' << pl.end_s << '\n';
+            << pl.start_s << ',' << pl.end_s << ',' << pl.interruptions << '\n';
       }
     check(out.good(), path + ": writing the placements failed");
   }
@@ -99,6 +113,13 @@ int run_fleet(const FleetOptions& o) {
   }
   std::vector<Policy> policies =
       o.policy == "all" ? all_policies() : std::vector<Policy>{parse_policy(o.policy)};
+  Failures failures;
+  failures.node_mtbf_h = o.node_mtbf_hours;
+  failures.repair_h = o.repair_hours;
+  failures.checkpoint_min = o.checkpoint_minutes;
+  failures.restart_min = o.restart_minutes;
+  failures.seed = o.seed;
+  const bool failing = failures.node_mtbf_h > 0;
   if (!o.json) {
     std::printf("fleet: %s\njobs: %zu, %s\n\n", fleet.describe().c_str(), jobs.size(),
                 source.c_str());
@@ -106,12 +127,14 @@ int run_fleet(const FleetOptions& o) {
                 "p99 JCT", "mean wait", "makespan");
     for (const Pool& p : fleet.pools)
       std::printf(" %*s", util_width(p), ("util " + p.chip).c_str());
+    if (failing)
+      std::printf(" %13s %11s %8s", "interruptions", "lost chip-h", "goodput");
     std::printf(" %9s\n", "sim time");
   }
   std::vector<SimReport> reports;
   for (Policy policy : policies) {
     auto start = std::chrono::steady_clock::now();
-    reports.push_back(simulate(fleet, jobs, policy));
+    reports.push_back(simulate(fleet, jobs, policy, failures));
     const SimReport& r = reports.back();
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (o.json) {
@@ -120,12 +143,17 @@ int run_fleet(const FleetOptions& o) {
                                {"jobs", r.jobs},
                                {"finished", r.finished},
                                {"rejected", r.rejected.size()},
+                               {"abandoned", r.abandoned.size()},
                                {"mean_jct_h", r.mean_jct_s / 3600},
                                {"median_jct_h", r.median_jct_s / 3600},
                                {"p99_jct_h", r.p99_jct_s / 3600},
                                {"mean_wait_h", r.mean_wait_s / 3600},
                                {"makespan_h", r.makespan_s / 3600},
                                {"events", r.events},
+                               {"interruptions", r.interruptions},
+                               {"node_failures", r.node_failures},
+                               {"lost_chip_hours", r.lost_chip_hours},
+                               {"goodput", r.goodput},
                                {"wall_s", wall}};
       for (const PoolUse& u : r.pools)
         j["pools"][u.chip] = {{"chips", u.chips}, {"jobs", u.jobs}, {"utilization", u.utilization}};
@@ -137,7 +165,13 @@ int run_fleet(const FleetOptions& o) {
                 r.p99_jct_s / 3600, r.mean_wait_s / 3600, r.makespan_s / 3600);
     for (std::size_t p = 0; p < r.pools.size(); ++p)
       std::printf(" %*.1f%%", util_width(fleet.pools[p]) - 1, 100 * r.pools[p].utilization);
+    if (failing)
+      std::printf(" %13lld %11.0f %7.1f%%", static_cast<long long>(r.interruptions),
+                  r.lost_chip_hours, 100 * r.goodput);
     std::printf(" %8.2fs\n", wall);
+    if (!r.abandoned.empty())
+      std::printf("  %zu jobs abandoned, e.g. %s\n", r.abandoned.size(),
+                  r.abandoned.front().c_str());
     if (policy == policies.back() && !r.rejected.empty()) {
       std::printf("\n%zu jobs can never run on this fleet, e.g. %s\n", r.rejected.size(),
                   r.rejected.front().c_str());

@@ -3,6 +3,7 @@
 // loaders, and a 100,000-chip run that never over-commits a pool.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -198,6 +199,57 @@ TEST(Simulator, AHundredThousandChipsNeverOverCommitAPool) {
   SimReport a = simulate(f, jobs, Policy::fastest), b = simulate(f, jobs, Policy::fastest);
   for (std::size_t j = 0; j < jobs.size(); ++j)
     ASSERT_EQ(a.placements[j].start_s, b.placements[j].start_s);
+}
+
+// Calibration: Llama 3 405B's run (Dubey et al. 2024, 3.3.4) saw 419 unexpected
+// interruptions in 54 days on 2,048 nodes of 8 H100s. The same failure rate per node on a
+// 54-day job over 2,048 nodes gives that count, within Poisson noise.
+TEST(Failures, ReproduceTheInterruptionRateOfLlama3Training) {
+  Fleet f = parse_fleet("h100-sxm:2100x8");  // spares stand in while failed nodes are repaired
+  std::vector<Job> jobs{job(0, 16384, {{"h100-sxm", 54.0 * 86400}})};
+  Failures failures;
+  failures.node_mtbf_h = 2048.0 * 54 * 24 / 419;  // 6,334 node-hours
+  failures.repair_h = 24;
+  failures.checkpoint_min = 1;
+  failures.restart_min = 0;
+  SimReport r = simulate(f, jobs, Policy::fifo, failures);
+  EXPECT_EQ(r.finished, 1);
+  EXPECT_NEAR(static_cast<double>(r.interruptions), 419.0, 4 * std::sqrt(419.0));
+  EXPECT_GE(r.node_failures, r.interruptions);  // spare nodes fail too
+  EXPECT_GT(r.goodput, 0.99);                   // half a minute lost per interruption
+  EXPECT_LT(r.goodput, 1.0);
+}
+
+TEST(Failures, HeldChipTimeIsWorkKeptPlusWorkLost) {
+  Fleet f = parse_fleet("a:1x4");
+  std::vector<Job> jobs{job(0, 4, {{"a", 500 * 3600.0}})};
+  Failures failures;
+  failures.node_mtbf_h = 40;
+  failures.repair_h = 3;
+  failures.checkpoint_min = 45;
+  failures.restart_min = 10;
+  SimReport r = simulate(f, jobs, Policy::fifo, failures);
+  ASSERT_EQ(r.finished, 1);
+  EXPECT_GT(r.interruptions, 5);
+  const double held_chip_s = r.pools[0].utilization * 4 * r.makespan_s;
+  EXPECT_NEAR(held_chip_s, 4 * 500 * 3600.0 + r.lost_chip_hours * 3600, 1e-6 * held_chip_s);
+  EXPECT_NEAR(r.goodput, 4 * 500 * 3600.0 / held_chip_s, 1e-9);
+  // Repairs keep the job off its only node: the makespan holds more than the held time.
+  EXPECT_GT(r.makespan_s, held_chip_s / 4);
+  EXPECT_EQ(r.placements[0].interruptions, r.interruptions);
+}
+
+TEST(Failures, AJobThatCanNeverFinishIsAbandonedNotSimulatedForever) {
+  Fleet f = parse_fleet("a:1");
+  std::vector<Job> jobs{job(0, 1, {{"a", 1000 * 3600.0}}), job(0, 1, {{"a", 60.0}})};
+  Failures failures;
+  failures.node_mtbf_h = 1;
+  failures.repair_h = 0;
+  failures.checkpoint_min = 0;  // no checkpoints: each failure loses everything
+  SimReport r = simulate(f, jobs, Policy::fifo, failures);
+  ASSERT_EQ(r.abandoned.size(), 1u);
+  EXPECT_NE(r.abandoned[0].find("interrupted 10000 times"), std::string::npos);
+  EXPECT_EQ(r.finished, 1);  // the short job behind it still ran
 }
 
 }  // namespace

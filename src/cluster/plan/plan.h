@@ -48,7 +48,7 @@ class ThroughputCache {
   std::size_t size() const { return cache_.size(); }
 
  private:
-  std::map<std::tuple<std::string, std::string, std::int64_t>, double> cache_;
+  std::map<std::tuple<std::string, std::string, std::int64_t, std::string>, double> cache_;
 };
 
 // A published run and the model's prediction of it.

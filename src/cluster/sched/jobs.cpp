@@ -157,8 +157,20 @@ std::vector<Job> load_training_jobs(const std::string& path, const Catalog& cata
                         ? 3600.0 * parse_number(text("arrival_h"), where + ": field 'arrival_h'")
                         : 0.0;
     check(job.arrival_s >= 0, where + ": field 'arrival_h' is negative");
+    // Optional: the global batch in sequences and the sequence length (otherwise the
+    // planner's defaults: about 4M tokens, the model's sequence).
+    Constraints fixed;
+    for (auto [field, slot] :
+         {std::pair{"global_batch", &fixed.global_batch}, {"seq", &fixed.seq}}) {
+      if (!e[field])
+        continue;
+      const double value = parse_number(text(field), where + ": field '" + field + "'");
+      check(value >= 1 && value == std::floor(value),
+            where + ": field '" + field + "' must be a positive integer, not " + text(field));
+      *slot = static_cast<std::int64_t>(value);
+    }
     for (const Pool& pool : fleet.pools) {
-      const double rate = cache.tokens_per_s(model, catalog.chip(pool.chip), job.chips);
+      const double rate = cache.tokens_per_s(model, catalog.chip(pool.chip), job.chips, fixed);
       if (rate > 0)
         job.seconds_on[pool.chip] = tokens / rate;
     }

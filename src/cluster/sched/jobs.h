@@ -35,8 +35,9 @@ std::vector<Job> load_gavel_trace(const std::string& trace_path,
                                   std::int64_t* extrapolated = nullptr);
 
 // Transformer training jobs, YAML: jobs: [{model: llama3-8b, tokens: 2e10, chips: 64,
-// arrival_h: 0.5}, ...]. A job's time on each pool's chip type comes from the best
-// feasible layout the planner finds for that chip and count (ThroughputCache).
+// arrival_h: 0.5}, ...], optionally global_batch (sequences) and seq. A job's time on each
+// pool's chip type comes from the best feasible layout the planner finds for that chip
+// and count (ThroughputCache).
 std::vector<Job> load_training_jobs(const std::string& path, const Catalog& catalog,
                                     const Fleet& fleet);
 

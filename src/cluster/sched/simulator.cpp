@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <queue>
+#include <random>
 #include <set>
 
 #include "core/error.h"
@@ -11,13 +12,16 @@
 namespace loom::cluster {
 namespace {
 
-// One pool's nodes, bucketed by their free chips so that best fit is a short scan.
+// One pool's nodes, bucketed by their free chips so that best fit is a short scan, with
+// the jobs each node holds and which nodes are down for repair.
 class PoolState {
  public:
   explicit PoolState(const Pool& pool)
       : per_node_(pool.chips_per_node),
         free_(static_cast<std::size_t>(pool.nodes), pool.chips_per_node),
         position_(static_cast<std::size_t>(pool.nodes)),
+        jobs_on_(static_cast<std::size_t>(pool.nodes)),
+        down_(static_cast<std::size_t>(pool.nodes), false),
         buckets_(static_cast<std::size_t>(pool.chips_per_node) + 1) {
     for (std::int64_t n = 0; n < pool.nodes; ++n)
       insert(n);
@@ -25,7 +29,7 @@ class PoolState {
 
   // Chips a job of `chips` holds here: its own when it fits in a node, else whole nodes.
   std::int64_t footprint(std::int64_t chips) const {
-    return chips <= per_node_ ? chips : (chips + per_node_ - 1) / per_node_ * per_node_;
+    return chips <= per_node_ ? chips : whole_nodes(chips) * per_node_;
   }
   bool capacity_for(std::int64_t chips, std::int64_t nodes) const {
     return footprint(chips) <= nodes * per_node_;
@@ -38,34 +42,55 @@ class PoolState {
         return true;
     return false;
   }
-  // The nodes and chips taken; fits(chips) must hold.
-  std::vector<std::pair<std::int64_t, std::int64_t>> take(std::int64_t chips) {
+  // The nodes and chips `job` takes; fits(chips) must hold.
+  std::vector<std::pair<std::int64_t, std::int64_t>> take(std::int64_t chips, std::size_t job) {
     std::vector<std::pair<std::int64_t, std::int64_t>> taken;
     if (chips > per_node_) {
       for (std::int64_t k = whole_nodes(chips); k > 0; --k) {
-        std::int64_t node = buckets_.back().back();
+        const std::int64_t node = buckets_.back().back();
         move(node, 0);
         taken.push_back({node, per_node_});
       }
-      return taken;
+    } else {
+      for (std::int64_t f = chips; f <= per_node_; ++f) {
+        const auto& bucket = buckets_[static_cast<std::size_t>(f)];
+        if (bucket.empty())
+          continue;
+        const std::int64_t node = bucket.back();
+        move(node, f - chips);
+        taken.push_back({node, chips});
+        break;
+      }
     }
-    for (std::int64_t f = chips; f <= per_node_; ++f) {
-      auto& bucket = buckets_[static_cast<std::size_t>(f)];
-      if (bucket.empty())
-        continue;
-      std::int64_t node = bucket.back();
-      move(node, f - chips);
-      taken.push_back({node, chips});
-      return taken;
-    }
-    throw Error("scheduler: no node has room (fits() was not checked)");
+    check(!taken.empty(), "scheduler: no node has room (fits() was not checked)");
+    for (auto [node, n] : taken)
+      jobs_on_[static_cast<std::size_t>(node)].push_back(job);
+    return taken;
   }
-  void give_back(const std::vector<std::pair<std::int64_t, std::int64_t>>& taken) {
+  void give_back(const std::vector<std::pair<std::int64_t, std::int64_t>>& taken, std::size_t job) {
     for (auto [node, chips] : taken) {
+      auto& on = jobs_on_[static_cast<std::size_t>(node)];
+      on.erase(std::find(on.begin(), on.end(), job));
       std::int64_t now = free_[static_cast<std::size_t>(node)] + chips;
       check(now <= per_node_, "scheduler: a node got back more chips than it has");
       move(node, now);
     }
+  }
+  std::int64_t nodes() const { return static_cast<std::int64_t>(free_.size()); }
+  const std::vector<std::size_t>& jobs_on(std::int64_t node) const {
+    return jobs_on_[static_cast<std::size_t>(node)];
+  }
+  bool is_down(std::int64_t node) const { return down_[static_cast<std::size_t>(node)]; }
+  // A node whose jobs have all given their chips back goes down, then comes back up.
+  void set_down(std::int64_t node) {
+    check(free_[static_cast<std::size_t>(node)] == per_node_ && jobs_on(node).empty(),
+          "scheduler: a node went down while holding jobs");
+    erase(node);
+    down_[static_cast<std::size_t>(node)] = true;
+  }
+  void set_up(std::int64_t node) {
+    down_[static_cast<std::size_t>(node)] = false;
+    insert(node);
   }
   bool any_free() const { return free_nodes_ > 0 || partly_free_ > 0; }
 
@@ -101,6 +126,8 @@ class PoolState {
   std::int64_t per_node_;
   std::vector<std::int64_t> free_;
   std::vector<std::size_t> position_;
+  std::vector<std::vector<std::size_t>> jobs_on_;
+  std::vector<bool> down_;
   std::vector<std::vector<std::int64_t>> buckets_;
   std::int64_t free_nodes_ = 0, partly_free_ = 0;
 };
@@ -141,97 +168,262 @@ std::vector<Policy> all_policies() {
   return {Policy::fifo, Policy::backfill, Policy::sjf, Policy::fastest};
 }
 
-SimReport simulate(const Fleet& fleet, const std::vector<Job>& jobs, Policy policy) {
-  SimReport r;
-  r.policy = policy;
-  r.jobs = static_cast<std::int64_t>(jobs.size());
-  r.placements.assign(jobs.size(), Placement{});
-  std::vector<PoolState> pools;
-  for (const Pool& p : fleet.pools)
-    pools.emplace_back(p);
-  // Per job, the pools that can run it (its chip type measured, enough chips in all).
-  std::vector<std::vector<int>> runnable(jobs.size());
-  std::vector<double> best_seconds(jobs.size(), 0);
-  for (std::size_t j = 0; j < jobs.size(); ++j) {
-    double best = 0;
-    for (std::size_t p = 0; p < fleet.pools.size(); ++p) {
-      auto it = jobs[j].seconds_on.find(fleet.pools[p].chip);
-      if (it == jobs[j].seconds_on.end() ||
-          !pools[p].capacity_for(jobs[j].chips, fleet.pools[p].nodes))
-        continue;
-      check(
-          it->second > 0 && std::isfinite(it->second),
-          "job " + std::to_string(jobs[j].id) + ": run time on " + it->first + " is not positive");
-      runnable[j].push_back(static_cast<int>(p));
-      best = best == 0 ? it->second : std::min(best, it->second);
-    }
-    best_seconds[j] = best;
-  }
-  std::vector<std::size_t> order(jobs.size());
-  for (std::size_t j = 0; j < order.size(); ++j)
-    order[j] = j;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return jobs[a].arrival_s < jobs[b].arrival_s;
-  });
-  // Waiting jobs in classes of equal shape (chips asked for, pools that can run them),
-  // each ordered by the policy's key: arrival rank, or run time for sjf. Jobs of one class
-  // fit wherever any of them does, so a pass looks at the head of each class only: its
-  // cost grows with the number of shapes, not with the length of the queue.
-  std::map<std::pair<std::int64_t, std::vector<int>>, std::size_t> class_of_shape;
-  std::vector<std::size_t> job_class(jobs.size(), 0);
-  for (std::size_t j = 0; j < jobs.size(); ++j)
-    if (!runnable[j].empty())
-      job_class[j] =
-          class_of_shape.emplace(std::pair{jobs[j].chips, runnable[j]}, class_of_shape.size())
-              .first->second;
-  std::vector<std::set<std::pair<double, std::size_t>>> waiting(class_of_shape.size());
-  using Completion = std::pair<double, std::size_t>;  // (end time, job)
-  std::priority_queue<Completion, std::vector<Completion>, std::greater<>> running;
-  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> held(jobs.size());
-  std::vector<double> busy(fleet.pools.size(), 0);
-  std::vector<std::int64_t> started_on(fleet.pools.size(), 0);
+namespace {
 
-  auto start = [&](std::size_t j, int p, double now) {
-    held[j] = pools[static_cast<std::size_t>(p)].take(jobs[j].chips);
-    const double seconds = jobs[j].seconds_on.at(fleet.pools[static_cast<std::size_t>(p)].chip);
-    r.placements[j] = {p, now, now + seconds};
-    running.push({now + seconds, j});
-    busy[static_cast<std::size_t>(p)] +=
-        seconds * static_cast<double>(pools[static_cast<std::size_t>(p)].footprint(jobs[j].chips));
-    ++started_on[static_cast<std::size_t>(p)];
+// The simulation's state and its event handlers; simulate() runs it once.
+class Simulation {
+ public:
+  Simulation(const Fleet& fleet, const std::vector<Job>& jobs, Policy policy,
+             const Failures& failures)
+      : fleet_(fleet), jobs_(jobs), policy_(policy), failures_(failures), rng_(failures.seed) {
+    for (const Pool& p : fleet.pools)
+      pools_.emplace_back(p);
+    const std::size_t n = jobs.size();
+    runnable_.resize(n);
+    best_seconds_.assign(n, 0);
+    left_.assign(n, 1.0);
+    held_.resize(n);
+    run_.resize(n);
+    generation_.assign(n, 0);
+    // Per job, the pools that can run it (its chip type measured, enough chips in all).
+    for (std::size_t j = 0; j < n; ++j) {
+      for (std::size_t p = 0; p < fleet.pools.size(); ++p) {
+        auto it = jobs[j].seconds_on.find(fleet.pools[p].chip);
+        if (it == jobs[j].seconds_on.end() ||
+            !pools_[p].capacity_for(jobs[j].chips, fleet.pools[p].nodes))
+          continue;
+        check(it->second > 0 && std::isfinite(it->second), "job " + std::to_string(jobs[j].id) +
+                                                               ": run time on " + it->first +
+                                                               " is not positive");
+        runnable_[j].push_back(static_cast<int>(p));
+        best_seconds_[j] =
+            best_seconds_[j] == 0 ? it->second : std::min(best_seconds_[j], it->second);
+      }
+    }
+    // Waiting jobs in classes of equal shape (chips asked for, pools that can run them),
+    // each ordered by the policy's key: arrival rank, or remaining run time for sjf. Jobs
+    // of one class fit wherever any of them does, so a scheduling pass looks at the head
+    // of each class only: its cost grows with the number of shapes, not the queue.
+    std::map<std::pair<std::int64_t, std::vector<int>>, std::size_t> class_of_shape;
+    class_.assign(n, 0);
+    for (std::size_t j = 0; j < n; ++j)
+      if (!runnable_[j].empty())
+        class_[j] =
+            class_of_shape.emplace(std::pair{jobs[j].chips, runnable_[j]}, class_of_shape.size())
+                .first->second;
+    waiting_.resize(class_of_shape.size());
+    busy_.assign(fleet.pools.size(), 0);
+    started_on_.assign(fleet.pools.size(), 0);
+    report_.placements.assign(n, Placement{});
+    rank_.assign(n, 0);
+    arrivals_left_ = n;
+  }
+
+  SimReport run() {
+    SimReport& r = report_;
+    r.policy = policy_;
+    r.jobs = static_cast<std::int64_t>(jobs_.size());
+    std::vector<std::size_t> order(jobs_.size());
+    for (std::size_t j = 0; j < order.size(); ++j)
+      order[j] = j;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return jobs_[a].arrival_s < jobs_[b].arrival_s;
+    });
+    if (failures_.node_mtbf_h > 0)
+      for (std::size_t p = 0; p < pools_.size(); ++p)
+        schedule_failure(static_cast<int>(p), order.empty() ? 0 : jobs_[order[0]].arrival_s);
+    std::size_t next = 0;
+    while (next < order.size() || running_ > 0 || queued_ > 0) {
+      const double arrival = next < order.size() ? jobs_[order[next]].arrival_s : INFINITY;
+      check(!events_.empty() || arrival < INFINITY,
+            "scheduler: jobs wait with no event left to free chips");
+      const double now = std::min(arrival, events_.empty() ? INFINITY : events_.top().time);
+      while (!events_.empty() && events_.top().time <= now) {
+        Event e = events_.top();
+        events_.pop();
+        handle(e);
+      }
+      while (next < order.size() && jobs_[order[next]].arrival_s <= now) {
+        arrive(order[next], next);
+        ++next;
+      }
+      schedule(now);
+    }
+    finish_report();
+    return r;
+  }
+
+ private:
+  enum class Kind { completion, failure, repair };
+  struct Event {
+    double time;
+    std::uint64_t sequence;  // ties keep their order of scheduling: deterministic runs
+    Kind kind;
+    std::size_t index;    // completion: the job; failure and repair: the pool
+    std::int64_t detail;  // completion: the job's run generation; repair: the node
+    bool operator>(const Event& o) const {
+      return time != o.time ? time > o.time : sequence > o.sequence;
+    }
   };
-  auto choose_pool = [&](std::size_t j) {
+  struct Run {  // the job's current (or last) run
+    int pool = -1;
+    double start = 0, overhead = 0;  // overhead: the restart before work resumes
+  };
+
+  double seconds_on(std::size_t j, int p) const {
+    return jobs_[j].seconds_on.at(fleet_.pools[static_cast<std::size_t>(p)].chip);
+  }
+  void push(double time, Kind kind, std::size_t index, std::int64_t detail) {
+    events_.push(Event{time, sequence_++, kind, index, detail});
+  }
+  void schedule_failure(int p, double after) {
+    const double rate = static_cast<double>(fleet_.pools[static_cast<std::size_t>(p)].nodes) /
+                        (failures_.node_mtbf_h * 3600);
+    push(after + std::exponential_distribution<double>(rate)(rng_), Kind::failure,
+         static_cast<std::size_t>(p), 0);
+  }
+
+  void arrive(std::size_t j, std::size_t rank) {
+    ++report_.events;
+    --arrivals_left_;
+    if (runnable_[j].empty()) {
+      report_.rejected.push_back(
+          "job " + std::to_string(jobs_[j].id) + " (" + jobs_[j].name + ", " +
+          std::to_string(jobs_[j].chips) +
+          " chips): no pool of the fleet has its chip type measured and that many chips");
+      return;
+    }
+    rank_[j] = static_cast<double>(rank);
+    enqueue(j);
+  }
+  void enqueue(std::size_t j) {
+    waiting_[class_[j]].insert(
+        {policy_ == Policy::sjf ? best_seconds_[j] * left_[j] : rank_[j], j});
+    ++queued_;
+  }
+
+  void start(std::size_t j, int p, double now) {
+    PoolState& pool = pools_[static_cast<std::size_t>(p)];
+    held_[j] = pool.take(jobs_[j].chips, j);
+    Placement& pl = report_.placements[j];
+    const double overhead = pl.interruptions > 0 ? failures_.restart_min * 60 : 0;
+    if (pl.pool < 0)  // the first start
+      pl.start_s = now;
+    pl.pool = p;
+    run_[j] = {p, now, overhead};
+    push(now + overhead + left_[j] * seconds_on(j, p), Kind::completion, j, ++generation_[j]);
+    ++started_on_[static_cast<std::size_t>(p)];
+    ++running_;
+  }
+  // Gives back the chips of job j's run, which ends at `now`; returns the chip-seconds held.
+  double stop(std::size_t j, double now) {
+    const Run& run = run_[j];
+    PoolState& pool = pools_[static_cast<std::size_t>(run.pool)];
+    pool.give_back(held_[j], j);
+    held_[j].clear();
+    --running_;
+    const double held = (now - run.start) * static_cast<double>(pool.footprint(jobs_[j].chips));
+    busy_[static_cast<std::size_t>(run.pool)] += held;
+    return held;
+  }
+  void complete(std::size_t j, double now) {
+    const double held = stop(j, now);
+    const double overhead =
+        run_[j].overhead *
+        static_cast<double>(
+            pools_[static_cast<std::size_t>(run_[j].pool)].footprint(jobs_[j].chips));
+    kept_ += held - overhead;
+    report_.lost_chip_hours += overhead / 3600;
+    left_[j] = 0;
+    report_.placements[j].end_s = now;
+    ++report_.finished;
+  }
+  // A failure stops job j: the work since its last checkpoint is lost, and it waits again.
+  void interrupt(std::size_t j, double now) {
+    const Run run = run_[j];
+    const double footprint =
+        static_cast<double>(pools_[static_cast<std::size_t>(run.pool)].footprint(jobs_[j].chips));
+    stop(j, now);
+    const double worked = std::max(0.0, now - run.start - run.overhead);
+    const double interval = failures_.checkpoint_min * 60;
+    const double saved = interval > 0 ? std::floor(worked / interval) * interval : 0;
+    left_[j] = std::max(0.0, left_[j] - saved / seconds_on(j, run.pool));
+    kept_ += saved * footprint;
+    report_.lost_chip_hours += (now - run.start - saved) * footprint / 3600;
+    ++generation_[j];  // its completion event is now stale
+    ++report_.interruptions;
+    if (++report_.placements[j].interruptions > kMaxInterruptions) {
+      // No progress to speak of: without this the simulation could run forever.
+      report_.abandoned.push_back(
+          "job " + std::to_string(jobs_[j].id) + " (" + jobs_[j].name + ", " +
+          std::to_string(jobs_[j].chips) + " chips): interrupted " +
+          std::to_string(kMaxInterruptions) +
+          " times before finishing; checkpoint more often, or use fewer chips");
+      return;
+    }
+    enqueue(j);
+  }
+  static constexpr int kMaxInterruptions = 10000;
+
+  void handle(const Event& e) {
+    ++report_.events;
+    switch (e.kind) {
+      case Kind::completion:
+        if (e.detail == generation_[e.index])
+          complete(e.index, e.time);
+        return;
+      case Kind::failure: {
+        PoolState& pool = pools_[e.index];
+        const std::int64_t node =
+            std::uniform_int_distribution<std::int64_t>(0, pool.nodes() - 1)(rng_);
+        if (!pool.is_down(node)) {  // a failure of a node under repair changes nothing
+          ++report_.node_failures;
+          const std::vector<std::size_t> victims = pool.jobs_on(node);
+          for (std::size_t j : victims)
+            interrupt(j, e.time);
+          pool.set_down(node);
+          push(e.time + failures_.repair_h * 3600, Kind::repair, e.index, node);
+        }
+        if (running_ > 0 || queued_ > 0 || arrivals_left_ > 0)
+          schedule_failure(static_cast<int>(e.index), e.time);
+        return;
+      }
+      case Kind::repair:
+        pools_[e.index].set_up(e.detail);
+        return;
+    }
+  }
+
+  int choose_pool(std::size_t j) const {
     int chosen = -1;
-    for (int p : runnable[j]) {
-      if (!pools[static_cast<std::size_t>(p)].fits(jobs[j].chips))
+    for (int p : runnable_[j]) {
+      if (!pools_[static_cast<std::size_t>(p)].fits(jobs_[j].chips))
         continue;
-      if (policy != Policy::fastest)
+      if (policy_ != Policy::fastest)
         return p;  // the first pool with room, in the fleet's order
-      if (chosen < 0 ||
-          jobs[j].seconds_on.at(fleet.pools[static_cast<std::size_t>(p)].chip) <
-              jobs[j].seconds_on.at(fleet.pools[static_cast<std::size_t>(chosen)].chip))
+      if (chosen < 0 || seconds_on(j, p) < seconds_on(j, chosen))
         chosen = p;
     }
     return chosen;
-  };
+  }
   // Repeatedly: the waiting job first in the policy's order among those that fit now
   // starts (fifo: the first job overall, or nothing until it fits).
-  auto schedule = [&](double now) {
-    while (true) {
+  void schedule(double now) {
+    while (queued_ > 0) {
       bool room = false;
-      for (const PoolState& s : pools)
+      for (const PoolState& s : pools_)
         room = room || s.any_free();
       if (!room)
         return;
       const std::pair<double, std::size_t>* best = nullptr;
       std::size_t best_class = 0;
-      for (std::size_t c = 0; c < waiting.size(); ++c) {
-        if (waiting[c].empty())
+      for (std::size_t c = 0; c < waiting_.size(); ++c) {
+        if (waiting_[c].empty())
           continue;
-        const auto& head = *waiting[c].begin();
+        const auto& head = *waiting_[c].begin();
         if (best != nullptr && *best < head)
           continue;
-        if (policy != Policy::fifo && choose_pool(head.second) < 0)
+        if (policy_ != Policy::fifo && choose_pool(head.second) < 0)
           continue;
         best = &head;
         best_class = c;
@@ -242,67 +434,76 @@ SimReport simulate(const Fleet& fleet, const std::vector<Job>& jobs, Policy poli
       const int p = choose_pool(j);
       if (p < 0)
         return;  // fifo: the first job waits, and so does everyone behind it
-      waiting[best_class].erase(waiting[best_class].begin());
+      waiting_[best_class].erase(waiting_[best_class].begin());
+      --queued_;
       start(j, p, now);
     }
-  };
+  }
 
-  std::size_t next = 0;
-  while (next < order.size() || !running.empty()) {
-    const double now = std::min(next < order.size() ? jobs[order[next]].arrival_s : INFINITY,
-                                running.empty() ? INFINITY : running.top().first);
-    while (!running.empty() && running.top().first <= now) {
-      const std::size_t j = running.top().second;
-      running.pop();
-      pools[static_cast<std::size_t>(r.placements[j].pool)].give_back(held[j]);
-      held[j].clear();
-      ++r.finished;
-      ++r.events;
+  void finish_report() {
+    SimReport& r = report_;
+    std::vector<double> jct;
+    double wait = 0, first = INFINITY, last = 0;
+    for (std::size_t j = 0; j < jobs_.size(); ++j) {
+      const Placement& pl = r.placements[j];
+      if (pl.pool < 0 || left_[j] > 0)  // never ran, or abandoned
+        continue;
+      jct.push_back(pl.end_s - jobs_[j].arrival_s);
+      wait += pl.start_s - jobs_[j].arrival_s;
+      first = std::min(first, jobs_[j].arrival_s);
+      last = std::max(last, pl.end_s);
     }
-    while (next < order.size() && jobs[order[next]].arrival_s <= now) {
-      const std::size_t j = order[next];
-      ++r.events;
-      if (runnable[j].empty()) {
-        r.rejected.push_back(
-            "job " + std::to_string(jobs[j].id) + " (" + jobs[j].name + ", " +
-            std::to_string(jobs[j].chips) +
-            " chips): no pool of the fleet has its chip type measured and that many chips");
-      } else {
-        waiting[job_class[j]].insert(
-            {policy == Policy::sjf ? best_seconds[j] : static_cast<double>(next), j});
-      }
-      ++next;
+    if (!jct.empty()) {
+      double total = 0;
+      for (double v : jct)
+        total += v;
+      r.mean_jct_s = total / static_cast<double>(jct.size());
+      r.mean_wait_s = wait / static_cast<double>(jct.size());
+      r.median_jct_s = percentile(jct, 0.5);
+      r.p99_jct_s = percentile(jct, 0.99);
+      r.makespan_s = last - first;
     }
-    schedule(now);
+    double held = 0;
+    for (std::size_t p = 0; p < fleet_.pools.size(); ++p) {
+      const double capacity = static_cast<double>(fleet_.pools[p].chips()) * r.makespan_s;
+      r.pools.push_back({fleet_.pools[p].chip, fleet_.pools[p].chips(), started_on_[p],
+                         capacity > 0 ? busy_[p] / capacity : 0});
+      held += busy_[p];
+    }
+    r.goodput = held > 0 ? kept_ / held : 1;
   }
-  // Metrics over the jobs that ran.
-  std::vector<double> jct;
-  double wait = 0, first = INFINITY, last = 0;
-  for (std::size_t j = 0; j < jobs.size(); ++j) {
-    const Placement& pl = r.placements[j];
-    if (pl.pool < 0)
-      continue;
-    jct.push_back(pl.end_s - jobs[j].arrival_s);
-    wait += pl.start_s - jobs[j].arrival_s;
-    first = std::min(first, jobs[j].arrival_s);
-    last = std::max(last, pl.end_s);
-  }
-  if (!jct.empty()) {
-    double total = 0;
-    for (double v : jct)
-      total += v;
-    r.mean_jct_s = total / static_cast<double>(jct.size());
-    r.mean_wait_s = wait / static_cast<double>(jct.size());
-    r.median_jct_s = percentile(jct, 0.5);
-    r.p99_jct_s = percentile(jct, 0.99);
-    r.makespan_s = last - first;
-  }
-  for (std::size_t p = 0; p < fleet.pools.size(); ++p) {
-    const double capacity = static_cast<double>(fleet.pools[p].chips()) * r.makespan_s;
-    r.pools.push_back({fleet.pools[p].chip, fleet.pools[p].chips(), started_on[p],
-                       capacity > 0 ? busy[p] / capacity : 0});
-  }
-  return r;
+
+  const Fleet& fleet_;
+  const std::vector<Job>& jobs_;
+  Policy policy_;
+  Failures failures_;
+  std::mt19937_64 rng_;
+  std::vector<PoolState> pools_;
+  std::vector<std::vector<int>> runnable_;
+  std::vector<double> best_seconds_, left_, rank_;
+  std::vector<std::size_t> class_;
+  std::vector<std::set<std::pair<double, std::size_t>>> waiting_;
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> held_;
+  std::vector<Run> run_;
+  std::vector<std::int64_t> generation_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  std::uint64_t sequence_ = 0;
+  std::vector<double> busy_;
+  std::vector<std::int64_t> started_on_;
+  std::int64_t running_ = 0, queued_ = 0;
+  std::size_t arrivals_left_ = 0;
+  double kept_ = 0;  // chip-seconds of work that was kept
+  SimReport report_;
+};
+
+}  // namespace
+
+SimReport simulate(const Fleet& fleet, const std::vector<Job>& jobs, Policy policy,
+                   const Failures& failures) {
+  check(failures.node_mtbf_h >= 0 && failures.repair_h >= 0 && failures.checkpoint_min >= 0 &&
+            failures.restart_min >= 0,
+        "failures: MTBF, repair, checkpoint and restart times must not be negative");
+  return Simulation(fleet, jobs, policy, failures).run();
 }
 
 }  // namespace loom::cluster
