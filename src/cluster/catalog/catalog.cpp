@@ -12,17 +12,19 @@
 #include "core/error.h"
 
 namespace loom::cluster {
-namespace {
 
-YAML::Node load_yaml(const std::string& path) {
+YAML::Node read_yaml_file(const std::string& path) {
   try {
     return YAML::LoadFile(path);
   } catch (const YAML::BadFile&) {
     throw Error(path + ": cannot open (missing or unreadable)");
   } catch (const YAML::Exception& e) {
-    throw Error(path + ": malformed YAML at line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
+    throw Error(path + ": malformed YAML at line " + std::to_string(e.mark.line + 1) + ": " +
+                e.msg);
   }
 }
+
+namespace {
 
 double number(const YAML::Node& n, const std::string& where) {
   try {
@@ -37,13 +39,15 @@ Figure figure(const YAML::Node& entry, const std::string& field, const std::stri
   std::string at = where + ": field '" + field + "'";
   const YAML::Node n = entry[field];
   check(n.IsDefined(), at + " is missing; every chip figure needs {value, source, confidence}");
-  check(n.IsMap() && n["value"] && n["source"] && n["confidence"], at + " must be {value, source, confidence}");
+  check(n.IsMap() && n["value"] && n["source"] && n["confidence"],
+        at + " must be {value, source, confidence}");
   Figure f;
   f.source = n["source"].as<std::string>();
   f.confidence = n["confidence"].as<std::string>();
   check(!f.source.empty(), at + ": source is empty; every figure needs a source");
   std::string text = n["value"].IsScalar() ? n["value"].Scalar() : "";
-  if (text == "unknown") return f;
+  if (text == "unknown")
+    return f;
   if (text == "unsupported") {
     f.unsupported = true;
     return f;
@@ -53,16 +57,17 @@ Figure figure(const YAML::Node& entry, const std::string& field, const std::stri
   return f;
 }
 
-std::int64_t integer(const YAML::Node& entry, const std::string& field, const std::string& where, bool required,
-                     std::int64_t fallback = 0) {
+std::int64_t integer(const YAML::Node& entry, const std::string& field, const std::string& where,
+                     bool required, std::int64_t fallback = 0) {
   const YAML::Node n = entry[field];
   if (!n.IsDefined()) {
     check(!required, where + ": field '" + field + "' is missing");
     return fallback;
   }
   double v = number(n, where + ": field '" + field + "'");
-  check(v >= 0 && v == static_cast<double>(static_cast<std::int64_t>(v)),
-        where + ": field '" + field + "': value '" + n.Scalar() + "' is not a non-negative integer");
+  check(
+      v >= 0 && v == static_cast<double>(static_cast<std::int64_t>(v)),
+      where + ": field '" + field + "': value '" + n.Scalar() + "' is not a non-negative integer");
   return static_cast<std::int64_t>(v);
 }
 
@@ -103,15 +108,19 @@ double Model::expert_params() const {
   return (gated ? 3.0 : 2.0) * static_cast<double>(hidden) * static_cast<double>(expert_ffn);
 }
 double Model::total_params() const {
-  double dense = static_cast<double>(layers - moe_layers()) * (attention_params() + dense_mlp_params());
-  double sparse = static_cast<double>(moe_layers()) *
-                  (attention_params() + static_cast<double>(experts + shared_experts) * expert_params());
+  double dense =
+      static_cast<double>(layers - moe_layers()) * (attention_params() + dense_mlp_params());
+  double sparse =
+      static_cast<double>(moe_layers()) *
+      (attention_params() + static_cast<double>(experts + shared_experts) * expert_params());
   return dense + sparse + static_cast<double>(vocab) * static_cast<double>(hidden);
 }
 double Model::active_params() const {
-  double dense = static_cast<double>(layers - moe_layers()) * (attention_params() + dense_mlp_params());
-  double sparse = static_cast<double>(moe_layers()) *
-                  (attention_params() + static_cast<double>(top_k + shared_experts) * expert_params());
+  double dense =
+      static_cast<double>(layers - moe_layers()) * (attention_params() + dense_mlp_params());
+  double sparse =
+      static_cast<double>(moe_layers()) *
+      (attention_params() + static_cast<double>(top_k + shared_experts) * expert_params());
   return dense + sparse + static_cast<double>(vocab) * static_cast<double>(hidden);
 }
 
@@ -126,10 +135,13 @@ void Model::validate(const std::string& where) const {
   positive("ffn", ffn);
   positive("vocab", vocab);
   positive("seq", seq);
-  check(hidden % heads == 0, where + ": hidden " + std::to_string(hidden) + " is not divisible by heads " + std::to_string(heads));
-  check(heads % kv_heads == 0, where + ": heads " + std::to_string(heads) + " is not divisible by kv_heads " + std::to_string(kv_heads));
+  check(hidden % heads == 0, where + ": hidden " + std::to_string(hidden) +
+                                 " is not divisible by heads " + std::to_string(heads));
+  check(heads % kv_heads == 0, where + ": heads " + std::to_string(heads) +
+                                   " is not divisible by kv_heads " + std::to_string(kv_heads));
   if (experts > 0) {
-    check(top_k >= 1 && top_k <= experts, where + ": top_k " + std::to_string(top_k) + " must be in 1.." + std::to_string(experts));
+    check(top_k >= 1 && top_k <= experts,
+          where + ": top_k " + std::to_string(top_k) + " must be in 1.." + std::to_string(experts));
     check(dense_layers < layers, where + ": dense_layers must be fewer than layers");
   }
 }
@@ -137,7 +149,7 @@ void Model::validate(const std::string& where) const {
 Catalog Catalog::load(const std::string& dir) {
   Catalog c;
   std::string chips_path = dir + "/chips.yaml";
-  YAML::Node chips = load_yaml(chips_path)["chips"];
+  YAML::Node chips = read_yaml_file(chips_path)["chips"];
   check(chips && chips.IsSequence(), chips_path + ": expected a 'chips' list");
   std::set<std::string> ids;
   for (std::size_t i = 0; i < chips.size(); ++i) {
@@ -170,11 +182,12 @@ Catalog Catalog::load(const std::string& dir) {
   c.add_models_from(dir + "/models.yaml");
   std::string systems_path = dir + "/systems.yaml";
   if (std::filesystem::exists(systems_path)) {
-    YAML::Node systems = load_yaml(systems_path)["systems"];
+    YAML::Node systems = read_yaml_file(systems_path)["systems"];
     check(systems && systems.IsSequence(), systems_path + ": expected a 'systems' list");
     for (std::size_t i = 0; i < systems.size(); ++i) {
       const YAML::Node& e = systems[i];
-      check(e.IsMap() && e["id"] && e["chip"], systems_path + ": systems[" + std::to_string(i) + "] needs id and chip");
+      check(e.IsMap() && e["id"] && e["chip"],
+            systems_path + ": systems[" + std::to_string(i) + "] needs id and chip");
       System sys;
       sys.id = e["id"].as<std::string>();
       std::string where = systems_path + ": system '" + sys.id + "'";
@@ -194,7 +207,7 @@ Catalog Catalog::load(const std::string& dir) {
 }
 
 void Catalog::add_models_from(const std::string& path) {
-  YAML::Node models = load_yaml(path)["models"];
+  YAML::Node models = read_yaml_file(path)["models"];
   check(models && models.IsSequence(), path + ": expected a 'models' list");
   for (std::size_t i = 0; i < models.size(); ++i) {
     Model m = parse_model(models[i], path, i);
@@ -207,7 +220,8 @@ void Catalog::add_models_from(const std::string& path) {
 const Chip& Catalog::chip(const std::string& id) const {
   std::string known;
   for (const Chip& c : chips_) {
-    if (c.id == id) return c;
+    if (c.id == id)
+      return c;
     known += (known.empty() ? "" : ", ") + c.id;
   }
   throw Error("unknown chip '" + id + "'; the catalog has: " + known);
@@ -216,10 +230,12 @@ const Chip& Catalog::chip(const std::string& id) const {
 const Model& Catalog::model(const std::string& id) const {
   std::string known;
   for (const Model& m : models_) {
-    if (m.id == id) return m;
+    if (m.id == id)
+      return m;
     known += (known.empty() ? "" : ", ") + m.id;
   }
-  throw Error("unknown model '" + id + "'; the catalog has: " + known + " (or give --layers --hidden ... or a YAML file)");
+  throw Error("unknown model '" + id + "'; the catalog has: " + known +
+              " (or give --layers --hidden ... or a YAML file)");
 }
 
 Chip Catalog::chip_in_system(const std::string& id) const {
@@ -251,40 +267,50 @@ void apply_device_profile(Chip& chip, const std::string& path, const std::string
   if (j.contains("chip")) {
     std::string declared = j["chip"].is_string() ? j["chip"].get<std::string>() : j["chip"].dump();
     std::string base = chip.id.substr(0, chip.id.find('@'));
-    check(declared == base, path + ": field 'chip': value '" + declared + "' does not match the planned chip '" + base + "'");
+    check(declared == base, path + ": field 'chip': value '" + declared +
+                                "' does not match the planned chip '" + base + "'");
   }
-  check(j.contains("gemm") && j["gemm"].is_array() && !j["gemm"].empty(), path + ": field 'gemm' must be a non-empty list");
+  check(j.contains("gemm") && j["gemm"].is_array() && !j["gemm"].empty(),
+        path + ": field 'gemm' must be a non-empty list");
   double best = 0;
   for (std::size_t i = 0; i < j["gemm"].size(); ++i) {
     const auto& g = j["gemm"][i];
     std::string at = path + ": gemm[" + std::to_string(i) + "]";
-    check(g.is_object() && g.contains("dtype") && g.contains("tflops"), at + " needs dtype and tflops");
+    check(g.is_object() && g.contains("dtype") && g.contains("tflops"),
+          at + " needs dtype and tflops");
     check(g["tflops"].is_number() && g["tflops"].get<double>() > 0,
           at + ": field 'tflops': value " + g["tflops"].dump() + " is not a positive number");
     bool large = g.value("m", 0) >= 2048 && g.value("n", 0) >= 2048 && g.value("k", 0) >= 2048;
-    if (g["dtype"] == dtype && large) best = std::max(best, g["tflops"].get<double>());
+    if (g["dtype"] == dtype && large)
+      best = std::max(best, g["tflops"].get<double>());
   }
   check(best > 0, path + ": no " + dtype + " GEMM of size >= 2048 in field 'gemm'");
   const Figure& peak = dtype == "fp8" ? chip.fp8_tflops : chip.bf16_tflops;
-  check(peak.known(), path + ": the catalog has no " + dtype + " peak for " + chip.id + " to relate the profile to");
-  chip.gemm_efficiency = Figure{std::min(1.0, best / *peak.value), false, "device profile " + path, "measured"};
+  check(peak.known(), path + ": the catalog has no " + dtype + " peak for " + chip.id +
+                          " to relate the profile to");
+  chip.gemm_efficiency =
+      Figure{std::min(1.0, best / *peak.value), false, "device profile " + path, "measured"};
   if (j.contains("memory_bandwidth_gbs")) {
     check(j["memory_bandwidth_gbs"].is_number() && j["memory_bandwidth_gbs"].get<double>() > 0,
-          path + ": field 'memory_bandwidth_gbs': value " + j["memory_bandwidth_gbs"].dump() + " is not a positive number");
+          path + ": field 'memory_bandwidth_gbs': value " + j["memory_bandwidth_gbs"].dump() +
+              " is not a positive number");
     // The perf model multiplies the HBM figure by its achieved-fraction constant (0.8); a
     // measured figure is already achieved, so it is stored divided by that fraction.
-    chip.hbm_tbps = Figure{j["memory_bandwidth_gbs"].get<double>() / 1000.0 / 0.8, false, "device profile " + path, "measured"};
+    chip.hbm_tbps = Figure{j["memory_bandwidth_gbs"].get<double>() / 1000.0 / 0.8, false,
+                           "device profile " + path, "measured"};
   }
 }
 
 std::string default_catalog_dir() {
-  if (const char* env = std::getenv("LOOM_CATALOG")) return env;
+  if (const char* env = std::getenv("LOOM_CATALOG"))
+    return env;
   namespace fs = std::filesystem;
   // The binary lives in <repo>/build/<preset>/; the catalog in <repo>/catalog.
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   for (fs::path p = exe.parent_path(); !ec && !p.empty() && p != p.root_path(); p = p.parent_path())
-    if (fs::exists(p / "catalog" / "chips.yaml")) return (p / "catalog").string();
+    if (fs::exists(p / "catalog" / "chips.yaml"))
+      return (p / "catalog").string();
   return "catalog";
 }
 

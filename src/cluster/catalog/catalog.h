@@ -2,6 +2,8 @@
 // This column never touches tensors: it shares only core's error type with the engine.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -20,8 +22,8 @@ struct Figure {
 
 struct Chip {
   std::string id, name, status;  // status: shipping | roadmap
-  Figure bf16_tflops, fp8_tflops, fp4_tflops, hbm_gb, hbm_tbps, scaleup_gbps, scaleup_domain, scaleout_gbits,
-      tdp_w, price_per_hour, gemm_efficiency;
+  Figure bf16_tflops, fp8_tflops, fp4_tflops, hbm_gb, hbm_tbps, scaleup_gbps, scaleup_domain,
+      scaleout_gbits, tdp_w, price_per_hour, gemm_efficiency;
 };
 
 // A chip in a system: its scale-up domain and scale-out fabric override the chip's.
@@ -40,9 +42,9 @@ struct Model {
   std::int64_t moe_layers() const { return moe() ? layers - dense_layers : 0; }
   double attention_params() const;  // per layer: q, k, v, o projections
   double dense_mlp_params() const;
-  double expert_params() const;     // one expert
-  double total_params() const;      // every weight, embedding included once (tied head)
-  double active_params() const;     // weights a token passes through
+  double expert_params() const;  // one expert
+  double total_params() const;   // every weight, embedding included once (tied head)
+  double active_params() const;  // weights a token passes through
   void validate(const std::string& where) const;
 };
 
@@ -50,7 +52,7 @@ class Catalog {
  public:
   // Reads DIR/chips.yaml and DIR/models.yaml; throws naming file, entry, field, value.
   static Catalog load(const std::string& dir);
-  const Chip& chip(const std::string& id) const;    // throws listing the known ids
+  const Chip& chip(const std::string& id) const;  // throws listing the known ids
   const Model& model(const std::string& id) const;
   // The chip of system `id` with the system's domain and fabric figures.
   Chip chip_in_system(const std::string& id) const;
@@ -72,5 +74,8 @@ void apply_device_profile(Chip& chip, const std::string& path, const std::string
 
 // Default catalog folder: $LOOM_CATALOG, else <repo>/catalog next to the binary's tree.
 std::string default_catalog_dir();
+
+// A YAML file's root; throws naming the file: "cannot open", or "malformed YAML at line N".
+YAML::Node read_yaml_file(const std::string& path);
 
 }  // namespace loom::cluster

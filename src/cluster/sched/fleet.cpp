@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "cluster/catalog/catalog.h"
 #include "core/error.h"
 
 namespace loom::cluster {
@@ -76,15 +77,7 @@ Fleet parse_fleet(const std::string& spec) {
 }
 
 Fleet load_fleet(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw Error(path + ": cannot open the fleet file");
-  } catch (const YAML::Exception& e) {
-    throw Error(path + ": malformed YAML at line " + std::to_string(e.mark.line + 1) + ": " +
-                e.msg);
-  }
+  const YAML::Node root = read_yaml_file(path);
   const YAML::Node pools = root["pools"];
   check(pools && pools.IsSequence(), path + ": field 'pools' is missing or not a list");
   Fleet fleet;

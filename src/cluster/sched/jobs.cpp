@@ -9,6 +9,7 @@
 #include <random>
 #include <sstream>
 
+#include "cluster/catalog/catalog.h"
 #include "cluster/plan/plan.h"
 #include "core/error.h"
 
@@ -124,15 +125,7 @@ std::vector<Job> load_gavel_trace(const std::string& trace_path,
 
 std::vector<Job> load_training_jobs(const std::string& path, const Catalog& catalog,
                                     const Fleet& fleet) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw Error(path + ": cannot open the job list");
-  } catch (const YAML::Exception& e) {
-    throw Error(path + ": malformed YAML at line " + std::to_string(e.mark.line + 1) + ": " +
-                e.msg);
-  }
+  const YAML::Node root = read_yaml_file(path);
   const YAML::Node list = root["jobs"];
   check(list && list.IsSequence(), path + ": field 'jobs' is missing or not a list");
   ThroughputCache cache;
