@@ -36,8 +36,8 @@ CLI::App* add_fleet_command(CLI::App& app, FleetOptions& o) {
                   "fleet's chips (at the first pool's speed)")
       ->check(CLI::Range(0.01, 10.0));
   sim->add_option("--seed", o.seed, "synthetic: random seed");
-  sim->add_option("--policy", o.policy, "fifo | backfill | sjf | fastest | all")
-      ->check(CLI::IsMember({"fifo", "backfill", "sjf", "fastest", "all"}));
+  sim->add_option("--policy", o.policy, "fifo | backfill | sjf | fastest | las | all")
+      ->check(CLI::IsMember({"fifo", "backfill", "sjf", "fastest", "las", "all"}));
   sim->add_option("--catalog", o.catalog, "catalog folder (default: the repository's catalog/)");
   sim->add_flag("--json", o.json, "one JSON object per policy");
   sim->add_option("--placements", o.placements,
@@ -53,6 +53,10 @@ CLI::App* add_fleet_command(CLI::App& app, FleetOptions& o) {
          "--checkpoint-minutes", o.checkpoint_minutes,
          "a job's checkpoint interval: an interruption loses the work since the last one (0: all)")
       ->check(CLI::Range(0.0, 1e6));
+  sim->add_option("--quantum-minutes", o.quantum_minutes,
+                  "las: how often it reconsiders who runs, and the least a run lasts before it can "
+                  "be preempted")
+      ->check(CLI::Range(0.01, 1e6));
   sim->add_option("--restart-minutes", o.restart_minutes,
                   "time a job takes to restart from its checkpoint")
       ->check(CLI::Range(0.0, 1e6));
@@ -134,7 +138,7 @@ int run_fleet(const FleetOptions& o) {
   std::vector<SimReport> reports;
   for (Policy policy : policies) {
     auto start = std::chrono::steady_clock::now();
-    reports.push_back(simulate(fleet, jobs, policy, failures));
+    reports.push_back(simulate(fleet, jobs, policy, failures, Preemption{o.quantum_minutes}));
     const SimReport& r = reports.back();
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (o.json) {
@@ -151,6 +155,7 @@ int run_fleet(const FleetOptions& o) {
                                {"makespan_h", r.makespan_s / 3600},
                                {"events", r.events},
                                {"interruptions", r.interruptions},
+                               {"preemptions", r.preemptions},
                                {"node_failures", r.node_failures},
                                {"lost_chip_hours", r.lost_chip_hours},
                                {"goodput", r.goodput},
@@ -169,6 +174,9 @@ int run_fleet(const FleetOptions& o) {
       std::printf(" %13lld %11.0f %7.1f%%", static_cast<long long>(r.interruptions),
                   r.lost_chip_hours, 100 * r.goodput);
     std::printf(" %8.2fs\n", wall);
+    if (r.preemptions > 0)
+      std::printf("  %s: %lld preemptions, %.0f chip-hours spent restarting\n", policy_name(policy),
+                  static_cast<long long>(r.preemptions), r.lost_chip_hours);
     if (!r.abandoned.empty())
       std::printf("  %zu jobs abandoned, e.g. %s\n", r.abandoned.size(),
                   r.abandoned.front().c_str());

@@ -22,6 +22,7 @@ struct FleetOptions {
   std::string placements;  // CSV of every job's placement, per policy
   // Node failures (0: none), repairs, checkpoints and restarts (cluster::Failures).
   double node_mtbf_hours = 0, repair_hours = 2, checkpoint_minutes = 30, restart_minutes = 10;
+  double quantum_minutes = 10;  // las: the preemption quantum
 };
 
 CLI::App* add_fleet_command(CLI::App& app, FleetOptions& options);

@@ -201,6 +201,38 @@ TEST(Simulator, AHundredThousandChipsNeverOverCommitAPool) {
     ASSERT_EQ(a.placements[j].start_s, b.placements[j].start_s);
 }
 
+TEST(Las, AShortJobPreemptsALongOneWithMoreService) {
+  // One chip. A (100 h) has had 2 chip-hours when B (half an hour) arrives: B is in a
+  // lower service queue, so A checkpoints and waits while B runs.
+  Fleet f = parse_fleet("a:1");
+  std::vector<Job> jobs{job(0, 1, {{"a", 100 * 3600.0}}), job(2 * 3600.0, 1, {{"a", 1800.0}})};
+  Failures restart_free;
+  restart_free.restart_min = 0;
+  SimReport r = simulate(f, jobs, Policy::las, restart_free, Preemption{10});
+  EXPECT_EQ(r.preemptions, 1);
+  EXPECT_DOUBLE_EQ(r.placements[1].start_s, 2 * 3600.0);
+  EXPECT_DOUBLE_EQ(r.placements[1].end_s, 2.5 * 3600.0);
+  EXPECT_DOUBLE_EQ(r.placements[0].end_s, 100.5 * 3600.0);  // no work lost
+  EXPECT_DOUBLE_EQ(r.goodput, 1.0);
+  // With a restart cost, A pays it once when it resumes.
+  Failures costly;
+  costly.restart_min = 10;
+  SimReport c = simulate(f, jobs, Policy::las, costly, Preemption{10});
+  EXPECT_DOUBLE_EQ(c.placements[0].end_s, 100.5 * 3600.0 + 600);
+  EXPECT_NEAR(c.lost_chip_hours, 10.0 / 60, 1e-9);
+}
+
+TEST(Las, BeatsBackfillingOnAGavelTraceWithoutKnowingRunTimes) {
+  const std::string dir = source_dir() + "/data/traces/gavel";
+  std::vector<Job> jobs =
+      load_gavel_trace(dir + "/msr_seed0/11cb48.trace", dir + "/simulation_throughputs.json");
+  Fleet f = parse_fleet("v100:4x4,p100:4x4,k80:4x4");
+  SimReport backfill = simulate(f, jobs, Policy::backfill), las = simulate(f, jobs, Policy::las);
+  EXPECT_EQ(las.finished, backfill.finished);
+  EXPECT_GT(las.preemptions, 0);
+  EXPECT_LT(las.mean_jct_s, backfill.mean_jct_s);
+}
+
 // Calibration: Llama 3 405B's run (Dubey et al. 2024, 3.3.4) saw 419 unexpected
 // interruptions in 54 days on 2,048 nodes of 8 H100s. The same failure rate per node on a
 // 54-day job over 2,048 nodes gives that count, within Poisson noise.

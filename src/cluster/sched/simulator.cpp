@@ -87,12 +87,15 @@ class PoolState {
           "scheduler: a node went down while holding jobs");
     erase(node);
     down_[static_cast<std::size_t>(node)] = true;
+    ++down_count_;
   }
   void set_up(std::int64_t node) {
     down_[static_cast<std::size_t>(node)] = false;
+    --down_count_;
     insert(node);
   }
   bool any_free() const { return free_nodes_ > 0 || partly_free_ > 0; }
+  std::int64_t up_chips() const { return (nodes() - down_count_) * per_node_; }
 
  private:
   std::int64_t whole_nodes(std::int64_t chips) const { return (chips + per_node_ - 1) / per_node_; }
@@ -129,7 +132,7 @@ class PoolState {
   std::vector<std::vector<std::size_t>> jobs_on_;
   std::vector<bool> down_;
   std::vector<std::vector<std::int64_t>> buckets_;
-  std::int64_t free_nodes_ = 0, partly_free_ = 0;
+  std::int64_t free_nodes_ = 0, partly_free_ = 0, down_count_ = 0;
 };
 
 double percentile(std::vector<double> values, double q) {
@@ -147,7 +150,7 @@ Policy parse_policy(const std::string& text) {
   for (Policy p : all_policies())
     if (text == policy_name(p))
       return p;
-  throw Error("policy '" + text + "' is not one of: fifo, backfill, sjf, fastest");
+  throw Error("policy '" + text + "' is not one of: fifo, backfill, sjf, fastest, las");
 }
 
 const char* policy_name(Policy policy) {
@@ -160,12 +163,14 @@ const char* policy_name(Policy policy) {
       return "sjf";
     case Policy::fastest:
       return "fastest";
+    case Policy::las:
+      return "las";
   }
   return "?";
 }
 
 std::vector<Policy> all_policies() {
-  return {Policy::fifo, Policy::backfill, Policy::sjf, Policy::fastest};
+  return {Policy::fifo, Policy::backfill, Policy::sjf, Policy::fastest, Policy::las};
 }
 
 namespace {
@@ -174,8 +179,13 @@ namespace {
 class Simulation {
  public:
   Simulation(const Fleet& fleet, const std::vector<Job>& jobs, Policy policy,
-             const Failures& failures)
-      : fleet_(fleet), jobs_(jobs), policy_(policy), failures_(failures), rng_(failures.seed) {
+             const Failures& failures, const Preemption& preemption)
+      : fleet_(fleet),
+        jobs_(jobs),
+        policy_(policy),
+        failures_(failures),
+        preemption_(preemption),
+        rng_(failures.seed) {
     for (const Pool& p : fleet.pools)
       pools_.emplace_back(p);
     const std::size_t n = jobs.size();
@@ -216,6 +226,8 @@ class Simulation {
     started_on_.assign(fleet.pools.size(), 0);
     report_.placements.assign(n, Placement{});
     rank_.assign(n, 0);
+    attained_.assign(n, 0);
+    stopped_.assign(n, false);
     arrivals_left_ = n;
   }
 
@@ -229,6 +241,8 @@ class Simulation {
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
       return jobs_[a].arrival_s < jobs_[b].arrival_s;
     });
+    if (policy_ == Policy::las && !order.empty())
+      push(jobs_[order[0]].arrival_s + preemption_.quantum_min * 60, Kind::round, 0, 0);
     if (failures_.node_mtbf_h > 0)
       for (std::size_t p = 0; p < pools_.size(); ++p)
         schedule_failure(static_cast<int>(p), order.empty() ? 0 : jobs_[order[0]].arrival_s);
@@ -247,6 +261,10 @@ class Simulation {
         arrive(order[next], next);
         ++next;
       }
+      if (rebalance_due_) {
+        rebalance(now);
+        rebalance_due_ = false;
+      }
       schedule(now);
     }
     finish_report();
@@ -254,7 +272,7 @@ class Simulation {
   }
 
  private:
-  enum class Kind { completion, failure, repair };
+  enum class Kind { completion, failure, repair, round };
   struct Event {
     double time;
     std::uint64_t sequence;  // ties keep their order of scheduling: deterministic runs
@@ -296,9 +314,28 @@ class Simulation {
     rank_[j] = static_cast<double>(rank);
     enqueue(j);
   }
+  // A waiting job's place in the policy's order (smaller first).
+  double key(std::size_t j) const {
+    switch (policy_) {
+      case Policy::sjf:
+        return best_seconds_[j] * left_[j];
+      case Policy::las:
+        return static_cast<double>(las_queue(attained_[j])) * 1e12 + rank_[j];
+      default:
+        return rank_[j];
+    }
+  }
+  // las's priority queues, as Tiresias discretises attained service: queue k holds jobs
+  // with 10^(k-1) to 10^k chip-hours of service (queue 0: under one); first come, first
+  // served inside a queue, so jobs of similar service do not preempt each other.
+  static int las_queue(double chip_seconds) {
+    int queue = 0;
+    for (double limit = 3600; chip_seconds >= limit && queue < 40; limit *= 10)
+      ++queue;
+    return queue;
+  }
   void enqueue(std::size_t j) {
-    waiting_[class_[j]].insert(
-        {policy_ == Policy::sjf ? best_seconds_[j] * left_[j] : rank_[j], j});
+    waiting_[class_[j]].insert({key(j), j});
     ++queued_;
   }
 
@@ -306,7 +343,7 @@ class Simulation {
     PoolState& pool = pools_[static_cast<std::size_t>(p)];
     held_[j] = pool.take(jobs_[j].chips, j);
     Placement& pl = report_.placements[j];
-    const double overhead = pl.interruptions > 0 ? failures_.restart_min * 60 : 0;
+    const double overhead = stopped_[j] ? failures_.restart_min * 60 : 0;
     if (pl.pool < 0)  // the first start
       pl.start_s = now;
     pl.pool = p;
@@ -314,6 +351,7 @@ class Simulation {
     push(now + overhead + left_[j] * seconds_on(j, p), Kind::completion, j, ++generation_[j]);
     ++started_on_[static_cast<std::size_t>(p)];
     ++running_;
+    running_jobs_.insert(j);
   }
   // Gives back the chips of job j's run, which ends at `now`; returns the chip-seconds held.
   double stop(std::size_t j, double now) {
@@ -322,8 +360,10 @@ class Simulation {
     pool.give_back(held_[j], j);
     held_[j].clear();
     --running_;
+    running_jobs_.erase(j);
     const double held = (now - run.start) * static_cast<double>(pool.footprint(jobs_[j].chips));
     busy_[static_cast<std::size_t>(run.pool)] += held;
+    attained_[j] += held;
     return held;
   }
   void complete(std::size_t j, double now) {
@@ -352,6 +392,7 @@ class Simulation {
     report_.lost_chip_hours += (now - run.start - saved) * footprint / 3600;
     ++generation_[j];  // its completion event is now stale
     ++report_.interruptions;
+    stopped_[j] = true;
     if (++report_.placements[j].interruptions > kMaxInterruptions) {
       // No progress to speak of: without this the simulation could run forever.
       report_.abandoned.push_back(
@@ -364,6 +405,79 @@ class Simulation {
     enqueue(j);
   }
   static constexpr int kMaxInterruptions = 10000;
+
+  // The preemptive policy stops job j: it checkpoints first, so only the restart it spent
+  // is lost, and it waits again with the service it has had.
+  void preempt(std::size_t j, double now) {
+    const Run run = run_[j];
+    const double footprint =
+        static_cast<double>(pools_[static_cast<std::size_t>(run.pool)].footprint(jobs_[j].chips));
+    stop(j, now);
+    const double worked = std::max(0.0, now - run.start - run.overhead);
+    left_[j] = std::max(0.0, left_[j] - worked / seconds_on(j, run.pool));
+    kept_ += worked * footprint;
+    report_.lost_chip_hours += (now - run.start - worked) * footprint / 3600;
+    ++generation_[j];
+    ++report_.preemptions;
+    stopped_[j] = true;
+    enqueue(j);
+  }
+
+  // las: who should hold chips now, by service queue (las_queue) and arrival; running jobs
+  // beyond their pool's chips in that order are preempted. A run is kept for its restart
+  // and one quantum of work at least, so every run makes progress. Fragmentation is
+  // ignored here: a job chosen to start that finds no node waits for the next pass.
+  void rebalance(double now) {
+    std::vector<std::int64_t> budget;
+    for (const PoolState& pool : pools_)
+      budget.push_back(pool.up_chips());
+    struct Candidate {
+      bool protected_run;
+      int queue;
+      double rank;
+      std::size_t job;
+      bool running;
+    };
+    std::vector<Candidate> active;
+    const double quantum = preemption_.quantum_min * 60;
+    for (std::size_t j : running_jobs_) {
+      const Run& run = run_[j];
+      const double footprint =
+          static_cast<double>(pools_[static_cast<std::size_t>(run.pool)].footprint(jobs_[j].chips));
+      active.push_back({now - run.start < run.overhead + quantum,
+                        las_queue(attained_[j] + (now - run.start) * footprint), rank_[j], j,
+                        true});
+    }
+    for (const auto& cls : waiting_)
+      for (const auto& [service, j] : cls)
+        active.push_back({false, las_queue(attained_[j]), rank_[j], j, false});
+    std::sort(active.begin(), active.end(), [](const Candidate& a, const Candidate& b) {
+      if (a.protected_run != b.protected_run)
+        return a.protected_run;
+      return a.queue != b.queue ? a.queue < b.queue : a.rank < b.rank;
+    });
+    std::vector<std::size_t> victims;
+    for (const Candidate& c : active) {
+      if (c.running) {
+        const auto p = static_cast<std::size_t>(run_[c.job].pool);
+        const std::int64_t need = pools_[p].footprint(jobs_[c.job].chips);
+        if (budget[p] >= need)
+          budget[p] -= need;
+        else
+          victims.push_back(c.job);
+        continue;
+      }
+      for (int p : runnable_[c.job]) {
+        const std::int64_t need = pools_[static_cast<std::size_t>(p)].footprint(jobs_[c.job].chips);
+        if (budget[static_cast<std::size_t>(p)] >= need) {
+          budget[static_cast<std::size_t>(p)] -= need;
+          break;
+        }
+      }
+    }
+    for (std::size_t j : victims)
+      preempt(j, now);
+  }
 
   void handle(const Event& e) {
     ++report_.events;
@@ -390,6 +504,11 @@ class Simulation {
       }
       case Kind::repair:
         pools_[e.index].set_up(e.detail);
+        return;
+      case Kind::round:  // las reconsiders who runs, once the events of this instant are in
+        rebalance_due_ = true;
+        if (running_ > 0 || queued_ > 0 || arrivals_left_ > 0)
+          push(e.time + preemption_.quantum_min * 60, Kind::round, 0, 0);
         return;
     }
   }
@@ -477,10 +596,13 @@ class Simulation {
   const std::vector<Job>& jobs_;
   Policy policy_;
   Failures failures_;
+  Preemption preemption_;
   std::mt19937_64 rng_;
   std::vector<PoolState> pools_;
   std::vector<std::vector<int>> runnable_;
-  std::vector<double> best_seconds_, left_, rank_;
+  std::vector<double> best_seconds_, left_, rank_, attained_;  // attained: chip-seconds held
+  std::vector<bool> stopped_;  // interrupted or preempted: a restart costs restart_min
+  std::set<std::size_t> running_jobs_;
   std::vector<std::size_t> class_;
   std::vector<std::set<std::pair<double, std::size_t>>> waiting_;
   std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> held_;
@@ -492,6 +614,7 @@ class Simulation {
   std::vector<std::int64_t> started_on_;
   std::int64_t running_ = 0, queued_ = 0;
   std::size_t arrivals_left_ = 0;
+  bool rebalance_due_ = false;
   double kept_ = 0;  // chip-seconds of work that was kept
   SimReport report_;
 };
@@ -499,11 +622,12 @@ class Simulation {
 }  // namespace
 
 SimReport simulate(const Fleet& fleet, const std::vector<Job>& jobs, Policy policy,
-                   const Failures& failures) {
+                   const Failures& failures, const Preemption& preemption) {
   check(failures.node_mtbf_h >= 0 && failures.repair_h >= 0 && failures.checkpoint_min >= 0 &&
             failures.restart_min >= 0,
         "failures: MTBF, repair, checkpoint and restart times must not be negative");
-  return Simulation(fleet, jobs, policy, failures).run();
+  check(preemption.quantum_min > 0, "preemption: the quantum must be positive");
+  return Simulation(fleet, jobs, policy, failures, preemption).run();
 }
 
 }  // namespace loom::cluster

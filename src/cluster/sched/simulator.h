@@ -22,6 +22,9 @@ enum class Policy {
   sjf,       // shortest job first (its run time on its fastest chip type), skipping as backfill
   fastest,   // arrival order with skipping; each job on the chip type, among those with room,
              // where it finishes soonest (heterogeneity-aware)
+  las,       // least attained service first, preemptive (Tiresias' discretised LAS): every
+             // quantum, jobs in a lower service queue (under 1, 10, 100... chip-hours held)
+             // take the chips of jobs in higher ones, which checkpoint and wait
 };
 Policy parse_policy(const std::string& text);  // throws listing the policies
 const char* policy_name(Policy policy);
@@ -44,8 +47,13 @@ struct Failures {
   double node_mtbf_h = 0;
   double repair_h = 2;
   double checkpoint_min = 30;
-  double restart_min = 10;
+  double restart_min = 10;  // also what resuming a preempted job costs (las)
   std::uint64_t seed = 1;
+};
+
+// How often the preemptive policy (las) reconsiders who runs, between events.
+struct Preemption {
+  double quantum_min = 10;
 };
 
 struct PoolUse {
@@ -66,11 +74,11 @@ struct SimReport {
   // With failures: interruptions of running jobs, node failures in all, chip-hours of work
   // lost (rolled back to a checkpoint, or spent restarting), and goodput: the share of
   // held chip-hours that went into work that was kept.
-  std::int64_t interruptions = 0, node_failures = 0;
+  std::int64_t interruptions = 0, node_failures = 0, preemptions = 0;
   double lost_chip_hours = 0, goodput = 1;
 };
 
 SimReport simulate(const Fleet& fleet, const std::vector<Job>& jobs, Policy policy,
-                   const Failures& failures = {});
+                   const Failures& failures = {}, const Preemption& preemption = {});
 
 }  // namespace loom::cluster
