@@ -64,8 +64,8 @@ CLI::App* add_fleet_command(CLI::App& app, FleetOptions& o) {
 }
 
 namespace {
-int util_width(const Pool& p) {
-  return std::max(10, static_cast<int>(p.chip.size()) + 5);
+int util_width(const Fleet& fleet, std::size_t pool) {
+  return std::max(10, static_cast<int>(fleet.label(pool).size()) + 5);
 }
 
 // One CSV row per job and policy: where and when it ran (pool empty: it never ran).
@@ -81,7 +81,7 @@ void write_placements(const std::string& path, const Fleet& fleet, const std::ve
         const Placement& pl = r.placements[j];
         out << policy_name(r.policy) << ',' << jobs[j].id << ",\"" << jobs[j].name << "\","
             << jobs[j].chips << ',' << jobs[j].arrival_s << ','
-            << (pl.pool < 0 ? "" : fleet.pools[static_cast<std::size_t>(pl.pool)].chip) << ','
+            << (pl.pool < 0 ? "" : fleet.label(static_cast<std::size_t>(pl.pool))) << ','
             << pl.start_s << ',' << pl.end_s << ',' << pl.interruptions << '\n';
       }
     check(out.good(), path + ": writing the placements failed");
@@ -129,8 +129,8 @@ int run_fleet(const FleetOptions& o) {
                 source.c_str());
     std::printf("%-9s %9s %10s %10s %10s %10s %10s", "policy", "finished", "mean JCT", "median JCT",
                 "p99 JCT", "mean wait", "makespan");
-    for (const Pool& p : fleet.pools)
-      std::printf(" %*s", util_width(p), ("util " + p.chip).c_str());
+    for (std::size_t p = 0; p < fleet.pools.size(); ++p)
+      std::printf(" %*s", util_width(fleet, p), ("util " + fleet.label(p)).c_str());
     if (failing)
       std::printf(" %13s %11s %8s", "interruptions", "lost chip-h", "goodput");
     std::printf(" %9s\n", "sim time");
@@ -169,7 +169,7 @@ int run_fleet(const FleetOptions& o) {
                 static_cast<long long>(r.finished), r.mean_jct_s / 3600, r.median_jct_s / 3600,
                 r.p99_jct_s / 3600, r.mean_wait_s / 3600, r.makespan_s / 3600);
     for (std::size_t p = 0; p < r.pools.size(); ++p)
-      std::printf(" %*.1f%%", util_width(fleet.pools[p]) - 1, 100 * r.pools[p].utilization);
+      std::printf(" %*.1f%%", util_width(fleet, p) - 1, 100 * r.pools[p].utilization);
     if (failing)
       std::printf(" %13lld %11.0f %7.1f%%", static_cast<long long>(r.interruptions),
                   r.lost_chip_hours, 100 * r.goodput);

@@ -40,7 +40,9 @@ TEST(Fleet, SpecsAndFilesAreReadOrRefusedByName) {
       std::string::npos);
   EXPECT_NE(error_of([] { parse_fleet("v100"); }).find("is not CHIP:NODESxCHIPS"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_fleet("v100:2x4,v100:1x8"); }).find("chip 'v100' has two pools"),
+  EXPECT_NE(error_of([] {
+              parse_fleet("v100:2x4,v100:1x4");
+            }).find("two pools of chip 'v100' with 4 chips per node; make them one pool"),
             std::string::npos);
   std::string dir = temp_dir("fleet");
   std::ofstream(dir + "/fleet.yaml") << "pools:\n  - {chip: h100-sxm, nodes: 4}\n";
@@ -75,6 +77,24 @@ TEST(Simulator, FifoBlocksBehindItsHeadAndBackfillDoesNot) {
   EXPECT_EQ(backfill.placements[1].start_s, 100.0);
   EXPECT_LT(backfill.mean_jct_s, fifo.mean_jct_s);
   EXPECT_DOUBLE_EQ(fifo.makespan_s, 210.0);
+}
+
+TEST(Simulator, AChipTypeMayHavePoolsOfSeveralNodeSizes) {
+  // 1-chip and 8-chip nodes of one chip type: the single-chip jobs take the small nodes,
+  // the 8-chip job the big one, all at once.
+  Fleet f = parse_fleet("v100:2x1,v100:1x8");
+  EXPECT_EQ(f.label(0), "v100:2x1");
+  EXPECT_EQ(f.label(1), "v100:1x8");
+  std::vector<Job> jobs{job(0, 1, {{"v100", 10}}), job(0, 8, {{"v100", 10}}),
+                        job(0, 1, {{"v100", 10}})};
+  SimReport r = simulate(f, jobs, Policy::backfill);
+  EXPECT_EQ(r.finished, 3);
+  EXPECT_EQ(r.placements[0].pool, 0);
+  EXPECT_EQ(r.placements[1].pool, 1);
+  EXPECT_EQ(r.placements[2].pool, 0);
+  for (const Placement& p : r.placements)
+    EXPECT_EQ(p.start_s, 0.0);
+  EXPECT_EQ(r.pools[1].chip, "v100:1x8");
 }
 
 TEST(Simulator, SjfRunsTheShortestWaitingJobFirst) {

@@ -26,10 +26,11 @@ std::int64_t positive(const std::string& text, const std::string& what, const st
 
 void validate(const Fleet& fleet, const std::string& where) {
   check(!fleet.pools.empty(), where + ": a fleet needs at least one pool");
-  std::set<std::string> seen;
+  std::set<std::pair<std::string, std::int64_t>> seen;
   for (const Pool& p : fleet.pools)
-    check(seen.insert(p.chip).second,
-          where + ": chip '" + p.chip + "' has two pools; give each chip type one pool");
+    check(seen.insert({p.chip, p.chips_per_node}).second,
+          where + ": two pools of chip '" + p.chip + "' with " + std::to_string(p.chips_per_node) +
+              " chips per node; make them one pool");
 }
 
 }  // namespace
@@ -39,6 +40,14 @@ std::int64_t Fleet::chips() const {
   for (const Pool& p : pools)
     total += p.chips();
   return total;
+}
+
+std::string Fleet::label(std::size_t pool) const {
+  const Pool& p = pools.at(pool);
+  for (std::size_t q = 0; q < pools.size(); ++q)
+    if (q != pool && pools[q].chip == p.chip)
+      return p.chip + ":" + std::to_string(p.nodes) + "x" + std::to_string(p.chips_per_node);
+  return p.chip;
 }
 
 std::string Fleet::describe() const {

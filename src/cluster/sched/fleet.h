@@ -1,5 +1,5 @@
-// cluster/sched/fleet — what a fleet is made of: pools of identical nodes, each pool one
-// chip type. Read from a compact spec ("v100:38x8,p100:38x8") or a YAML file.
+// cluster/sched/fleet — what a fleet is made of: pools of identical nodes, each pool of
+// one chip type. Read from a compact spec ("v100:38x8,p100:38x8") or a YAML file.
 #pragma once
 
 #include <cstdint>
@@ -15,9 +15,14 @@ struct Pool {
   std::int64_t chips() const { return nodes * chips_per_node; }
 };
 
+// A chip type may have several pools of different node sizes (e.g. 1-, 4- and 8-GPU
+// nodes of one model); a job that can run on the chip type can run on any of them.
 struct Fleet {
   std::vector<Pool> pools;
   std::int64_t chips() const;
+  // The pool's name in reports: its chip, or "chip:NODESxCHIPS" when the chip has more
+  // than one pool.
+  std::string label(std::size_t pool) const;
   std::string describe() const;  // "v100:38x8, p100:38x8 (608 chips)"
 };
 

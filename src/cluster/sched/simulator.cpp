@@ -585,7 +585,7 @@ class Simulation {
     double held = 0;
     for (std::size_t p = 0; p < fleet_.pools.size(); ++p) {
       const double capacity = static_cast<double>(fleet_.pools[p].chips()) * r.makespan_s;
-      r.pools.push_back({fleet_.pools[p].chip, fleet_.pools[p].chips(), started_on_[p],
+      r.pools.push_back({fleet_.label(p), fleet_.pools[p].chips(), started_on_[p],
                          capacity > 0 ? busy_[p] / capacity : 0});
       held += busy_[p];
     }

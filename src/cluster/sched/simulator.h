@@ -57,7 +57,7 @@ struct Preemption {
 };
 
 struct PoolUse {
-  std::string chip;
+  std::string chip;  // the pool's label (Fleet::label)
   std::int64_t chips = 0, jobs = 0;
   double utilization = 0;  // allocated chip-seconds / (chips x makespan)
 };
