@@ -90,6 +90,22 @@ TEST(CudaEmulatorScheduler, AButterflyOfShufflesSumsTheWarp) {
     EXPECT_EQ(sums[t], t < 32 ? 496.0f : 1520.0f) << t;
 }
 
+TEST(CudaEmulatorScheduler, SyncwarpOrdersALanesWritesBeforeItsNeighboursRead) {
+  std::vector<int> slots(64, -1), read(64, -1);
+  emu::KernelProfile profile;
+  emu::run_grid(
+      "syncwarp", {1, 1, 1}, {64, 1, 1},
+      [&] {
+        unsigned t = emu::current_thread().linear;
+        slots[t] = static_cast<int>(t);
+        emu::shuffle_xor(0xffffffffu, 0, 0);  // what __syncwarp() is
+        read[t] = slots[(t & ~31u) | ((t + 1) & 31u)];
+      },
+      profile);
+  for (unsigned t = 0; t < 64; ++t)
+    EXPECT_EQ(read[t], static_cast<int>((t & ~31u) | ((t + 1) & 31u)));
+}
+
 TEST(CudaEmulatorScheduler, WhatHardwareLeavesUndefinedIsAnError) {
   // Lanes of one warp at a shuffle while the others wait at a barrier: a deadlock.
   EXPECT_NE(launch_error({1, 1, 1}, {32, 1, 1},

@@ -46,6 +46,34 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
   return value;
 }
 
+// __syncwarp: a barrier for the 32 lanes of the warp (a shuffle that exchanges nothing).
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::loom::cuda::emulator::shuffle_xor(mask, 0, 0);
+}
+
+// Atomics: emulated threads are fibers that switch only at barriers and shuffles, so a
+// read-modify-write here is never interleaved with another thread's.
+template <class T>
+T atomicAdd(T* address, T value) {
+  T old = *address;
+  *address = old + value;
+  return old;
+}
+template <class T>
+T atomicMax(T* address, T value) {
+  T old = *address;
+  *address = old < value ? value : old;
+  return old;
+}
+template <class T>
+T atomicCAS(T* address, T compare, T value) {
+  T old = *address;
+  if (old == compare)
+    *address = value;
+  return old;
+}
+inline void __threadfence() {}
+
 // Device math the host library lacks.
 inline float rsqrtf(float x) {
   return 1.0f / std::sqrt(x);
