@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "backends/cuda/cuda_backend_internal.h"
 #include "backends/cuda/kernel_args.h"
 #include "backends/cuda/kernels_fatbin.h"  // generated: loom_cuda_fatbin[], from kernels.cu
 #include "backends/device_ops.h"
@@ -13,25 +14,10 @@
 #include "core/error.h"
 
 namespace loom::cuda {
+
+using namespace detail;
+
 namespace {
-
-using i64 = long long;
-constexpr unsigned kBlock = 256;  // threads per block of the 1-D and row kernels
-constexpr unsigned kRowsPerBlock = kBlock / 32;
-
-CUdeviceptr address(const Buffer& b, std::size_t offset) {
-  return reinterpret_cast<CUdeviceptr>(b.data()) + offset;
-}
-template <class T = float>
-T* ptr(const Tensor& t) {
-  if (!t.defined())
-    return nullptr;
-  return reinterpret_cast<T*>(static_cast<std::byte*>(t.storage()->data()) +
-                              static_cast<std::size_t>(t.offset()) * dtype_size(t.dtype()));
-}
-i64 numel(const Tensor& t) {
-  return static_cast<i64>(t.numel());
-}
 
 class CudaStream final : public device_ops::DeviceStream {
  public:
@@ -201,18 +187,6 @@ CUfunction CudaBackend::function(const char* name) {
   return f;
 }
 
-template <class... Args>
-void CudaBackend::run(const char* name, unsigned grid_x, unsigned grid_y, unsigned block_x,
-                      unsigned block_y, Args... args) {
-  if (grid_x == 0 || grid_y == 0)
-    return;
-  // cuLaunchKernel copies the parameter values before it returns.
-  void* params[] = {const_cast<void*>(static_cast<const void*>(&args))...};
-  check_cu(api_.cuLaunchKernel(function(name), grid_x, grid_y, 1, block_x, block_y, 1, 0, stream_,
-                               params, nullptr),
-           name);
-}
-
 namespace {
 // Column sums over many rows run in chunks of rows, so that enough blocks share the work
 // (about 512 blocks in all, each over 256 rows or more); 1 when one block per 32 columns
@@ -236,19 +210,6 @@ void CudaBackend::sum_columns(const float* x, float* y, i64 rows, i64 cols, floa
   run("sum_cols", col_blocks, static_cast<unsigned>(chunks), 32, 32, x, ptr(partial), rows, cols,
       1.0f, (rows + chunks - 1) / chunks);
   run("sum_cols", col_blocks, 1, 32, 32, ptr<const float>(partial), y, chunks, cols, scale, chunks);
-}
-
-template <class... Args>
-void CudaBackend::run_1d(const char* name, i64 n, Args... args) {
-  // Grid-stride kernels: a bounded grid covers any n.
-  i64 blocks = std::min<i64>((n + kBlock - 1) / kBlock, 65536);
-  run(name, static_cast<unsigned>(blocks), 1, kBlock, 1, args...);
-}
-
-template <class... Args>
-void CudaBackend::run_rows(const char* name, i64 rows, Args... args) {
-  run(name, static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 1, kBlock, 1,
-      args...);
 }
 
 bool CudaBackend::supports(const OpCall& call) const {
@@ -299,243 +260,6 @@ bool CudaBackend::supports(const OpCall& call) const {
     default:
       return false;
   }
-}
-
-Tensor CudaBackend::bf16_copy_of(const float* data, i64 count) {
-  const auto begin = reinterpret_cast<std::uintptr_t>(data);
-  const auto end = begin + static_cast<std::uintptr_t>(count) * sizeof(float);
-  {
-    std::lock_guard lock(bf16_copies_mutex_);
-    for (const Bf16Copy& c : bf16_copies_)
-      if (c.begin == begin && c.end == end)
-        return c.copy;
-  }
-  Tensor copy = Tensor::empty({count}, DType::bf16, *this);
-  run_1d("to_bf16", count, data, ptr<void>(copy), count);
-  std::vector<Tensor> evicted;  // freed after the lock is released (release() locks it)
-  {
-    std::lock_guard lock(bf16_copies_mutex_);
-    const std::size_t bytes = static_cast<std::size_t>(count) * 2;
-    while (!bf16_copies_.empty() && bf16_copy_bytes_ + bytes > bf16_copy_budget_) {
-      bf16_copy_bytes_ -= static_cast<std::size_t>(bf16_copies_.front().copy.numel()) * 2;
-      evicted.push_back(std::move(bf16_copies_.front().copy));
-      bf16_copies_.erase(bf16_copies_.begin());
-    }
-    if (bytes <= bf16_copy_budget_) {
-      bf16_copies_.push_back({begin, end, copy});
-      bf16_copy_bytes_ += bytes;
-    }
-  }
-  return copy;
-}
-
-void CudaBackend::forget_copies_of(std::uintptr_t begin, std::uintptr_t end) noexcept {
-  std::vector<Tensor> stale;  // freed after the lock is released (their release locks it)
-  {
-    std::lock_guard lock(bf16_copies_mutex_);
-    for (std::size_t i = 0; i < bf16_copies_.size();) {
-      Bf16Copy& c = bf16_copies_[i];
-      if (c.begin < end && begin < c.end) {
-        bf16_copy_bytes_ -= static_cast<std::size_t>(c.copy.numel()) * 2;
-        stale.push_back(std::move(c.copy));
-        bf16_copies_.erase(bf16_copies_.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
-    }
-  }
-}
-
-void CudaBackend::gemm(bool ta, bool tb, i64 m, i64 n, i64 k, GemmOperand a, GemmOperand b, void* c,
-                       i64 ldc, i64 c_stride, i64 batch, float beta, bool c_bf16) {
-  if (m == 0 || n == 0 || batch == 0)
-    return;
-  const void* a_data = a.data;
-  const void* b_data = b.data;
-  cudaDataType operand_type = CUDA_R_32F;
-  Tensor a16, b16;  // the operands' bf16 copies, alive until the GEMM is enqueued
-  if (matmul_precision_ == DType::bf16) {
-    operand_type = CUDA_R_16BF;
-    if (a.bf16 == nullptr)
-      a16 = bf16_copy_of(a.data, a.numel);
-    if (b.bf16 == nullptr)
-      b16 = bf16_copy_of(b.data, b.numel);
-    a_data = a.bf16 != nullptr ? a.bf16 : ptr<void>(a16);
-    b_data = b.bf16 != nullptr ? b.bf16 : ptr<void>(b16);
-  } else {
-    check(a.bf16 == nullptr && b.bf16 == nullptr && !c_bf16,
-          "cuda: a bf16 GEMM operand or result under f32 products");
-  }
-  // cuBLAS is column-major: a row-major C = A B is the column-major C^T = B^T A^T.
-  const float alpha = 1.0f;
-  check_cublas(api_.cublasGemmStridedBatchedEx(
-                   cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b_data,
-                   operand_type, static_cast<int>(b.ld), b.batch_stride, a_data, operand_type,
-                   static_cast<int>(a.ld), a.batch_stride, &beta, c,
-                   c_bf16 ? CUDA_R_16BF : CUDA_R_32F, static_cast<int>(ldc), c_stride,
-                   static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmStridedBatchedEx");
-}
-
-void CudaBackend::matmul(const OpCall& call) {
-  const Tensor& a = call.inputs[0];
-  const Tensor& b = call.inputs[1];
-  const Tensor& c = call.outputs[0];
-  bool ta = call.attrs.trans_a, tb = call.attrs.trans_b;
-  i64 m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
-  GemmOperand ga{ptr(a), numel(a), a.dim(-1), 0}, gb{ptr(b), numel(b), b.dim(-1), 0};
-  if (k == 0) {  // an empty sum: C = 0
-    run_1d("fill", numel(c), ptr(c), numel(c), 0.0f);
-    return;
-  }
-  if (b.rank() == 2 && !ta) {  // fold the batch into M
-    gemm(ta, tb, numel(c) / std::max<i64>(n, 1), n, k, ga, gb, ptr(c), n, 0, 1, 0.0f);
-    return;
-  }
-  auto offsets = matmul_batch_offsets(a.shape(), b.shape(), c.shape());
-  // One strided-batched call when each operand's matrices are evenly spaced (broadcast: 0).
-  auto even = [&](auto member) {
-    if (offsets.size() < 2)
-      return true;
-    i64 step = member(offsets[1]) - member(offsets[0]);
-    for (std::size_t i = 1; i < offsets.size(); ++i)
-      if (member(offsets[i]) - member(offsets[i - 1]) != step)
-        return false;
-    return true;
-  };
-  auto first = [](const auto& p) { return static_cast<i64>(p.first); };
-  auto second = [](const auto& p) { return static_cast<i64>(p.second); };
-  if (even(first) && even(second)) {
-    ga.batch_stride = offsets.size() > 1 ? first(offsets[1]) - first(offsets[0]) : 0;
-    gb.batch_stride = offsets.size() > 1 ? second(offsets[1]) - second(offsets[0]) : 0;
-    gemm(ta, tb, m, n, k, ga, gb, ptr(c), n, m * n, static_cast<i64>(offsets.size()), 0.0f);
-    return;
-  }
-  for (std::size_t i = 0; i < offsets.size(); ++i) {
-    GemmOperand ai{ga.data + first(offsets[i]), ga.numel - first(offsets[i]), ga.ld, 0};
-    GemmOperand bi{gb.data + second(offsets[i]), gb.numel - second(offsets[i]), gb.ld, 0};
-    gemm(ta, tb, m, n, k, ai, bi, ptr(c) + static_cast<i64>(i) * m * n, n, 0, 1, 0.0f);
-  }
-}
-
-void CudaBackend::linear(const OpCall& call) {
-  // y = x w (+ b): the bias is broadcast into y first and the GEMM accumulates onto it.
-  const Tensor& x = call.inputs[0];
-  const Tensor& w = call.inputs[1];
-  const Tensor& bias = call.inputs[2];
-  const Tensor& y = call.outputs[0];
-  bool tb = call.attrs.trans_b;
-  i64 n = y.dim(-1), k = x.dim(-1), rows = n == 0 ? 0 : numel(y) / n;
-  if (bias.defined())
-    run_1d("broadcast_rows", numel(y), ptr(bias), ptr(y), numel(y), n);
-  if (k == 0) {
-    if (!bias.defined())
-      run_1d("fill", numel(y), ptr(y), numel(y), 0.0f);
-    return;
-  }
-  gemm(false, tb, rows, n, k, {ptr(x), numel(x), k, 0}, {ptr(w), numel(w), w.dim(-1), 0}, ptr(y), n,
-       0, 1, bias.defined() ? 1.0f : 0.0f);
-}
-
-namespace {
-// Causal attention runs in chunks of query rows: chunk [q0, q1) needs keys [0, q1) only,
-// so the score matrices hold about half of T x T (56% with 8 chunks) and so do the GEMMs.
-i64 attention_chunk(i64 T) {
-  const i64 chunk = std::max<i64>(64, (T + 7) / 8);
-  return (chunk + 15) / 16 * 16;
-}
-}  // namespace
-
-// A batched GEMM operand inside attention's buffers (f32, or bf16 under bf16 products),
-// from element `offset` on: matrices of leading dimension ld, one every `stride` elements.
-CudaBackend::GemmOperand CudaBackend::head_operand(const Tensor& t, i64 offset, i64 ld,
-                                                   i64 stride) {
-  const i64 count = numel(t) - offset;
-  if (t.dtype() == DType::bf16)
-    return {nullptr, count, ld, stride, ptr<std::uint16_t>(t) + offset};
-  return {ptr(t) + offset, count, ld, stride};
-}
-
-// Per chunk and (batch, head): S = q k^T, then P = causal softmax(scale S) in place,
-// out = P v (see kernels.cu). Scores and probabilities are f32 under f32 products and bf16
-// under bf16 products (written by the GEMM, read as the next GEMM's operand, as
-// PyTorch's eager attention does under autocast); the softmax itself computes in f32.
-void CudaBackend::attention_forward(const OpCall& call) {
-  const Tensor& qkv = call.inputs[0];
-  i64 B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = call.attrs.heads, D = C / H,
-      BH = B * H;
-  float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  i64 n = B * T * C;
-  const bool bf16 = matmul_precision_ == DType::bf16;
-  const DType operand_type = bf16 ? DType::bf16 : DType::f32;
-  Tensor q = Tensor::empty({n}, operand_type, *this), k = Tensor::empty({n}, operand_type, *this),
-         v = Tensor::empty({n}, operand_type, *this), o = Tensor::empty({n}, DType::f32, *this);
-  for (auto [part, col] : {std::pair{&q, 0LL}, {&k, C}, {&v, 2 * C}})
-    run_1d("heads_split", n, ptr(qkv), ptr<void>(*part), static_cast<int>(bf16), n, T, H, D, 3 * C,
-           col);
-  const i64 chunk = attention_chunk(T);
-  for (i64 q0 = 0; q0 < T; q0 += chunk) {
-    const i64 rows = std::min(chunk, T - q0), keys = q0 + rows, ns = BH * rows * keys;
-    Tensor s = Tensor::empty({ns}, operand_type, *this);
-    gemm(false, true, rows, keys, D, head_operand(q, q0 * D, D, T * D),
-         head_operand(k, 0, D, T * D), ptr<void>(s), keys, rows * keys, BH, 0.0f, bf16);
-    run_rows("causal_softmax", BH * rows, ptr<void>(s), static_cast<int>(bf16),
-             ptr(call.outputs[1]), BH * rows, rows, keys, T, q0, scale);
-    gemm(false, false, rows, D, keys, head_operand(s, 0, keys, rows * keys),
-         head_operand(v, 0, D, T * D), ptr(o) + q0 * D, D, T * D, BH, 0.0f);
-  }
-  run_1d("heads_merge", n, ptr(o), ptr(call.outputs[0]), n, T, H, D, C, 0LL);
-}
-
-// Per chunk, with S recomputed and P from the saved lse: dP = dO v^T, then in place
-// P and dS = scale P (dP - rowsum(dO * O)); dQ = dS k for the chunk's rows, and
-// dV += P^T dO, dK += dS^T q over the keys it reaches.
-void CudaBackend::attention_backward(const OpCall& call) {
-  const Tensor& dout = call.inputs[0];
-  const Tensor& qkv = call.inputs[1];
-  const Tensor& out = call.inputs[2];
-  const Tensor& lse = call.inputs[3];
-  const Tensor& dqkv = call.outputs[0];
-  i64 B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = call.attrs.heads, D = C / H,
-      BH = B * H;
-  float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  i64 n = B * T * C;
-  const bool bf16 = matmul_precision_ == DType::bf16;
-  const DType operand_type = bf16 ? DType::bf16 : DType::f32;
-  auto scratch = [&](i64 count) { return Tensor::empty({count}, DType::f32, *this); };
-  auto operand_scratch = [&](i64 count) { return Tensor::empty({count}, operand_type, *this); };
-  Tensor q = operand_scratch(n), k = operand_scratch(n), v = operand_scratch(n),
-         d_o = operand_scratch(n);
-  for (auto [part, col] : {std::pair{&q, 0LL}, {&k, C}, {&v, 2 * C}})
-    run_1d("heads_split", n, ptr(qkv), ptr<void>(*part), static_cast<int>(bf16), n, T, H, D, 3 * C,
-           col);
-  run_1d("heads_split", n, ptr(dout), ptr<void>(d_o), static_cast<int>(bf16), n, T, H, D, C, 0LL);
-  Tensor delta = scratch(BH * T), dq = scratch(n), dk = scratch(n), dv = scratch(n);
-  run_1d("attention_delta", BH * T, ptr(dout), ptr(out), ptr(delta), BH * T, T, H, D);
-  run_1d("fill", n, ptr(dk), n, 0.0f);  // dK and dV accumulate over the chunks
-  run_1d("fill", n, ptr(dv), n, 0.0f);
-  const i64 chunk = attention_chunk(T);
-  for (i64 q0 = 0; q0 < T; q0 += chunk) {
-    const i64 rows = std::min(chunk, T - q0), keys = q0 + rows, ns = BH * rows * keys;
-    GemmOperand q_rows = head_operand(q, q0 * D, D, T * D);
-    GemmOperand do_rows = head_operand(d_o, q0 * D, D, T * D);
-    GemmOperand k_all = head_operand(k, 0, D, T * D), v_all = head_operand(v, 0, D, T * D);
-    Tensor s = operand_scratch(ns), dp = operand_scratch(ns);
-    gemm(false, true, rows, keys, D, q_rows, k_all, ptr<void>(s), keys, rows * keys, BH, 0.0f,
-         bf16);
-    gemm(false, true, rows, keys, D, do_rows, v_all, ptr<void>(dp), keys, rows * keys, BH, 0.0f,
-         bf16);
-    run_1d("attention_backward_scores", ns, ptr<void>(s), ptr<void>(dp), static_cast<int>(bf16),
-           ptr(lse), ptr<const float>(delta), ns, rows, keys, T, q0, scale);
-    GemmOperand p = head_operand(s, 0, keys, rows * keys);
-    GemmOperand ds = head_operand(dp, 0, keys, rows * keys);
-    gemm(true, false, keys, D, rows, p, do_rows, ptr(dv), D, T * D, BH, 1.0f);
-    gemm(false, false, rows, D, keys, ds, k_all, ptr(dq) + q0 * D, D, T * D, BH, 0.0f);
-    gemm(true, false, keys, D, rows, ds, q_rows, ptr(dk), D, T * D, BH, 1.0f);
-  }
-  for (auto [part, col] : {std::pair{&dq, 0LL}, {&dk, C}, {&dv, 2 * C}})
-    run_1d("heads_merge", n, ptr(*part), ptr(dqkv), n, T, H, D, 3 * C, col);
 }
 
 void CudaBackend::embedding_backward(const OpCall& call) {
