@@ -13,6 +13,17 @@ using namespace detail;
 namespace {
 // Causal attention runs in chunks of query rows: chunk [q0, q1) needs keys [0, q1) only,
 // so the score matrices hold about half of T x T (56% with 8 chunks) and so do the GEMMs.
+// qkv [B, T, 3C] with H heads of width D = C / H: B T C elements per q, k, v; scores
+// scaled by 1 / sqrt(D).
+struct AttentionShape {
+  i64 B, T, C, H, D, BH, n;
+  float scale;
+};
+AttentionShape attention_shape(const Tensor& qkv, i64 heads) {
+  const i64 B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, D = C / heads;
+  return {B, T, C, heads, D, B * heads, B * T * C, 1.0f / std::sqrt(static_cast<float>(D))};
+}
+
 i64 attention_chunk(i64 T) {
   const i64 chunk = std::max<i64>(64, (T + 7) / 8);
   return (chunk + 15) / 16 * 16;
@@ -35,10 +46,7 @@ CudaBackend::GemmOperand CudaBackend::head_operand(const Tensor& t, i64 offset, 
 // PyTorch's eager attention does under autocast); the softmax itself computes in f32.
 void CudaBackend::attention_forward(const OpCall& call) {
   const Tensor& qkv = call.inputs[0];
-  i64 B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = call.attrs.heads, D = C / H,
-      BH = B * H;
-  float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  i64 n = B * T * C;
+  const auto [B, T, C, H, D, BH, n, scale] = attention_shape(qkv, call.attrs.heads);
   const bool bf16 = matmul_precision_ == DType::bf16;
   const DType operand_type = bf16 ? DType::bf16 : DType::f32;
   Tensor q = Tensor::empty({n}, operand_type, *this), k = Tensor::empty({n}, operand_type, *this),
@@ -69,10 +77,7 @@ void CudaBackend::attention_backward(const OpCall& call) {
   const Tensor& out = call.inputs[2];
   const Tensor& lse = call.inputs[3];
   const Tensor& dqkv = call.outputs[0];
-  i64 B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, H = call.attrs.heads, D = C / H,
-      BH = B * H;
-  float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  i64 n = B * T * C;
+  const auto [B, T, C, H, D, BH, n, scale] = attention_shape(qkv, call.attrs.heads);
   const bool bf16 = matmul_precision_ == DType::bf16;
   const DType operand_type = bf16 ? DType::bf16 : DType::f32;
   auto scratch = [&](i64 count) { return Tensor::empty({count}, DType::f32, *this); };

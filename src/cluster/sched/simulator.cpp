@@ -256,21 +256,28 @@ class Simulation {
     report_.placements[j].end_s = now;
     ++report_.finished;
   }
-  // A failure stops job j: the work since its last checkpoint is lost, and it waits again.
-  void interrupt(std::size_t j, double now) {
+  // Stops job j's run at `now`, keeping `kept_seconds` of its work (at this pool's speed);
+  // the rest of the run, restart included, is lost. Its completion event goes stale.
+  void stop_keeping(std::size_t j, double now, double kept_seconds) {
     const Run run = run_[j];
     const double footprint =
         static_cast<double>(pools_[static_cast<std::size_t>(run.pool)].footprint(jobs_[j].chips));
     stop(j, now);
-    const double worked = std::max(0.0, now - run.start - run.overhead);
-    const double interval = failures_.checkpoint_min * 60;
-    const double saved = interval > 0 ? std::floor(worked / interval) * interval : 0;
-    left_[j] = std::max(0.0, left_[j] - saved / seconds_on(j, run.pool));
-    kept_ += saved * footprint;
-    report_.lost_chip_hours += (now - run.start - saved) * footprint / 3600;
-    ++generation_[j];  // its completion event is now stale
-    ++report_.interruptions;
+    left_[j] = std::max(0.0, left_[j] - kept_seconds / seconds_on(j, run.pool));
+    kept_ += kept_seconds * footprint;
+    report_.lost_chip_hours += (now - run.start - kept_seconds) * footprint / 3600;
+    ++generation_[j];
     stopped_[j] = true;
+  }
+  double worked(std::size_t j, double now) const {
+    return std::max(0.0, now - run_[j].start - run_[j].overhead);
+  }
+
+  // A failure stops job j: the work since its last checkpoint is lost, and it waits again.
+  void interrupt(std::size_t j, double now) {
+    const double interval = failures_.checkpoint_min * 60;
+    stop_keeping(j, now, interval > 0 ? std::floor(worked(j, now) / interval) * interval : 0);
+    ++report_.interruptions;
     if (++report_.placements[j].interruptions > kMaxInterruptions) {
       // No progress to speak of: without this the simulation could run forever.
       report_.abandoned.push_back(
@@ -287,17 +294,8 @@ class Simulation {
   // The preemptive policy stops job j: it checkpoints first, so only the restart it spent
   // is lost, and it waits again with the service it has had.
   void preempt(std::size_t j, double now) {
-    const Run run = run_[j];
-    const double footprint =
-        static_cast<double>(pools_[static_cast<std::size_t>(run.pool)].footprint(jobs_[j].chips));
-    stop(j, now);
-    const double worked = std::max(0.0, now - run.start - run.overhead);
-    left_[j] = std::max(0.0, left_[j] - worked / seconds_on(j, run.pool));
-    kept_ += worked * footprint;
-    report_.lost_chip_hours += (now - run.start - worked) * footprint / 3600;
-    ++generation_[j];
+    stop_keeping(j, now, worked(j, now));
     ++report_.preemptions;
-    stopped_[j] = true;
     enqueue(j);
   }
 
