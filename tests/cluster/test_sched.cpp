@@ -177,6 +177,27 @@ TEST(Jobs, TrainingJobRunTimesComeFromThePerformanceModel) {
     ASSERT_GT(rate, 0) << chip;
     EXPECT_DOUBLE_EQ(jobs[0].seconds_on.at(chip), 2e10 / rate) << chip;
   }
+  std::ofstream(dir + "/chips.yaml") << "jobs:\n  - {model: llama3-8b, tokens: 1e9, chips: 6.5}\n";
+  EXPECT_NE(error_of([&] {
+              load_training_jobs(dir + "/chips.yaml", catalog, f);
+            }).find("chips.yaml: jobs[0]: field 'chips' is 6.5, expected a positive integer"),
+            std::string::npos);
+  // Jobs that differ only in their batch get their own run times (the throughput cache
+  // keys on every fixed part of the layout).
+  std::ofstream(dir + "/batches.yaml")
+      << "jobs:\n  - {model: llama3-8b, tokens: 2e10, chips: 64, global_batch: 64, seq: 8192}\n"
+      << "  - {model: llama3-8b, tokens: 2e10, chips: 64, global_batch: 1024, seq: 8192}\n";
+  std::vector<Job> batches = load_training_jobs(dir + "/batches.yaml", catalog, f);
+  for (std::size_t i = 0; i < 2; ++i) {
+    Constraints fixed;
+    fixed.global_batch = i == 0 ? 64 : 1024;
+    fixed.seq = 8192;
+    double rate = ThroughputCache().tokens_per_s(catalog.model("llama3-8b"),
+                                                 catalog.chip("h100-sxm"), 64, fixed);
+    ASSERT_GT(rate, 0);
+    EXPECT_DOUBLE_EQ(batches[i].seconds_on.at("h100-sxm"), 2e10 / rate) << i;
+  }
+  EXPECT_NE(batches[0].seconds_on.at("h100-sxm"), batches[1].seconds_on.at("h100-sxm"));
   std::ofstream(dir + "/bad.yaml") << "jobs:\n  - {model: llama3-8b, chips: 64}\n";
   EXPECT_NE(error_of([&] {
               load_training_jobs(dir + "/bad.yaml", catalog, f);

@@ -143,8 +143,10 @@ std::vector<Job> load_training_jobs(const std::string& path, const Catalog& cata
     const Model& model = catalog.model(job.name);
     const double tokens = parse_number(text("tokens"), where + ": field 'tokens'");
     const double chips = parse_number(text("chips"), where + ": field 'chips'");
-    check(tokens > 0 && chips >= 1 && chips == std::floor(chips),
-          where + ": tokens must be positive and chips a positive integer");
+    check(tokens > 0,
+          where + ": field 'tokens' is " + text("tokens") + ", expected a positive number");
+    check(chips >= 1 && chips == std::floor(chips),
+          where + ": field 'chips' is " + text("chips") + ", expected a positive integer");
     job.chips = static_cast<std::int64_t>(chips);
     job.arrival_s = e["arrival_h"]
                         ? 3600.0 * parse_number(text("arrival_h"), where + ": field 'arrival_h'")
