@@ -20,7 +20,8 @@ namespace loom::cuda {
   X(cuDriverGetVersion)                                                                           \
   X(cuDeviceGetCount)                                                                             \
   X(cuDeviceGet)                                                                                  \
-  X(cuDeviceGetName) X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)      \
+  X(cuDeviceGetName)                                                                              \
+  X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)                         \
       X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuGetErrorString) X(cuGetErrorName)       \
           X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuDeviceGetDefaultMemPool)                       \
               X(cuMemPoolSetAttribute) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoDAsync)       \

@@ -101,6 +101,7 @@ CudaBackend::~CudaBackend() {
   {
     std::lock_guard lock(bf16_copies_mutex_);
     copies.swap(bf16_copies_);
+    bf16_copy_count_.store(0);
   }
   copies.clear();
   if (stream_ != nullptr)

@@ -7,6 +7,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -92,6 +93,7 @@ class CudaBackend final : public Backend {
   std::vector<Bf16Copy> bf16_copies_;
   std::size_t bf16_copy_bytes_ = 0, bf16_copy_budget_ = 0;
   std::mutex bf16_copies_mutex_;
+  std::atomic<std::size_t> bf16_copy_count_{0};  // bf16_copies_.size(), read without the lock
 
   const Api& api_;
   CUdevice device_;

@@ -31,15 +31,19 @@ Tensor CudaBackend::bf16_copy_of(const float* data, i64 count) {
       evicted.push_back(std::move(bf16_copies_.front().copy));
       bf16_copies_.erase(bf16_copies_.begin());
     }
+    bf16_copy_count_.store(bf16_copies_.size());
     if (bytes <= bf16_copy_budget_) {
       bf16_copies_.push_back({begin, end, copy});
       bf16_copy_bytes_ += bytes;
+      bf16_copy_count_.store(bf16_copies_.size());
     }
   }
   return copy;
 }
 
 void CudaBackend::forget_copies_of(std::uintptr_t begin, std::uintptr_t end) noexcept {
+  if (bf16_copy_count_.load(std::memory_order_relaxed) == 0)
+    return;                   // f32 products keep no copies: launches skip the lock
   std::vector<Tensor> stale;  // freed after the lock is released (their release locks it)
   {
     std::lock_guard lock(bf16_copies_mutex_);
@@ -53,6 +57,7 @@ void CudaBackend::forget_copies_of(std::uintptr_t begin, std::uintptr_t end) noe
         ++i;
       }
     }
+    bf16_copy_count_.store(bf16_copies_.size());
   }
 }
 
