@@ -56,31 +56,39 @@ inline std::optional<BinaryPlan> plan_binary(OpId op, const Shape& a, const Shap
   return BinaryPlan{code, other_left, mode, std::max<std::int64_t>(r.period, 1)};
 }
 
-// Codes of the `unary` kernels: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha,
-// 6 sqrt, 7 erf.
-inline int unary_code(OpId op) {
-  switch (op) {
-    case OpId::exp:
-      return 0;
-    case OpId::log:
-      return 1;
-    case OpId::tanh:
-      return 2;
-    case OpId::relu:
-      return 3;
-    case OpId::gelu:
-      return 4;
-    case OpId::sqrt:
-      return 6;
-    case OpId::erf:
-      return 7;
-    default:
-      return 5;
-  }
+// Codes of the `unary` kernels (kernels.cl, kernels.cu): each table entry names its own.
+enum class UnaryKernel : int {
+  exp = 0,
+  log = 1,
+  tanh = 2,
+  relu = 3,
+  gelu = 4,
+  scale = 5,
+  sqrt = 6,
+  erf = 7
+};
+// Codes of the `unary_backward` kernels: relu (dy, x), gelu (dy, x), tanh (dy, y).
+enum class UnaryBackwardKernel : int { relu = 0, gelu = 1, tanh = 2 };
+
+// Conditions the device backends' kernel tables share (backends/kernel_table.h).
+inline bool f32_fill(const OpCall& call) {
+  return f32_except_ids(call) && call.attrs.dtype == DType::f32;
 }
-// Codes of the `unary_backward` kernels: 0 relu (dy, x), 1 gelu (dy, x), 2 tanh (dy, y).
-inline int unary_backward_code(OpId op) {
-  return op == OpId::relu_backward ? 0 : op == OpId::gelu_backward ? 1 : 2;
+// A broadcasting binary op that one `binary` kernel can run (plan_binary).
+inline bool f32_binary_one_kernel(const OpCall& call) {
+  return f32_except_ids(call) &&
+         plan_binary(call.op, call.inputs[0].shape(), call.inputs[1].shape()).has_value();
+}
+// A sum over trailing axes (rows) or leading axes (columns).
+inline bool f32_sum_rows_or_cols(const OpCall& call) {
+  return f32_except_ids(call) &&
+         classify_reduction(call.inputs[0], call.attrs.axes) != ReduceShape::unsupported;
+}
+// A max over the last axis.
+inline bool f32_max_last_axis(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  return f32_except_ids(call) && x.rank() >= 1 &&
+         normalize_axis(call.attrs.axis, x.rank(), "max") == x.rank() - 1;
 }
 
 // AdamW's step-dependent scalars: p <- p decay - step_size m / (sqrt(v) inv_sqrt_bc2 + eps),

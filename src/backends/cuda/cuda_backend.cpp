@@ -10,6 +10,7 @@
 #include "backends/cuda/kernel_args.h"
 #include "backends/cuda/kernels_fatbin.h"  // generated: loom_cuda_fatbin[], from kernels.cu
 #include "backends/device_ops.h"
+#include "backends/kernel_table.h"
 #include "core/broadcast.h"
 #include "core/error.h"
 
@@ -213,56 +214,6 @@ void CudaBackend::sum_columns(const float* x, float* y, i64 rows, i64 cols, floa
   run("sum_cols", col_blocks, 1, 32, 32, ptr<const float>(partial), y, chunks, cols, scale, chunks);
 }
 
-bool CudaBackend::supports(const OpCall& call) const {
-  if (!device_ops::f32_except_ids(call))
-    return false;
-  switch (call.op) {
-    case OpId::copy:
-      return call.inputs[0].rank() <= kMaxCopyRank;
-    case OpId::fill:
-      return call.attrs.dtype == DType::f32;
-    case OpId::add:
-    case OpId::sub:
-    case OpId::mul:
-    case OpId::div:
-      return device_ops::plan_binary(call.op, call.inputs[0].shape(), call.inputs[1].shape())
-          .has_value();
-    case OpId::sum:
-      return classify_reduction(call.inputs[0], call.attrs.axes) != ReduceShape::unsupported;
-    case OpId::max:
-      return call.inputs[0].rank() >= 1 && normalize_axis(call.attrs.axis, call.inputs[0].rank(),
-                                                          "max") == call.inputs[0].rank() - 1;
-    case OpId::linear:
-      return call.inputs[1].rank() == 2;
-    case OpId::slice_backward:
-    case OpId::sum_squares:
-    case OpId::scale:
-    case OpId::exp:
-    case OpId::log:
-    case OpId::tanh:
-    case OpId::sqrt:
-    case OpId::erf:
-    case OpId::relu:
-    case OpId::gelu:
-    case OpId::relu_backward:
-    case OpId::gelu_backward:
-    case OpId::tanh_backward:
-    case OpId::matmul:
-    case OpId::layer_norm:
-    case OpId::layer_norm_backward:
-    case OpId::embedding:
-    case OpId::embedding_backward:
-    case OpId::cross_entropy:
-    case OpId::cross_entropy_backward:
-    case OpId::causal_attention:
-    case OpId::causal_attention_backward:
-    case OpId::adamw_step:
-      return true;
-    default:
-      return false;
-  }
-}
-
 void CudaBackend::embedding_backward(const OpCall& call) {
   const Tensor& dy = call.inputs[0];
   const Tensor& dw = call.outputs[0];
@@ -300,10 +251,218 @@ void CudaBackend::embedding_backward(const OpCall& call) {
       ptr<const int>(d_start), ptr<const int>(d_id), ptr(dw), c);
 }
 
-void CudaBackend::launch(const OpCall& call, Stream&) {
+void CudaBackend::fill(const OpCall& call) {
+  Tensor& y = call.outputs[0];
+  run_1d("fill", numel(y), ptr(y), numel(y), static_cast<float>(call.attrs.alpha));
+}
+
+void CudaBackend::binary(const OpCall& call) {
+  const auto& in = call.inputs;
+  Tensor& y = call.outputs[0];
+  device_ops::BinaryPlan plan = *device_ops::plan_binary(call.op, in[0].shape(), in[1].shape());
+  const Tensor& full = plan.other_left ? in[1] : in[0];
+  const Tensor& other = plan.other_left ? in[0] : in[1];
+  run_1d("binary", numel(y), plan.op, ptr(full), ptr(other), ptr(y), numel(y), plan.mode,
+         static_cast<i64>(plan.period), static_cast<int>(plan.other_left));
+}
+
+template <device_ops::UnaryKernel Code>
+void CudaBackend::unary(const OpCall& call) {
+  Tensor& y = call.outputs[0];
+  run_1d("unary", numel(y), static_cast<int>(Code), ptr(call.inputs[0]), ptr(y), numel(y),
+         static_cast<float>(call.attrs.alpha));
+}
+
+template <device_ops::UnaryBackwardKernel Code>
+void CudaBackend::unary_backward(const OpCall& call) {
+  Tensor& dx = call.outputs[0];
+  run_1d("unary_backward", numel(dx), static_cast<int>(Code), ptr(call.inputs[0]),
+         ptr(call.inputs[1]), ptr(dx), numel(dx));
+}
+
+// sum over the axes of a row or column layout; max over the last axis (a row layout).
+void CudaBackend::reduce(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  Tensor& y = call.outputs[0];
+  std::vector<std::int64_t> axes =
+      call.op == OpId::max ? std::vector<std::int64_t>{call.attrs.axis} : call.attrs.axes;
+  i64 cols = std::max<i64>(numel(y), 1), rows = numel(x) / cols;  // the cols layout
+  if (classify_reduction(x, axes) == ReduceShape::rows) {
+    rows = numel(y);
+    cols = rows == 0 ? 0 : numel(x) / rows;
+    run_rows("reduce_rows", rows, static_cast<int>(call.op == OpId::max), ptr(x), ptr(y), rows,
+             cols, 1.0f);
+    return;
+  }
+  sum_columns(ptr(x), ptr(y), rows, cols, 1.0f);
+}
+
+void CudaBackend::copy(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  Tensor& y = call.outputs[0];
+  StridedView view{x.rank(), {}, {}};
+  for (int d = 0; d < x.rank(); ++d) {
+    view.shape[d] = x.shape()[d];
+    view.stride[d] = x.strides()[d];
+  }
+  run_1d("copy_strided", numel(y), ptr(x), ptr(y), numel(y), view);
+}
+
+void CudaBackend::slice_backward(const OpCall& call) {
+  const Tensor& dy = call.inputs[0];
+  Tensor& dx = call.outputs[0];
+  int axis = normalize_axis(call.attrs.axis, dx.rank(), "slice_backward");
+  i64 inner = 1;
+  for (int d = axis + 1; d < dx.rank(); ++d)
+    inner *= dx.shape()[d];
+  run_1d("slice_backward", numel(dx), ptr(dy), ptr(dx), numel(dx),
+         static_cast<i64>(dx.shape()[axis]), static_cast<i64>(dy.shape()[axis]), inner,
+         static_cast<i64>(call.attrs.start));
+}
+
+void CudaBackend::sum_squares(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  i64 total = numel(x), blocks = std::clamp<i64>((total + kBlock - 1) / kBlock, 1, 1024);
+  Tensor partial = Tensor::empty({blocks}, DType::f32, *this);
+  run("sum_squares_partial", static_cast<unsigned>(blocks), 1, kBlock, 1, ptr(x), total,
+      ptr(partial));
+  run_rows("reduce_rows", 1, 0, ptr(partial), ptr(call.outputs[0]), i64{1}, blocks, 1.0f);
+}
+
+void CudaBackend::embedding(const OpCall& call) {
+  const Tensor &table = call.inputs[0], &ids = call.inputs[1];
+  Tensor& y = call.outputs[0];
+  device_ops::checked_ids(ids, table.dim(0), "embedding");
+  run_1d("embedding", numel(y), ptr(table), ptr<const int>(ids), ptr(y), numel(y),
+         static_cast<i64>(table.dim(1)));
+}
+
+void CudaBackend::cross_entropy(const OpCall& call) {
+  const Tensor &logits = call.inputs[0], &targets = call.inputs[1];
+  auto& out = call.outputs;
+  i64 rows = logits.dim(0), v = logits.dim(1);
+  device_ops::checked_ids(targets, v, "cross_entropy");
+  if (rows == 0) {
+    run_1d("fill", 1, ptr(out[0]), i64{1}, 0.0f);
+    return;
+  }
+  Tensor row_loss = Tensor::empty({rows}, DType::f32, *this);
+  run("cross_entropy_rows", static_cast<unsigned>(rows), 1, kBlock, 1, ptr(logits),
+      ptr<const int>(targets), ptr(out[1]), ptr(row_loss), v);
+  run_rows("reduce_rows", 1, 0, ptr(row_loss), ptr(out[0]), i64{1}, rows,
+           1.0f / static_cast<float>(rows));
+}
+
+void CudaBackend::cross_entropy_backward(const OpCall& call) {
+  const auto& in = call.inputs;
+  Tensor& dx = call.outputs[0];
+  const Tensor& logits = in[1];
+  device_ops::checked_ids(in[2], logits.dim(1), "cross_entropy_backward");
+  float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
+  run_1d("cross_entropy_backward", numel(dx), ptr(in[0]), ptr(logits), ptr<const int>(in[2]),
+         ptr(in[3]), ptr(dx), numel(dx), static_cast<i64>(logits.dim(1)), inv);
+}
+
+void CudaBackend::layer_norm(const OpCall& call) {
   const auto& in = call.inputs;
   auto& out = call.outputs;
-  for (const Tensor& t : out) {  // bf16 copies of the bytes this call writes go stale
+  const Tensor& x = in[0];
+  i64 c = x.dim(-1), rows = c == 0 ? 0 : numel(x) / c;
+  run_rows("layer_norm_forward", rows, ptr(x), ptr(in[1]), ptr(in[2]), ptr(out[0]), ptr(out[1]),
+           ptr(out[2]), rows, c, static_cast<float>(call.attrs.eps));
+}
+
+void CudaBackend::layer_norm_backward(const OpCall& call) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  const Tensor& x = in[1];
+  i64 c = x.dim(-1), rows = c == 0 ? 0 : numel(x) / c;
+  run_rows("layer_norm_backward_rows", rows, ptr(in[0]), ptr(x), ptr(in[2]), ptr(in[3]), ptr(in[4]),
+           ptr(out[0]), rows, c);
+  const unsigned col_blocks = static_cast<unsigned>((c + 31) / 32);
+  const i64 chunks = row_chunks(rows, c);
+  if (chunks == 1) {
+    run("layer_norm_backward_cols", col_blocks, 1, 32, 32, ptr(in[0]), ptr(x), ptr(in[3]),
+        ptr(in[4]), ptr(out[1]), ptr(out[2]), rows, c, rows);
+    return;
+  }
+  Tensor dw = Tensor::empty({chunks * c}, DType::f32, *this),
+         db = Tensor::empty({chunks * c}, DType::f32, *this);
+  run("layer_norm_backward_cols", col_blocks, static_cast<unsigned>(chunks), 32, 32, ptr(in[0]),
+      ptr(x), ptr(in[3]), ptr(in[4]), ptr(dw), ptr(db), rows, c, (rows + chunks - 1) / chunks);
+  sum_columns(ptr(dw), ptr(out[1]), chunks, c, 1.0f);
+  sum_columns(ptr(db), ptr(out[2]), chunks, c, 1.0f);
+}
+
+void CudaBackend::adamw(const OpCall& call) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  const Attrs& a = call.attrs;
+  auto [step_size, inv_sqrt_bc2, decay] = device_ops::adamw_scalars(a);
+  run_1d("adamw", numel(out[0]), ptr(in[0]), ptr(in[1]), ptr(in[2]), ptr(in[3]), ptr(out[0]),
+         ptr(out[1]), ptr(out[2]), numel(out[0]), static_cast<float>(a.beta1),
+         static_cast<float>(a.beta2), step_size, inv_sqrt_bc2, decay, static_cast<float>(a.eps));
+}
+
+namespace {
+bool f32_copy(const OpCall& call) {
+  return device_ops::f32_except_ids(call) && call.inputs[0].rank() <= kMaxCopyRank;
+}
+bool f32_linear(const OpCall& call) {
+  return device_ops::f32_except_ids(call) && call.inputs[1].rank() == 2;
+}
+}  // namespace
+
+// The native kernels, once: supports() and launch() both read this table.
+const KernelTable<CudaBackend>& CudaBackend::kernels() {
+  using B = CudaBackend;
+  using device_ops::UnaryBackwardKernel;
+  using device_ops::UnaryKernel;
+  constexpr auto f32 = device_ops::f32_except_ids;
+  static const KernelTable<B> table(
+      "cuda", {
+                  {OpId::fill, device_ops::f32_fill, &B::fill},
+                  {OpId::copy, f32_copy, &B::copy},
+                  {OpId::add, device_ops::f32_binary_one_kernel, &B::binary},
+                  {OpId::sub, device_ops::f32_binary_one_kernel, &B::binary},
+                  {OpId::mul, device_ops::f32_binary_one_kernel, &B::binary},
+                  {OpId::div, device_ops::f32_binary_one_kernel, &B::binary},
+                  {OpId::exp, f32, &B::unary<UnaryKernel::exp>},
+                  {OpId::log, f32, &B::unary<UnaryKernel::log>},
+                  {OpId::tanh, f32, &B::unary<UnaryKernel::tanh>},
+                  {OpId::relu, f32, &B::unary<UnaryKernel::relu>},
+                  {OpId::gelu, f32, &B::unary<UnaryKernel::gelu>},
+                  {OpId::scale, f32, &B::unary<UnaryKernel::scale>},
+                  {OpId::sqrt, f32, &B::unary<UnaryKernel::sqrt>},
+                  {OpId::erf, f32, &B::unary<UnaryKernel::erf>},
+                  {OpId::relu_backward, f32, &B::unary_backward<UnaryBackwardKernel::relu>},
+                  {OpId::gelu_backward, f32, &B::unary_backward<UnaryBackwardKernel::gelu>},
+                  {OpId::tanh_backward, f32, &B::unary_backward<UnaryBackwardKernel::tanh>},
+                  {OpId::sum, device_ops::f32_sum_rows_or_cols, &B::reduce},
+                  {OpId::max, device_ops::f32_max_last_axis, &B::reduce},
+                  {OpId::matmul, f32, &B::matmul},
+                  {OpId::linear, f32_linear, &B::linear},
+                  {OpId::slice_backward, f32, &B::slice_backward},
+                  {OpId::sum_squares, f32, &B::sum_squares},
+                  {OpId::layer_norm, f32, &B::layer_norm},
+                  {OpId::layer_norm_backward, f32, &B::layer_norm_backward},
+                  {OpId::embedding, f32, &B::embedding},
+                  {OpId::embedding_backward, f32, &B::embedding_backward},
+                  {OpId::cross_entropy, f32, &B::cross_entropy},
+                  {OpId::cross_entropy_backward, f32, &B::cross_entropy_backward},
+                  {OpId::causal_attention, f32, &B::attention_forward},
+                  {OpId::causal_attention_backward, f32, &B::attention_backward},
+                  {OpId::adamw_step, f32, &B::adamw},
+              });
+  return table;
+}
+
+bool CudaBackend::supports(const OpCall& call) const {
+  return kernels().supports(call);
+}
+
+void CudaBackend::launch(const OpCall& call, Stream&) {
+  for (const Tensor& t : call.outputs) {  // bf16 copies of the bytes this call writes go stale
     if (!t.defined())
       continue;
     const auto storage = reinterpret_cast<std::uintptr_t>(t.storage()->data());
@@ -314,172 +473,7 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
       forget_copies_of(storage, storage + t.storage()->bytes());
     }
   }
-  switch (call.op) {
-    case OpId::fill:
-      run_1d("fill", numel(out[0]), ptr(out[0]), numel(out[0]),
-             static_cast<float>(call.attrs.alpha));
-      return;
-    case OpId::add:
-    case OpId::sub:
-    case OpId::mul:
-    case OpId::div: {
-      device_ops::BinaryPlan plan = *device_ops::plan_binary(call.op, in[0].shape(), in[1].shape());
-      const Tensor& full = plan.other_left ? in[1] : in[0];
-      const Tensor& other = plan.other_left ? in[0] : in[1];
-      run_1d("binary", numel(out[0]), plan.op, ptr(full), ptr(other), ptr(out[0]), numel(out[0]),
-             plan.mode, static_cast<i64>(plan.period), static_cast<int>(plan.other_left));
-      return;
-    }
-    case OpId::exp:
-    case OpId::log:
-    case OpId::tanh:
-    case OpId::sqrt:
-    case OpId::erf:
-    case OpId::relu:
-    case OpId::gelu:
-    case OpId::scale: {
-      int op = device_ops::unary_code(call.op);
-      run_1d("unary", numel(out[0]), op, ptr(in[0]), ptr(out[0]), numel(out[0]),
-             static_cast<float>(call.attrs.alpha));
-      return;
-    }
-    case OpId::relu_backward:
-    case OpId::gelu_backward:
-    case OpId::tanh_backward: {
-      int op = device_ops::unary_backward_code(call.op);
-      run_1d("unary_backward", numel(out[0]), op, ptr(in[0]), ptr(in[1]), ptr(out[0]),
-             numel(out[0]));
-      return;
-    }
-    case OpId::sum:
-    case OpId::max: {
-      const Tensor& x = in[0];
-      std::vector<std::int64_t> axes =
-          call.op == OpId::max ? std::vector<std::int64_t>{call.attrs.axis} : call.attrs.axes;
-      i64 cols = std::max<i64>(numel(out[0]), 1), rows = numel(x) / cols;  // the cols layout
-      if (classify_reduction(x, axes) == ReduceShape::rows) {
-        rows = numel(out[0]);
-        cols = rows == 0 ? 0 : numel(x) / rows;
-        run_rows("reduce_rows", rows, static_cast<int>(call.op == OpId::max), ptr(x), ptr(out[0]),
-                 rows, cols, 1.0f);
-      } else {
-        sum_columns(ptr(x), ptr(out[0]), rows, cols, 1.0f);
-      }
-      return;
-    }
-    case OpId::matmul:
-      matmul(call);
-      return;
-    case OpId::linear:
-      linear(call);
-      return;
-    case OpId::copy: {
-      const Tensor& x = in[0];
-      StridedView view{x.rank(), {}, {}};
-      for (int d = 0; d < x.rank(); ++d) {
-        view.shape[d] = x.shape()[d];
-        view.stride[d] = x.strides()[d];
-      }
-      run_1d("copy_strided", numel(out[0]), ptr(x), ptr(out[0]), numel(out[0]), view);
-      return;
-    }
-    case OpId::slice_backward: {
-      const Tensor& dx = out[0];
-      int axis = normalize_axis(call.attrs.axis, dx.rank(), "slice_backward");
-      i64 inner = 1;
-      for (int d = axis + 1; d < dx.rank(); ++d)
-        inner *= dx.shape()[d];
-      run_1d("slice_backward", numel(dx), ptr(in[0]), ptr(dx), numel(dx),
-             static_cast<i64>(dx.shape()[axis]), static_cast<i64>(in[0].shape()[axis]), inner,
-             static_cast<i64>(call.attrs.start));
-      return;
-    }
-    case OpId::sum_squares: {
-      i64 total = numel(in[0]), blocks = std::clamp<i64>((total + kBlock - 1) / kBlock, 1, 1024);
-      Tensor partial = Tensor::empty({blocks}, DType::f32, *this);
-      run("sum_squares_partial", static_cast<unsigned>(blocks), 1, kBlock, 1, ptr(in[0]), total,
-          ptr(partial));
-      run_rows("reduce_rows", 1, 0, ptr(partial), ptr(out[0]), i64{1}, blocks, 1.0f);
-      return;
-    }
-    case OpId::embedding: {
-      device_ops::checked_ids(in[1], in[0].dim(0), "embedding");
-      run_1d("embedding", numel(out[0]), ptr(in[0]), ptr<const int>(in[1]), ptr(out[0]),
-             numel(out[0]), static_cast<i64>(in[0].dim(1)));
-      return;
-    }
-    case OpId::embedding_backward:
-      embedding_backward(call);
-      return;
-    case OpId::cross_entropy: {
-      const Tensor& logits = in[0];
-      i64 rows = logits.dim(0), v = logits.dim(1);
-      device_ops::checked_ids(in[1], v, "cross_entropy");
-      if (rows == 0) {
-        run_1d("fill", 1, ptr(out[0]), i64{1}, 0.0f);
-        return;
-      }
-      Tensor row_loss = Tensor::empty({rows}, DType::f32, *this);
-      run("cross_entropy_rows", static_cast<unsigned>(rows), 1, kBlock, 1, ptr(logits),
-          ptr<const int>(in[1]), ptr(out[1]), ptr(row_loss), v);
-      run_rows("reduce_rows", 1, 0, ptr(row_loss), ptr(out[0]), i64{1}, rows,
-               1.0f / static_cast<float>(rows));
-      return;
-    }
-    case OpId::cross_entropy_backward: {
-      const Tensor& logits = in[1];
-      device_ops::checked_ids(in[2], logits.dim(1), "cross_entropy_backward");
-      float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
-      run_1d("cross_entropy_backward", numel(out[0]), ptr(in[0]), ptr(logits),
-             ptr<const int>(in[2]), ptr(in[3]), ptr(out[0]), numel(out[0]),
-             static_cast<i64>(logits.dim(1)), inv);
-      return;
-    }
-    case OpId::layer_norm: {
-      const Tensor& x = in[0];
-      i64 c = x.dim(-1), rows = c == 0 ? 0 : numel(x) / c;
-      run_rows("layer_norm_forward", rows, ptr(x), ptr(in[1]), ptr(in[2]), ptr(out[0]), ptr(out[1]),
-               ptr(out[2]), rows, c, static_cast<float>(call.attrs.eps));
-      return;
-    }
-    case OpId::layer_norm_backward: {
-      const Tensor& x = in[1];
-      i64 c = x.dim(-1), rows = c == 0 ? 0 : numel(x) / c;
-      run_rows("layer_norm_backward_rows", rows, ptr(in[0]), ptr(x), ptr(in[2]), ptr(in[3]),
-               ptr(in[4]), ptr(out[0]), rows, c);
-      const unsigned col_blocks = static_cast<unsigned>((c + 31) / 32);
-      const i64 chunks = row_chunks(rows, c);
-      if (chunks == 1) {
-        run("layer_norm_backward_cols", col_blocks, 1, 32, 32, ptr(in[0]), ptr(x), ptr(in[3]),
-            ptr(in[4]), ptr(out[1]), ptr(out[2]), rows, c, rows);
-        return;
-      }
-      Tensor dw = Tensor::empty({chunks * c}, DType::f32, *this),
-             db = Tensor::empty({chunks * c}, DType::f32, *this);
-      run("layer_norm_backward_cols", col_blocks, static_cast<unsigned>(chunks), 32, 32, ptr(in[0]),
-          ptr(x), ptr(in[3]), ptr(in[4]), ptr(dw), ptr(db), rows, c, (rows + chunks - 1) / chunks);
-      sum_columns(ptr(dw), ptr(out[1]), chunks, c, 1.0f);
-      sum_columns(ptr(db), ptr(out[2]), chunks, c, 1.0f);
-      return;
-    }
-    case OpId::causal_attention:
-      attention_forward(call);
-      return;
-    case OpId::causal_attention_backward:
-      attention_backward(call);
-      return;
-    case OpId::adamw_step: {
-      const Attrs& a = call.attrs;
-      auto [step_size, inv_sqrt_bc2, decay] = device_ops::adamw_scalars(a);
-      run_1d("adamw", numel(out[0]), ptr(in[0]), ptr(in[1]), ptr(in[2]), ptr(in[3]), ptr(out[0]),
-             ptr(out[1]), ptr(out[2]), numel(out[0]), static_cast<float>(a.beta1),
-             static_cast<float>(a.beta2), step_size, inv_sqrt_bc2, decay,
-             static_cast<float>(a.eps));
-      return;
-    }
-    default:
-      throw Error("cuda: launch of unsupported op " + std::string(op_name(call.op)));
-  }
+  kernels().launch(*this, call);
 }
 
 namespace {

@@ -16,8 +16,14 @@
 #include <vector>
 
 #include "backends/cuda/cuda_api.h"
+#include "backends/device_ops.h"
 #include "core/backend.h"
 #include "core/op_catalog.h"
+
+namespace loom {
+template <class Device>
+class KernelTable;
+}
 
 namespace loom::cuda {
 
@@ -73,6 +79,24 @@ class CudaBackend final : public Backend {
             bool c_bf16 = false);
   // y[c] = scale * sum_r x[r, c] for x [rows, cols], split over chunks of rows when tall.
   void sum_columns(const float* x, float* y, long long rows, long long cols, float scale);
+  // The kernel table (kernels() in cuda_backend.cpp) and its launchers.
+  static const KernelTable<CudaBackend>& kernels();
+  void fill(const OpCall& call);
+  void binary(const OpCall& call);
+  template <device_ops::UnaryKernel Code>
+  void unary(const OpCall& call);
+  template <device_ops::UnaryBackwardKernel Code>
+  void unary_backward(const OpCall& call);
+  void reduce(const OpCall& call);
+  void copy(const OpCall& call);
+  void slice_backward(const OpCall& call);
+  void sum_squares(const OpCall& call);
+  void embedding(const OpCall& call);
+  void cross_entropy(const OpCall& call);
+  void cross_entropy_backward(const OpCall& call);
+  void layer_norm(const OpCall& call);
+  void layer_norm_backward(const OpCall& call);
+  void adamw(const OpCall& call);
   void matmul(const OpCall& call);
   void linear(const OpCall& call);
   GemmOperand head_operand(const Tensor& t, long long offset, long long ld, long long stride);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/device_ops.h"
+#include "backends/kernel_table.h"
 #include "backends/opencl/kernels.cl.h"
 #include "core/broadcast.h"
 #include "core/error.h"
@@ -242,59 +243,6 @@ void OpenClBackend::download(const Buffer& src, std::size_t src_offset, void* ho
      "clEnqueueReadBuffer");
 }
 
-bool OpenClBackend::supports(const OpCall& call) const {
-  if (!device_ops::f32_except_ids(call))
-    return false;
-  switch (call.op) {
-    case OpId::copy:
-      return call.inputs[0].rank() <= 6;
-    case OpId::expand:  // a strided copy whose broadcast dimensions have stride 0
-      return call.attrs.shape.size() <= 6;
-    case OpId::slice_backward:
-    case OpId::sum_squares:
-    case OpId::embedding:
-    case OpId::embedding_backward:
-    case OpId::cross_entropy:
-    case OpId::cross_entropy_backward:
-    case OpId::layer_norm_backward:
-      return true;
-    case OpId::causal_attention:
-    case OpId::causal_attention_backward: {
-      const Tensor& qkv = call.inputs[call.op == OpId::causal_attention ? 0 : 1];
-      return qkv.dim(2) / 3 / std::max<std::int64_t>(call.attrs.heads, 1) <= 256;  // LOOM_MAX_HEAD
-    }
-    case OpId::fill:
-      return call.attrs.dtype == DType::f32;
-    case OpId::add:
-    case OpId::sub:
-    case OpId::mul:
-    case OpId::div:
-      return device_ops::plan_binary(call.op, call.inputs[0].shape(), call.inputs[1].shape())
-          .has_value();
-    case OpId::scale:
-    case OpId::exp:
-    case OpId::log:
-    case OpId::tanh:
-    case OpId::sqrt:
-    case OpId::erf:
-    case OpId::relu:
-    case OpId::gelu:
-    case OpId::relu_backward:
-    case OpId::gelu_backward:
-    case OpId::tanh_backward:
-    case OpId::matmul:
-    case OpId::adamw_step:
-      return true;
-    case OpId::sum:
-      return classify_reduction(call.inputs[0], call.attrs.axes) != ReduceShape::unsupported;
-    case OpId::max:
-      return call.inputs[0].rank() >= 1 && normalize_axis(call.attrs.axis, call.inputs[0].rank(),
-                                                          "max") == call.inputs[0].rank() - 1;
-    default:
-      return false;
-  }
-}
-
 void OpenClBackend::matmul(const OpCall& call) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
@@ -323,214 +271,280 @@ void OpenClBackend::matmul(const OpCall& call) {
          i * m * n);
 }
 
-void OpenClBackend::launch(const OpCall& call, Stream&) {
+namespace {
+constexpr int kMaxCopyRank = OpenClBackend::kMaxCopyRank;
+constexpr std::int64_t kMaxHead = 256;  // LOOM_MAX_HEAD in kernels.cl
+
+bool f32_copy(const OpCall& call) {
+  return device_ops::f32_except_ids(call) && call.inputs[0].rank() <= kMaxCopyRank;
+}
+bool f32_expand(const OpCall& call) {
+  return device_ops::f32_except_ids(call) &&
+         call.attrs.shape.size() <= static_cast<std::size_t>(kMaxCopyRank);
+}
+bool f32_attention(const OpCall& call) {
+  const Tensor& qkv = call.inputs[call.op == OpId::causal_attention ? 0 : 1];
+  return device_ops::f32_except_ids(call) &&
+         qkv.dim(2) / 3 / std::max<std::int64_t>(call.attrs.heads, 1) <= kMaxHead;
+}
+}  // namespace
+
+namespace {
+std::size_t count(const Tensor& t) {
+  return static_cast<std::size_t>(t.numel());
+}
+}  // namespace
+
+void OpenClBackend::fill(const OpCall& call) {
+  Tensor& y = call.outputs[0];
+  run("fill", count(y), mem_of(y), off_of(y), static_cast<cl_float>(call.attrs.alpha));
+}
+
+void OpenClBackend::binary(const OpCall& call) {
+  const auto& in = call.inputs;
+  Tensor& y = call.outputs[0];
+  device_ops::BinaryPlan plan = *device_ops::plan_binary(call.op, in[0].shape(), in[1].shape());
+  const Tensor& full = plan.other_left ? in[1] : in[0];
+  const Tensor& other = plan.other_left ? in[0] : in[1];
+  run("binary", count(y), static_cast<cl_int>(plan.op), mem_of(full), off_of(full), mem_of(other),
+      off_of(other), mem_of(y), off_of(y), static_cast<cl_int>(plan.mode),
+      static_cast<cl_ulong>(plan.period), static_cast<cl_int>(plan.other_left));
+}
+
+template <device_ops::UnaryKernel Code>
+void OpenClBackend::unary(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  Tensor& y = call.outputs[0];
+  run("unary", count(y), static_cast<cl_int>(Code), mem_of(x), off_of(x), mem_of(y), off_of(y),
+      static_cast<cl_float>(call.attrs.alpha));
+}
+
+template <device_ops::UnaryBackwardKernel Code>
+void OpenClBackend::unary_backward(const OpCall& call) {
+  const auto& in = call.inputs;
+  Tensor& dx = call.outputs[0];
+  run("unary_backward", count(dx), static_cast<cl_int>(Code), mem_of(in[0]), off_of(in[0]),
+      mem_of(in[1]), off_of(in[1]), mem_of(dx), off_of(dx));
+}
+
+// sum over the axes of a row or column layout; max over the last axis (a row layout).
+void OpenClBackend::reduce(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  Tensor& y = call.outputs[0];
+  std::vector<std::int64_t> axes =
+      call.op == OpId::max ? std::vector<std::int64_t>{call.attrs.axis} : call.attrs.axes;
+  if (classify_reduction(x, axes) == ReduceShape::rows) {
+    std::size_t rows = 1, cols = 1;
+    std::vector<bool> reduced(x.rank(), axes.empty());
+    for (auto a : axes)
+      reduced[normalize_axis(a, x.rank(), "sum")] = true;
+    for (int d = 0; d < x.rank(); ++d)
+      (reduced[d] ? cols : rows) *= x.shape()[d];
+    run("reduce_rows", rows, static_cast<cl_int>(call.op == OpId::max), mem_of(x), off_of(x),
+        mem_of(y), off_of(y), static_cast<cl_ulong>(cols), 1.0f);
+    return;
+  }
+  std::size_t cols = count(y), rows = count(x) / std::max<std::size_t>(cols, 1);
+  run("sum_cols", cols, mem_of(x), off_of(x), mem_of(y), off_of(y), static_cast<cl_ulong>(rows),
+      static_cast<cl_ulong>(cols), 1.0f);
+}
+
+void OpenClBackend::copy_strided(const Tensor& x, Tensor& y, int rank, const StridedView& v) {
+  run("copy_strided", count(y), mem_of(x), off_of(x), mem_of(y), off_of(y),
+      static_cast<cl_int>(rank), v.shape[0], v.shape[1], v.shape[2], v.shape[3], v.shape[4],
+      v.shape[5], v.stride[0], v.stride[1], v.stride[2], v.stride[3], v.stride[4], v.stride[5]);
+}
+
+void OpenClBackend::copy(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  StridedView view;
+  for (int d = 0; d < x.rank(); ++d) {
+    view.shape[d] = static_cast<cl_ulong>(x.shape()[d]);
+    view.stride[d] = static_cast<cl_ulong>(x.strides()[d]);
+  }
+  copy_strided(x, call.outputs[0], x.rank(), view);
+}
+
+// Right-aligned broadcasting: a size-1 or missing dimension of x repeats (stride 0).
+void OpenClBackend::expand(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  const Shape& target = call.outputs[0].shape();
+  const int rank = static_cast<int>(target.size()), lead = rank - x.rank();
+  StridedView view;
+  for (int d = 0; d < rank; ++d) {
+    view.shape[d] = static_cast<cl_ulong>(target[static_cast<std::size_t>(d)]);
+    const int xd = d - lead;
+    view.stride[d] = xd < 0 || x.shape()[static_cast<std::size_t>(xd)] == 1
+                         ? 0
+                         : static_cast<cl_ulong>(x.strides()[static_cast<std::size_t>(xd)]);
+  }
+  copy_strided(x, call.outputs[0], rank, view);
+}
+
+void OpenClBackend::slice_backward(const OpCall& call) {
+  const Tensor& dy = call.inputs[0];
+  Tensor& dx = call.outputs[0];
+  int axis = normalize_axis(call.attrs.axis, dx.rank(), "slice_backward");
+  cl_ulong inner = 1;
+  for (int d = axis + 1; d < dx.rank(); ++d)
+    inner *= static_cast<cl_ulong>(dx.shape()[d]);
+  run("slice_backward", count(dx), mem_of(dy), off_of(dy), mem_of(dx), off_of(dx),
+      static_cast<cl_ulong>(dx.shape()[axis]), static_cast<cl_ulong>(dy.shape()[axis]), inner,
+      static_cast<cl_ulong>(call.attrs.start));
+}
+
+void OpenClBackend::sum_squares(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  Tensor& y = call.outputs[0];
+  std::size_t total = count(x),
+              chunks = std::max<std::size_t>(1, std::min<std::size_t>(1024, total));
+  std::size_t chunk = (total + chunks - 1) / chunks;
+  Tensor partial = Tensor::empty({static_cast<std::int64_t>(chunks)}, DType::f32, *this);
+  run("sum_squares_partial", chunks, mem_of(x), off_of(x), static_cast<cl_ulong>(total),
+      static_cast<cl_ulong>(chunk), mem_of(partial));
+  run("reduce_rows", 1, cl_int{0}, mem_of(partial), cl_ulong{0}, mem_of(y), off_of(y),
+      static_cast<cl_ulong>(chunks), 1.0f);
+}
+
+void OpenClBackend::embedding(const OpCall& call) {
+  const Tensor &table = call.inputs[0], &ids = call.inputs[1];
+  Tensor& y = call.outputs[0];
+  device_ops::checked_ids(ids, table.dim(0), "embedding");
+  run("embedding", count(y), mem_of(table), off_of(table), mem_of(ids), off_of(ids), mem_of(y),
+      off_of(y), static_cast<cl_ulong>(table.dim(1)));
+}
+
+void OpenClBackend::embedding_backward(const OpCall& call) {
+  const Tensor &dy = call.inputs[0], &ids = call.inputs[1];
+  Tensor& dw = call.outputs[0];
+  device_ops::checked_ids(ids, dw.dim(0), "embedding_backward");
+  run("embedding_backward", static_cast<std::size_t>(dw.dim(1)), mem_of(dy), off_of(dy),
+      mem_of(ids), off_of(ids), mem_of(dw), off_of(dw), static_cast<cl_ulong>(ids.numel()),
+      static_cast<cl_ulong>(dw.dim(1)), static_cast<cl_ulong>(dw.dim(0)));
+}
+
+void OpenClBackend::cross_entropy(const OpCall& call) {
+  const Tensor &logits = call.inputs[0], &targets = call.inputs[1];
+  auto& out = call.outputs;
+  std::size_t rows = static_cast<std::size_t>(logits.dim(0));
+  device_ops::checked_ids(targets, logits.dim(1), "cross_entropy");
+  if (rows == 0) {
+    run("fill", 1, mem_of(out[0]), off_of(out[0]), 0.0f);
+    return;
+  }
+  Tensor row_loss = Tensor::empty({logits.dim(0)}, DType::f32, *this);
+  run("cross_entropy_rows", rows, mem_of(logits), off_of(logits), mem_of(targets), off_of(targets),
+      mem_of(out[1]), off_of(out[1]), mem_of(row_loss), static_cast<cl_ulong>(logits.dim(1)));
+  run("reduce_rows", 1, cl_int{0}, mem_of(row_loss), cl_ulong{0}, mem_of(out[0]), off_of(out[0]),
+      static_cast<cl_ulong>(rows), 1.0f / static_cast<float>(rows));
+}
+
+void OpenClBackend::cross_entropy_backward(const OpCall& call) {
+  const auto& in = call.inputs;
+  Tensor& dx = call.outputs[0];
+  const Tensor& logits = in[1];
+  device_ops::checked_ids(in[2], logits.dim(1), "cross_entropy_backward");
+  float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
+  run("cross_entropy_backward", count(dx), mem_of(in[0]), off_of(in[0]), mem_of(logits),
+      off_of(logits), mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(dx),
+      off_of(dx), static_cast<cl_ulong>(logits.dim(1)), inv);
+}
+
+void OpenClBackend::layer_norm_backward(const OpCall& call) {
   const auto& in = call.inputs;
   auto& out = call.outputs;
-  auto n = [](const Tensor& t) { return static_cast<std::size_t>(t.numel()); };
-  switch (call.op) {
-    case OpId::fill:
-      run("fill", n(out[0]), mem_of(out[0]), off_of(out[0]),
-          static_cast<cl_float>(call.attrs.alpha));
-      return;
-    case OpId::add:
-    case OpId::sub:
-    case OpId::mul:
-    case OpId::div: {
-      device_ops::BinaryPlan plan = *device_ops::plan_binary(call.op, in[0].shape(), in[1].shape());
-      const Tensor& full = plan.other_left ? in[1] : in[0];
-      const Tensor& other = plan.other_left ? in[0] : in[1];
-      run("binary", n(out[0]), static_cast<cl_int>(plan.op), mem_of(full), off_of(full),
-          mem_of(other), off_of(other), mem_of(out[0]), off_of(out[0]),
-          static_cast<cl_int>(plan.mode), static_cast<cl_ulong>(plan.period),
-          static_cast<cl_int>(plan.other_left));
-      return;
-    }
-    case OpId::exp:
-    case OpId::log:
-    case OpId::tanh:
-    case OpId::sqrt:
-    case OpId::erf:
-    case OpId::relu:
-    case OpId::gelu:
-    case OpId::scale: {
-      cl_int op = device_ops::unary_code(call.op);
-      run("unary", n(out[0]), op, mem_of(in[0]), off_of(in[0]), mem_of(out[0]), off_of(out[0]),
-          static_cast<cl_float>(call.attrs.alpha));
-      return;
-    }
-    case OpId::relu_backward:
-    case OpId::gelu_backward:
-    case OpId::tanh_backward: {
-      cl_int op = device_ops::unary_backward_code(call.op);
-      run("unary_backward", n(out[0]), op, mem_of(in[0]), off_of(in[0]), mem_of(in[1]),
-          off_of(in[1]), mem_of(out[0]), off_of(out[0]));
-      return;
-    }
-    case OpId::sum:
-    case OpId::max: {
-      const Tensor& x = in[0];
-      std::vector<std::int64_t> axes =
-          call.op == OpId::max ? std::vector<std::int64_t>{call.attrs.axis} : call.attrs.axes;
-      std::size_t rows = 1;
-      ReduceShape shape = classify_reduction(x, axes);
-      if (shape == ReduceShape::rows) {
-        std::size_t cols = 1;
-        std::vector<bool> reduce(x.rank(), axes.empty());
-        for (auto a : axes)
-          reduce[normalize_axis(a, x.rank(), "sum")] = true;
-        for (int d = 0; d < x.rank(); ++d)
-          (reduce[d] ? cols : rows) *= x.shape()[d];
-        run("reduce_rows", rows, static_cast<cl_int>(call.op == OpId::max), mem_of(x), off_of(x),
-            mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(cols), 1.0f);
-      } else {
-        std::size_t cols = n(out[0]);
-        rows = n(x) / std::max<std::size_t>(cols, 1);
-        run("sum_cols", cols, mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]),
-            static_cast<cl_ulong>(rows), static_cast<cl_ulong>(cols), 1.0f);
-      }
-      return;
-    }
-    case OpId::matmul:
-      matmul(call);
-      return;
-    case OpId::copy: {
-      const Tensor& x = in[0];
-      cl_ulong shape[6] = {1, 1, 1, 1, 1, 1}, stride[6] = {0, 0, 0, 0, 0, 0};
-      for (int d = 0; d < x.rank(); ++d) {
-        shape[d] = static_cast<cl_ulong>(x.shape()[d]);
-        stride[d] = static_cast<cl_ulong>(x.strides()[d]);
-      }
-      run("copy_strided", n(out[0]), mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]),
-          static_cast<cl_int>(x.rank()), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
-          stride[0], stride[1], stride[2], stride[3], stride[4], stride[5]);
-      return;
-    }
-    case OpId::expand: {
-      // Right-aligned broadcasting: a size-1 or missing dimension of x repeats (stride 0).
-      const Tensor& x = in[0];
-      const Shape& target = out[0].shape();
-      const int rank = static_cast<int>(target.size()), lead = rank - x.rank();
-      cl_ulong shape[6] = {1, 1, 1, 1, 1, 1}, stride[6] = {0, 0, 0, 0, 0, 0};
-      for (int d = 0; d < rank; ++d) {
-        shape[d] = static_cast<cl_ulong>(target[static_cast<std::size_t>(d)]);
-        const int xd = d - lead;
-        stride[d] = xd < 0 || x.shape()[static_cast<std::size_t>(xd)] == 1
-                        ? 0
-                        : static_cast<cl_ulong>(x.strides()[static_cast<std::size_t>(xd)]);
-      }
-      run("copy_strided", n(out[0]), mem_of(x), off_of(x), mem_of(out[0]), off_of(out[0]),
-          static_cast<cl_int>(rank), shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
-          stride[0], stride[1], stride[2], stride[3], stride[4], stride[5]);
-      return;
-    }
-    case OpId::slice_backward: {
-      const Tensor& dx = out[0];
-      int axis = normalize_axis(call.attrs.axis, dx.rank(), "slice_backward");
-      cl_ulong inner = 1;
-      for (int d = axis + 1; d < dx.rank(); ++d)
-        inner *= static_cast<cl_ulong>(dx.shape()[d]);
-      run("slice_backward", n(dx), mem_of(in[0]), off_of(in[0]), mem_of(dx), off_of(dx),
-          static_cast<cl_ulong>(dx.shape()[axis]), static_cast<cl_ulong>(in[0].shape()[axis]),
-          inner, static_cast<cl_ulong>(call.attrs.start));
-      return;
-    }
-    case OpId::sum_squares: {
-      std::size_t total = n(in[0]),
-                  chunks = std::max<std::size_t>(1, std::min<std::size_t>(1024, total));
-      std::size_t chunk = (total + chunks - 1) / chunks;
-      Tensor partial = Tensor::empty({static_cast<std::int64_t>(chunks)}, DType::f32, *this);
-      run("sum_squares_partial", chunks, mem_of(in[0]), off_of(in[0]), static_cast<cl_ulong>(total),
-          static_cast<cl_ulong>(chunk), mem_of(partial));
-      run("reduce_rows", 1, cl_int{0}, mem_of(partial), cl_ulong{0}, mem_of(out[0]), off_of(out[0]),
-          static_cast<cl_ulong>(chunks), 1.0f);
-      return;
-    }
-    case OpId::embedding: {
-      device_ops::checked_ids(in[1], in[0].dim(0), "embedding");
-      run("embedding", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]),
-          mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(in[0].dim(1)));
-      return;
-    }
-    case OpId::embedding_backward: {
-      const Tensor& dw = out[0];
-      device_ops::checked_ids(in[1], dw.dim(0), "embedding_backward");
-      run("embedding_backward", static_cast<std::size_t>(dw.dim(1)), mem_of(in[0]), off_of(in[0]),
-          mem_of(in[1]), off_of(in[1]), mem_of(dw), off_of(dw),
-          static_cast<cl_ulong>(in[1].numel()), static_cast<cl_ulong>(dw.dim(1)),
-          static_cast<cl_ulong>(dw.dim(0)));
-      return;
-    }
-    case OpId::cross_entropy: {
-      const Tensor& logits = in[0];
-      std::size_t rows = static_cast<std::size_t>(logits.dim(0));
-      device_ops::checked_ids(in[1], logits.dim(1), "cross_entropy");
-      Tensor row_loss =
-          Tensor::empty({std::max<std::int64_t>(logits.dim(0), 1)}, DType::f32, *this);
-      run("cross_entropy_rows", rows, mem_of(logits), off_of(logits), mem_of(in[1]), off_of(in[1]),
-          mem_of(out[1]), off_of(out[1]), mem_of(row_loss), static_cast<cl_ulong>(logits.dim(1)));
-      float inv = rows > 0 ? 1.0f / static_cast<float>(rows) : 0.0f;
-      if (rows == 0) {
-        run("fill", 1, mem_of(out[0]), off_of(out[0]), 0.0f);
-      } else {
-        run("reduce_rows", 1, cl_int{0}, mem_of(row_loss), cl_ulong{0}, mem_of(out[0]),
-            off_of(out[0]), static_cast<cl_ulong>(rows), inv);
-      }
-      return;
-    }
-    case OpId::cross_entropy_backward: {
-      const Tensor& logits = in[1];
-      device_ops::checked_ids(in[2], logits.dim(1), "cross_entropy_backward");
-      float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
-      run("cross_entropy_backward", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(logits),
-          off_of(logits), mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]),
-          mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(logits.dim(1)), inv);
-      return;
-    }
-    case OpId::layer_norm_backward: {
-      const Tensor& x = in[1];
-      std::size_t c = static_cast<std::size_t>(x.dim(-1)), rows = c == 0 ? 0 : n(x) / c;
-      run("layer_norm_backward_rows", rows, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x),
-          mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(in[4]), off_of(in[4]),
-          mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(c));
-      run("layer_norm_backward_cols", c, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x),
-          mem_of(in[3]), off_of(in[3]), mem_of(in[4]), off_of(in[4]), mem_of(out[1]),
-          off_of(out[1]), mem_of(out[2]), off_of(out[2]), static_cast<cl_ulong>(rows),
-          static_cast<cl_ulong>(c));
-      return;
-    }
-    case OpId::causal_attention:
-    case OpId::causal_attention_backward: {
-      bool forward = call.op == OpId::causal_attention;
-      const Tensor& qkv = in[forward ? 0 : 1];
-      cl_ulong b = static_cast<cl_ulong>(qkv.dim(0)), t = static_cast<cl_ulong>(qkv.dim(1));
-      cl_ulong c = static_cast<cl_ulong>(qkv.dim(2) / 3),
-               h = static_cast<cl_ulong>(call.attrs.heads);
-      float scale = 1.0f / std::sqrt(static_cast<float>(c / h));
-      std::size_t items = static_cast<std::size_t>(b * h * t);
-      if (forward) {
-        run("attention_forward", items, mem_of(qkv), off_of(qkv), mem_of(out[0]), off_of(out[0]),
-            mem_of(out[1]), off_of(out[1]), t, c, h, scale);
-      } else {
-        for (const char* k : {"attention_backward_dq", "attention_backward_dkv"})
-          run(k, items, mem_of(in[0]), off_of(in[0]), mem_of(qkv), off_of(qkv), mem_of(in[2]),
-              off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]), t, c, h,
-              scale);
-      }
-      return;
-    }
-    case OpId::adamw_step: {
-      const Attrs& a = call.attrs;
-      auto [step_size, inv_sqrt_bc2, decay] = device_ops::adamw_scalars(a);
-      run("adamw", n(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]),
-          mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]),
-          off_of(out[0]), mem_of(out[1]), off_of(out[1]), mem_of(out[2]), off_of(out[2]),
-          static_cast<cl_float>(a.beta1), static_cast<cl_float>(a.beta2), step_size, inv_sqrt_bc2,
-          decay, static_cast<cl_float>(a.eps));
-      return;
-    }
-    default:
-      throw Error("opencl: launch of unsupported op " + std::string(op_name(call.op)));
+  const Tensor& x = in[1];
+  std::size_t c = static_cast<std::size_t>(x.dim(-1)), rows = c == 0 ? 0 : count(x) / c;
+  run("layer_norm_backward_rows", rows, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x),
+      mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(in[4]), off_of(in[4]),
+      mem_of(out[0]), off_of(out[0]), static_cast<cl_ulong>(c));
+  run("layer_norm_backward_cols", c, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x),
+      mem_of(in[3]), off_of(in[3]), mem_of(in[4]), off_of(in[4]), mem_of(out[1]), off_of(out[1]),
+      mem_of(out[2]), off_of(out[2]), static_cast<cl_ulong>(rows), static_cast<cl_ulong>(c));
+}
+
+// causal_attention and its backward: one work item per (batch, head, query row).
+void OpenClBackend::attention(const OpCall& call) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  const bool forward = call.op == OpId::causal_attention;
+  const Tensor& qkv = in[forward ? 0 : 1];
+  cl_ulong b = static_cast<cl_ulong>(qkv.dim(0)), t = static_cast<cl_ulong>(qkv.dim(1));
+  cl_ulong c = static_cast<cl_ulong>(qkv.dim(2) / 3), h = static_cast<cl_ulong>(call.attrs.heads);
+  float scale = 1.0f / std::sqrt(static_cast<float>(c / h));
+  std::size_t items = static_cast<std::size_t>(b * h * t);
+  if (forward) {
+    run("attention_forward", items, mem_of(qkv), off_of(qkv), mem_of(out[0]), off_of(out[0]),
+        mem_of(out[1]), off_of(out[1]), t, c, h, scale);
+    return;
   }
+  for (const char* k : {"attention_backward_dq", "attention_backward_dkv"})
+    run(k, items, mem_of(in[0]), off_of(in[0]), mem_of(qkv), off_of(qkv), mem_of(in[2]),
+        off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]), t, c, h,
+        scale);
+}
+
+void OpenClBackend::adamw(const OpCall& call) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  const Attrs& a = call.attrs;
+  auto [step_size, inv_sqrt_bc2, decay] = device_ops::adamw_scalars(a);
+  run("adamw", count(out[0]), mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]),
+      mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]),
+      mem_of(out[1]), off_of(out[1]), mem_of(out[2]), off_of(out[2]),
+      static_cast<cl_float>(a.beta1), static_cast<cl_float>(a.beta2), step_size, inv_sqrt_bc2,
+      decay, static_cast<cl_float>(a.eps));
+}
+
+// The native kernels, once: supports() and launch() both read this table.
+const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
+  using B = OpenClBackend;
+  using device_ops::UnaryBackwardKernel;
+  using device_ops::UnaryKernel;
+  constexpr auto f32 = device_ops::f32_except_ids;
+  static const KernelTable<B> table(
+      "opencl", {
+                    {OpId::fill, device_ops::f32_fill, &B::fill},
+                    {OpId::copy, f32_copy, &B::copy},
+                    {OpId::expand, f32_expand, &B::expand},
+                    {OpId::add, device_ops::f32_binary_one_kernel, &B::binary},
+                    {OpId::sub, device_ops::f32_binary_one_kernel, &B::binary},
+                    {OpId::mul, device_ops::f32_binary_one_kernel, &B::binary},
+                    {OpId::div, device_ops::f32_binary_one_kernel, &B::binary},
+                    {OpId::exp, f32, &B::unary<UnaryKernel::exp>},
+                    {OpId::log, f32, &B::unary<UnaryKernel::log>},
+                    {OpId::tanh, f32, &B::unary<UnaryKernel::tanh>},
+                    {OpId::relu, f32, &B::unary<UnaryKernel::relu>},
+                    {OpId::gelu, f32, &B::unary<UnaryKernel::gelu>},
+                    {OpId::scale, f32, &B::unary<UnaryKernel::scale>},
+                    {OpId::sqrt, f32, &B::unary<UnaryKernel::sqrt>},
+                    {OpId::erf, f32, &B::unary<UnaryKernel::erf>},
+                    {OpId::relu_backward, f32, &B::unary_backward<UnaryBackwardKernel::relu>},
+                    {OpId::gelu_backward, f32, &B::unary_backward<UnaryBackwardKernel::gelu>},
+                    {OpId::tanh_backward, f32, &B::unary_backward<UnaryBackwardKernel::tanh>},
+                    {OpId::sum, device_ops::f32_sum_rows_or_cols, &B::reduce},
+                    {OpId::max, device_ops::f32_max_last_axis, &B::reduce},
+                    {OpId::matmul, f32, &B::matmul},
+                    {OpId::slice_backward, f32, &B::slice_backward},
+                    {OpId::sum_squares, f32, &B::sum_squares},
+                    {OpId::embedding, f32, &B::embedding},
+                    {OpId::embedding_backward, f32, &B::embedding_backward},
+                    {OpId::cross_entropy, f32, &B::cross_entropy},
+                    {OpId::cross_entropy_backward, f32, &B::cross_entropy_backward},
+                    {OpId::layer_norm_backward, f32, &B::layer_norm_backward},
+                    {OpId::causal_attention, f32_attention, &B::attention},
+                    {OpId::causal_attention_backward, f32_attention, &B::attention},
+                    {OpId::adamw_step, f32, &B::adamw},
+                });
+  return table;
+}
+
+bool OpenClBackend::supports(const OpCall& call) const {
+  return kernels().supports(call);
+}
+
+void OpenClBackend::launch(const OpCall& call, Stream&) {
+  kernels().launch(*this, call);
 }
 
 OpenClBackend* backend() {

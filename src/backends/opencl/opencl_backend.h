@@ -1,7 +1,8 @@
 // backends/opencl — OpenCL 1.2 through the ICD loader, so any vendor's driver works
 // (PoCL runs it on a CPU in CI). Kernels are embedded OpenCL C compiled at run time
-// with an on-disk binary cache; GEMM is CLBlast. The native operator set is listed in
-// supports(); every other op reaches the device by decomposition or counted fallback.
+// with an on-disk binary cache; GEMM is CLBlast. The native operator set is the kernel
+// table (kernels() in opencl_backend.cpp); every other op reaches the device by
+// decomposition or counted fallback.
 #pragma once
 
 #define CL_TARGET_OPENCL_VERSION 120
@@ -12,8 +13,14 @@
 #include <mutex>
 #include <string>
 
+#include "backends/device_ops.h"
 #include "core/backend.h"
 #include "core/op_catalog.h"
+
+namespace loom {
+template <class Device>
+class KernelTable;
+}
 
 namespace loom::opencl {
 
@@ -61,6 +68,7 @@ class OpenClBackend final : public Backend {
   void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
 
   cl_command_queue queue() const { return queue_.get(); }
+  static constexpr int kMaxCopyRank = 6;  // copy_strided's shape and stride arguments
 
  protected:
   void release(void* data, std::size_t bytes) noexcept override;
@@ -70,7 +78,33 @@ class OpenClBackend final : public Backend {
   cl_kernel kernel(const char* name);
   template <class... Args>
   void run(const char* name, std::size_t global, Args... args);
+
+  // The kernel table and its launchers, one per entry (or per family of entries).
+  static const KernelTable<OpenClBackend>& kernels();
+  struct StridedView {  // a view's shape and strides, padded to kMaxCopyRank dimensions
+    cl_ulong shape[kMaxCopyRank] = {1, 1, 1, 1, 1, 1};
+    cl_ulong stride[kMaxCopyRank] = {0, 0, 0, 0, 0, 0};
+  };
+  void copy_strided(const Tensor& x, Tensor& y, int rank, const StridedView& view);
+  void fill(const OpCall& call);
+  void binary(const OpCall& call);
+  template <device_ops::UnaryKernel Code>
+  void unary(const OpCall& call);
+  template <device_ops::UnaryBackwardKernel Code>
+  void unary_backward(const OpCall& call);
+  void reduce(const OpCall& call);
   void matmul(const OpCall& call);
+  void copy(const OpCall& call);
+  void expand(const OpCall& call);
+  void slice_backward(const OpCall& call);
+  void sum_squares(const OpCall& call);
+  void embedding(const OpCall& call);
+  void embedding_backward(const OpCall& call);
+  void cross_entropy(const OpCall& call);
+  void cross_entropy_backward(const OpCall& call);
+  void layer_norm_backward(const OpCall& call);
+  void attention(const OpCall& call);
+  void adamw(const OpCall& call);
 
   cl_device_id device_;
   std::string device_name_, driver_version_;
