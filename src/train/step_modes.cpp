@@ -1,0 +1,164 @@
+// train/step_modes.cpp — how a step runs: eager, graph or pipeline (training_run.h).
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+
+#include "autograd/functions.h"
+#include "core/error.h"
+#include "graph/graph.h"
+#include "optim/adamw.h"
+#include "train/training_run.h"
+
+namespace loom::train {
+
+namespace ag = loom::autograd;
+
+namespace {
+
+// Forward and backward op by op: returns the loss, leaves gradients in the parameters.
+Tensor eager_forward_backward(nn::Model& model, const data::Batch& batch,
+                              const nn::ForwardOptions& options) {
+  ag::Tape tape;
+  ag::Var loss = ag::cross_entropy(tape, model.forward(tape, batch.inputs, options), batch.targets);
+  tape.backward(loss);
+  return loss.value();
+}
+
+// Eager: op by op; gradients averaged among the data-parallel processes after the
+// backward pass, then clipped.
+class EagerStep : public StepMode {
+ public:
+  explicit EagerStep(TrainingRun& run) : run_(run), averager_(run.data_comm()) {}
+  double run(std::int64_t step) override {
+    Tensor loss =
+        eager_forward_backward(*run_.model, run_.local_batch(step), run_.forward_options(step));
+    averager_.average(run_.model->parameters());
+    if (run_.cfg.grad_clip > 0)
+      optim::clip_grad_norm(run_.model->parameters(), run_.cfg.grad_clip);
+    return dist::mean_over_ranks(run_.data_comm(), loss.item());
+  }
+
+ private:
+  TrainingRun& run_;
+  dist::GradientAverager averager_;
+};
+
+// Graph mode: the first step runs eagerly while it is captured; the second replays the
+// captured graph (dead nodes removed, intermediates in planned memory) and checks the
+// replay against the same step run eagerly; from the third on the replay runs alone,
+// with the step's batch, parameters and dropout seed. Gradients are views of the graph's
+// memory until the next step. Data parallel on host memory, the all-reduce can overlap
+// the backward pass: the replay hands each gradient to a communication thread as soon as
+// it is final.
+class GraphStep : public StepMode {
+ public:
+  explicit GraphStep(TrainingRun& run) : run_(run), averager_(run.data_comm()) {
+    const TrainConfig& cfg = run.cfg;
+    const bool overlap =
+        cfg.overlap == "true" || (cfg.overlap == "auto" && run.data_comm().spans_machines());
+    if (overlap && run.data_comm().size() > 1 && run.device.host_accessible())
+      overlapped_ = std::make_unique<dist::OverlappedAverager>(
+          run.data_comm(), static_cast<std::size_t>(cfg.bucket_mb * 1e6));
+  }
+
+  double run(std::int64_t step) override {
+    Tensor loss = capture_or_replay(run_.local_batch(step), run_.forward_options(step));
+    if (overlapped_ && step_.replayed())
+      overlapped_->finish();
+    else
+      averager_.average(run_.model->parameters());
+    if (run_.cfg.grad_clip > 0)
+      optim::clip_grad_norm(run_.model->parameters(), run_.cfg.grad_clip);
+    return dist::mean_over_ranks(run_.data_comm(), loss.item());
+  }
+
+  std::string note(std::int64_t step) const override {
+    if (step == run_.start + 1 && step_.graph() != nullptr)
+      return step_.graph()->summary() + ", replay checked against eager execution";
+    if (step == run_.start + 2 && overlapped_)
+      return "graph: gradients all-reduced in " + std::to_string(overlapped_->buckets_last_step()) +
+             " buckets during the backward pass";
+    return {};
+  }
+
+  void summarize(Summary& summary) const override {
+    const graph::Graph* g = step_.graph();
+    if (g == nullptr || !step_.replayed())
+      return;
+    summary.graph_nodes = static_cast<std::int64_t>(g->stats().nodes);
+    summary.graph_memory_bytes = static_cast<std::int64_t>(g->stats().memory_bytes);
+    if (overlapped_)
+      summary.overlapped_buckets = static_cast<std::int64_t>(overlapped_->buckets_last_step());
+  }
+
+ private:
+  Tensor capture_or_replay(const data::Batch& batch, const nn::ForwardOptions& options) {
+    std::vector<nn::Parameter>& params = run_.model->parameters();
+    std::vector<Tensor> inputs{batch.inputs, batch.targets};
+    for (const nn::Parameter& p : params)
+      inputs.push_back(p.var.value());
+    const bool capturing = step_.graph() == nullptr;
+    auto eager = [&] {
+      std::vector<Tensor> outputs{eager_forward_backward(*run_.model, batch, options)};
+      if (capturing)
+        for (std::size_t i = 0; i < params.size(); ++i)
+          if (params[i].var.grad().defined())
+            with_grad_.push_back(i);
+      for (std::size_t i : with_grad_)
+        outputs.push_back(params[i].var.grad());
+      return outputs;
+    };
+    graph::ReplayOptions replay;
+    replay.step_seed = options.dropout_seed;
+    if (overlapped_)
+      replay.output_ready = [&](std::size_t k) {
+        if (k > 0)
+          overlapped_->ready(step_.graph()->output(k));
+      };
+    std::vector<Tensor> outputs = step_.run(inputs, eager, replay);
+    if (capturing)
+      if (const char* debug = std::getenv("LOOM_DEBUG_GRAPH"); debug != nullptr && debug[0] == '1')
+        std::fprintf(stderr, "[graph] the captured step after its passes:\n%s",
+                     step_.graph()->listing().c_str());
+    for (std::size_t k = 0; k < with_grad_.size(); ++k)
+      params[with_grad_[k]].var.state()->grad = outputs[k + 1];
+    return outputs[0];
+  }
+
+  TrainingRun& run_;
+  dist::GradientAverager averager_;
+  std::unique_ptr<dist::OverlappedAverager> overlapped_;
+  graph::CapturedStep step_;
+  std::vector<std::size_t> with_grad_;  // parameters whose gradients are outputs 1, 2, ...
+};
+
+// Pipeline: the stages of a replica pass micro-batches forward and back (1F1B or GPipe);
+// each stage's gradients are averaged across the replicas, then clipped over all stages.
+class PipelineStep : public StepMode {
+ public:
+  explicit PipelineStep(TrainingRun& run) : run_(run), averager_(run.data_comm()) {}
+  double run(std::int64_t step) override {
+    double loss =
+        run_.pipeline->forward_backward(run_.local_batch(step), run_.forward_options(step));
+    averager_.average(run_.model->parameters());  // this stage's, across replicas
+    if (run_.cfg.grad_clip > 0)
+      run_.pipeline->clip_grad_norm(run_.cfg.grad_clip);
+    return dist::mean_over_ranks(run_.data_comm(), loss);
+  }
+
+ private:
+  TrainingRun& run_;
+  dist::GradientAverager averager_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepMode> make_step_mode(TrainingRun& run) {
+  if (run.pipelined)
+    return std::make_unique<PipelineStep>(run);
+  if (run.cfg.mode == "graph")
+    return std::make_unique<GraphStep>(run);
+  return std::make_unique<EagerStep>(run);
+}
+
+}  // namespace loom::train

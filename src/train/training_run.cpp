@@ -1,0 +1,351 @@
+#include "train/training_run.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "autograd/functions.h"
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "dispatch/devices.h"
+#include "nn/init.h"
+#include "nn/onnx_model.h"
+
+namespace loom::train {
+
+namespace ag = loom::autograd;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Selects the device and its product precision (the CPU's kernels also run the partial
+// backend and every fallback: they are reset first).
+Backend& open_device(const TrainConfig& cfg) {
+  cpu::set_num_threads(static_cast<int>(cfg.threads));
+  Backend& device = dispatch::device(cfg.device);
+  cpu::backend().set_matmul_precision(DType::f32);
+  check(device.set_matmul_precision(cfg.precision == "bf16" ? DType::bf16 : DType::f32),
+        "precision: '" + cfg.precision + "' is not supported on device '" + cfg.device + "'");
+  return device;
+}
+
+// An imported model must take what the data gives, and graph mode must be able to replay it.
+void check_imported_model(const nn::Model& model, const TrainConfig& cfg, const Source& source) {
+  const auto* imported = dynamic_cast<const nn::OnnxModel*>(&model);
+  if (imported == nullptr)
+    return;
+  const bool tokens = imported->graph().inputs.front().dtype != DType::f32;
+  check(cfg.mode != "graph" || imported->capturable(),
+        cfg.onnx +
+            ": mode = graph: the model reads its integer inputs on the host, which a "
+            "captured step cannot replay; use mode = eager");
+  check(tokens == source.text(), cfg.onnx + ": the model takes " +
+                                     (tokens ? "token ids" : "float images") +
+                                     (source.text() ? ", not text (data = " + cfg.data + ")"
+                                                    : ", not MNIST images; give --data FILE"));
+}
+
+double median(std::vector<double> v) {
+  if (v.empty())
+    return 0.0;
+  std::sort(v.begin(), v.end());
+  std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double test_accuracy(nn::Model& model, const data::ImageSet& test, Backend& backend) {
+  std::vector<std::int64_t> order(test.count);
+  std::iota(order.begin(), order.end(), 0);
+  std::int64_t correct = 0;
+  for (std::int64_t first = 0; first < test.count; first += 500) {
+    std::int64_t n = std::min<std::int64_t>(500, test.count - first);
+    data::Batch b = data::image_batch(test, order, first, n, backend);
+    ag::Tape tape;
+    tape.set_recording(false);
+    std::vector<float> logits = model.forward(tape, b.inputs, {}).value().to_floats();
+    std::vector<std::int32_t> labels = b.targets.to_ints();
+    std::int64_t classes = static_cast<std::int64_t>(logits.size()) / n;
+    for (std::int64_t i = 0; i < n; ++i) {
+      auto row = logits.begin() + i * classes;
+      correct += (std::max_element(row, row + classes) - row) == labels[i];
+    }
+  }
+  return static_cast<double>(correct) / static_cast<double>(test.count);
+}
+
+}  // namespace
+
+double mean_loss(nn::Model& model, const std::vector<data::Batch>& batches) {
+  double total = 0.0;
+  std::int64_t count = 0;
+  for (const auto& b : batches) {
+    ag::Tape tape;
+    tape.set_recording(false);
+    ag::Var logits = model.forward(tape, b.inputs, {});
+    double loss = ag::cross_entropy(tape, logits, b.targets).value().item();
+    total += loss * static_cast<double>(b.targets.numel());
+    count += b.targets.numel();
+  }
+  return count > 0 ? total / static_cast<double>(count) : 0.0;
+}
+
+// ---------------------------------------------------------------------------
+// TrainingRun
+// ---------------------------------------------------------------------------
+
+TrainingRun::TrainingRun(const TrainConfig& config)
+    : cfg(config),
+      device(open_device(config)),
+      world(dist::world()),
+      lead(world.rank() == 0),
+      pipelined(config.pipeline > 1),
+      source(config),
+      data_comm_(&world) {
+  spec = ModelSpec{cfg.model, source.vocab(), cfg.context, cfg.layers, cfg.heads,
+                   cfg.width, cfg.dropout,    cfg.bias,    cfg.onnx};
+  if (pipelined) {
+    check(world.size() % cfg.pipeline == 0,
+          "pipeline = " + std::to_string(cfg.pipeline) + " needs a multiple of " +
+              std::to_string(cfg.pipeline) + " processes (mpirun -np " +
+              std::to_string(cfg.pipeline) + " x replicas), this job has " +
+              std::to_string(world.size()));
+    check(cfg.model == "gpt",
+          "pipeline: only the gpt model is split into stages, not " + cfg.model);
+    const int replica = world.rank() / static_cast<int>(cfg.pipeline);
+    const int stage = world.rank() % static_cast<int>(cfg.pipeline);
+    stages_of_replica_ = world.split(replica, stage);
+    replicas_of_stage_ = world.split(stage, replica);
+    data_comm_ = replicas_of_stage_.get();
+  }
+  check(cfg.batch % data_comm_->size() == 0,
+        "batch = " + std::to_string(cfg.batch) + " does not divide among the " +
+            std::to_string(data_comm_->size()) + " data-parallel " +
+            (pipelined ? "replicas" : "processes"));
+  model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);
+  check_imported_model(*model, cfg, source);
+  if (!cfg.init.empty())
+    load_weights(cfg.init, *model);
+  optimizer = std::make_unique<optim::AdamW>(
+      model->parameters(), optim::AdamWConfig{cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});
+  start = cfg.resume ? load_checkpoint(checkpoint_dir(), *model, *optimizer) : 0;
+  check(start <= cfg.steps, checkpoint_dir() + ": checkpoint is at step " + std::to_string(start) +
+                                ", beyond steps = " + std::to_string(cfg.steps));
+  std::vector<nn::Parameter> params = model->parameters();
+  dist::broadcast_parameters(world, params);
+  if (cfg.zero == 1 && world.size() > 1) {
+    check(!pipelined,
+          "zero = 1 shards the optimizer of data-parallel processes, not pipeline stages");
+    sharding = std::make_unique<dist::OptimizerSharding>(world, model->parameters());
+    optimizer->keep_only(sharding->owned_here());
+  }
+  if (pipelined)
+    pipeline = std::make_unique<dist::GptPipeline>(
+        *stages_of_replica_, dynamic_cast<nn::Gpt&>(*model),
+        cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline,
+        cfg.pipeline_schedule == "gpipe" ? dist::PipelineSchedule::gpipe
+                                         : dist::PipelineSchedule::one_f_one_b);
+  std::error_code ec;
+  fs::create_directories(cfg.out, ec);
+  check(!ec, cfg.out + ": cannot create the output folder: " + ec.message());
+}
+
+// Rows [rank B/N, (rank+1) B/N) of the inputs and the matching targets (a view; dispatch
+// makes it contiguous where a kernel needs it).
+data::Batch TrainingRun::local_batch(std::int64_t step) {
+  data::Batch batch = source.batch(step, device);
+  const dist::Communicator& comm = data_comm();
+  if (comm.size() == 1)
+    return batch;
+  std::int64_t rows = batch.inputs.dim(0) / comm.size(), first = comm.rank() * rows;
+  std::int64_t per_row = batch.targets.numel() / batch.inputs.dim(0);
+  return {batch.inputs.slice(0, first, first + rows),
+          batch.targets.slice(0, first * per_row, (first + rows) * per_row)};
+}
+
+nn::ForwardOptions TrainingRun::forward_options(std::int64_t step) const {
+  return nn::ForwardOptions{true,
+                            nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xd20f, step)};
+}
+
+void TrainingRun::update(double lr) {
+  optimizer->step(lr);
+  optimizer->zero_grad();
+  if (sharding)
+    sharding->share_updates(model->parameters());
+}
+
+void TrainingRun::gather_full_state(bool moments) {
+  if (pipeline)
+    pipeline->gather_to_all(optimizer.get());  // rank 0 needs every stage's weights
+  if (sharding && moments)
+    sharding->gather_moments(optimizer->first_moments(), optimizer->second_moments(),
+                             model->parameters());
+}
+
+void TrainingRun::release_full_state() {
+  if (sharding)
+    optimizer->keep_only(sharding->owned_here());
+}
+
+// ---------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------
+
+Report::Report(TrainingRun& run)
+    : run_(run),
+      progress_(run.cfg.steps, run.cfg.progress && !run.cfg.json && run.lead, run.cfg.log_every,
+                run.lead) {
+  const TrainConfig& cfg = run.cfg;
+  if (run.lead) {
+    metrics_.open(cfg.out + "/metrics.jsonl", cfg.resume ? std::ios::app : std::ios::trunc);
+    check(metrics_.good(), cfg.out + "/metrics.jsonl: cannot open for writing");
+  }
+  if (!cfg.json && run.lead)
+    std::printf(
+        "loom: training %s (%lld parameters) on %s, %lld steps from step %lld, %lld threads\n",
+        cfg.model.c_str(), static_cast<long long>(run.model->parameter_count()),
+        run.source.text() ? run.source.dataset().source().c_str() : "mnist",
+        static_cast<long long>(cfg.steps), static_cast<long long>(run.start),
+        static_cast<long long>(cfg.threads));
+}
+
+void Report::step(std::int64_t step, double loss, double lr, double seconds) {
+  check(std::isfinite(loss), "training diverged: loss = " + std::to_string(loss) + " at step " +
+                                 std::to_string(step + 1) + "; lower --lr");
+  if (step_seconds_.empty())
+    loss_first_ = loss;
+  loss_last_ = loss;
+  step_seconds_.push_back(seconds);
+  progress_.update(step, loss, static_cast<double>(run_.source.items_per_step()) / seconds, seconds,
+                   run_.source.unit());
+  record(
+      nlohmann::json{{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"ms", seconds * 1e3}}.dump());
+}
+
+void Report::message(const std::string& line) {
+  if (run_.lead && !run_.cfg.json && !line.empty())
+    progress_.message(line);
+}
+
+void Report::record(const std::string& json_line) {
+  metrics_ << json_line << "\n";
+}
+
+void Report::flush() {
+  metrics_.flush();
+}
+
+Summary Report::finish(std::int64_t steps) {
+  progress_.finish();
+  Summary summary;
+  summary.lead = run_.lead;
+  summary.steps = steps;
+  summary.loss_first = loss_first_;
+  summary.loss_last = loss_last_;
+  // The first step pays one-time costs (allocations, oneDNN kernel selection).
+  std::vector<double> timed(step_seconds_.begin() + (step_seconds_.size() > 1 ? 1 : 0),
+                            step_seconds_.end());
+  summary.step_ms_median = median(timed) * 1e3;
+  summary.tokens_per_s =
+      summary.step_ms_median > 0
+          ? static_cast<double>(run_.source.items_per_step()) / (summary.step_ms_median / 1e3)
+          : 0;
+  return summary;
+}
+
+void Report::measure_memory(Summary& summary) {
+  // A data-parallel job's footprint is all of its processes: the sum of their peaks
+  // (in KiB: a float sum is exact below 16 GiB, within 1e-7 relative above).
+  float kib = static_cast<float>(peak_rss_bytes() / 1024);
+  run_.world.all_reduce_sum(std::span<float>(&kib, 1));
+  summary.peak_rss_bytes = static_cast<std::int64_t>(kib) * 1024;
+}
+
+// ---------------------------------------------------------------------------
+// Evaluation
+// ---------------------------------------------------------------------------
+
+Evaluation::Evaluation(TrainingRun& run) : run_(run) {
+  const TrainConfig& cfg = run.cfg;
+  if (!run.source.text() || cfg.eval_every <= 0 || !run.lead)
+    return;
+  for (std::int64_t i = 0; i < cfg.eval_batches; ++i)
+    val_batches_.push_back(run.source.dataset().sample(
+        run.source.dataset().val(), cfg.batch, cfg.context,
+        nn::mix_seed(static_cast<std::uint64_t>(cfg.seed) ^ 0xe7a1, i), run.device));
+}
+
+bool Evaluation::due(std::int64_t step) const {
+  return run_.cfg.eval_every > 0 && (step + 1) % run_.cfg.eval_every == 0 && run_.source.text();
+}
+
+void Evaluation::estimate(std::int64_t step, Report& report) {
+  if (!run_.lead || val_batches_.empty())
+    return;
+  double val = mean_loss(*run_.model, val_batches_);
+  report.message("step " + std::to_string(step + 1) + ": val loss " + std::to_string(val) +
+                 " (estimate over " + std::to_string(run_.cfg.eval_batches) + " batches)");
+  report.record(nlohmann::json{{"step", step + 1}, {"val_loss_estimate", val}}.dump());
+}
+
+void Evaluation::final(Summary& summary, Report& report) {
+  const TrainConfig& cfg = run_.cfg;
+  if (!run_.lead)
+    return;
+  const data::TextDataset& text = run_.source.dataset();
+  if (run_.source.text() && cfg.final_eval) {
+    // An exported graph may have its batch size baked into reshapes: evaluate it in full
+    // batches of the training batch (the last val_windows % batch windows are left out).
+    summary.val_loss =
+        cfg.model == "onnx"
+            ? mean_loss(*run_.model,
+                        data::eval_windows(text.val(), cfg.context, cfg.batch, run_.device, true))
+            : mean_loss(*run_.model, data::eval_windows(text.val(), cfg.context, 64, run_.device));
+    report.record(nlohmann::json{{"step", cfg.steps}, {"val_loss", *summary.val_loss}}.dump());
+  }
+  if (!run_.source.text()) {
+    summary.test_accuracy = test_accuracy(*run_.model, run_.source.test_set(), run_.device);
+    report.record(
+        nlohmann::json{{"step", cfg.steps}, {"test_accuracy", *summary.test_accuracy}}.dump());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints and the stop rule
+// ---------------------------------------------------------------------------
+
+Checkpoints::Checkpoints(TrainingRun& run)
+    : run_(run),
+      vocab_utf8_(run.source.text() && run.cfg.data != "random"
+                      ? run.source.dataset().tokenizer().alphabet_utf8()
+                      : ""),
+      config_json_(run.cfg.to_json()) {}
+
+bool Checkpoints::due(std::int64_t step, std::int64_t end) const {
+  const TrainConfig& cfg = run_.cfg;
+  return cfg.save && cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 && step + 1 < end;
+}
+
+void Checkpoints::save(std::int64_t steps_done) {
+  run_.gather_full_state(true);
+  if (run_.lead)
+    save_checkpoint(run_.checkpoint_dir(), *run_.model, run_.spec, vocab_utf8_, *run_.optimizer,
+                    steps_done, config_json_);
+  run_.release_full_state();
+}
+
+void Checkpoints::save_final(std::int64_t steps_done) {
+  run_.gather_full_state(run_.cfg.save);
+  if (run_.lead && run_.cfg.save)
+    save_checkpoint(run_.checkpoint_dir(), *run_.model, run_.spec, vocab_utf8_, *run_.optimizer,
+                    steps_done, config_json_);
+}
+
+StopRule::StopRule(const TrainConfig& cfg)
+    : end_(cfg.stop_after > 0 ? std::min(cfg.stop_after, cfg.steps) : cfg.steps) {}
+
+}  // namespace loom::train

@@ -1,0 +1,162 @@
+// train/training_run.h — what a training run is made of, and the pieces its loop calls.
+//
+// run_training (trainer.cpp) is one short loop over pieces with one job each:
+//   TrainingRun   the run's processes, data, model and optimizer, set up (or resumed) once
+//   StepMode      how a step runs: eager, graph (captured once, replayed) or pipeline,
+//                 with the gradient exchange among data-parallel processes that goes with it
+//   Evaluation    when to estimate the validation loss, and the final evaluation
+//   Checkpoints   when to write a checkpoint, and writing it (gathering sharded state first)
+//   StopRule      when to stop
+//   Report        progress line, metrics.jsonl and the summary
+// A new way of running a step is a new StepMode; a new reason to stop is the StopRule's.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/text.h"
+#include "dist/communicator.h"
+#include "dist/pipeline.h"
+#include "nn/model.h"
+#include "optim/adamw.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/progress.h"
+#include "train/source.h"
+#include "train/trainer.h"
+
+namespace loom::train {
+
+// Data parallelism: each of the job's processes (mpirun -np N) trains on its share of
+// every batch; gradients are averaged, so the N processes take the steps one process
+// would take with the whole batch. Rank 0 alone logs, evaluates and writes. With
+// pipeline = P the processes form replicas of P pipeline stages each (dist/pipeline.h;
+// rank = replica * P + stage): the replicas are data parallel, the stages of one replica
+// split its share of the batch into micro-batches.
+class TrainingRun {
+ public:
+  explicit TrainingRun(const TrainConfig& config);
+  TrainingRun(const TrainingRun&) = delete;
+  TrainingRun& operator=(const TrainingRun&) = delete;
+
+  const TrainConfig& cfg;
+  Backend& device;
+  dist::Communicator& world;
+  bool lead;       // rank 0: the process that reports, evaluates and writes
+  bool pipelined;  // pipeline > 1
+  Source source;
+  ModelSpec spec;
+  std::unique_ptr<nn::Model> model;
+  std::unique_ptr<optim::AdamW> optimizer;
+  std::unique_ptr<dist::OptimizerSharding> sharding;  // zero = 1: 1/N of AdamW's state here
+  std::unique_ptr<dist::GptPipeline> pipeline;
+  std::int64_t start = 0;  // the first step (a resumed run's checkpoint step)
+
+  // The processes that average gradients: the world, or the replicas of this stage.
+  dist::Communicator& data_comm() const { return *data_comm_; }
+  std::string checkpoint_dir() const { return cfg.out + "/checkpoint"; }
+  // This process's share of step `step`'s batch (all of it without data parallelism).
+  data::Batch local_batch(std::int64_t step);
+  // Training-mode forward options of step `step` (its dropout seed).
+  nn::ForwardOptions forward_options(std::int64_t step) const;
+  // The optimizer step at learning rate `lr`, then the next step's zeroed gradients
+  // (with ZeRO, the owners' new values go to every process).
+  void update(double lr);
+  // Makes the whole model present on every process (pipeline stages exchange weights and
+  // moments); with `moments`, also the optimizer state (ZeRO gathers its shards). Before
+  // evaluating or saving; release_full_state() returns to the sharded state.
+  void gather_full_state(bool moments);
+  void release_full_state();
+
+ private:
+  std::unique_ptr<dist::Communicator> stages_of_replica_, replicas_of_stage_;
+  dist::Communicator* data_comm_;
+};
+
+// How a step runs. After run(step) the parameters hold the clipped gradient of the whole
+// batch's mean loss, exchanged among the data-parallel processes.
+class StepMode {
+ public:
+  virtual ~StepMode() = default;
+  // Forward and backward of step `step`; returns the whole batch's loss (every process).
+  virtual double run(std::int64_t step) = 0;
+  // A line for the log after step `step` (e.g. once a graph is captured), or empty.
+  virtual std::string note(std::int64_t /*step*/) const { return {}; }
+  // Adds what the mode knows to the run's summary (graph size, overlapped buckets).
+  virtual void summarize(Summary& summary) const { (void)summary; }
+};
+// eager | graph (with the all-reduce overlapped when asked) | pipeline.
+std::unique_ptr<StepMode> make_step_mode(TrainingRun& run);
+
+// Progress line, metrics.jsonl (rank 0's) and the summary's figures.
+class Report {
+ public:
+  explicit Report(TrainingRun& run);
+  // A finished step: its loss, learning rate and wall time.
+  void step(std::int64_t step, double loss, double lr, double seconds);
+  // A line that stays in the log (lead process, not in --json mode).
+  void message(const std::string& line);
+  // One line of metrics.jsonl.
+  void record(const std::string& json_line);
+  void flush();
+  // The summary of the steps reported (losses, median step time, throughput).
+  Summary finish(std::int64_t steps);
+  // Peak memory, summed over the job's processes (a collective: every process calls it).
+  void measure_memory(Summary& summary);
+
+ private:
+  TrainingRun& run_;
+  Progress progress_;
+  std::ofstream metrics_;  // rank 0's; writes to a closed stream do nothing
+  std::vector<double> step_seconds_;
+  double loss_first_ = 0, loss_last_ = 0;
+};
+
+// Validation estimates every eval_every steps (text models) and the final evaluation.
+class Evaluation {
+ public:
+  explicit Evaluation(TrainingRun& run);
+  bool due(std::int64_t step) const;  // after step `step` (0-based)
+  // The lead process's estimate over a fixed set of validation batches.
+  void estimate(std::int64_t step, Report& report);
+  // Full validation loss (text) or test accuracy (images), into the summary and metrics.
+  void final(Summary& summary, Report& report);
+
+ private:
+  TrainingRun& run_;
+  std::vector<data::Batch> val_batches_;  // fixed, so estimates at different steps compare
+};
+
+// Checkpoints every ckpt_every steps and at the end; resume reads them (TrainingRun).
+class Checkpoints {
+ public:
+  explicit Checkpoints(TrainingRun& run);
+  bool due(std::int64_t step, std::int64_t end) const;  // after step `step`, not the last
+  // Writes the checkpoint of `steps_done` steps (lead process; every process gathers).
+  void save(std::int64_t steps_done);
+  // The end of the run: gathers the whole model (for the final evaluation too) and saves.
+  void save_final(std::int64_t steps_done);
+
+ private:
+  TrainingRun& run_;
+  std::string vocab_utf8_, config_json_;
+};
+
+// When the loop stops: after `steps`, or after `stop_after` with a checkpoint.
+class StopRule {
+ public:
+  explicit StopRule(const TrainConfig& cfg);
+  std::int64_t end() const { return end_; }  // one past the last step to run
+  bool reached(std::int64_t step) const { return step >= end_; }
+
+ private:
+  std::int64_t end_;
+};
+
+// Token-weighted mean loss of `model` over `batches` (no gradients).
+double mean_loss(nn::Model& model, const std::vector<data::Batch>& batches);
+
+}  // namespace loom::train
