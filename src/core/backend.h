@@ -1,7 +1,7 @@
 // core/backend.h — the hardware contract. A new chip implements Backend and Stream;
 // everything above floor 1 (dispatch, autograd, nn, training) is written against this.
 //
-// Rules (DESIGN.md): a Buffer is an RAII handle that returns its bytes to the backend
+// Rules (docs/architecture.md): a Buffer is an RAII handle that returns its bytes to the backend
 // that made it; work on a Stream is ordered; order across streams is expressed with
 // Timeline values (monotonic counters, as IREE's timeline semaphores), never implied.
 #pragma once

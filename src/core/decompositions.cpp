@@ -1,5 +1,5 @@
 // Decompositions: composite operators written with other catalog operators, so a
-// backend that lacks them still runs them on its own device (DESIGN.md, dispatch).
+// backend that lacks them still runs them on its own device (docs/architecture.md, dispatch).
 // Each is the op's math spelled with primitives; the conformance suite checks them
 // against the reference kernels through a backend that has only a few primitives.
 #include <array>
