@@ -21,7 +21,7 @@ namespace {
 
 using loom::train::TrainConfig;
 
-constexpr const char* kBoolFlags[] = {"resume", "json"};
+constexpr const char* kBoolFlags[] = {"resume", "auto_resume", "json"};
 
 bool is_bool_flag(const std::string& key) {
   for (const char* k : kBoolFlags)
@@ -119,13 +119,14 @@ int main(int argc, char** argv) {
       }
       cfg.finalize();
       loom::train::Summary summary = loom::train::run_training(cfg);
+      const int status = summary.preempted ? loom::train::kExitPreempted : 0;
       if (!summary.lead)
-        return 0;  // rank 0 of a data-parallel job reports
+        return status;  // rank 0 of a data-parallel job reports
       if (cfg.json) {
         std::printf("%s\n", summary.to_json().c_str());
       } else {
-        std::printf("done: %lld steps, loss %.4f -> %.4f", static_cast<long long>(summary.steps),
-                    summary.loss_first, summary.loss_last);
+        std::printf("%s: %lld steps, loss %.4f -> %.4f", summary.preempted ? "preempted" : "done",
+                    static_cast<long long>(summary.steps), summary.loss_first, summary.loss_last);
         if (summary.val_loss)
           std::printf(", val loss %.4f", *summary.val_loss);
         if (summary.test_accuracy)
@@ -135,6 +136,7 @@ int main(int argc, char** argv) {
                     static_cast<double>(summary.peak_rss_bytes) / (1 << 20));
         std::printf("checkpoint: %s/checkpoint\n", cfg.out.c_str());
       }
+      return status;
     } else if (sample->parsed()) {
       std::printf("%s%s\n", prompt.c_str(),
                   loom::train::sample_text(sample_ckpt, prompt, sample_tokens, temperature,

@@ -39,8 +39,10 @@ struct TrainConfig {
   std::string precision = "f32";  // f32 | bf16 (operands of the matmul products; weights stay f32)
   // evaluation, logging, checkpoints
   std::int64_t eval_every = 250, eval_batches = 20, log_every = 10, ckpt_every = 500;
+  std::int64_t keep_checkpoints = 2;  // complete checkpoints kept (checkpoint_store.h)
   std::string out = "out";
   bool resume = false;
+  bool auto_resume = false;     // resume when OUT has a checkpoint, else start fresh
   std::int64_t stop_after = 0;  // stop (with a checkpoint) once this step is done; 0: run to steps
   std::string init;             // checkpoint whose weights start the run
   bool json = false;            // print one JSON summary object as the last line

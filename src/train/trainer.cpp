@@ -43,6 +43,8 @@ std::string Summary::to_json() const {
     j["graph_memory_bytes"] = *graph_memory_bytes;
   if (overlapped_buckets)
     j["overlapped_buckets"] = *overlapped_buckets;
+  if (preempted)
+    j["preempted"] = true;
   return j.dump();
 }
 
@@ -53,7 +55,7 @@ Summary run_training(const TrainConfig& cfg) {
   Report report(run);
   Evaluation evaluation(run);
   Checkpoints checkpoints(run);
-  StopRule stop(cfg);
+  StopRule stop(cfg, run.world);
   std::int64_t step = run.start;
   for (; !stop.reached(step); ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -72,10 +74,15 @@ Summary run_training(const TrainConfig& cfg) {
       evaluation.estimate(step, report);
     report.flush();
   }
+  if (stop.preempted())
+    report.message("stop signal: checkpoint at step " + std::to_string(step) +
+                   ", exiting as preempted (resume with --resume)");
   checkpoints.save_final(step);
   Summary summary = report.finish(step - run.start);
+  summary.preempted = stop.preempted();
   mode->summarize(summary);
-  evaluation.final(summary, report);
+  if (!summary.preempted)  // a preempted job must leave promptly
+    evaluation.final(summary, report);
   report.measure_memory(summary);
   return summary;
 }

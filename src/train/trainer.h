@@ -19,9 +19,14 @@ struct Summary {
   // Graph mode: nodes replayed per step, bytes of planned memory for the intermediates,
   // and all-reduce buckets per step overlapped with the backward pass (data parallel).
   std::optional<std::int64_t> graph_nodes, graph_memory_bytes, overlapped_buckets;
-  bool lead = true;  // rank 0 of a data-parallel job (the one that reports)
+  bool lead = true;        // rank 0 of a data-parallel job (the one that reports)
+  bool preempted = false;  // stopped by SIGTERM/SIGINT after a checkpoint: resumable
   std::string to_json() const;
 };
+
+// The exit status of `loom train` stopped by SIGTERM or SIGINT after writing a checkpoint:
+// "preempted, resumable with --resume" (EX_TEMPFAIL of sysexits.h: try again later).
+inline constexpr int kExitPreempted = 75;
 
 // Runs training as configured (config.finalize() already called). Prints progress.
 Summary run_training(const TrainConfig& config);

@@ -1,10 +1,13 @@
 #include "train/training_run.h"
 
+#include <signal.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -12,6 +15,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "dispatch/devices.h"
+#include "io/atomic_file.h"
 #include "nn/init.h"
 #include "nn/onnx_model.h"
 
@@ -47,6 +51,33 @@ void check_imported_model(const nn::Model& model, const TrainConfig& cfg, const 
                                      (tokens ? "token ids" : "float images") +
                                      (source.text() ? ", not text (data = " + cfg.data + ")"
                                                     : ", not MNIST images; give --data FILE"));
+}
+
+// A resumed run repeats the steps after its checkpoint: their lines (written before the
+// interruption) are dropped, so metrics.jsonl holds each step once. Atomic rewrite.
+void keep_metrics_through(const std::string& path, std::int64_t step) {
+  std::ifstream in(path);
+  if (!in.good())
+    return;
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  std::string kept;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
+    if (line.empty())
+      continue;
+    nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    const bool valid = !record.is_discarded() && record.is_object() && record.contains("step") &&
+                       record["step"].is_number_integer();
+    if (!valid && i + 1 == lines.size())
+      continue;  // the last line, torn by a kill during its write
+    check(valid, path + ": line " + std::to_string(i + 1) +
+                     " is not a metrics record with an integer 'step'; cannot resume its log");
+    if (record["step"].get<std::int64_t>() <= step)
+      kept += line + "\n";
+  }
+  io::write_file_atomically(path, kept);
 }
 
 double median(std::vector<double> v) {
@@ -104,7 +135,8 @@ TrainingRun::TrainingRun(const TrainConfig& config)
       lead(world.rank() == 0),
       pipelined(config.pipeline > 1),
       source(config),
-      data_comm_(&world) {
+      data_comm_(&world),
+      store_(config.out, static_cast<int>(config.keep_checkpoints)) {
   spec = ModelSpec{cfg.model, source.vocab(), cfg.context, cfg.layers, cfg.heads,
                    cfg.width, cfg.dropout,    cfg.bias,    cfg.onnx};
   if (pipelined) {
@@ -131,9 +163,15 @@ TrainingRun::TrainingRun(const TrainConfig& config)
     load_weights(cfg.init, *model);
   optimizer = std::make_unique<optim::AdamW>(
       model->parameters(), optim::AdamWConfig{cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});
-  start = cfg.resume ? load_checkpoint(checkpoint_dir(), *model, *optimizer) : 0;
-  check(start <= cfg.steps, checkpoint_dir() + ": checkpoint is at step " + std::to_string(start) +
-                                ", beyond steps = " + std::to_string(cfg.steps));
+  const std::string folder = cfg.resume || cfg.auto_resume ? store_.newest() : "";
+  resumed = !folder.empty();
+  if (cfg.resume || resumed) {
+    check(!folder.empty(), cfg.out + ": no checkpoint to resume from (expected " +
+                               store_.link_path() + " or " + cfg.out + "/checkpoints/step-*)");
+    start = load_checkpoint(folder, *model, *optimizer);
+    check(start <= cfg.steps, folder + ": checkpoint is at step " + std::to_string(start) +
+                                  ", beyond steps = " + std::to_string(cfg.steps));
+  }
   std::vector<nn::Parameter> params = model->parameters();
   dist::broadcast_parameters(world, params);
   if (cfg.zero == 1 && world.size() > 1) {
@@ -201,7 +239,9 @@ Report::Report(TrainingRun& run)
                 run.lead) {
   const TrainConfig& cfg = run.cfg;
   if (run.lead) {
-    metrics_.open(cfg.out + "/metrics.jsonl", cfg.resume ? std::ios::app : std::ios::trunc);
+    if (run.resumed)
+      keep_metrics_through(cfg.out + "/metrics.jsonl", run.start);
+    metrics_.open(cfg.out + "/metrics.jsonl", run.resumed ? std::ios::app : std::ios::trunc);
     check(metrics_.good(), cfg.out + "/metrics.jsonl: cannot open for writing");
   }
   if (!cfg.json && run.lead)
@@ -330,22 +370,63 @@ bool Checkpoints::due(std::int64_t step, std::int64_t end) const {
   return cfg.save && cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 && step + 1 < end;
 }
 
+void Checkpoints::write(std::int64_t steps_done) {
+  run_.checkpoints().publish(steps_done, [&](const std::string& folder) {
+    save_checkpoint(folder, *run_.model, run_.spec, vocab_utf8_, *run_.optimizer, steps_done,
+                    config_json_);
+  });
+}
+
 void Checkpoints::save(std::int64_t steps_done) {
   run_.gather_full_state(true);
   if (run_.lead)
-    save_checkpoint(run_.checkpoint_dir(), *run_.model, run_.spec, vocab_utf8_, *run_.optimizer,
-                    steps_done, config_json_);
+    write(steps_done);
   run_.release_full_state();
 }
 
 void Checkpoints::save_final(std::int64_t steps_done) {
   run_.gather_full_state(run_.cfg.save);
   if (run_.lead && run_.cfg.save)
-    save_checkpoint(run_.checkpoint_dir(), *run_.model, run_.spec, vocab_utf8_, *run_.optimizer,
-                    steps_done, config_json_);
+    write(steps_done);
 }
 
-StopRule::StopRule(const TrainConfig& cfg)
-    : end_(cfg.stop_after > 0 ? std::min(cfg.stop_after, cfg.steps) : cfg.steps) {}
+namespace {
+// The signal that asked the run to stop (0: none). Handlers may only touch such a flag.
+volatile std::sig_atomic_t stop_signal = 0;
+struct sigaction previous_term, previous_int;
+
+void on_stop_signal(int signal) {
+  if (stop_signal != 0 && signal == SIGINT) {  // asked twice: stop now
+    ::sigaction(SIGINT, &previous_int, nullptr);
+    std::raise(SIGINT);
+    return;
+  }
+  stop_signal = signal;
+}
+}  // namespace
+
+StopRule::StopRule(const TrainConfig& cfg, dist::Communicator& world)
+    : end_(cfg.stop_after > 0 ? std::min(cfg.stop_after, cfg.steps) : cfg.steps), world_(world) {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGTERM, &action, &previous_term);
+  ::sigaction(SIGINT, &action, &previous_int);
+}
+
+StopRule::~StopRule() {
+  ::sigaction(SIGTERM, &previous_term, nullptr);
+  ::sigaction(SIGINT, &previous_int, nullptr);
+}
+
+bool StopRule::reached(std::int64_t step) {
+  if (step >= end_)
+    return true;
+  float asked = stop_signal != 0 ? 1.0f : 0.0f;
+  if (world_.size() > 1)
+    world_.all_reduce_sum(std::span<float>(&asked, 1));
+  preempted_ = asked > 0;
+  return preempted_;
+}
 
 }  // namespace loom::train

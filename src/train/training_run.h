@@ -23,6 +23,7 @@
 #include "nn/model.h"
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_store.h"
 #include "train/config.h"
 #include "train/progress.h"
 #include "train/source.h"
@@ -54,10 +55,12 @@ class TrainingRun {
   std::unique_ptr<dist::OptimizerSharding> sharding;  // zero = 1: 1/N of AdamW's state here
   std::unique_ptr<dist::GptPipeline> pipeline;
   std::int64_t start = 0;  // the first step (a resumed run's checkpoint step)
+  bool resumed = false;    // started from a checkpoint (resume, or auto_resume that found one)
 
   // The processes that average gradients: the world, or the replicas of this stage.
   dist::Communicator& data_comm() const { return *data_comm_; }
-  std::string checkpoint_dir() const { return cfg.out + "/checkpoint"; }
+  // OUT/checkpoints/step-*, published as OUT/checkpoint (checkpoint_store.h).
+  CheckpointStore& checkpoints() { return store_; }
   // This process's share of step `step`'s batch (all of it without data parallelism).
   data::Batch local_batch(std::int64_t step);
   // Training-mode forward options of step `step` (its dropout seed).
@@ -74,6 +77,7 @@ class TrainingRun {
  private:
   std::unique_ptr<dist::Communicator> stages_of_replica_, replicas_of_stage_;
   dist::Communicator* data_comm_;
+  CheckpointStore store_;
 };
 
 // How a step runs. After run(step) the parameters hold the clipped gradient of the whole
@@ -141,19 +145,32 @@ class Checkpoints {
   void save_final(std::int64_t steps_done);
 
  private:
+  void write(std::int64_t steps_done);
   TrainingRun& run_;
   std::string vocab_utf8_, config_json_;
 };
 
-// When the loop stops: after `steps`, or after `stop_after` with a checkpoint.
+// When the loop stops: after `steps`; after `stop_after` (with a checkpoint); or at the
+// first step boundary after SIGTERM or SIGINT reached any of the job's processes (with a
+// checkpoint, then exit code kExitPreempted). The processes agree on that step: each
+// boundary sums the processes' flags (one all-reduce of one number), so all stop after
+// the same step. While a StopRule lives, a second SIGINT ends the process at once.
 class StopRule {
  public:
-  explicit StopRule(const TrainConfig& cfg);
+  StopRule(const TrainConfig& cfg, dist::Communicator& world);
+  ~StopRule();  // restores the previous signal handlers
+  StopRule(const StopRule&) = delete;
+  StopRule& operator=(const StopRule&) = delete;
   std::int64_t end() const { return end_; }  // one past the last step to run
-  bool reached(std::int64_t step) const { return step >= end_; }
+  // Whether the loop stops before step `step` (a collective when the job has processes).
+  bool reached(std::int64_t step);
+  // The loop stopped for a signal: the run is preempted and resumable.
+  bool preempted() const { return preempted_; }
 
  private:
   std::int64_t end_;
+  dist::Communicator& world_;
+  bool preempted_ = false;
 };
 
 // Token-weighted mean loss of `model` over `batches` (no gradients).
