@@ -24,33 +24,6 @@ double percentile(std::vector<double> values, double q) {
 
 }  // namespace
 
-Policy parse_policy(const std::string& text) {
-  for (Policy p : all_policies())
-    if (text == policy_name(p))
-      return p;
-  throw Error("policy '" + text + "' is not one of: fifo, backfill, sjf, fastest, las");
-}
-
-const char* policy_name(Policy policy) {
-  switch (policy) {
-    case Policy::fifo:
-      return "fifo";
-    case Policy::backfill:
-      return "backfill";
-    case Policy::sjf:
-      return "sjf";
-    case Policy::fastest:
-      return "fastest";
-    case Policy::las:
-      return "las";
-  }
-  return "?";
-}
-
-std::vector<Policy> all_policies() {
-  return {Policy::fifo, Policy::backfill, Policy::sjf, Policy::fastest, Policy::las};
-}
-
 namespace {
 
 // The simulation's state and its event handlers; simulate() runs it once.
@@ -88,6 +61,17 @@ class Simulation {
             best_seconds_[j] == 0 ? it->second : std::min(best_seconds_[j], it->second);
       }
     }
+    // Each job as the policy core sees it: its chips and the pools that can run it (in
+    // the fleet's order) with its run time on each; the key is set when it is queued.
+    candidates_.resize(n);
+    for (std::size_t j = 0; j < n; ++j) {
+      candidates_[j].job = j;
+      candidates_[j].chips = jobs[j].chips;
+      for (int p : runnable_[j])
+        candidates_[j].options.push_back({p, seconds_on(j, p)});
+    }
+    for (std::size_t p = 0; p < fleet.pools.size(); ++p)
+      terms_.push_back({fleet.label(p), 0});
     // Waiting jobs in classes of equal shape (chips asked for, pools that can run them),
     // each ordered by the policy's key: arrival rank, or remaining run time for sjf. Jobs
     // of one class fit wherever any of them does, so a scheduling pass looks at the head
@@ -213,7 +197,8 @@ class Simulation {
     return queue;
   }
   void enqueue(std::size_t j) {
-    waiting_[class_[j]].insert({key(j), j});
+    candidates_[j].key = key(j);
+    waiting_[class_[j]].insert({candidates_[j].key, j});
     ++queued_;
   }
 
@@ -389,49 +374,44 @@ class Simulation {
     }
   }
 
-  int choose_pool(std::size_t j) const {
-    int chosen = -1;
-    for (int p : runnable_[j]) {
-      if (!pools_[static_cast<std::size_t>(p)].fits(jobs_[j].chips))
-        continue;
-      if (policy_ != Policy::fastest)
-        return p;  // the first pool with room, in the fleet's order
-      if (chosen < 0 || seconds_on(j, p) < seconds_on(j, chosen))
-        chosen = p;
+  // The policy core (policy.h) sees the pools' room through this view.
+  class PoolRoom : public Room {
+   public:
+    explicit PoolRoom(const std::vector<PoolState>& pools) : pools_(pools) {}
+    bool fits(int pool, std::int64_t chips) const override {
+      return pools_[static_cast<std::size_t>(pool)].fits(chips);
     }
-    return chosen;
-  }
-  // Repeatedly: the waiting job first in the policy's order among those that fit now
-  // starts (fifo: the first job overall, or nothing until it fits).
+    std::int64_t free_chips(int pool) const override {
+      return pools_[static_cast<std::size_t>(pool)].up_chips();
+    }
+
+   private:
+    const std::vector<PoolState>& pools_;
+  };
+
+  // Repeatedly: the policy core picks, among the heads of the waiting classes, the job to
+  // start and its pool (fifo: the first job overall, or nothing until it fits).
   void schedule(double now) {
+    const PoolRoom room(pools_);
+    std::vector<const WaitingJob*> heads;
     while (queued_ > 0) {
-      bool room = false;
+      bool any_room = false;
       for (const PoolState& s : pools_)
-        room = room || s.any_free();
-      if (!room)
+        any_room = any_room || s.any_free();
+      if (!any_room)
         return;
-      const std::pair<double, std::size_t>* best = nullptr;
-      std::size_t best_class = 0;
-      for (std::size_t c = 0; c < waiting_.size(); ++c) {
-        if (waiting_[c].empty())
-          continue;
-        const auto& head = *waiting_[c].begin();
-        if (best != nullptr && *best < head)
-          continue;
-        if (policy_ != Policy::fifo && choose_pool(head.second) < 0)
-          continue;
-        best = &head;
-        best_class = c;
-      }
-      if (best == nullptr)
+      heads.clear();
+      for (const auto& cls : waiting_)
+        if (!cls.empty())
+          heads.push_back(&candidates_[cls.begin()->second]);
+      std::optional<Choice> choice = choose_start(policy_, heads, terms_, room, now, false);
+      if (!choice)
         return;
-      const std::size_t j = best->second;
-      const int p = choose_pool(j);
-      if (p < 0)
-        return;  // fifo: the first job waits, and so does everyone behind it
-      waiting_[best_class].erase(waiting_[best_class].begin());
+      const std::size_t j = heads[choice->candidate]->job;
+      auto& cls = waiting_[class_[j]];
+      cls.erase(cls.begin());
       --queued_;
-      start(j, p, now);
+      start(j, choice->pool, now);
     }
   }
 
@@ -476,6 +456,8 @@ class Simulation {
   std::mt19937_64 rng_;
   std::vector<PoolState> pools_;
   std::vector<std::vector<int>> runnable_;
+  std::vector<WaitingJob> candidates_;
+  std::vector<PoolTerms> terms_;
   std::vector<double> best_seconds_, left_, rank_, attained_;  // attained: chip-seconds held
   std::vector<bool> stopped_;  // interrupted or preempted: a restart costs restart_min
   std::set<std::size_t> running_jobs_;

@@ -4,7 +4,9 @@
 //
 // Placement: a job runs on one pool (one chip type). A job that fits in a node goes to
 // the node it fills best (best fit, so whole nodes stay free for big jobs); a larger job
-// takes whole free nodes. Jobs run to completion (no preemption, no migration).
+// takes whole free nodes. Which waiting job starts, and on which pool, is the policy
+// core's decision (policy.h), the same call the live fleet service makes. Jobs run to
+// completion, except under las (preemptive) and node failures.
 #pragma once
 
 #include <cstdint>
@@ -13,22 +15,9 @@
 
 #include "cluster/sched/fleet.h"
 #include "cluster/sched/jobs.h"
+#include "cluster/sched/policy.h"
 
 namespace loom::cluster {
-
-enum class Policy {
-  fifo,      // arrival order; the first job waits until some pool has room (head-of-line blocking)
-  backfill,  // arrival order, but a job that does not fit yet lets later ones start
-  sjf,       // shortest job first (its run time on its fastest chip type), skipping as backfill
-  fastest,   // arrival order with skipping; each job on the chip type, among those with room,
-             // where it finishes soonest (heterogeneity-aware)
-  las,       // least attained service first, preemptive (Tiresias' discretised LAS): every
-             // quantum, jobs in a lower service queue (under 1, 10, 100... chip-hours held)
-             // take the chips of jobs in higher ones, which checkpoint and wait
-};
-Policy parse_policy(const std::string& text);  // throws listing the policies
-const char* policy_name(Policy policy);
-std::vector<Policy> all_policies();
 
 struct Placement {
   int pool = -1;                  // index into fleet.pools where the job finished; -1: never ran
