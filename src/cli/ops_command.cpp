@@ -14,7 +14,9 @@
 #include "nn/init.h"
 #include "nn/onnx_model.h"
 #include "optim/adamw.h"
+#include "data/text.h"
 #include "train/checkpoint.h"
+#include "train/config.h"
 
 namespace loom::cli {
 namespace {
@@ -53,8 +55,8 @@ Report measure(const OpsOptions& o, Backend& device) {
     check(!o.onnx.empty(), "loom ops --model onnx needs --onnx FILE");
     spec.onnx = o.onnx;
   } else {
-    spec.width = model_kind == "mlp" ? 512 : 128;
-    spec.layers = 2;
+    spec.width = o.width_of_image_model > 0 ? o.width_of_image_model : model_kind == "mlp" ? 512 : 128;
+    spec.layers = o.layers_of_image_model > 0 ? o.layers_of_image_model : 2;
   }
   auto model = train::make_model(spec, 1, device);
   nn::Rng rng(7);
@@ -93,11 +95,11 @@ Report measure(const OpsOptions& o, Backend& device) {
       v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(classes));
     targets = Tensor::from_ints({static_cast<std::int64_t>(y.size())}, y, device);
   } else {
-    inputs = nn::normal_tensor({64, 1, 28, 28}, 1.0, rng, device);
-    std::vector<std::int32_t> y(64);
+    inputs = nn::normal_tensor({o.batch, 1, 28, 28}, 1.0, rng, device);
+    std::vector<std::int32_t> y(static_cast<std::size_t>(o.batch));
     for (auto& v : y)
       v = static_cast<std::int32_t>(rng.next() % 10);
-    targets = Tensor::from_ints({64}, y, device);
+    targets = Tensor::from_ints({o.batch}, y, device);
   }
   check(device.set_matmul_precision(o.precision == "bf16" ? DType::bf16 : DType::f32),
         "loom ops: " + std::string(device.name()) + " has no " + o.precision + " matmul products");
@@ -185,13 +187,47 @@ CLI::App* add_ops_command(CLI::App& app, OpsOptions& o) {
       ->check(CLI::Range(1, 100000));
   ops->add_option("--precision", o.precision, "f32 | bf16: the operands of matmul products")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  ops->add_option("--config", o.config,
+                  "a training config (YAML): report that run's model, shape and batch");
+  ops->add_option("--threads", o.threads, "CPU threads (default: all, or the config's)")
+      ->check(CLI::Range(1, 1024));
   ops->add_flag("--sync", o.sync,
                 "wait for each op to finish on its device, so times are device times per op "
                 "(removes overlap: for profiling)");
   return ops;
 }
 
-int run_ops(const OpsOptions& o) {
+namespace {
+// The model, shape and batch of a training config, as `loom train CONFIG` would build them
+// (the fleet service asks for the coverage and speed of a job's own model this way).
+OpsOptions with_config(OpsOptions o) {
+  train::TrainConfig cfg;
+  cfg.load_yaml(o.config);
+  cfg.finalize();
+  o.model = cfg.model;
+  o.onnx = cfg.onnx;
+  o.batch = cfg.batch;
+  if (cfg.model == "gpt") {
+    o.layers = cfg.layers;
+    o.width = cfg.width;
+    o.heads = cfg.heads;
+    o.context = cfg.context;
+    o.vocab = cfg.data == "random" ? cfg.vocab : data::TextDataset::load(cfg.data).vocab();
+  } else if (cfg.model != "onnx") {
+    o.width_of_image_model = cfg.width;
+    o.layers_of_image_model = cfg.layers;
+  }
+  o.precision = cfg.precision;
+  if (o.threads == 0)
+    o.threads = cfg.threads;
+  return o;
+}
+}  // namespace
+
+int run_ops(const OpsOptions& given) {
+  const OpsOptions o = given.config.empty() ? given : with_config(given);
+  if (o.threads > 0)
+    cpu::set_num_threads(static_cast<int>(o.threads));
   std::vector<std::string> names =
       o.backend == "all" ? dispatch::device_names() : std::vector<std::string>{o.backend};
   std::vector<Report> reports;
