@@ -78,6 +78,9 @@ Summary run_training(const TrainConfig& cfg) {
     report.message("stop signal: checkpoint at step " + std::to_string(step) +
                    ", exiting as preempted (resume with --resume)");
   checkpoints.save_final(step);
+  // Work still queued on the device finishes before the run returns: a driver's threads
+  // must not be compiling or running kernels while the process exits (PoCL's crash).
+  run.device.default_stream().synchronize();
   Summary summary = report.finish(step - run.start);
   summary.preempted = stop.preempted();
   mode->summarize(summary);

@@ -225,6 +225,11 @@ std::unique_ptr<Stream> OpenClBackend::create_stream(StreamKind) {
   return std::make_unique<OpenClStream>(*this, context_.get(), device_);
 }
 
+OpenClBackend::~OpenClBackend() {
+  if (queue_.get() != nullptr)
+    clFinish(queue_.get());
+}
+
 void OpenClBackend::upload(const void* host, Buffer& dst, std::size_t dst_offset,
                            std::size_t bytes) {
   if (bytes == 0)

@@ -56,6 +56,9 @@ class OpenClBackend final : public Backend {
   // The first OpenCL device (GPUs before others); nullptr when there is none.
   static std::unique_ptr<OpenClBackend> open();
   OpenClBackend(cl_platform_id platform, cl_device_id device);  // prefer open()
+  // Waits for the queue first: a driver may still be compiling or running enqueued work
+  // on its own threads (PoCL does), which must not outlive the process's teardown.
+  ~OpenClBackend() override;
 
   std::string_view name() const override { return "opencl"; }
   DeviceInfo info() const override;
