@@ -1,6 +1,8 @@
 #include "test_util.h"
 
 #include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -99,6 +101,13 @@ double worst_ratio(const std::vector<double>& a, const std::vector<double>& b, d
       return INFINITY;
     if (std::isnan(a[i]))
       continue;
+    // Only the same infinity matches: against an infinite b the ratio below is inf / inf =
+    // NaN, which std::max would drop, passing any value.
+    if (std::isinf(a[i]) || std::isinf(b[i])) {
+      if (a[i] != b[i])
+        return INFINITY;
+      continue;
+    }
     worst = std::max(worst, std::abs(a[i] - b[i]) / (atol + rtol * std::abs(b[i])));
   }
   return worst;
@@ -138,6 +147,15 @@ std::vector<double> metric_losses(const std::string& out) {
 std::string source_dir() {
   const char* dir = std::getenv("LOOM_SOURCE_DIR");
   return dir != nullptr ? dir : ".";
+}
+
+std::vector<std::string> fuzz_inputs(const std::string& reader) {
+  std::vector<std::string> paths;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(source_dir() + "/tests/fixtures/fuzz/" + reader))
+    paths.push_back(entry.path().string());
+  std::sort(paths.begin(), paths.end());
+  return paths;
 }
 
 std::string temp_dir(const std::string& name) {

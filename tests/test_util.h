@@ -40,5 +40,9 @@ std::vector<double> metric_losses(const std::string& out);
 
 std::string source_dir();  // the repository root (tests read data/ and tests/fixtures/)
 std::string temp_dir(const std::string& name);  // a fresh empty folder
+// The hostile inputs kept for `reader` (the entries of tests/fixtures/fuzz/READER, files
+// or folders, sorted): each one once crashed or misled a reader, and each must now give
+// a named loom::Error.
+std::vector<std::string> fuzz_inputs(const std::string& reader);
 
 }  // namespace loom::testing

@@ -1,18 +1,30 @@
 #include "cli/plan_command.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "cluster/plan/plan.h"
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace loom::cli {
 namespace {
 
 using namespace loom::cluster;
+
+// Limits on the --validate errors, in percent (absent: report only). Bound by
+// add_plan_command's parser and read by run_validate: one parse per process.
+struct ValidationLimits {
+  std::optional<double> max_median_error_pct, max_error_pct;
+};
+ValidationLimits& validation_limits() {
+  static ValidationLimits limits;
+  return limits;
+}
 
 double parse_count(const std::string& text) {  // "15.6T", "2e12", "800B"
   std::size_t used = 0;
@@ -68,7 +80,10 @@ Constraints constraints_of(const PlanOptions& o) {
   c.seq = o.seq;
   c.interleave = o.interleave;
   if (o.recompute) c.recompute = parse_recompute(*o.recompute);
-  if (o.zero) c.zero = static_cast<int>(*o.zero);
+  if (o.zero) {
+    check(*o.zero >= 0 && *o.zero <= 3, "--zero " + std::to_string(*o.zero) + ", expected 0..3");
+    c.zero = static_cast<int>(*o.zero);
+  }
   c.precision = parse_precision(o.precision);
   return c;
 }
@@ -154,6 +169,21 @@ int run_validate(const Catalog& catalog, const PlanOptions& o) {
   } else {
     std::printf("%zu runs: median |error| %.1f%%, max |error| %.1f%%\n", rows.size(), 100 * median, 100 * worst);
   }
+  // With limits, a model that drifted from the published runs fails (exit 1), so a test
+  // of `plan --validate` checks the calibration, not only that the command runs.
+  std::string exceeded;
+  auto limit = [&](const char* what, const char* flag, double error,
+                   std::optional<double> max_pct) {
+    if (!max_pct || 100 * error <= *max_pct)
+      return;
+    char line[160];
+    std::snprintf(line, sizeof line, "%s |error| %.1f%% exceeds %s %g by %.1f points", what,
+                  100 * error, flag, *max_pct, 100 * error - *max_pct);
+    exceeded += (exceeded.empty() ? "" : "; ") + std::string(line);
+  };
+  limit("median", "--max-median-error", median, validation_limits().max_median_error_pct);
+  limit("max", "--max-error", worst, validation_limits().max_error_pct);
+  check(exceeded.empty(), o.validate + ": " + exceeded);
   return 0;
 }
 
@@ -202,6 +232,12 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   plan->add_option("--catalog", o.catalog, "catalog folder (default: the repository's catalog/)");
   plan->add_option("--top", o.top, "layouts to show");
   plan->add_option("--validate", o.validate, "predict the published runs in FILE and print the errors");
+  plan->add_option("--max-median-error", validation_limits().max_median_error_pct,
+                   "PCT: with --validate, fail when the median |error| exceeds PCT percent")
+      ->check(CLI::NonNegativeNumber);
+  plan->add_option("--max-error", validation_limits().max_error_pct,
+                   "PCT: with --validate, fail when any run's |error| exceeds PCT percent")
+      ->check(CLI::NonNegativeNumber);
   plan->add_flag("--json", o.json, "one JSON object per layout");
   return plan;
 }
@@ -230,7 +266,9 @@ int run_plan(const PlanOptions& o) {
     chip_ids.push_back(o.chip);
   }
   if (o.chips && o.tp && o.pp && o.dp) {
-    std::int64_t product = *o.tp * *o.pp * *o.dp * o.cp.value_or(1);
+    const std::string what = "--tp x --pp x --dp x --cp";
+    std::int64_t product = checked_mul(checked_mul(checked_mul(*o.tp, *o.pp, what), *o.dp, what),
+                                       o.cp.value_or(1), what);
     check(product == *o.chips, "chips " + std::to_string(*o.chips) + " != tp*pp*dp*cp = " + std::to_string(*o.tp) + "*" +
                                    std::to_string(*o.pp) + "*" + std::to_string(*o.dp) + "*" +
                                    std::to_string(o.cp.value_or(1)) + " = " + std::to_string(product));
@@ -243,9 +281,11 @@ int run_plan(const PlanOptions& o) {
     if (std::size_t colon = entry.find(':'); colon != std::string::npos) {
       id = entry.substr(0, colon);
       std::string n = entry.substr(colon + 1);
-      check(!n.empty() && n.find_first_not_of("0123456789") == std::string::npos && std::stoll(n) > 0,
+      std::int64_t parsed = 0;
+      const auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), parsed);
+      check(ec == std::errc() && end == n.data() + n.size() && parsed > 0,
             "--compare '" + entry + "': count '" + n + "' is not a positive integer");
-      count = std::stoll(n);
+      count = parsed;
     }
     Chip chip = id[0] == '@' ? catalog.chip_in_system(id.substr(1)) : catalog.chip(id);
     if (!o.profile.empty()) apply_device_profile(chip, o.profile, o.precision);
@@ -258,10 +298,23 @@ int run_plan(const PlanOptions& o) {
       if (found.empty()) {
         // Say which rule the fixed parts break, when they pin the layout down.
         std::int64_t tp = o.tp.value_or(1), pp = o.pp.value_or(1), cp = o.cp.value_or(1);
-        Layout l{tp, pp, o.dp.value_or(std::max<std::int64_t>(1, *count / (tp * pp * cp))), o.ep.value_or(1), cp,
+        // search() has checked each fixed degree (1..count): divided one at a time, as
+        // their product can overflow.
+        const std::int64_t dp = o.dp.value_or(std::max<std::int64_t>(1, *count / tp / pp / cp));
+        const std::int64_t batch = o.global_batch.value_or(
+            std::llround(c.default_batch_tokens / static_cast<double>(o.seq.value_or(m.seq))));
+        Layout l{tp,
+                 pp,
+                 dp,
+                 o.ep.value_or(1),
+                 cp,
                  o.micro_batch.value_or(1),
-                 o.global_batch.value_or(std::llround(c.default_batch_tokens / static_cast<double>(o.seq.value_or(m.seq)))),
-                 o.seq.value_or(m.seq), o.interleave.value_or(1), Recompute::full, 1, c.precision};
+                 batch,
+                 o.seq.value_or(m.seq),
+                 o.interleave.value_or(1),
+                 Recompute::full,
+                 1,
+                 c.precision};
         std::string why = check_layout(m, chip, l);
         throw Error("no valid layout of " + m.id + " on " + std::to_string(*count) + " " + id + " chips" +
                     (why.empty() ? " (check that tp divides the heads, pp the layers, and chips = tp*pp*dp*cp)" : ": " + why));
@@ -274,7 +327,7 @@ int run_plan(const PlanOptions& o) {
     } else {
       check(o.budget || o.deadline, "give --chips N, --budget USD or --deadline DAYS");
       // Chip counts: multiples of the scale-up domain, doubling.
-      std::int64_t domain = chip.scaleup_domain.known() ? static_cast<std::int64_t>(*chip.scaleup_domain.value) : 8;
+      std::int64_t domain = chip.scaleup_domain.known() ? scaleup_domain_chips(chip) : 8;
       std::optional<Candidate> pick;
       for (std::int64_t n = domain; n <= 262144; n *= 2) {
         std::optional<Candidate> best = best_on(m, chip, n, c);

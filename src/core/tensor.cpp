@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 
@@ -8,14 +9,25 @@
 
 namespace loom {
 
+// The product of the non-zero dimensions is checked, not only the count: it bounds the
+// strides too, and a zero dimension must not hide an overflow elsewhere in the shape.
+// A few dims per call, so cheap enough for the hot path.
 std::int64_t shape_numel(const Shape& shape) {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape)
-    n *= d;
-  return n;
+  std::int64_t product = 1;
+  bool empty = false;
+  for (std::int64_t d : shape) {
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    if (__builtin_mul_overflow(product, d, &product))
+      throw Error("shape " + shape_str(shape) + ": the element count overflows int64");
+  }
+  return empty ? 0 : product;
 }
 
 Strides contiguous_strides(const Shape& shape) {
+  shape_numel(shape);  // throws when the strides below would overflow
   Strides strides(shape.size());
   std::int64_t stride = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
@@ -38,8 +50,12 @@ std::string shape_str(const Shape& shape) {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Backend& backend) {
   for (std::int64_t d : shape)
     check(d >= 0, "Tensor::empty: negative dimension in shape " + shape_str(shape));
+  const auto numel = static_cast<std::size_t>(shape_numel(shape));
+  check(numel <= SIZE_MAX / dtype_size(dtype), "Tensor::empty: shape " + shape_str(shape) + " of " +
+                                                   std::string(dtype_name(dtype)) +
+                                                   " needs more bytes than size_t holds");
   Tensor t;
-  std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  std::size_t bytes = numel * dtype_size(dtype);
   t.storage_ = std::make_shared<Buffer>(backend.allocate(bytes, MemoryKind::device));
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace loom::data {
@@ -28,6 +29,10 @@ std::vector<unsigned char> read_maybe_gzip(const std::string& path) {
   return out;
 }
 
+// The largest image side an IDX file may declare (MNIST's is 28): rows x cols stays within
+// 2^32, and only the count x pixels product can overflow, which is checked.
+constexpr std::int64_t kMaxSide = 65536;
+
 std::uint32_t be32(const std::vector<unsigned char>& b, std::size_t at) {
   return (std::uint32_t{b[at]} << 24) | (std::uint32_t{b[at + 1]} << 16) | (std::uint32_t{b[at + 2]} << 8) | b[at + 3];
 }
@@ -45,9 +50,21 @@ ImageSet load_idx(const std::string& images_path, const std::string& labels_path
   set.count = be32(img, 4);
   set.rows = be32(img, 8);
   set.cols = be32(img, 12);
-  std::int64_t expected = 16 + set.count * set.rows * set.cols;
-  check(static_cast<std::int64_t>(img.size()) == expected,
-        images_path + ": " + std::to_string(img.size()) + " bytes, header promises " + std::to_string(expected));
+  // Three u32 fields multiply to up to 2^96, which wrapped to the size of a tiny file: the
+  // sides are bounded and the product is checked.
+  for (auto [field, value] : {std::pair{"rows", set.rows}, std::pair{"cols", set.cols}})
+    check(value >= 1 && value <= kMaxSide, images_path + ": " + field + " = " +
+                                               std::to_string(value) + ", expected 1.." +
+                                               std::to_string(kMaxSide));
+  const std::int64_t pixels =
+      checked_mul(set.count, set.rows * set.cols,
+                  images_path + ": header count " + std::to_string(set.count) + " x rows " +
+                      std::to_string(set.rows) + " x cols " + std::to_string(set.cols));
+  check(static_cast<std::int64_t>(img.size()) - 16 == pixels,
+        images_path + ": " + std::to_string(img.size()) + " bytes, header promises " +
+            std::to_string(set.count) + " x " + std::to_string(set.rows) + " x " +
+            std::to_string(set.cols) + " = " + std::to_string(pixels) +
+            " pixels after the 16-byte header");
   std::int64_t label_count = be32(lab, 4);
   check(label_count == set.count, labels_path + ": count = " + std::to_string(label_count) + ", but " + images_path +
                                       " holds " + std::to_string(set.count) + " images");

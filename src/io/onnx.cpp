@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 
@@ -20,16 +21,19 @@ std::string data_type_name(int type) {
 }
 
 // Copies `count` values, either from the typed repeated field or from raw_data (little
-// endian, as the format specifies), converting each with `convert`.
+// endian, as the format specifies), converting each with `convert`. The data's size is
+// checked against the shape before anything is allocated: a file can declare a shape of
+// terabytes over a few bytes of data.
 template <class Out, class Raw, class Field, class Convert>
-std::vector<Out> values_of(const onnx::TensorProto& t, std::int64_t count, const Field& field,
-                           Convert convert, const std::string& where) {
-  std::vector<Out> out(static_cast<std::size_t>(count));
+std::vector<Out> values_of(const onnx::TensorProto& t, const Shape& shape, std::int64_t count,
+                           const Field& field, Convert convert, const std::string& where) {
   if (!t.raw_data().empty()) {
-    check(t.raw_data().size() == static_cast<std::size_t>(count) * sizeof(Raw),
-          where + ": raw_data holds " + std::to_string(t.raw_data().size()) +
-              " bytes, the shape needs " +
-              std::to_string(count * static_cast<std::int64_t>(sizeof(Raw))));
+    const std::size_t bytes = t.raw_data().size();
+    check(bytes % sizeof(Raw) == 0 && bytes / sizeof(Raw) == static_cast<std::uint64_t>(count),
+          where + ": raw_data holds " + std::to_string(bytes) + " bytes, the shape " +
+              shape_str(shape) + " needs " + std::to_string(count) + " values of " +
+              std::to_string(sizeof(Raw)) + " bytes");
+    std::vector<Out> out(static_cast<std::size_t>(count));
     for (std::int64_t i = 0; i < count; ++i) {
       Raw v;
       std::memcpy(&v, t.raw_data().data() + i * static_cast<std::int64_t>(sizeof(Raw)),
@@ -39,7 +43,9 @@ std::vector<Out> values_of(const onnx::TensorProto& t, std::int64_t count, const
     return out;
   }
   check(field.size() == count, where + ": holds " + std::to_string(field.size()) +
-                                   " values, the shape needs " + std::to_string(count));
+                                   " values, the shape " + shape_str(shape) + " needs " +
+                                   std::to_string(count));
+  std::vector<Out> out(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i)
     out[static_cast<std::size_t>(i)] = convert(field.Get(static_cast<int>(i)));
   return out;
@@ -50,35 +56,34 @@ Tensor to_tensor(const onnx::TensorProto& t, Backend& host, const std::string& w
         where +
             ": tensor data in an external file is not supported; save the model with its data "
             "inside");
-  Shape shape(t.dims().begin(), t.dims().end());
-  for (std::int64_t d : shape)
-    check(d >= 0, where + ": negative dimension in " + shape_str(shape));
-  const std::int64_t count = shape_numel(shape);
+  const Shape shape(t.dims().begin(), t.dims().end());
+  const std::int64_t count = checked_numel(shape, where);
   switch (t.data_type()) {
     case onnx::TensorProto_DataType_FLOAT: {
       auto v = values_of<float, float>(
-          t, count, t.float_data(), [](float x) { return x; }, where);
+          t, shape, count, t.float_data(), [](float x) { return x; }, where);
       return Tensor::from_host(shape, DType::f32, v.data(), host);
     }
     case onnx::TensorProto_DataType_DOUBLE: {
       auto v = values_of<float, double>(
-          t, count, t.double_data(), [](double x) { return static_cast<float>(x); }, where);
+          t, shape, count, t.double_data(), [](double x) { return static_cast<float>(x); }, where);
       return Tensor::from_host(shape, DType::f32, v.data(), host);
     }
     case onnx::TensorProto_DataType_INT64: {
       auto v = values_of<std::int64_t, std::int64_t>(
-          t, count, t.int64_data(), [](std::int64_t x) { return x; }, where);
+          t, shape, count, t.int64_data(), [](std::int64_t x) { return x; }, where);
       return Tensor::from_host(shape, DType::i64, v.data(), host);
     }
     case onnx::TensorProto_DataType_INT32: {
       auto v = values_of<std::int32_t, std::int32_t>(
-          t, count, t.int32_data(), [](std::int32_t x) { return x; }, where);
+          t, shape, count, t.int32_data(), [](std::int32_t x) { return x; }, where);
       return Tensor::from_host(shape, DType::i32, v.data(), host);
     }
     case onnx::TensorProto_DataType_BOOL:
     case onnx::TensorProto_DataType_UINT8: {
       auto v = values_of<std::uint8_t, std::uint8_t>(
-          t, count, t.int32_data(), [](auto x) { return static_cast<std::uint8_t>(x); }, where);
+          t, shape, count, t.int32_data(), [](auto x) { return static_cast<std::uint8_t>(x); },
+          where);
       return Tensor::from_host(shape, DType::u8, v.data(), host);
     }
     default:

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 
@@ -64,8 +65,13 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
     for (const auto& d : value["shape"]) {
       check(d.is_number_unsigned(),
             where + ": shape " + value["shape"].dump() + " must hold non-negative integers");
-      e.shape.push_back(d.get<std::int64_t>());
+      // Read unsigned: as int64, 2^63 would become -2^63.
+      check(d.get<std::uint64_t>() <= static_cast<std::uint64_t>(kMaxFileElements),
+            where + ": shape " + value["shape"].dump() +
+                " has a dimension above 2^48, the most Loom reads");
+      e.shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
     }
+    const std::int64_t count = checked_numel(e.shape, where);
     const auto& offsets = value["data_offsets"];
     check(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
               offsets[1].is_number_unsigned(),
@@ -75,7 +81,8 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
     check(e.begin <= e.end && e.end <= data_size, where + ": data_offsets " + offsets.dump() +
                                                       " outside the data section of " +
                                                       std::to_string(data_size) + " bytes");
-    std::size_t expected = static_cast<std::size_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
+    // count <= 2^48 and a dtype of at most 8 bytes: the product cannot wrap.
+    const std::size_t expected = static_cast<std::size_t>(count) * dtype_size(e.dtype);
     check(e.end - e.begin == expected,
           where + ": data_offsets " + offsets.dump() + " span " + std::to_string(e.end - e.begin) +
               " bytes, but " + std::string(safetensors_name(e.dtype)) + shape_str(e.shape) +
@@ -103,9 +110,10 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
 }
 
 Tensor SafetensorsFile::load_f32(const SafetensorsEntry& entry, Backend& backend) const {
+  // The entry was checked by read(): n elements of its dtype lie inside the data section.
   const char* src = data_.data() + entry.begin;
-  std::int64_t n = shape_numel(entry.shape);
-  std::vector<float> values(n);
+  const std::int64_t n = shape_numel(entry.shape);
+  std::vector<float> values(static_cast<std::size_t>(n));
   switch (entry.dtype) {
     case DType::f32:
       std::memcpy(values.data(), src, n * sizeof(float));

@@ -19,15 +19,16 @@ bool all_equal(std::span<const std::int64_t> values, std::int64_t value) {
   return std::all_of(values.begin(), values.end(), [&](std::int64_t v) { return v == value; });
 }
 
-// One stride (and padding) for both spatial dimensions, as the catalog's 2-D ops take.
-std::int64_t uniform(const Runner& r, const io::OnnxNode& n, const std::string& name,
-                     std::int64_t fallback) {
-  std::vector<std::int64_t> v = r.attr_ints(n, name);
+// One stride for both spatial dimensions, as the catalog's 2-D ops take. Checked here,
+// before any use: ceil_mode divides by it.
+std::int64_t uniform_stride(const Runner& r, const io::OnnxNode& n) {
+  std::vector<std::int64_t> v = r.attr_ints(n, "strides");
   if (v.empty())
-    return fallback;
+    return 1;
   check(all_equal(v, v[0]),
-        r.where(n) + ": " + name + " " + shape_str(v) +
+        r.where(n) + ": strides " + shape_str(v) +
             " must be equal in every dimension (Loom's 2-D operators take one)");
+  check(v[0] > 0, r.where(n) + ": strides " + shape_str(v) + " must be > 0");
   return v[0];
 }
 
@@ -40,12 +41,19 @@ void check_no_dilation(const Runner& r, const io::OnnxNode& n) {
         r.where(n) + ": dilations other than 1 are not supported yet");
 }
 
+// The largest pad accepted: far above what exported networks use (FCN's famous 100), and
+// it bounds the padding blocks a file can make Loom allocate to 4096 rows or columns.
+constexpr std::int64_t kMaxPad = 4096;
+
 // ONNX pads [top, left, bottom, right] of a 2-D window op (absent: none).
 std::array<std::int64_t, 4> pads_of(const Runner& r, const io::OnnxNode& n) {
   std::vector<std::int64_t> p = r.attr_ints(n, "pads");
   if (p.empty())
     return {0, 0, 0, 0};
   check(p.size() == 4, r.where(n) + ": pads " + shape_str(p) + " must have 4 entries for 2-D");
+  for (std::int64_t pad : p)
+    check(pad >= 0 && pad <= kMaxPad,
+          r.where(n) + ": pads " + shape_str(p) + " must be in 0.." + std::to_string(kMaxPad));
   return {p[0], p[1], p[2], p[3]};
 }
 
@@ -82,7 +90,7 @@ void conv(Runner& r, const io::OnnxNode& n) {
   const ag::Var& w = r.var(n, 1);
   check(x.shape().size() == 4, r.where(n) + ": only 2-D convolution (NCHW input) is supported yet");
   check_no_dilation(r, n);
-  const std::int64_t stride = uniform(r, n, "strides", 1), groups = r.attr_int(n, "group", 1);
+  const std::int64_t stride = uniform_stride(r, n), groups = r.attr_int(n, "group", 1);
   std::array<std::int64_t, 4> pads = pads_of(r, n);
   std::int64_t padding = 0;
   if (all_equal(pads, pads[0]))
@@ -97,7 +105,7 @@ void conv(Runner& r, const io::OnnxNode& n) {
                 {out_channels}, std::vector<float>(static_cast<std::size_t>(out_channels), 0.0f),
                 cpu::backend()));
   check(groups >= 1 && x.dim(1) % groups == 0 && out_channels % groups == 0 &&
-            w.dim(1) * groups == x.dim(1),
+            x.dim(1) / groups == w.dim(1),
         r.where(n) + ": group " + std::to_string(groups) + " does not divide the channels of " +
             x.value().describe() + " and " + w.value().describe());
   if (groups == 1) {
@@ -123,7 +131,8 @@ std::pair<std::int64_t, std::int64_t> pool_window(const Runner& r, const io::Onn
   std::vector<std::int64_t> kernel = r.attr_ints(n, "kernel_shape");
   check(kernel.size() == 2 && kernel[0] == kernel[1],
         r.where(n) + ": kernel_shape " + shape_str(kernel) + " must be square");
-  return {kernel[0], uniform(r, n, "strides", 1)};
+  check(kernel[0] > 0, r.where(n) + ": kernel_shape " + shape_str(kernel) + " must be > 0");
+  return {kernel[0], uniform_stride(r, n)};
 }
 
 // ceil_mode: windows that start inside the (padded) input but run past its end count too;

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <optional>
 
+#include "core/checked.h"
 #include "nn/onnx_runner.h"
 
 namespace loom::nn::onnx_import {
@@ -105,7 +106,8 @@ void reshape(Runner& r, const io::OnnxNode& n) {
   std::vector<std::int64_t> target = r.ints(n, 1);
   const bool allow_zero = r.attr_int(n, "allowzero", 0) != 0;
   Shape shape;
-  std::int64_t known = 1;
+  std::int64_t known = 1;  // the product of the non-zero target dimensions
+  bool has_zero = false;
   int infer = -1;
   for (std::size_t i = 0; i < target.size(); ++i) {
     std::int64_t d = target[i];
@@ -121,12 +123,15 @@ void reshape(Runner& r, const io::OnnxNode& n) {
     } else {
       check(d >= 0,
             r.where(n) + ": negative dimension " + std::to_string(d) + " in the target shape");
-      known *= d;
+      if (d == 0)
+        has_zero = true;
+      else
+        known = checked_mul(known, d, r.where(n) + ": target shape " + shape_str(target));
     }
     shape.push_back(d);
   }
   if (infer >= 0) {
-    check(known > 0 && x.value().numel() % known == 0,
+    check(!has_zero && x.value().numel() % known == 0,
           r.where(n) + ": cannot infer the -1 of the target shape for " + x.value().describe());
     shape[static_cast<std::size_t>(infer)] = x.value().numel() / known;
   }
@@ -155,9 +160,10 @@ void transpose(Runner& r, const io::OnnxNode& n) {
 }
 
 void identity(Runner& r, const io::OnnxNode& n) {
-  if (r.env.count(n.outputs.at(0)))
+  check(!n.outputs.empty(), r.where(n) + ": has no output 0");
+  if (r.env.count(n.outputs[0]))
     return;  // an initializer alias the model holds as its own parameter
-  r.env[n.outputs.at(0)] = r.value(n, 0);
+  r.env[n.outputs[0]] = r.value(n, 0);
 }
 
 // Inference: the identity. Training: inverted dropout with this step's seed.

@@ -91,6 +91,7 @@ class Runner {
     env[node.outputs[i]] = Value{std::move(v), Tensor(), Tensor()};
   }
   void set_host(const io::OnnxNode& node, std::size_t i, Tensor t) {
+    check(i < node.outputs.size(), where(node) + ": has no output " + std::to_string(i));
     env[node.outputs[i]] = Value{ag::Var(), std::move(t), Tensor()};
   }
   ag::Var constant(const Tensor& host_tensor) { return ag::Var(host_tensor.to(backend), false); }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -26,17 +27,24 @@ void host_binary(Runner& r, const io::OnnxNode& n) {
   const std::size_t count = std::max(a.size(), b.size());
   std::vector<std::int64_t> out(count);
   for (std::size_t k = 0; k < count; ++k) {
-    std::int64_t x = a[a.size() == 1 ? 0 : k], y = b[b.size() == 1 ? 0 : k];
-    if (n.op_type == "Add")
-      out[k] = x + y;
-    else if (n.op_type == "Sub")
-      out[k] = x - y;
-    else if (n.op_type == "Mul")
-      out[k] = x * y;
-    else {
+    const std::int64_t x = a[a.size() == 1 ? 0 : k], y = b[b.size() == 1 ? 0 : k];
+    // The values come from the file: signed overflow is undefined behaviour, and
+    // INT64_MIN / -1 traps (SIGFPE on x86).
+    bool overflows = false;
+    if (n.op_type == "Add") {
+      overflows = __builtin_add_overflow(x, y, &out[k]);
+    } else if (n.op_type == "Sub") {
+      overflows = __builtin_sub_overflow(x, y, &out[k]);
+    } else if (n.op_type == "Mul") {
+      overflows = __builtin_mul_overflow(x, y, &out[k]);
+    } else {
       check(y != 0, r.where(n) + ": integer division by zero");
-      out[k] = x / y;
+      overflows = x == std::numeric_limits<std::int64_t>::min() && y == -1;
+      if (!overflows)
+        out[k] = x / y;
     }
+    check(!overflows, r.where(n) + ": integer " + n.op_type + " of " + std::to_string(x) + " and " +
+                          std::to_string(y) + " overflows int64");
   }
   r.set_host(n, 0, host_ints(a.size() >= b.size() ? ta.shape() : tb.shape(), out));
 }
@@ -130,6 +138,9 @@ void slice(Runner& r, const io::OnnxNode& n) {
       axes.push_back(static_cast<std::int64_t>(i));
   check(starts.size() == ends.size() && starts.size() == axes.size(),
         r.where(n) + ": starts, ends and axes differ in length");
+  check(steps.empty() || steps.size() == axes.size(),
+        r.where(n) + ": steps has " + std::to_string(steps.size()) + " entries for " +
+            std::to_string(axes.size()) + " axes");
   ag::Var x = v.var;
   Tensor host = v.host;
   for (std::size_t i = 0; i < axes.size(); ++i) {
@@ -158,8 +169,14 @@ void unsqueeze(Runner& r, const io::OnnxNode& n) {
   std::vector<std::int64_t> axes = r.has_input(n, 1) ? r.ints(n, 1) : r.attr_ints(n, "axes");
   const int rank = static_cast<int>(s.size() + axes.size());
   std::vector<bool> inserted(static_cast<std::size_t>(rank), false);
-  for (std::int64_t a : axes)
-    inserted[static_cast<std::size_t>(axis_of(a, rank, r.where(n)))] = true;
+  for (std::int64_t a : axes) {
+    const auto axis = static_cast<std::size_t>(axis_of(a, rank, r.where(n)));
+    // A repeated axis leaves the output with fewer inserted dimensions than axes, and the
+    // input's dimensions would run out below.
+    check(!inserted[axis],
+          r.where(n) + ": axis " + std::to_string(a) + " appears twice in axes " + shape_str(axes));
+    inserted[axis] = true;
+  }
   Shape out;
   std::size_t next = 0;
   for (int i = 0; i < rank; ++i)

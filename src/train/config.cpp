@@ -221,7 +221,11 @@ void TrainConfig::load_yaml(const std::string& path) {
     return;  // an empty file sets nothing
   check(root.IsMap(), path + ": expected a mapping of keys to values at the top level");
   for (const auto& item : root) {
-    std::string key = item.first.as<std::string>();
+    // yaml-cpp's conversion of a list, mapping or null key throws its own exception, which
+    // the CLI could only report as an internal error.
+    check(item.first.IsScalar(), path + ": line " + std::to_string(item.first.Mark().line + 1) +
+                                     ": a key must be a field name, not a list, mapping or null");
+    std::string key = item.first.Scalar();
     check(item.second.IsScalar(),
           path + ": field '" + key + "' must be a single value, not a list or mapping");
     set(key, item.second.as<std::string>(), path);

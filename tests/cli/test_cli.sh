@@ -32,6 +32,8 @@ fi
 expect_error "pipeline = 2 needs a multiple of 2 processes" train --pipeline 2 --steps 1 --out "$dir/o9"
 expect_error "field 'pipeline_schedule': value 'zigzag' is not one of: 1f1b, gpipe" train --pipeline_schedule zigzag --out "$dir/o10"
 expect_error "field 'zero': value '2' is out of range" train --zero 2 --out "$dir/o11"
+printf '? [a, b]\n: 1\n' > "$dir/key.yaml"
+expect_error "key.yaml: line 1: a key must be a field name" train "$dir/key.yaml" --out "$dir/o_key"
 printf 'garbage' > "$dir/x.safetensors"
 expect_error "x.safetensors" sample "$dir/x.safetensors"
 expect_error "cannot open" eval "$dir/none.safetensors" --data "$dir/missing.txt"
@@ -40,6 +42,19 @@ expect_error "unknown chip 'h1000'" plan --model llama3-70b --chip h1000 --chips
 expect_error "unknown model 'gpt5'" plan --model gpt5 --chip h100-sxm --chips 8
 expect_error "pp 3 does not divide" plan --model llama3-70b --chip h100-sxm --chips 24 --tp 8 --pp 3 --dp 1 --global-batch 8 --micro-batch 1 --recompute full --zero 1 --interleave 1 --cp 1
 expect_error "count 'abc' is not a positive integer" plan --model llama3-70b --compare h100-sxm:abc
+# Parallel degrees of 0 were divisions by zero (SIGFPE, no message); now they are named.
+expect_error "tp = 0, expected 1..8" plan --model llama3-70b --chip h100-sxm --chips 8 --tp 0
+expect_error "pp = 0, expected 1..8" plan --model llama3-70b --chip h100-sxm --chips 8 --pp 0
+expect_error "count '99999999999999999999' is not a positive integer" plan --model llama3-70b --compare h100-sxm:99999999999999999999
+printf 'runs:\n  - {id: zero, source: x, chip: a100-80gb, chips: 32, heads: 24, hidden: 2304, layers: 24, tp: 0, pp: 1, global_batch: 512, seq: 2048, vocab: 51200, counts: hardware, tflops_per_chip: 137}\n' > "$dir/runs0.yaml"
+expect_error "runs0.yaml: run 'zero': field 'tp' is 0, expected a whole number in 1..32" plan --validate "$dir/runs0.yaml"
+# plan --validate fails when the errors exceed the limits given (and passes within them).
+runs=catalog/calibration/published-runs.yaml
+expect_error "published-runs.yaml: max |error| 4.0% exceeds --max-error 1 by" plan --validate "$runs" --max-error 1
+expect_error "median |error| 2.8% exceeds --max-median-error 0.5 by" plan --validate "$runs" --max-median-error 0.5 --max-error 50
+"$loom" plan --validate "$runs" --max-median-error 4 --max-error 5 > /dev/null \
+  || { echo "FAIL: plan --validate within its limits"; failures=$((failures + 1)); }
+expect_error "--max-error: Value -1 not in range" plan --validate "$runs" --max-error -1
 both=$("$loom" plan --model llama3-405b --compare 910c:98304,b200:36864 --global-batch 4096 2>/dev/null | grep -c -E '^(910c|b200) ')
 [[ $both -eq 2 ]] || { echo "FAIL: --compare with counts printed $both rows"; failures=$((failures + 1)); }
 "$loom" ops --model gpt --backend all | grep -q '^partial: .* decomposed, .* fall back' \

@@ -195,5 +195,170 @@ TEST(Plan, SearchIsExhaustiveOverTheGivenFreedom) {
   EXPECT_EQ(static_cast<std::size_t>(stats.evaluated), found.size());
 }
 
+// A chips.yaml with one complete chip, `extra` replacing or adding fields.
+std::string one_chip(const std::string& scaleup_domain, const std::string& hbm_gb = "80") {
+  std::string out = "chips:\n  - id: x\n";
+  for (const char* field : {"bf16_tflops", "fp8_tflops", "fp4_tflops", "hbm_tbps", "scaleup_gbps",
+                            "scaleout_gbits", "tdp_w", "price_per_hour", "gemm_efficiency"})
+    out += std::string("    ") + field + ": {value: 0.5, source: s, confidence: c}\n";
+  out += "    scaleup_domain: {value: " + scaleup_domain + ", source: s, confidence: c}\n";
+  out += "    hbm_gb: {value: " + hbm_gb + ", source: s, confidence: c}\n";
+  return out;
+}
+
+TEST(Catalog, NumbersThatAreNotWholeOrTooLargeAreNamed) {
+  std::string dir = temp_dir("catalog-numbers");
+  std::ofstream(dir + "/models.yaml") << "models: []\n";
+  auto load_error = [&](const std::string& chips, const std::string& models) {
+    std::ofstream(dir + "/chips.yaml") << chips;
+    std::ofstream(dir + "/models.yaml") << models;
+    return error_of([&] { Catalog::load(dir); });
+  };
+  EXPECT_EQ(load_error(one_chip("8"), "models: []\n"), "");
+  // 1e30 chips in a scale-up domain was cast to int64 (undefined; INT64_MIN on x86, so
+  // every group counted as scale-out); 0.5 made a domain of 0 chips.
+  for (const char* bad : {"1e30", "0.5", "0"}) {
+    std::string e = load_error(one_chip(bad), "models: []\n");
+    EXPECT_NE(e.find("chips.yaml: chip 'x': field 'scaleup_domain' is "), std::string::npos) << e;
+    EXPECT_NE(e.find(", expected a whole number in 1..1048576"), std::string::npos) << e;
+  }
+  std::string e = load_error(one_chip(".inf"), "models: []\n");
+  EXPECT_NE(
+      e.find("chips.yaml: chip 'x': field 'scaleup_domain': value .inf is not a finite number"),
+      std::string::npos)
+      << e;
+  e = load_error("chips: []\n",
+                 "models:\n  - {id: m, layers: 1e30, hidden: 8, heads: 2, vocab: 5}\n");
+  EXPECT_NE(
+      e.find("models.yaml: model 'm': field 'layers' is 1e+30, expected a whole number in 0.."),
+      std::string::npos)
+      << e;
+  e = load_error("chips: []\n",
+                 "models:\n  - {id: m, layers: 2, hidden: 8, heads: .nan, vocab: 5}\n");
+  EXPECT_NE(e.find("field 'heads' is nan, expected a whole number"), std::string::npos) << e;
+  // Map-valued names were a yaml-cpp exception: "internal error".
+  e = load_error("chips: []\n",
+                 "models:\n  - {id: {a: 1}, layers: 2, hidden: 8, heads: 2, vocab: 5}\n");
+  EXPECT_NE(
+      e.find("models.yaml: models[0]: field 'id' must be a single value, not a list or mapping"),
+      std::string::npos)
+      << e;
+  e = load_error("chips:\n  - id: [x]\n", "models: []\n");
+  EXPECT_NE(e.find("chips.yaml: chips[0]: field 'id' must be a single value"), std::string::npos)
+      << e;
+  // A device profile whose GEMM size is not a number was an nlohmann type_error.
+  std::ofstream(dir + "/profile.json")
+      << R"({"format": "loom-device-profile/1", "gemm": [{"dtype": "bf16", "m": "big", "tflops": 3}]})";
+  Chip h100 = catalog().chip("h100-sxm");
+  e = error_of([&] { apply_device_profile(h100, dir + "/profile.json", "bf16"); });
+  EXPECT_NE(e.find("profile.json: gemm[0]: field 'm' is \"big\", expected a number"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Plan, ParallelDegreesOfZeroOrBeyondTheChipsAreNamed) {
+  Catalog c = catalog();
+  const Model& m = c.model("llama3-8b");
+  const Chip& chip = c.chip("h100-sxm");
+  auto search_error = [&](auto set) {
+    Constraints fixed;
+    set(fixed);
+    return error_of([&] { search(m, chip, 8, fixed); });
+  };
+  // pp = 0 was a division by zero (SIGFPE) before any check.
+  EXPECT_NE(search_error([](Constraints& f) { f.pp = 0; }).find("pp = 0, expected 1..8"),
+            std::string::npos);
+  EXPECT_NE(search_error([](Constraints& f) { f.tp = 0; }).find("tp = 0, expected 1..8"),
+            std::string::npos);
+  EXPECT_NE(search_error([](Constraints& f) { f.cp = -2; }).find("cp = -2, expected 1..8"),
+            std::string::npos);
+  EXPECT_NE(search_error([](Constraints& f) { f.dp = 16; }).find("dp = 16, expected 1..8"),
+            std::string::npos);
+  EXPECT_NE(
+      search_error([](Constraints& f) { f.micro_batch = 0; }).find("micro_batch = 0, expected 1.."),
+      std::string::npos);
+  // tp x pp x cp = 2^93 wrapped to 0 in the divisibility test: SIGFPE. Now it is no
+  // layout at all.
+  Constraints huge;
+  huge.tp = huge.pp = huge.cp = std::int64_t{1} << 31;
+  EXPECT_TRUE(search(m, chip, std::int64_t{1} << 31, huge).empty());
+}
+
+TEST(Plan, PublishedRunFilesWithBadNumbersAreNamed) {
+  std::string dir = temp_dir("runs");
+  auto validate_error = [&](const std::string& name, const std::string& run) {
+    std::ofstream(dir + "/" + name) << "runs:\n  - {" + run + "}\n";
+    return error_of([&] { validate(catalog(), dir + "/" + name); });
+  };
+  const std::string base =
+      "source: x, chip: a100-80gb, chips: 32, heads: 24, hidden: 2304, layers: 24, global_batch: "
+      "512, "
+      "seq: 2048, vocab: 51200, counts: hardware, tflops_per_chip: 137";
+  // tp = 0 with dp absent was chips / 0: SIGFPE.
+  std::string e = validate_error("tp0.yaml", "id: zero, tp: 0, pp: 1, " + base);
+  EXPECT_NE(e.find("tp0.yaml: run 'zero': field 'tp' is 0, expected a whole number in 1..32"),
+            std::string::npos)
+      << e;
+  // pp = 0 with dp given was layers % 0: SIGFPE.
+  e = validate_error("pp0.yaml", "id: zero, tp: 1, pp: 0, dp: 32, " + base);
+  EXPECT_NE(e.find("pp0.yaml: run 'zero': field 'pp' is 0, expected a whole number in 1..32"),
+            std::string::npos)
+      << e;
+  // Fractions and huge numbers were yaml-cpp exceptions: "internal error".
+  e = validate_error("frac.yaml", "id: frac, tp: 2.5, pp: 1, " + base);
+  EXPECT_NE(e.find("run 'frac': field 'tp' is 2.5, expected a whole number in 1..32"),
+            std::string::npos)
+      << e;
+  e = validate_error("huge.yaml", "id: huge, tp: 1, pp: 1, cp: 1e30, " + base);
+  EXPECT_NE(e.find("run 'huge': field 'cp' is 1e+30, expected a whole number in 1..32"),
+            std::string::npos)
+      << e;
+  e = validate_error("text.yaml", "id: text, tp: one, pp: 1, " + base);
+  EXPECT_NE(e.find("run 'text': field 'tp' is 'one', expected a number"), std::string::npos) << e;
+  e = validate_error("divide.yaml", "id: divide, tp: 3, pp: 1, " + base);
+  EXPECT_NE(e.find("run 'divide': tp x pp x cp = 3 x 1 x 1 does not divide chips 32"),
+            std::string::npos)
+      << e;
+  e = validate_error("chip.yaml",
+                     "id: chip, tp: 1, pp: 1, chip: h1000, " + base.substr(base.find("chips:")));
+  EXPECT_NE(e.find("chip.yaml: run 'chip': field 'chip': unknown chip 'h1000'"), std::string::npos)
+      << e;
+  e = validate_error("noid.yaml", "tp: 1, pp: 1, " + base);
+  EXPECT_NE(e.find("noid.yaml: runs[0]: field 'id' is missing"), std::string::npos) << e;
+  // A chip whose HBM is unknown: the empty optional was dereferenced.
+  std::ofstream(dir + "/chips.yaml") << one_chip("8", "unknown");
+  std::ofstream(dir + "/models.yaml") << "models: []\n";
+  Catalog unknown_hbm = Catalog::load(dir);
+  std::ofstream(dir + "/hbm.yaml") << "runs:\n  - {id: hbm, chip: x, tp: 1, pp: 1, "
+                                   << base.substr(base.find("chips:")) << "}\n";
+  e = error_of([&] { validate(unknown_hbm, dir + "/hbm.yaml"); });
+  EXPECT_NE(e.find("hbm.yaml: run 'hbm': chip 'x' has no hbm_gb figure (unknown)"),
+            std::string::npos)
+      << e;
+  // software.yaml beside the runs file: a missing flag was a yaml-cpp exception.
+  std::ofstream(dir + "/software.yaml") << "software:\n  x: {flash_attention: true}\n";
+  e = validate_error("sw.yaml", "id: sw, tp: 1, pp: 1, " + base);
+  EXPECT_NE(e.find("software.yaml: software 'x': field 'sequence_parallel' must be true or false"),
+            std::string::npos)
+      << e;
+}
+
+// Every hostile file kept in tests/fixtures/fuzz: catalogs (a folder each), published-run
+// files, training-job files, fleets and Gavel traces give a loom::Error naming the file.
+TEST(Plan, FuzzFixturesGiveNamedErrors) {
+  for (const std::string& folder : fuzz_inputs("catalog")) {
+    std::string e = error_of([&] { Catalog::load(folder); });
+    EXPECT_NE(e.find(folder), std::string::npos) << folder << ": " << e;
+  }
+  Catalog c = catalog();
+  EXPECT_FALSE(fuzz_inputs("catalog").empty());
+  std::vector<std::string> runs = fuzz_inputs("plan_runs");
+  EXPECT_FALSE(runs.empty());
+  for (const std::string& path : runs) {
+    std::string e = error_of([&] { validate(c, path); });
+    EXPECT_NE(e.find(path), std::string::npos) << path << ": " << e;
+  }
+}
+
 }  // namespace
 }  // namespace loom::testing

@@ -9,6 +9,7 @@
 
 #include "cluster/plan/plan.h"
 #include "cluster/sched/simulator.h"
+#include "core/checked.h"
 #include "core/error.h"
 #include "test_util.h"
 
@@ -52,6 +53,15 @@ TEST(Fleet, SpecsAndFilesAreReadOrRefusedByName) {
             std::string::npos);
   std::ofstream(dir + "/ok.yaml") << "pools:\n  - {chip: h100-sxm, nodes: 4, chips_per_node: 8}\n";
   EXPECT_EQ(fleet_from(dir + "/ok.yaml").chips(), 32);
+  // nodes x chips per node, and the fleet's total, overflowed int64.
+  std::string e = error_of([] { parse_fleet("h100:9223372036854775807x2"); });
+  EXPECT_NE(e.find("fleet 'h100:9223372036854775807x2': pool 'h100': nodes x chips per node: "
+                   "9223372036854775807 x 2 overflows int64"),
+            std::string::npos)
+      << e;
+  e = error_of([] { parse_fleet("a:4611686018427387904,b:4611686018427387904"); });
+  EXPECT_NE(e.find("the fleet's chip count"), std::string::npos) << e;
+  EXPECT_NE(e.find("overflows int64"), std::string::npos) << e;
 }
 
 TEST(Simulator, BestFitKeepsWholeNodesFreeForBigJobs) {
@@ -160,6 +170,17 @@ TEST(Jobs, GavelTraceRunTimesComeFromTheThroughputTable) {
               load_gavel_trace(tmp + "/bad.trace", dir + "/simulation_throughputs.json");
             }).find("bad.trace: line 1: 6 tab-separated fields, expected 7"),
             std::string::npos);
+  // A scale factor of 1e30 was cast to int64 (undefined), and 2.7 truncated to 2.
+  for (const char* scale : {"1e30", "2.7"}) {
+    std::ofstream(tmp + "/scale.trace")
+        << "ResNet-18 (batch size 16)\tcmd\t-n\t1\t1000\t0\t" << scale << "\n";
+    std::string e = error_of(
+        [&] { load_gavel_trace(tmp + "/scale.trace", dir + "/simulation_throughputs.json"); });
+    EXPECT_NE(e.find("scale.trace: line 1: scale_factor is " + number_text(std::stod(scale)) +
+                     ", expected a whole number in 1..2147483648"),
+              std::string::npos)
+        << e;
+  }
 }
 
 TEST(Jobs, TrainingJobRunTimesComeFromThePerformanceModel) {
@@ -178,9 +199,9 @@ TEST(Jobs, TrainingJobRunTimesComeFromThePerformanceModel) {
     EXPECT_DOUBLE_EQ(jobs[0].seconds_on.at(chip), 2e10 / rate) << chip;
   }
   std::ofstream(dir + "/chips.yaml") << "jobs:\n  - {model: llama3-8b, tokens: 1e9, chips: 6.5}\n";
-  EXPECT_NE(error_of([&] {
-              load_training_jobs(dir + "/chips.yaml", catalog, f);
-            }).find("chips.yaml: jobs[0]: field 'chips' is 6.5, expected a positive integer"),
+  EXPECT_NE(error_of([&] { load_training_jobs(dir + "/chips.yaml", catalog, f); })
+                .find("chips.yaml: jobs[0]: field 'chips' is 6.5, expected a whole number in "
+                      "1..2147483648"),
             std::string::npos);
   // Jobs that differ only in their batch get their own run times (the throughput cache
   // keys on every fixed part of the layout).
@@ -203,6 +224,43 @@ TEST(Jobs, TrainingJobRunTimesComeFromThePerformanceModel) {
               load_training_jobs(dir + "/bad.yaml", catalog, f);
             }).find("jobs[0]: field 'tokens' is missing"),
             std::string::npos);
+  // 1e30 chips was cast to int64 (undefined; on x86 INT64_MIN, reported as "chips =
+  // -9223372036854775808" with no file or field named).
+  std::ofstream(dir + "/huge.yaml") << "jobs:\n  - {model: llama3-8b, tokens: 1e9, chips: 1e30}\n";
+  std::string e = error_of([&] { load_training_jobs(dir + "/huge.yaml", catalog, f); });
+  EXPECT_NE(e.find("huge.yaml: jobs[0]: field 'chips' is 1e+30, expected a whole number in "
+                   "1..2147483648"),
+            std::string::npos)
+      << e;
+  std::ofstream(dir + "/seq.yaml")
+      << "jobs:\n  - {model: llama3-8b, tokens: 1e9, chips: 8, seq: 1e300}\n";
+  e = error_of([&] { load_training_jobs(dir + "/seq.yaml", catalog, f); });
+  EXPECT_NE(e.find("seq.yaml: jobs[0]: field 'seq' is 1e+300, expected a whole number in "
+                   "1..2147483648"),
+            std::string::npos)
+      << e;
+}
+
+// Every hostile file kept in tests/fixtures/fuzz: training-job files, fleets and Gavel
+// traces each give a loom::Error naming the file.
+TEST(Jobs, FuzzFixturesGiveNamedErrors) {
+  Catalog catalog = Catalog::load(source_dir() + "/catalog");
+  Fleet fleet = parse_fleet("h100-sxm:16x8");
+  for (const char* reader : {"training_jobs", "fleet", "gavel"}) {
+    std::vector<std::string> files = fuzz_inputs(reader);
+    EXPECT_FALSE(files.empty()) << reader;
+    for (const std::string& path : files) {
+      std::string e = error_of([&] {
+        if (std::string(reader) == "training_jobs")
+          load_training_jobs(path, catalog, fleet);
+        else if (std::string(reader) == "fleet")
+          load_fleet(path);
+        else
+          load_gavel_trace(path, source_dir() + "/data/traces/gavel/simulation_throughputs.json");
+      });
+      EXPECT_NE(e.find(path), std::string::npos) << path << ": " << e;
+    }
+  }
 }
 
 TEST(Simulator, AHundredThousandChipsNeverOverCommitAPool) {

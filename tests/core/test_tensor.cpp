@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "test_util.h"
@@ -36,6 +40,69 @@ TEST(Tensor, OutOfRangeViewsAreErrors) {
   EXPECT_THROW(t.slice(2, 0, 1), Error);
   EXPECT_THROW(t.permute({0, 0}), Error);
   EXPECT_THROW(t.dim(3), Error);
+}
+
+TEST(Tensor, ShapeProductsThatOverflowAreErrors) {
+  const std::int64_t big = std::int64_t{1} << 32;
+  // 2^64 elements wrapped to 0 before, and a tensor of that shape got 0 bytes.
+  EXPECT_NE(error_of([&] { shape_numel({big, big}); }).find("overflows int64"), std::string::npos);
+  // A zero dimension does not hide the overflow of the others (their strides overflow).
+  EXPECT_NE(error_of([&] {
+              contiguous_strides({0, big, big});
+            }).find("overflows"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Tensor::empty({big, big}, DType::f32, cpu());
+            }).find("overflows"),
+            std::string::npos);
+  EXPECT_EQ(shape_numel({0, big}), 0);
+  EXPECT_EQ(shape_numel({big, 2}), 2 * big);
+  EXPECT_EQ(contiguous_strides({2, 0, 3}), (Strides{0, 3, 1}));
+}
+
+TEST(Checked, ArithmeticOnFileNumbersNamesWhereValueAndExpectation) {
+  constexpr std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t min = std::numeric_limits<std::int64_t>::min();
+  EXPECT_EQ(checked_add(2, 3, "x"), 5);
+  EXPECT_EQ(checked_mul(-4, 3, "x"), -12);
+  std::string e = error_of([&] { checked_add(max, 1, "f.bin: offset"); });
+  EXPECT_NE(e.find("f.bin: offset: 9223372036854775807 + 1 overflows int64"), std::string::npos)
+      << e;
+  e = error_of([&] { checked_mul(min, -1, "f.bin: size"); });
+  EXPECT_NE(e.find("f.bin: size: -9223372036854775808 x -1 overflows int64"), std::string::npos)
+      << e;
+
+  EXPECT_EQ(checked_numel({2, 3, 4}, "t"), 24);
+  EXPECT_EQ(checked_numel({}, "t"), 1);
+  EXPECT_EQ(checked_numel({5, 0, 7}, "t"), 0);
+  e = error_of([&] { checked_numel({2, -3}, "f.onnx: tensor 'w'"); });
+  EXPECT_NE(e.find("f.onnx: tensor 'w': shape [2,-3] has dimension -3 at axis 1, expected >= 0"),
+            std::string::npos)
+      << e;
+  e = error_of([&] { checked_numel({std::int64_t{1} << 32, std::int64_t{1} << 32}, "f"); });
+  EXPECT_NE(e.find("f: the element count of shape [4294967296,4294967296] overflows int64"),
+            std::string::npos)
+      << e;
+  e = error_of([&] { checked_numel({std::int64_t{1} << 40, 1024}, "f"); });
+  EXPECT_NE(e.find("more than 281474976710656 elements"), std::string::npos) << e;
+  e = error_of([&] { checked_numel({0, std::int64_t{1} << 40, std::int64_t{1} << 40}, "f"); });
+  EXPECT_NE(e.find("overflows int64"), std::string::npos) << e;
+
+  EXPECT_EQ(whole_number(12.0, 1, 100, "x"), 12);
+  EXPECT_EQ(whole_number(-0.0, 0, 1, "x"), 0);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double bad : {1e30, -1e30, 2.5, 0.0, 101.0, std::nan(""), inf, -inf}) {
+    e = error_of([&] { whole_number(bad, 1, 100, "jobs.yaml: jobs[0]: field 'chips'"); });
+    EXPECT_NE(e.find("jobs.yaml: jobs[0]: field 'chips' is " + number_text(bad) +
+                     ", expected a whole number in 1..100"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_EQ(number_text(1e30), "1e+30");
+  EXPECT_EQ(number_text(2.5), "2.5");
+  // Bounds beyond 2^53 are clamped, so 2^63 (which no int64 holds) is refused, not cast.
+  e = error_of([&] { whole_number(9223372036854775808.0, 0, max, "f"); });
+  EXPECT_NE(e.find("expected a whole number in 0..9007199254740992"), std::string::npos) << e;
 }
 
 TEST(DType, HalfPrecisionRoundTrips) {

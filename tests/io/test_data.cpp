@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "core/error.h"
@@ -72,6 +73,66 @@ TEST(IdxData, MnistLoadsAndBadFilesAreNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("labels: count = 5, but"), std::string::npos) << e.what();
   }
+}
+
+void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// count x rows x cols = 4 x 2^31 x 2^31 = 2^64 wrapped to 0 before, so a 16-byte file
+// "held" four 2^62-pixel images, and the first batch read far outside the pixels.
+TEST(IdxData, HeaderSizesThatOverflowAreNamed) {
+  std::string dir = temp_dir("idx-overflow");
+  write_bytes(dir + "/wrap-images.idx", {0, 0, 8, 3, 0, 0, 0, 4, 0x80, 0, 0, 0, 0x80, 0, 0, 0});
+  write_bytes(dir + "/wrap-labels.idx", {0, 0, 8, 1, 0, 0, 0, 4, 1, 2, 3, 4});
+  std::string message =
+      error_of([&] { data::load_idx(dir + "/wrap-images.idx", dir + "/wrap-labels.idx"); });
+  EXPECT_NE(message.find("wrap-images.idx: rows = 2147483648, expected 1..65536"),
+            std::string::npos)
+      << message;
+  // Within the row and column limits, a count that does not match the bytes is named
+  // with the header's numbers, and one whose pixel count overflows says so.
+  write_bytes(dir + "/short-images.idx", {0, 0, 8, 3, 0, 0, 0, 4, 0, 1, 0, 0, 0, 1, 0, 0, 7});
+  message = error_of([&] { data::load_idx(dir + "/short-images.idx", dir + "/wrap-labels.idx"); });
+  EXPECT_NE(message.find("short-images.idx: 17 bytes, header promises 4 x 65536 x 65536 = "
+                         "17179869184 pixels after the 16-byte header"),
+            std::string::npos)
+      << message;
+  write_bytes(dir + "/count-images.idx",
+              {0, 0, 8, 3, 0xff, 0xff, 0xff, 0xff, 0, 1, 0, 0, 0, 1, 0, 0});
+  message = error_of([&] { data::load_idx(dir + "/count-images.idx", dir + "/wrap-labels.idx"); });
+  EXPECT_NE(message.find("count-images.idx: header count 4294967295 x rows 65536 x cols 65536"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("overflows int64"), std::string::npos) << message;
+}
+
+// Every hostile pair kept in tests/fixtures/fuzz/idx (NAME-images.idx, NAME-labels.idx)
+// gives a loom::Error naming one of its files; nothing crashes.
+TEST(IdxData, FuzzFixturesGiveNamedErrors) {
+  std::vector<std::string> files = fuzz_inputs("idx");
+  int pairs = 0;
+  for (const std::string& images : files) {
+    const std::string suffix = "-images.idx";
+    if (images.size() < suffix.size() ||
+        images.compare(images.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string labels = images.substr(0, images.size() - suffix.size()) + "-labels.idx";
+    SCOPED_TRACE(images);
+    std::string message = error_of([&] {
+      data::ImageSet set = data::load_idx(images, labels);
+      std::vector<std::int64_t> order(static_cast<std::size_t>(set.count));
+      for (std::size_t i = 0; i < order.size(); ++i)
+        order[i] = static_cast<std::int64_t>(i);
+      data::image_batch(set, order, 0, std::min<std::int64_t>(set.count, 2), cpu());
+    });
+    EXPECT_TRUE(message.find(images) != std::string::npos ||
+                message.find(labels) != std::string::npos)
+        << message;
+    ++pairs;
+  }
+  EXPECT_GT(pairs, 0);
 }
 
 }  // namespace

@@ -4,8 +4,10 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "autograd/functions.h"
 #include "core/error.h"
@@ -219,6 +221,327 @@ TEST(Onnx, BadFilesAndInputsGetClearErrors) {
   EXPECT_NE(message.find("[2,1,28,28]"), std::string::npos) << message;
   message = error_of([&] { model.forward(tape, random_ids({2, 784}, 5, rng), {}); });
   EXPECT_NE(message.find("expected f32"), std::string::npos) << message;
+}
+
+// ---- hostile files: a named error, never a crash ------------------------------------
+
+void save(const google::protobuf::MessageLite& message, const std::string& path) {
+  std::ofstream out(path, std::ios::binary);
+  message.SerializeToOstream(&out);
+}
+
+// Tensor files whose shape promises more than the data holds: the data was allocated
+// from the shape before its size was checked ([2^40,4]: 16 TiB, bad_alloc), or the
+// shape's element count wrapped to 0 ([2^32,2^32]) and an empty tensor of that shape
+// came back over no storage.
+TEST(Onnx, TensorShapesAreCheckedBeforeAnyAllocation) {
+  std::string dir = temp_dir("onnx_tensor_sizes");
+  onnx::TensorProto t;
+  t.set_data_type(onnx::TensorProto_DataType_FLOAT);
+  t.add_dims(std::int64_t{1} << 40);
+  t.add_dims(4);
+  t.set_raw_data(std::string(16, '\0'));
+  save(t, dir + "/huge_raw.pb");
+  std::string message = error_of([&] { io::read_onnx_tensor(dir + "/huge_raw.pb", cpu()); });
+  EXPECT_NE(message.find("huge_raw.pb: raw_data holds 16 bytes, the shape [1099511627776,4] "
+                         "needs 4398046511104 values of 4 bytes"),
+            std::string::npos)
+      << message;
+  t.clear_raw_data();
+  for (int i = 0; i < 4; ++i)
+    t.add_float_data(0.0f);
+  save(t, dir + "/huge_typed.pb");
+  message = error_of([&] { io::read_onnx_tensor(dir + "/huge_typed.pb", cpu()); });
+  EXPECT_NE(message.find("huge_typed.pb: holds 4 values, the shape [1099511627776,4] needs "
+                         "4398046511104"),
+            std::string::npos)
+      << message;
+  onnx::TensorProto wrap;
+  wrap.set_data_type(onnx::TensorProto_DataType_FLOAT);
+  wrap.add_dims(std::int64_t{1} << 32);
+  wrap.add_dims(std::int64_t{1} << 32);
+  save(wrap, dir + "/wrap.pb");
+  message = error_of([&] { io::read_onnx_tensor(dir + "/wrap.pb", cpu()); });
+  EXPECT_NE(message.find("wrap.pb: the element count of shape [4294967296,4294967296] "
+                         "overflows int64"),
+            std::string::npos)
+      << message;
+}
+
+// A model built in the test, node by node (each hostile one is also kept under
+// tests/fixtures/fuzz/onnx_model).
+class GraphBuilder {
+ public:
+  GraphBuilder() {
+    model_.set_ir_version(7);
+    model_.add_opset_import()->set_version(14);
+  }
+  onnx::NodeProto* node(const std::string& op, std::vector<std::string> inputs,
+                        std::vector<std::string> outputs) {
+    onnx::NodeProto* n = graph()->add_node();
+    n->set_op_type(op);
+    n->set_name(op + "_" + std::to_string(graph()->node_size()));
+    for (const std::string& in : inputs)
+      n->add_input(in);
+    for (const std::string& out : outputs)
+      n->add_output(out);
+    return n;
+  }
+  // A float input of `dims` (none: no declared shape).
+  void input(const std::string& name, std::vector<std::int64_t> dims) {
+    onnx::ValueInfoProto* v = graph()->add_input();
+    v->set_name(name);
+    auto* type = v->mutable_type()->mutable_tensor_type();
+    type->set_elem_type(onnx::TensorProto_DataType_FLOAT);
+    if (!dims.empty())
+      for (std::int64_t d : dims)
+        type->mutable_shape()->add_dim()->set_dim_value(d);
+  }
+  void output(const std::string& name) { graph()->add_output()->set_name(name); }
+  void int64s(const std::string& name, std::vector<std::int64_t> values) {
+    onnx::TensorProto* t = graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto_DataType_INT64);
+    t->add_dims(static_cast<std::int64_t>(values.size()));
+    for (std::int64_t v : values)
+      t->add_int64_data(v);
+  }
+  static void ints(onnx::NodeProto* n, const std::string& name, std::vector<std::int64_t> values) {
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (std::int64_t v : values)
+      a->add_ints(v);
+  }
+  static void integer(onnx::NodeProto* n, const std::string& name, std::int64_t value) {
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(value);
+  }
+  std::string save_as(const std::string& path) {
+    save(model_, path);
+    return path;
+  }
+
+ private:
+  onnx::GraphProto* graph() { return model_.mutable_graph(); }
+  onnx::ModelProto model_;
+};
+
+// Random inputs of the shapes the graph declares (undeclared dimensions: 1).
+std::vector<Tensor> declared_inputs(const nn::OnnxModel& model) {
+  nn::Rng rng(4);
+  std::vector<Tensor> inputs;
+  for (const io::OnnxValueInfo& in : model.graph().inputs) {
+    Shape shape;
+    for (std::int64_t d : in.shape)
+      shape.push_back(d < 0 ? 1 : d);
+    if (in.dtype == DType::f32) {
+      inputs.push_back(random(shape, rng));
+    } else {
+      std::vector<std::int64_t> zeros(static_cast<std::size_t>(shape_numel(shape)), 0);
+      inputs.push_back(Tensor::from_host(shape, in.dtype == DType::u8 ? DType::u8 : DType::i64,
+                                         zeros.data(), cpu()));
+    }
+  }
+  return inputs;
+}
+
+// The loom::Error of loading `path` and evaluating it on declared_inputs.
+std::string run_error(const std::string& path) {
+  return error_of([&] {
+    nn::OnnxModel model(path, cpu());
+    model.evaluate(declared_inputs(model));
+  });
+}
+
+TEST(Onnx, MalformedGraphsGetNamedErrors) {
+  std::string dir = temp_dir("onnx_malformed");
+  auto expect_run_error = [&](const std::string& path, const std::string& needle) {
+    std::string message = run_error(path);
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(message.find(needle), std::string::npos) << message;
+  };
+  {  // Slice with fewer steps than axes: steps[1] was read past the end.
+    GraphBuilder g;
+    g.input("x", {2, 2});
+    g.int64s("starts", {0, 0});
+    g.int64s("ends", {1, 1});
+    g.int64s("axes", {0, 1});
+    g.int64s("steps", {1});
+    g.node("Slice", {"x", "starts", "ends", "axes", "steps"}, {"y"});
+    g.output("y");
+    expect_run_error(g.save_as(dir + "/slice_short_steps.onnx"),
+                     "node 'Slice_1' (Slice): steps has 1 entries for 2 axes");
+  }
+  {  // A Shape node without an output: its value was stored through outputs[0].
+    GraphBuilder g;
+    g.input("x", {2, 3});
+    g.node("Shape", {"x"}, {});
+    g.node("Relu", {"x"}, {"y"});
+    g.output("y");
+    expect_run_error(g.save_as(dir + "/shape_no_output.onnx"),
+                     "node 'Shape_1' (Shape): has no output 0");
+  }
+  {  // Identity without an output: std::out_of_range, an "internal error".
+    GraphBuilder g;
+    g.input("x", {2});
+    g.node("Identity", {"x"}, {});
+    g.node("Relu", {"x"}, {"y"});
+    g.output("y");
+    expect_run_error(g.save_as(dir + "/identity_no_output.onnx"),
+                     "node 'Identity_1' (Identity): has no output 0");
+  }
+  {  // Unsqueeze with a repeated axis: std::out_of_range.
+    GraphBuilder g;
+    g.input("x", {2, 3});
+    g.int64s("axes", {0, 0});
+    g.node("Unsqueeze", {"x", "axes"}, {"y"});
+    g.output("y");
+    expect_run_error(g.save_as(dir + "/unsqueeze_repeated_axis.onnx"),
+                     "node 'Unsqueeze_1' (Unsqueeze): axis 0 appears twice in axes [0,0]");
+  }
+  {  // INT64_MIN / -1 on the host: SIGFPE.
+    GraphBuilder g;
+    g.int64s("a", {std::numeric_limits<std::int64_t>::min()});
+    g.int64s("b", {-1});
+    g.node("Div", {"a", "b"}, {"q"});
+    g.output("q");
+    expect_run_error(g.save_as(dir + "/div_int64_min.onnx"),
+                     "node 'Div_1' (Div): integer Div of -9223372036854775808 and -1 overflows "
+                     "int64");
+  }
+  {  // INT64_MAX * 2 on the host: a silent wrap (undefined behaviour).
+    GraphBuilder g;
+    g.int64s("a", {std::numeric_limits<std::int64_t>::max()});
+    g.int64s("b", {2});
+    g.node("Mul", {"a", "b"}, {"p"});
+    g.output("p");
+    expect_run_error(g.save_as(dir + "/mul_overflow.onnx"),
+                     "integer Mul of 9223372036854775807 and 2 overflows int64");
+  }
+  {  // MaxPool with ceil_mode and stride 0: SIGFPE before any stride check.
+    GraphBuilder g;
+    g.input("x", {1, 1, 4, 4});
+    onnx::NodeProto* n = g.node("MaxPool", {"x"}, {"y"});
+    GraphBuilder::ints(n, "kernel_shape", {2, 2});
+    GraphBuilder::ints(n, "strides", {0, 0});
+    GraphBuilder::integer(n, "ceil_mode", 1);
+    g.output("y");
+    expect_run_error(g.save_as(dir + "/maxpool_stride_zero.onnx"),
+                     "node 'MaxPool_1' (MaxPool): strides [0,0] must be > 0");
+  }
+  {  // A kernel of 0.
+    GraphBuilder g;
+    g.input("x", {1, 1, 4, 4});
+    onnx::NodeProto* n = g.node("AveragePool", {"x"}, {"y"});
+    GraphBuilder::ints(n, "kernel_shape", {0, 0});
+    g.output("y");
+    expect_run_error(g.save_as(dir + "/avgpool_kernel_zero.onnx"),
+                     "node 'AveragePool_1' (AveragePool): kernel_shape [0,0] must be > 0");
+  }
+  {  // Pads of 2^40: a padding block of 2^42 floats was allocated (bad_alloc).
+    GraphBuilder g;
+    g.input("x", {1, 1, 4, 4});
+    onnx::NodeProto* n = g.node("MaxPool", {"x"}, {"y"});
+    GraphBuilder::ints(n, "kernel_shape", {2, 2});
+    GraphBuilder::ints(n, "pads", {std::int64_t{1} << 40, 0, 0, 0});
+    g.output("y");
+    expect_run_error(g.save_as(dir + "/pads_huge.onnx"),
+                     "node 'MaxPool_1' (MaxPool): pads [1099511627776,0,0,0] must be in 0..4096");
+  }
+  {  // Negative pads were silently ignored.
+    GraphBuilder g;
+    g.input("x", {1, 1, 4, 4});
+    g.input("w", {1, 1, 3, 3});
+    onnx::NodeProto* n = g.node("Conv", {"x", "w"}, {"y"});
+    GraphBuilder::ints(n, "pads", {-1, 0, 1, 0});
+    g.output("y");
+    expect_run_error(g.save_as(dir + "/pads_negative.onnx"),
+                     "node 'Conv_1' (Conv): pads [-1,0,1,0] must be in 0..4096");
+  }
+  {  // A Reshape target whose product overflows.
+    GraphBuilder g;
+    g.input("x", {2, 2});
+    g.int64s("shape", {std::int64_t{1} << 32, std::int64_t{1} << 32, -1});
+    g.node("Reshape", {"x", "shape"}, {"y"});
+    g.output("y");
+    expect_run_error(g.save_as(dir + "/reshape_overflow.onnx"),
+                     "node 'Reshape_1' (Reshape): target shape [4294967296,4294967296,-1]");
+  }
+  {  // An initializer whose raw data is far smaller than its shape: fails while loading.
+    onnx::ModelProto model;
+    model.set_ir_version(7);
+    model.add_opset_import()->set_version(14);
+    onnx::TensorProto* t = model.mutable_graph()->add_initializer();
+    t->set_name("w");
+    t->set_data_type(onnx::TensorProto_DataType_FLOAT);
+    t->add_dims(std::int64_t{1} << 40);
+    t->add_dims(4);
+    t->set_raw_data(std::string(16, '\0'));
+    model.mutable_graph()->add_output()->set_name("w");
+    save(model, dir + "/initializer_huge.onnx");
+    expect_run_error(dir + "/initializer_huge.onnx",
+                     "initializer 'w': raw_data holds 16 bytes, the shape [1099511627776,4] needs");
+  }
+}
+
+TEST(Onnx, AZeroLastDimensionGivesEmptyRows) {
+  // forward() folds [B,T,V] logits into rows by dividing the element count by V: SIGFPE
+  // when V is 0.
+  std::string dir = temp_dir("onnx_zero_dim");
+  GraphBuilder g;
+  g.input("x", {});
+  g.node("Relu", {"x"}, {"y"});
+  g.output("y");
+  nn::OnnxModel model(g.save_as(dir + "/relu.onnx"), cpu());
+  nn::Rng rng(1);
+  ag::Tape tape;
+  EXPECT_EQ(model.forward(tape, random({2, 3, 0}, rng), {}).shape(), (Shape{6, 0}));
+}
+
+TEST(Onnx, BackendTestsFailAnOutputThatMissesAnExpectedInfinity) {
+  // |got - inf| <= atol + rtol * |inf| is inf <= inf: a finite output passed against +inf.
+  std::string dir = temp_dir("onnx_inf");
+  int case_number = 0;
+  for (float got : {1.0f, -INFINITY, INFINITY}) {
+    const std::string folder = dir + "/test_identity_" + std::to_string(case_number++);
+    std::filesystem::create_directories(folder + "/test_data_set_0");
+    GraphBuilder g;
+    g.input("x", {1});
+    g.node("Identity", {"x"}, {"y"});
+    g.output("y");
+    g.save_as(folder + "/model.onnx");
+    onnx::TensorProto x, y;
+    for (onnx::TensorProto* t : {&x, &y}) {
+      t->set_data_type(onnx::TensorProto_DataType_FLOAT);
+      t->add_dims(1);
+    }
+    x.add_float_data(got);
+    y.add_float_data(INFINITY);
+    save(x, folder + "/test_data_set_0/input_0.pb");
+    save(y, folder + "/test_data_set_0/output_0.pb");
+    nn::OnnxTestResult r = nn::run_onnx_backend_test(folder, cpu());
+    EXPECT_EQ(r.status, got == INFINITY ? "pass" : "fail") << got << ": " << r.detail;
+  }
+}
+
+// Every hostile file kept in tests/fixtures/fuzz: tensors read, models loaded and run on
+// inputs of their declared shapes, each gives a loom::Error naming the file.
+TEST(Onnx, FuzzFixturesGiveNamedErrors) {
+  std::vector<std::string> tensors = fuzz_inputs("onnx_tensor");
+  EXPECT_FALSE(tensors.empty());
+  for (const std::string& path : tensors) {
+    std::string message = error_of([&] { io::read_onnx_tensor(path, cpu()); });
+    EXPECT_NE(message.find(path), std::string::npos) << path << ": " << message;
+  }
+  std::vector<std::string> models = fuzz_inputs("onnx_model");
+  EXPECT_FALSE(models.empty());
+  for (const std::string& path : models) {
+    std::string message = run_error(path);
+    EXPECT_NE(message.find(path), std::string::npos) << path << ": " << message;
+  }
 }
 
 }  // namespace

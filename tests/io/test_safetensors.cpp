@@ -84,5 +84,48 @@ TEST(Safetensors, CorruptFilesGiveNamedErrors) {
   expect_error(dir + "/absent.safetensors", "cannot open");
 }
 
+// Dims whose product overflows were accepted before: [2^32, 2^32] of F32 needed
+// 2^66 bytes, which wrapped to 0 and matched data_offsets [0,0]; a dim of 2^63 was read as
+// -2^63. Loading either then allocated from the wrapped size.
+TEST(Safetensors, ShapesThatOverflowAreRefusedBeforeAnyAllocation) {
+  std::string dir = temp_dir("st-overflow");
+  spit(dir + "/wrap.safetensors",
+       with_header(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})",
+                   0));
+  expect_error(dir + "/wrap.safetensors",
+               "tensor 'w': the element count of shape [4294967296,4294967296] overflows int64");
+  spit(dir + "/sign.safetensors",
+       with_header(R"({"w":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,0]}})",
+                   0));
+  expect_error(dir + "/sign.safetensors",
+               "tensor 'w': shape [9223372036854775808] has a dimension above 2^48");
+  // 2^62 F32 elements are 2^64 bytes: the byte count wrapped to 0 as well.
+  spit(dir + "/bytes.safetensors",
+       with_header(R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})",
+                   0));
+  expect_error(dir + "/bytes.safetensors", "tensor 'w': shape [4611686018427387904]");
+  // A zero dimension does not hide an overflow in the others.
+  spit(dir + "/zero.safetensors",
+       with_header(
+           R"({"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})", 0));
+  expect_error(dir + "/zero.safetensors", "overflows int64");
+}
+
+// Every hostile file kept in tests/fixtures/fuzz/safetensors: read, then each tensor
+// loaded, gives a loom::Error naming the file; nothing else is thrown, nothing crashes.
+TEST(Safetensors, FuzzFixturesGiveNamedErrors) {
+  std::vector<std::string> files = fuzz_inputs("safetensors");
+  EXPECT_FALSE(files.empty());
+  for (const std::string& path : files) {
+    SCOPED_TRACE(path);
+    std::string message = error_of([&] {
+      io::SafetensorsFile f = io::SafetensorsFile::read(path);
+      for (const io::SafetensorsEntry& e : f.entries())
+        f.load_f32(e, cpu());
+    });
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+  }
+}
+
 }  // namespace
 }  // namespace loom::testing

@@ -83,6 +83,31 @@ TEST(Config, YamlAndFlagsAreValidatedWithFileFieldAndValue) {
     x.set("bucket_mb", "0", "command line --bucket_mb");
   });
   EXPECT_NE(e.find("field 'bucket_mb': value '0' is out of range"), std::string::npos) << e;
+  // A key that is a list, a mapping or null was a yaml-cpp exception: "internal error".
+  for (const char* key : {"? [a, b]\n: 1\n", "? {a: 1}\n: 1\n", "~: 1\n"}) {
+    e = error_of([&] {
+      train::TrainConfig x;
+      x.load_yaml(write(dir, "key.yaml", key));
+    });
+    EXPECT_NE(e.find("key.yaml: line 1: a key must be a field name, not a list, mapping or null"),
+              std::string::npos)
+        << key << ": " << e;
+  }
+}
+
+// Every hostile config kept in tests/fixtures/fuzz/train_config gives a loom::Error naming
+// the file.
+TEST(Config, FuzzFixturesGiveNamedErrors) {
+  std::vector<std::string> files = fuzz_inputs("train_config");
+  EXPECT_FALSE(files.empty());
+  for (const std::string& path : files) {
+    std::string e = error_of([&] {
+      train::TrainConfig c;
+      c.load_yaml(path);
+      c.finalize();
+    });
+    EXPECT_NE(e.find(path), std::string::npos) << path << ": " << e;
+  }
 }
 
 TEST(Config, MissingDataFailsBeforeAnyCheckpoint) {

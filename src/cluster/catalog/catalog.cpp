@@ -5,10 +5,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace loom::cluster {
@@ -26,6 +28,25 @@ YAML::Node read_yaml_file(const std::string& path) {
 
 namespace {
 
+// The text of a scalar field; a list or mapping in its place was a yaml-cpp exception
+// ("internal error").
+std::string text(const YAML::Node& entry, const std::string& field, const std::string& where) {
+  const YAML::Node n = entry[field];
+  check(n.IsDefined() && !n.IsNull(), where + ": field '" + field + "' is missing");
+  check(n.IsScalar(),
+        where + ": field '" + field + "' must be a single value, not a list or mapping");
+  return n.Scalar();
+}
+
+bool flag(const YAML::Node& entry, const std::string& field, const std::string& where) {
+  if (!entry[field])
+    return false;
+  const std::string value = text(entry, field, where);
+  check(value == "true" || value == "false",
+        where + ": field '" + field + "' is '" + value + "', expected true or false");
+  return value == "true";
+}
+
 double number(const YAML::Node& n, const std::string& where) {
   try {
     return n.as<double>();
@@ -42,20 +63,35 @@ Figure figure(const YAML::Node& entry, const std::string& field, const std::stri
   check(n.IsMap() && n["value"] && n["source"] && n["confidence"],
         at + " must be {value, source, confidence}");
   Figure f;
-  f.source = n["source"].as<std::string>();
-  f.confidence = n["confidence"].as<std::string>();
+  f.source = text(n, "source", at);
+  f.confidence = text(n, "confidence", at);
   check(!f.source.empty(), at + ": source is empty; every figure needs a source");
-  std::string text = n["value"].IsScalar() ? n["value"].Scalar() : "";
-  if (text == "unknown")
+  const std::string value = n["value"].IsScalar() ? n["value"].Scalar() : "";
+  if (value == "unknown")
     return f;
-  if (text == "unsupported") {
+  if (value == "unsupported") {
     f.unsupported = true;
     return f;
   }
   f.value = number(n["value"], at);
-  check(*f.value >= 0, at + ": value " + text + " is negative");
+  check(std::isfinite(*f.value), at + ": value " + value + " is not a finite number");
+  check(*f.value >= 0, at + ": value " + value + " is negative");
   return f;
 }
+
+// A scale-up domain is a chip count: the performance model and the planner use it as an
+// integer, so a fraction, 0 or 1e30 (undefined behaviour when cast) is refused at load.
+constexpr std::int64_t kMaxScaleupDomain = std::int64_t{1} << 20;
+
+Figure domain_figure(const YAML::Node& entry, const std::string& where) {
+  Figure f = figure(entry, "scaleup_domain", where);
+  if (f.known())
+    whole_number(*f.value, 1, kMaxScaleupDomain, where + ": field 'scaleup_domain'");
+  return f;
+}
+
+// The largest integer a catalog field may hold: 2^53, the last one every double represents.
+constexpr std::int64_t kMaxCatalogInteger = std::int64_t{1} << 53;
 
 std::int64_t integer(const YAML::Node& entry, const std::string& field, const std::string& where,
                      bool required, std::int64_t fallback = 0) {
@@ -64,20 +100,18 @@ std::int64_t integer(const YAML::Node& entry, const std::string& field, const st
     check(!required, where + ": field '" + field + "' is missing");
     return fallback;
   }
-  double v = number(n, where + ": field '" + field + "'");
-  check(
-      v >= 0 && v == static_cast<double>(static_cast<std::int64_t>(v)),
-      where + ": field '" + field + "': value '" + n.Scalar() + "' is not a non-negative integer");
-  return static_cast<std::int64_t>(v);
+  const std::string at = where + ": field '" + field + "'";
+  // Range-checked before the cast: casting 1e30 or .inf to int64 is undefined behaviour.
+  return whole_number(number(n, at), 0, kMaxCatalogInteger, at);
 }
 
 Model parse_model(const YAML::Node& m, const std::string& file, std::size_t index) {
   std::string where = file + ": models[" + std::to_string(index) + "]";
   check(m.IsMap() && m["id"], where + " needs an id");
   Model model;
-  model.id = m["id"].as<std::string>();
+  model.id = text(m, "id", where);
   where = file + ": model '" + model.id + "'";
-  model.source = m["source"] ? m["source"].as<std::string>() : "";
+  model.source = m["source"] ? text(m, "source", where) : "";
   model.layers = integer(m, "layers", where, true);
   model.hidden = integer(m, "hidden", where, true);
   model.heads = integer(m, "heads", where, true);
@@ -85,7 +119,7 @@ Model parse_model(const YAML::Node& m, const std::string& file, std::size_t inde
   model.ffn = integer(m, "ffn", where, false, 4 * model.hidden);
   model.vocab = integer(m, "vocab", where, true);
   model.seq = integer(m, "seq", where, false, 2048);
-  model.gated = m["gated"] && m["gated"].as<bool>();
+  model.gated = flag(m, "gated", where);
   model.experts = integer(m, "experts", where, false);
   model.top_k = integer(m, "top_k", where, false);
   model.shared_experts = integer(m, "shared_experts", where, false);
@@ -156,11 +190,11 @@ Catalog Catalog::load(const std::string& dir) {
     const YAML::Node& e = chips[i];
     check(e.IsMap() && e["id"], chips_path + ": chips[" + std::to_string(i) + "] needs an id");
     Chip chip;
-    chip.id = e["id"].as<std::string>();
+    chip.id = text(e, "id", chips_path + ": chips[" + std::to_string(i) + "]");
     check(ids.insert(chip.id).second, chips_path + ": chip id '" + chip.id + "' appears twice");
     std::string where = chips_path + ": chip '" + chip.id + "'";
-    chip.name = e["name"] ? e["name"].as<std::string>() : chip.id;
-    chip.status = e["status"] ? e["status"].as<std::string>() : "shipping";
+    chip.name = e["name"] ? text(e, "name", where) : chip.id;
+    chip.status = e["status"] ? text(e, "status", where) : "shipping";
     check(chip.status == "shipping" || chip.status == "roadmap",
           where + ": field 'status': value '" + chip.status + "' is not shipping or roadmap");
     chip.bf16_tflops = figure(e, "bf16_tflops", where);
@@ -169,7 +203,7 @@ Catalog Catalog::load(const std::string& dir) {
     chip.hbm_gb = figure(e, "hbm_gb", where);
     chip.hbm_tbps = figure(e, "hbm_tbps", where);
     chip.scaleup_gbps = figure(e, "scaleup_gbps", where);
-    chip.scaleup_domain = figure(e, "scaleup_domain", where);
+    chip.scaleup_domain = domain_figure(e, where);
     chip.scaleout_gbits = figure(e, "scaleout_gbits", where);
     chip.tdp_w = figure(e, "tdp_w", where);
     chip.price_per_hour = figure(e, "price_per_hour", where);
@@ -189,16 +223,16 @@ Catalog Catalog::load(const std::string& dir) {
       check(e.IsMap() && e["id"] && e["chip"],
             systems_path + ": systems[" + std::to_string(i) + "] needs id and chip");
       System sys;
-      sys.id = e["id"].as<std::string>();
+      sys.id = text(e, "id", systems_path + ": systems[" + std::to_string(i) + "]");
       std::string where = systems_path + ": system '" + sys.id + "'";
-      sys.name = e["name"] ? e["name"].as<std::string>() : sys.id;
-      sys.chip = e["chip"].as<std::string>();
+      sys.name = e["name"] ? text(e, "name", where) : sys.id;
+      sys.chip = text(e, "chip", where);
       try {
         c.chip(sys.chip);
       } catch (const Error& err) {
         throw Error(where + ": field 'chip': " + err.what());
       }
-      sys.scaleup_domain = figure(e, "scaleup_domain", where);
+      sys.scaleup_domain = domain_figure(e, where);
       sys.scaleout_gbits = figure(e, "scaleout_gbits", where);
       c.systems_.push_back(std::move(sys));
     }
@@ -280,7 +314,15 @@ void apply_device_profile(Chip& chip, const std::string& path, const std::string
           at + " needs dtype and tflops");
     check(g["tflops"].is_number() && g["tflops"].get<double>() > 0,
           at + ": field 'tflops': value " + g["tflops"].dump() + " is not a positive number");
-    bool large = g.value("m", 0) >= 2048 && g.value("n", 0) >= 2048 && g.value("k", 0) >= 2048;
+    // A GEMM size that is not a number was an nlohmann type_error ("internal error").
+    auto size = [&](const char* field) {
+      if (!g.contains(field))
+        return 0.0;
+      check(g[field].is_number(),
+            at + ": field '" + field + "' is " + g[field].dump() + ", expected a number");
+      return g[field].get<double>();
+    };
+    bool large = size("m") >= 2048 && size("n") >= 2048 && size("k") >= 2048;
     if (g["dtype"] == dtype && large)
       best = std::max(best, g["tflops"].get<double>());
   }
@@ -299,6 +341,13 @@ void apply_device_profile(Chip& chip, const std::string& path, const std::string
     chip.hbm_tbps = Figure{j["memory_bandwidth_gbs"].get<double>() / 1000.0 / 0.8, false,
                            "device profile " + path, "measured"};
   }
+}
+
+std::int64_t scaleup_domain_chips(const Chip& chip) {
+  check(chip.scaleup_domain.known(),
+        chip.id + ": field 'scaleup_domain' is unknown; the plan needs the domain's chip count");
+  return whole_number(*chip.scaleup_domain.value, 1, kMaxScaleupDomain,
+                      chip.id + ": field 'scaleup_domain'");
 }
 
 std::string default_catalog_dir() {

@@ -72,6 +72,10 @@ class Catalog {
 // figure. Throws naming the file, field and value.
 void apply_device_profile(Chip& chip, const std::string& path, const std::string& dtype);
 
+// The chip's scale-up domain as a chip count; throws naming the chip when the figure is
+// unknown or not a whole number in 1..2^20.
+std::int64_t scaleup_domain_chips(const Chip& chip);
+
 // Default catalog folder: $LOOM_CATALOG, else <repo>/catalog next to the binary's tree.
 std::string default_catalog_dir();
 

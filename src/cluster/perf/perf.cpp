@@ -185,7 +185,7 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   const double peak = *peak_figure.value * 1e12;
   const double hbm = *chip.hbm_tbps.value * 1e12 * kMemoryEfficiency;
   const Links links{*chip.scaleup_gbps.value * 1e9, *chip.scaleout_gbits.value / 8.0 * 1e9,
-                    static_cast<std::int64_t>(*chip.scaleup_domain.value)};
+                    scaleup_domain_chips(chip)};
   const double h = static_cast<double>(m.hidden), seq = static_cast<double>(l.seq);
   const double t = static_cast<double>(l.tp), cp = static_cast<double>(l.cp);
   const double tokens_mb = static_cast<double>(l.micro_batch) * seq;  // per micro-batch, whole sequence

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace loom::cluster {
@@ -25,6 +26,10 @@ std::vector<T> either(const std::optional<T>& fixed, std::vector<T> options) {
   return fixed ? std::vector<T>{*fixed} : options;
 }
 
+// The most chips a plan may have, and the largest batch, sequence or interleave.
+constexpr std::int64_t kMaxChips = std::int64_t{1} << 31;
+constexpr std::int64_t kMaxSize = std::int64_t{1} << 31;
+
 bool counts_as_feasible(const Candidate& c, bool enforce_memory) {
   return c.estimate.feasible || (!enforce_memory && c.estimate.step_time_s > 0);
 }
@@ -34,16 +39,34 @@ bool counts_as_feasible(const Candidate& c, bool enforce_memory) {
 std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t chips,
                               const Constraints& fixed, const Software& software,
                               SearchStats* stats) {
-  check(chips >= 1, "chips = " + std::to_string(chips) + ", expected >= 1");
+  check(chips >= 1 && chips <= kMaxChips,
+        "chips = " + std::to_string(chips) + ", expected 1.." + std::to_string(kMaxChips));
+  // Fixed degrees come from flags and files: 0 was a division by zero below, and their
+  // products could overflow. Each parallel degree is at most the chip count, the sizes at
+  // most 2^31, so every product of two of them fits int64.
+  for (auto [name, value] :
+       {std::pair{"tp", fixed.tp}, std::pair{"pp", fixed.pp}, std::pair{"dp", fixed.dp},
+        std::pair{"cp", fixed.cp}, std::pair{"ep", fixed.ep}})
+    check(!value || (*value >= 1 && *value <= chips), std::string(name) + " = " +
+                                                          std::to_string(value.value_or(0)) +
+                                                          ", expected 1.." + std::to_string(chips));
+  for (auto [name, value] :
+       {std::pair{"micro_batch", fixed.micro_batch}, std::pair{"global_batch", fixed.global_batch},
+        std::pair{"seq", fixed.seq}, std::pair{"interleave", fixed.interleave}})
+    check(!value || (*value >= 1 && *value <= kMaxSize),
+          std::string(name) + " = " + std::to_string(value.value_or(0)) + ", expected 1.." +
+              std::to_string(kMaxSize));
   std::int64_t seq = fixed.seq.value_or(model.seq);
   std::vector<Candidate> out;
   SearchStats local;
   for (std::int64_t tp : either(fixed.tp, divisors(model.heads, 64))) {
     for (std::int64_t pp : either(fixed.pp, divisors(model.layers, 1 << 20))) {
       for (std::int64_t cp : either(fixed.cp, std::vector<std::int64_t>{1, 2, 4, 8, 16})) {
-        if (chips % (tp * pp * cp) != 0)
+        // chips divisible by tp x pp x cp, tested one factor at a time (the product of
+        // fixed degrees can overflow).
+        if (chips % tp != 0 || (chips / tp) % pp != 0 || (chips / tp / pp) % cp != 0)
           continue;
-        std::int64_t dp = chips / (tp * pp * cp);
+        std::int64_t dp = chips / tp / pp / cp;
         if (fixed.dp && *fixed.dp != dp)
           continue;
         for (std::int64_t v : either(fixed.interleave, pp > 1 ? divisors(model.layers / pp, 8)
@@ -120,64 +143,114 @@ double ThroughputCache::tokens_per_s(const Model& model, const Chip& chip, std::
 }
 
 std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(runs_path);
-  } catch (const YAML::Exception& e) {
-    throw Error(runs_path + ": cannot read (" + e.msg + ")");
-  }
+  const YAML::Node root = read_yaml_file(runs_path);
   check(root["runs"] && root["runs"].IsSequence(), runs_path + ": expected a 'runs' list");
   std::map<std::string, Software> stacks;
   std::string software_path =
       (std::filesystem::path(runs_path).parent_path() / "software.yaml").string();
   if (std::filesystem::exists(software_path)) {
-    YAML::Node sw = YAML::LoadFile(software_path)["software"];
+    const YAML::Node sw = read_yaml_file(software_path)["software"];
+    check(!sw || sw.IsMap(), software_path + ": field 'software' must be a mapping of stacks");
     for (const auto& item : sw) {
+      check(item.first.IsScalar(),
+            software_path + ": a software stack's name must be a single value");
+      const std::string name = item.first.Scalar();
+      const std::string where = software_path + ": software '" + name + "'";
+      check(item.second.IsMap(), where + " must be a mapping of flags");
+      auto flag = [&](const char* field) {
+        const YAML::Node v = item.second[field];
+        check(v.IsDefined() && v.IsScalar() && (v.Scalar() == "true" || v.Scalar() == "false"),
+              where + ": field '" + field + "' must be true or false");
+        return v.Scalar() == "true";
+      };
       Software s;
-      s.flash_attention = item.second["flash_attention"].as<bool>();
-      s.sequence_parallel = item.second["sequence_parallel"].as<bool>();
-      s.overlap_dp = item.second["overlap_dp"].as<bool>();
-      stacks[item.first.as<std::string>()] = s;
+      s.flash_attention = flag("flash_attention");
+      s.sequence_parallel = flag("sequence_parallel");
+      s.overlap_dp = flag("overlap_dp");
+      stacks[name] = s;
     }
   }
   std::vector<Validation> out;
-  for (const auto& run : root["runs"]) {
-    std::string id = run["id"].as<std::string>();
-    std::string where = runs_path + ": run '" + id + "'";
-    auto need = [&](const char* field) {
-      check(run[field].IsDefined(), where + ": field '" + field + "' is missing");
-      return run[field];
+  const YAML::Node runs = root["runs"];
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const YAML::Node run = runs[i];
+    const std::string entry = runs_path + ": runs[" + std::to_string(i) + "]";
+    check(run.IsMap(), entry + " must be a mapping of fields");
+    auto text = [&](const std::string& where, const char* field) {
+      check(run[field].IsDefined() && !run[field].IsNull(),
+            where + ": field '" + field + "' is missing");
+      check(run[field].IsScalar(),
+            where + ": field '" + field + "' must be a single value, not a list or mapping");
+      return run[field].Scalar();
     };
-    std::string chip_id = need("chip").as<std::string>();
-    const Chip& chip = catalog.chip(chip_id);
+    const std::string id = text(entry, "id");
+    const std::string where = runs_path + ": run '" + id + "'";
+    // A whole number in [lo, hi]; the file's numbers were read with yaml-cpp's as<int64_t>,
+    // whose exceptions ("bad conversion") were an "internal error".
+    auto count = [&](const char* field, std::int64_t lo, std::int64_t hi) {
+      const std::string value = text(where, field);
+      double number = 0;
+      try {
+        number = run[field].as<double>();
+      } catch (const YAML::Exception&) {
+        throw Error(where + ": field '" + field + "' is '" + value + "', expected a number");
+      }
+      return whole_number(number, lo, hi, where + ": field '" + field + "'");
+    };
+    // Catalog look-ups name the unknown id; the file and run are added here.
+    auto in_run = [&](const char* field, auto lookup) -> decltype(lookup()) {
+      try {
+        return lookup();
+      } catch (const Error& e) {
+        throw Error(where + ": field '" + field + "': " + e.what());
+      }
+    };
+    std::string chip_id = text(where, "chip");
+    const Chip& chip = in_run("chip", [&]() -> const Chip& { return catalog.chip(chip_id); });
+    check(chip.hbm_gb.known(), where + ": chip '" + chip_id + "' has no hbm_gb figure (" +
+                                   (chip.hbm_gb.unsupported ? "unsupported" : "unknown") +
+                                   "), which the validation reports against");
     Model model;
     if (run["model"]) {
-      model = catalog.model(run["model"].as<std::string>());
+      const std::string model_id = text(where, "model");
+      model = in_run("model", [&]() -> const Model& { return catalog.model(model_id); });
     } else {
       model.id = id;
-      model.layers = need("layers").as<std::int64_t>();
-      model.hidden = need("hidden").as<std::int64_t>();
-      model.heads = need("heads").as<std::int64_t>();
+      model.layers = count("layers", 1, kMaxSize);
+      model.hidden = count("hidden", 1, kMaxSize);
+      model.heads = count("heads", 1, kMaxSize);
       model.kv_heads = model.heads;
       model.ffn = 4 * model.hidden;
-      model.vocab = need("vocab").as<std::int64_t>();
+      model.vocab = count("vocab", 1, kMaxSize);
       model.validate(where);
     }
+    const std::int64_t chips = count("chips", 1, kMaxChips);
     Constraints c;
-    c.tp = need("tp").as<std::int64_t>();
-    c.pp = need("pp").as<std::int64_t>();
-    c.cp = run["cp"] ? run["cp"].as<std::int64_t>() : 1;
-    c.seq = need("seq").as<std::int64_t>();
-    std::int64_t chips = need("chips").as<std::int64_t>();
-    std::int64_t dp = run["dp"] ? run["dp"].as<std::int64_t>() : chips / (*c.tp * *c.pp * *c.cp);
+    c.tp = count("tp", 1, chips);
+    c.pp = count("pp", 1, chips);
+    c.cp = run["cp"] ? count("cp", 1, chips) : 1;
+    c.seq = count("seq", 1, kMaxSize);
+    std::int64_t dp = 0;
+    if (run["dp"]) {
+      dp = count("dp", 1, chips);
+    } else {
+      // chips / (tp x pp x cp), one factor at a time: the product can overflow.
+      check(chips % *c.tp == 0 && (chips / *c.tp) % *c.pp == 0 &&
+                (chips / *c.tp / *c.pp) % *c.cp == 0,
+            where + ": tp x pp x cp = " + std::to_string(*c.tp) + " x " + std::to_string(*c.pp) +
+                " x " + std::to_string(*c.cp) + " does not divide chips " + std::to_string(chips));
+      dp = chips / *c.tp / *c.pp / *c.cp;
+    }
     c.dp = dp;
-    c.global_batch = run["global_batch"] ? run["global_batch"].as<std::int64_t>()
-                                         : dp * need("sequences_per_dp_rank").as<std::int64_t>();
+    c.global_batch = run["global_batch"]
+                         ? count("global_batch", 1, kMaxSize)
+                         : checked_mul(dp, count("sequences_per_dp_rank", 1, kMaxSize),
+                                       where + ": dp x sequences_per_dp_rank");
     if (run["recompute"])
-      c.recompute = parse_recompute(run["recompute"].as<std::string>());
+      c.recompute = parse_recompute(text(where, "recompute"));
     c.zero = 1;
     c.enforce_memory = false;  // the run happened, so it fit
-    std::string source = need("source").as<std::string>();
+    std::string source = text(where, "source");
     Software sw = stacks.count(source) ? stacks[source] : Software{};
     // Uneven pipelines (Llama 3 405B: 126 layers on 16 stages) are modelled with the
     // layer count rounded to the nearest multiple of pp, keeping the per-stage average.
@@ -188,11 +261,24 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
     std::vector<Candidate> found = search(modelled, chip, chips, c, sw);
     check(!found.empty(), where + ": no valid layout matches the published one");
     const Candidate& best = found.front();
+    check(best.estimate.step_time_s > 0,
+          where +
+              ": the performance model cannot time the published layout: " + best.estimate.reason);
     Validation v;
     v.id = id;
     v.chip = chip_id;
-    v.counts = need("counts").as<std::string>();
-    v.published = need("tflops_per_chip").as<double>();
+    v.counts = text(where, "counts");
+    v.published = [&] {
+      try {
+        return run["tflops_per_chip"].as<double>();
+      } catch (const YAML::Exception&) {
+        throw Error(where + ": field 'tflops_per_chip' is '" + text(where, "tflops_per_chip") +
+                    "', expected a number");
+      }
+    }();
+    check(std::isfinite(v.published) && v.published > 0, where + ": field 'tflops_per_chip' is " +
+                                                             text(where, "tflops_per_chip") +
+                                                             ", expected a positive number");
     // Count FLOPs the way the source does (recomputation included or not).
     const Layout& l = best.layout;
     const Estimate& e = best.estimate;

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "cluster/catalog/catalog.h"
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace loom::cluster {
@@ -26,6 +27,14 @@ std::int64_t positive(const std::string& text, const std::string& what, const st
 
 void validate(const Fleet& fleet, const std::string& where) {
   check(!fleet.pools.empty(), where + ": a fleet needs at least one pool");
+  // Pool::chips() and Fleet::chips() multiply and add the counts unchecked; they are
+  // checked once here, where the numbers come in.
+  std::int64_t total = 0;
+  for (const Pool& p : fleet.pools)
+    total = checked_add(total,
+                        checked_mul(p.nodes, p.chips_per_node,
+                                    where + ": pool '" + p.chip + "': nodes x chips per node"),
+                        where + ": the fleet's chip count");
   std::set<std::pair<std::string, std::int64_t>> seen;
   for (const Pool& p : fleet.pools)
     check(seen.insert({p.chip, p.chips_per_node}).second,

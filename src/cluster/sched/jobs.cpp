@@ -11,10 +11,14 @@
 
 #include "cluster/catalog/catalog.h"
 #include "cluster/plan/plan.h"
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace loom::cluster {
 namespace {
+
+// The most chips (and the largest batch or sequence) a job may ask for.
+constexpr std::int64_t kMaxChips = std::int64_t{1} << 31;
 
 double parse_number(const std::string& text, const std::string& where) {
   std::size_t used = 0;
@@ -101,9 +105,11 @@ std::vector<Job> load_gavel_trace(const std::string& trace_path,
     job.name = f[0];
     const double steps = parse_number(f[4], where + ": total_steps");
     job.arrival_s = parse_number(f[5], where + ": arrival_time_s");
-    job.chips = static_cast<std::int64_t>(parse_number(f[6], where + ": scale_factor"));
-    check(steps > 0 && job.arrival_s >= 0 && job.chips > 0,
-          where + ": total_steps, arrival_time_s and scale_factor must be positive");
+    // Range-checked before the cast: 1e30 was undefined behaviour, and 2.7 truncated to 2.
+    job.chips = whole_number(parse_number(f[6], where + ": scale_factor"), 1, kMaxChips,
+                             where + ": scale_factor");
+    check(steps > 0 && job.arrival_s >= 0,
+          where + ": total_steps and arrival_time_s must be positive");
     auto type = rates.find(job.name);
     check(type != rates.end(),
           where + ": job type '" + job.name + "' is not in " + throughputs_path);
@@ -145,9 +151,7 @@ std::vector<Job> load_training_jobs(const std::string& path, const Catalog& cata
     const double chips = parse_number(text("chips"), where + ": field 'chips'");
     check(tokens > 0,
           where + ": field 'tokens' is " + text("tokens") + ", expected a positive number");
-    check(chips >= 1 && chips == std::floor(chips),
-          where + ": field 'chips' is " + text("chips") + ", expected a positive integer");
-    job.chips = static_cast<std::int64_t>(chips);
+    job.chips = whole_number(chips, 1, kMaxChips, where + ": field 'chips'");
     job.arrival_s = e["arrival_h"]
                         ? 3600.0 * parse_number(text("arrival_h"), where + ": field 'arrival_h'")
                         : 0.0;
@@ -159,10 +163,8 @@ std::vector<Job> load_training_jobs(const std::string& path, const Catalog& cata
          {std::pair{"global_batch", &fixed.global_batch}, {"seq", &fixed.seq}}) {
       if (!e[field])
         continue;
-      const double value = parse_number(text(field), where + ": field '" + field + "'");
-      check(value >= 1 && value == std::floor(value),
-            where + ": field '" + field + "' must be a positive integer, not " + text(field));
-      *slot = static_cast<std::int64_t>(value);
+      const std::string at = where + ": field '" + field + "'";
+      *slot = whole_number(parse_number(text(field), at), 1, kMaxChips, at);
     }
     for (const Pool& pool : fleet.pools) {
       const double rate = cache.tokens_per_s(model, catalog.chip(pool.chip), job.chips, fixed);
