@@ -107,11 +107,20 @@ void CheckpointStore::publish(std::int64_t step,
 void CheckpointStore::remove_older_than(std::int64_t step) const {
   std::error_code ec;
   std::vector<std::int64_t> steps;
+  std::vector<fs::path> leftovers;  // of writers killed mid-checkpoint (one writer at a time)
   for (const auto& entry : fs::directory_iterator(out_ + "/checkpoints", ec)) {
-    std::int64_t s = step_of_name(entry.path().filename().string());
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".writing-", 0) == 0)
+      leftovers.push_back(entry.path());
+    std::int64_t s = step_of_name(name);
     if (s >= 0 && s < step)
       steps.push_back(s);
   }
+  for (const auto& entry : fs::directory_iterator(out_, ec))
+    if (entry.path().filename().string().rfind("checkpoint.new-", 0) == 0)
+      leftovers.push_back(entry.path());
+  for (const fs::path& leftover : leftovers)
+    fs::remove_all(leftover, ec);
   std::sort(steps.begin(), steps.end());
   // The newest `keep_ - 1` older ones stay beside the one just published.
   const std::size_t remove = steps.size() > static_cast<std::size_t>(keep_ - 1)
