@@ -1,8 +1,9 @@
 # Loom — two commands do everything on a fresh Debian 12 machine:
 #   make demo   install, build, train the default model (char GPT on tiny Shakespeare), sample
 #   make test   install, build, run the tests
-# Other targets: build, test-asan, bench, format, clean.
-.PHONY: all deps build demo test test-asan bench format check-floors clean
+# Other targets: build, fleet-demo (the live fleet service on this machine), test-asan, bench,
+# format, clean.
+.PHONY: all deps build demo fleet-demo test test-asan bench format check-floors clean
 
 JOBS ?= 2
 BUILD := build/release
@@ -19,6 +20,9 @@ build: deps
 demo: build
 	$(BUILD)/loom train --out out/demo
 	$(BUILD)/loom sample out/demo/checkpoint --prompt "ROMEO:" --tokens 400
+
+fleet-demo: build
+	scripts/fleet-demo $(BUILD)/loom
 
 test: build
 	scripts/check-floors

@@ -36,8 +36,10 @@ CLI::App* add_fleet_command(CLI::App& app, FleetOptions& o) {
                   "fleet's chips (at the first pool's speed)")
       ->check(CLI::Range(0.01, 10.0));
   sim->add_option("--seed", o.seed, "random seed of the synthetic jobs and of the failures");
-  sim->add_option("--policy", o.policy, "fifo | backfill | sjf | fastest | las | all")
-      ->check(CLI::IsMember({"fifo", "backfill", "sjf", "fastest", "las", "all"}));
+  sim->add_option("--policy", o.policy,
+                  "fifo | backfill | sjf | fastest | las | cheapest | loom | all")
+      ->check(
+          CLI::IsMember({"fifo", "backfill", "sjf", "fastest", "las", "cheapest", "loom", "all"}));
   sim->add_option("--catalog", o.catalog, "catalog folder (default: the repository's catalog/)");
   sim->add_flag("--json", o.json, "one JSON object per policy");
   sim->add_option("--placements", o.placements,

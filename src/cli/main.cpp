@@ -9,6 +9,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "cli/bench_command.h"
 #include "cli/fleet_command.h"
+#include "cli/fleet_service_command.h"
 #include "cli/onnx_command.h"
 #include "cli/ops_command.h"
 #include "cli/plan_command.h"
@@ -103,6 +104,8 @@ int main(int argc, char** argv) {
   // ---- fleet ----------------------------------------------------------------
   loom::cli::FleetOptions fleet_options;
   CLI::App* fleet = loom::cli::add_fleet_command(app, fleet_options);
+  loom::cli::FleetServiceOptions fleet_service_options;
+  loom::cli::add_fleet_service_commands(*fleet, fleet_service_options);
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -157,6 +160,9 @@ int main(int argc, char** argv) {
     } else if (plan->parsed()) {
       return loom::cli::run_plan(plan_options);
     } else if (fleet->parsed()) {
+      int status = 0;
+      if (loom::cli::run_fleet_service(fleet_service_options, status))
+        return status;
       return loom::cli::run_fleet(fleet_options);
     }
   } catch (const loom::Error& e) {

@@ -96,8 +96,12 @@ bool better(Policy policy, const WaitingJob& c, const PoolOption& a, const PoolO
 
 std::string hours(double seconds) {
   char text[32];
-  std::snprintf(text, sizeof text, seconds < 3600 ? "%.0f min" : "%.1f h",
-                seconds < 3600 ? seconds / 60 : seconds / 3600);
+  if (seconds < 90)
+    std::snprintf(text, sizeof text, "%.1f s", seconds);
+  else if (seconds < 3600)
+    std::snprintf(text, sizeof text, "%.0f min", seconds / 60);
+  else
+    std::snprintf(text, sizeof text, "%.1f h", seconds / 3600);
   return text;
 }
 

@@ -1,0 +1,175 @@
+#include "cluster/service/job_spec.h"
+
+#include <cmath>
+#include <set>
+
+namespace loom::service {
+
+namespace {
+
+constexpr std::size_t kMaxText = 4096;
+constexpr std::size_t kMaxConfigKeys = 200;
+
+[[noreturn]] void refuse(const std::string& where, const std::string& field,
+                         const nlohmann::json& value, const std::string& expected) {
+  std::string shown = value.dump();
+  if (shown.size() > 80)
+    shown = shown.substr(0, 77) + "...";
+  throw BadRequest(400, where + ": field '" + field + "' is " + shown + ", expected " + expected);
+}
+
+std::string text_field(const nlohmann::json& j, const std::string& where, const char* field,
+                       std::size_t max = 200) {
+  const nlohmann::json& v = j.at(field);
+  if (!v.is_string() || v.get_ref<const std::string&>().empty() ||
+      v.get_ref<const std::string&>().size() > max)
+    refuse(where, field, v, "a non-empty string of at most " + std::to_string(max) + " characters");
+  return v.get<std::string>();
+}
+
+std::int64_t integer_field(const nlohmann::json& j, const std::string& where, const char* field,
+                           std::int64_t lo, std::int64_t hi) {
+  const nlohmann::json& v = j.at(field);
+  // Integers only: a float such as 1e30 is refused before any conversion.
+  if (!v.is_number_integer())
+    refuse(where, field, v,
+           "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  if (v.is_number_unsigned() ? v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
+                             : (v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi))
+    refuse(where, field, v,
+           "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v.get<std::int64_t>();
+}
+
+// Keys of the training config the service sets itself for every attempt.
+const std::set<std::string>& service_keys() {
+  static const std::set<std::string> keys{"out",         "device", "threads", "resume",
+                                          "auto_resume", "json",   "progress"};
+  return keys;
+}
+
+// The keys that decide which operators a step runs and how fast (not data or seeds).
+const std::set<std::string>& model_keys() {
+  static const std::set<std::string> keys{"model",   "onnx",      "layers", "width",    "heads",
+                                          "context", "batch",     "vocab",  "data",     "dropout",
+                                          "bias",    "precision", "mode",   "mnist_dir"};
+  return keys;
+}
+
+}  // namespace
+
+JobSpec JobSpec::from_json(const nlohmann::json& request, const std::string& where) {
+  if (!request.is_object())
+    throw BadRequest(400,
+                     where + ": a job is a JSON object, got " + std::string(request.type_name()));
+  static const std::set<std::string> known{"name",           "config",      "steps",
+                                           "priority",       "deadline_h",  "pools",
+                                           "allow_fallback", "max_retries", "idempotency_key"};
+  for (const auto& [key, value] : request.items())
+    if (!known.count(key))
+      refuse(where, key, value,
+             "no such field (name, config, steps, priority, deadline_h, pools, allow_fallback, "
+             "max_retries, idempotency_key)");
+  JobSpec spec;
+  if (!request.contains("name"))
+    throw BadRequest(400, where + ": field 'name' is missing");
+  spec.name = text_field(request, where, "name");
+  if (!request.contains("config"))
+    throw BadRequest(400, where + ": field 'config' is missing (the training settings)");
+  const nlohmann::json& config = request.at("config");
+  if (!config.is_object())
+    refuse(where, "config", config, "a mapping of training keys to values");
+  if (config.size() > kMaxConfigKeys)
+    throw BadRequest(400, where + ": field 'config' has " + std::to_string(config.size()) +
+                              " keys, expected at most " + std::to_string(kMaxConfigKeys));
+  for (const auto& [key, value] : config.items()) {
+    const std::string field = "config." + key;
+    if (key.empty() || key.size() > 64)
+      refuse(where, field, key, "a training key");
+    if (service_keys().count(key))
+      refuse(where, field, value, "nothing: the fleet service sets '" + key + "' itself");
+    if (!(value.is_string() || value.is_number() || value.is_boolean()))
+      refuse(where, field, value, "a string, number or boolean");
+    if (value.is_string() && value.get_ref<const std::string&>().size() > kMaxText)
+      refuse(where, field, value, "at most " + std::to_string(kMaxText) + " characters");
+    if (value.is_number_float() && !std::isfinite(value.get<double>()))
+      refuse(where, field, value, "a finite number");
+  }
+  spec.config = config;
+  if (request.contains("steps"))
+    spec.steps = integer_field(request, where, "steps", 1, 100'000'000);
+  if (request.contains("priority"))
+    spec.priority = integer_field(request, where, "priority", -100, 100);
+  if (request.contains("deadline_h")) {
+    const nlohmann::json& v = request.at("deadline_h");
+    if (!v.is_number() || !(v.get<double>() > 0) || v.get<double>() > 1e6)
+      refuse(where, "deadline_h", v, "hours after submission, in (0, 1e6]");
+    spec.deadline_h = v.get<double>();
+  }
+  if (request.contains("pools")) {
+    const nlohmann::json& v = request.at("pools");
+    if (!v.is_array() || v.size() > 1000)
+      refuse(where, "pools", v, "a list of pool names, in order of preference");
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_string() || v[i].get_ref<const std::string&>().empty())
+        refuse(where, "pools[" + std::to_string(i) + "]", v[i], "a pool name");
+      spec.pools.push_back(v[i].get<std::string>());
+    }
+  }
+  if (request.contains("allow_fallback")) {
+    const nlohmann::json& v = request.at("allow_fallback");
+    if (!v.is_boolean())
+      refuse(where, "allow_fallback", v, "true or false");
+    spec.allow_fallback = v.get<bool>();
+  }
+  if (request.contains("max_retries"))
+    spec.max_retries = integer_field(request, where, "max_retries", 0, 100);
+  if (request.contains("idempotency_key"))
+    spec.idempotency_key = text_field(request, where, "idempotency_key");
+  return spec;
+}
+
+nlohmann::json JobSpec::to_json() const {
+  nlohmann::json j{{"name", name},
+                   {"config", config},
+                   {"priority", priority},
+                   {"pools", pools},
+                   {"allow_fallback", allow_fallback},
+                   {"max_retries", max_retries}};
+  if (steps > 0)
+    j["steps"] = steps;
+  if (deadline_h)
+    j["deadline_h"] = *deadline_h;
+  if (!idempotency_key.empty())
+    j["idempotency_key"] = idempotency_key;
+  return j;
+}
+
+std::int64_t JobSpec::total_steps() const {
+  if (steps > 0)
+    return steps;
+  if (config.contains("steps") && config.at("steps").is_number_integer())
+    return config.at("steps").get<std::int64_t>();
+  return 2000;  // loom train's default
+}
+
+std::string JobSpec::config_yaml() const {
+  nlohmann::json settings = config;
+  if (steps > 0)
+    settings["steps"] = steps;
+  // JSON scalars are valid YAML flow scalars; keys are plain words.
+  std::string yaml;
+  for (const auto& [key, value] : settings.items())
+    yaml += key + ": " + value.dump() + "\n";
+  return yaml;
+}
+
+std::string JobSpec::model_key() const {
+  nlohmann::json key = nlohmann::json::object();
+  for (const auto& [k, v] : config.items())
+    if (model_keys().count(k))
+      key[k] = v;
+  return key.dump();  // nlohmann's objects are ordered by key: equal configs, equal keys
+}
+
+}  // namespace loom::service

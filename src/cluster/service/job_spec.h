@@ -1,0 +1,46 @@
+// cluster/service/job_spec — a job as submitted to the fleet service, validated field by
+// field: what to train (a training config, as `loom train CONFIG` reads it), how long,
+// how urgent, where it may run and whether it may run with CPU fallbacks.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::service {
+
+// A request the service refuses: an HTTP 4xx answer naming the field, the value and what
+// was expected. Nothing is stored.
+struct BadRequest : std::runtime_error {
+  BadRequest(int status, const std::string& message)
+      : std::runtime_error(message), status(status) {}
+  int status;
+};
+
+struct JobSpec {
+  std::string name;
+  // Training config keys (scalars), as in a `loom train` YAML file. The service owns
+  // out, device, threads and the resume keys: a config that sets them is refused.
+  nlohmann::json config = nlohmann::json::object();
+  std::int64_t steps = 0;            // > 0: overrides the config's steps
+  std::int64_t priority = 0;         // -100..100: higher starts first and may preempt lower
+  std::optional<double> deadline_h;  // hours after submission by which it should finish
+  std::vector<std::string> pools;    // acceptable pools, in order of preference (empty: all)
+  bool allow_fallback = true;        // false: never on a backend that falls back to the CPU
+  std::int64_t max_retries = 2;      // crashes retried (a preemption is not a crash)
+  std::string idempotency_key;       // a retried submit with the same key makes no second job
+
+  // Validates a JSON request; throws BadRequest naming `where` and the field.
+  static JobSpec from_json(const nlohmann::json& request, const std::string& where);
+  nlohmann::json to_json() const;
+  // The steps the job trains: `steps`, else the config's, else loom train's default.
+  std::int64_t total_steps() const;
+  // The config as YAML text (what the job's `loom train` reads).
+  std::string config_yaml() const;
+  // The keys that decide the model's operators and speed (coverage and probe cache key).
+  std::string model_key() const;
+};
+
+}  // namespace loom::service

@@ -1,0 +1,633 @@
+#include "cluster/service/service.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "cluster/service/attempts.h"
+#include "core/error.h"
+
+namespace loom::service {
+
+namespace fs = std::filesystem;
+using cluster::PoolOption;
+using cluster::PoolTerms;
+using cluster::WaitingJob;
+
+namespace {
+
+// What identifies the loom binary's behaviour for the probe cache: its size and time.
+std::string binary_version(const std::string& path) {
+  struct stat info {};
+  check(::stat(path.c_str(), &info) == 0, path + ": the loom binary cannot be read");
+  return std::to_string(info.st_size) + "-" + std::to_string(info.st_mtim.tv_sec);
+}
+
+std::string self_executable() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  check(!ec, "fleet serve: cannot find its own executable (/proc/self/exe)");
+  return self.string();
+}
+
+// The last line of a file that starts with `prefix` (an attempt's error, a probe's).
+std::string last_line_with(const std::string& path, const std::string& prefix) {
+  std::ifstream in(path);
+  std::string line, found;
+  while (std::getline(in, line))
+    if (line.rfind(prefix, 0) == 0)
+      found = line;
+  return found;
+}
+
+// Steps logged in a run's metrics.jsonl and the median step time of the last `tail`.
+struct RunProgress {
+  std::int64_t steps = 0;
+  std::optional<double> median_step_s;
+};
+RunProgress run_progress(const std::string& metrics, std::size_t tail = 50) {
+  RunProgress p;
+  std::ifstream in(metrics);
+  std::vector<double> ms;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    if (!r.is_object() || !r.contains("loss") || !r.contains("step"))
+      continue;
+    p.steps = std::max<std::int64_t>(p.steps, r["step"].get<std::int64_t>());
+    if (r.contains("ms") && r["ms"].is_number())
+      ms.push_back(r["ms"].get<double>());
+  }
+  if (ms.size() > tail)
+    ms.erase(ms.begin(), ms.end() - static_cast<std::ptrdiff_t>(tail));
+  if (ms.size() >= 3) {
+    std::sort(ms.begin(), ms.end());
+    p.median_step_s = ms[ms.size() / 2] / 1e3;
+  }
+  return p;
+}
+
+}  // namespace
+
+struct Service::Route {
+  bool allowed = false;  // coverage allows it
+  bool pending = false;  // coverage or speed not known yet (a probe is wanted)
+  double seconds = cluster::kUnknown;
+  std::string why_not;  // !allowed: why
+  std::string error;    // the job's config is bad (the probe said why)
+};
+
+Service::Service(ServiceOptions options) : options_(std::move(options)) {
+  check(!options_.state_dir.empty(), "fleet serve: --state FOLDER is required");
+  std::error_code ec;
+  fs::create_directories(options_.state_dir + "/jobs", ec);
+  fs::create_directories(options_.state_dir + "/probes", ec);
+  check(!ec, options_.state_dir + ": cannot create the state folder: " + ec.message());
+  pools_ = load_pools(options_.pools_file);
+  if (options_.loom.empty())
+    options_.loom = self_executable();
+  version_ = binary_version(options_.loom);
+  policy_ = cluster::parse_policy(options_.policy);
+  check(policy_ != cluster::Policy::las,
+        "fleet serve: policy las is the simulator's (it preempts every quantum); use loom, "
+        "cheapest, fastest, backfill, sjf or fifo");
+  store_ = std::make_unique<Store>(options_.state_dir + "/fleet.db");
+}
+
+Service::~Service() {
+  stop();
+}
+
+void Service::start() {
+  scheduler_ = std::thread([this] {
+    while (!stopping_) {
+      try {
+        pass();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "loom fleet serve: pass failed: %s\n", e.what());
+      }
+      std::unique_lock lock(wake_mutex_);
+      woken_.wait_for(lock, std::chrono::duration<double>(options_.pass_seconds),
+                      [&] { return wake_requested_ || stopping_.load(); });
+      wake_requested_ = false;
+    }
+  });
+  prober_ = std::thread([this] { probe_loop(); });
+}
+
+void Service::stop() {
+  if (stopping_.exchange(true))
+    return;
+  woken_.notify_all();
+  probe_wanted_.notify_all();
+  if (scheduler_.joinable())
+    scheduler_.join();
+  if (prober_.joinable())
+    prober_.join();
+}
+
+void Service::wake() {
+  {
+    std::lock_guard lock(wake_mutex_);
+    wake_requested_ = true;
+  }
+  woken_.notify_all();
+}
+
+std::string Service::job_dir(std::int64_t job) const {
+  return options_.state_dir + "/jobs/" + std::to_string(job);
+}
+
+const PoolSpec* Service::pool_named(const std::string& name) const {
+  for (const PoolSpec& p : pools_)
+    if (p.name == name)
+      return &p;
+  return nullptr;
+}
+
+void Service::crash_point(const std::string& name) {
+  if (options_.crash_at.empty())
+    return;
+  const auto colon = options_.crash_at.find(':', options_.crash_at.find(':') + 1);
+  const std::string point = options_.crash_at.substr(0, colon);
+  const int nth = colon == std::string::npos ? 1 : std::atoi(options_.crash_at.c_str() + colon + 1);
+  if (point == name && ++crash_counts_[name] == nth) {
+    std::fprintf(stderr, "loom fleet serve: crash point %s reached: SIGKILL\n", name.c_str());
+    std::fflush(stderr);
+    ::kill(::getpid(), SIGKILL);
+  }
+}
+
+void Service::check_submittable(const JobSpec& spec) {
+  for (const std::string& name : spec.pools)
+    if (pool_named(name) == nullptr) {
+      std::string known;
+      for (const PoolSpec& p : pools_)
+        known += (known.empty() ? "" : ", ") + p.name;
+      throw BadRequest(
+          400, "job: field 'pools' names '" + name + "', which is not a pool (" + known + ")");
+    }
+  if (spec.allow_fallback)
+    return;
+  // A strict job: refused when cached coverage already proves no acceptable pool can run it.
+  std::string why;
+  for (const PoolSpec& pool : pools_) {
+    if (!spec.pools.empty() &&
+        std::find(spec.pools.begin(), spec.pools.end(), pool.name) == spec.pools.end())
+      continue;
+    auto k = store_->knowledge(spec.model_key(), pool.backend, pool.threads, version_);
+    if (!k || !k->probed || !k->error.empty() || k->fallbacks.empty())
+      return;  // runnable, or not known yet
+    why += (why.empty() ? "" : "; ") + pool.name + " (" + pool.backend +
+           ") falls back to the CPU for " + nlohmann::json(k->fallbacks).dump();
+  }
+  throw BadRequest(422,
+                   "job: allow_fallback is false and no acceptable pool runs its model "
+                   "natively: " +
+                       why);
+}
+
+Service::Route Service::route(const JobRecord& job, const PoolSpec& pool) {
+  Route r;
+  const std::string key = job.spec.model_key();
+  std::optional<Knowledge> k = store_->knowledge(key, pool.backend, pool.threads, version_);
+  const bool probed = k && k->probed;
+  if (!probed) {
+    std::lock_guard lock(probe_mutex_);
+    const std::string id = key + "|" + pool.backend + "|" + std::to_string(pool.threads);
+    if (!probing_.count(id) && !probe_queue_.count(id)) {
+      probe_queue_[id] = ProbeRequest{key, job.spec.config, pool};
+      probe_wanted_.notify_one();
+    }
+  }
+  if (probed && !k->error.empty()) {
+    r.error = k->error;
+    return r;
+  }
+  if (!job.spec.allow_fallback) {
+    if (!probed) {
+      r.pending = true;
+      r.why_not = pool.name + ": coverage not known yet (probing)";
+      return r;
+    }
+    if (!k->fallbacks.empty()) {
+      std::string ops;
+      for (const std::string& op : k->fallbacks)
+        ops += (ops.empty() ? "" : ", ") + op;
+      r.why_not = pool.name + " (" + pool.backend + ") would fall back to the CPU for " + ops;
+      return r;
+    }
+  }
+  r.allowed = true;
+  r.pending = !probed;
+  const std::optional<double> step = k && k->measured_step_s ? k->measured_step_s
+                                     : k                     ? k->step_s
+                                                             : std::nullopt;
+  if (step) {
+    const std::int64_t done = run_progress(job_dir(job.id) + "/out/metrics.jsonl").steps;
+    r.seconds =
+        *step * static_cast<double>(std::max<std::int64_t>(job.spec.total_steps() - done, 1));
+  }
+  return r;
+}
+
+void Service::pass() {
+  const double now = wall_seconds();
+  reconcile(now);
+  schedule(now);
+}
+
+void Service::reconcile(double now) {
+  for (const AttemptRecord& a : store_->live_attempts()) {
+    const AttemptFiles files{job_dir(a.job), a.number};
+    const AttemptStatus status = probe_attempt(files);
+    if (status.state != AttemptStatus::State::alive) {
+      finished(a, status.exit_code, now);
+      continue;
+    }
+    const std::optional<std::int64_t> pid = a.pid ? a.pid : status.pid;
+    if (a.state == "launching" && pid)  // adopted after a crash between fork and commit
+      store_->attempt_running(a.job, a.number, *pid, now);
+    std::optional<JobRecord> job = store_->job(a.job);
+    if (job && job->cancel_requested && a.state != "stopping" && pid) {
+      signal_attempt(*pid, SIGTERM);
+      store_->attempt_stopping(a.job, a.number, "cancelled", now);
+    }
+  }
+}
+
+void Service::finished(const AttemptRecord& a, std::optional<int> exit_code, double now) {
+  crash_point("finish:before_record");
+  const std::string state = store_->attempt_over(a.job, a.number, exit_code, now);
+  crash_point("finish:after_record");
+  const std::string dir = job_dir(a.job);
+  if (exit_code && *exit_code != 0 && *exit_code != 75) {
+    const std::string error = last_line_with(AttemptFiles{dir, a.number}.log(), "loom: ");
+    if (!error.empty())
+      store_->add_event(a.job, "error", error, now);
+  }
+  // A run's measured speed replaces the probe's for later predictions.
+  if (std::optional<JobRecord> job = store_->job(a.job); job) {
+    const PoolSpec* pool = pool_named(a.pool);
+    const RunProgress progress = run_progress(dir + "/out/metrics.jsonl");
+    if (pool && progress.median_step_s)
+      store_->record_measured_step(job->spec.model_key(), pool->backend, pool->threads, version_,
+                                   *progress.median_step_s);
+  }
+  (void)state;
+}
+
+namespace {
+// Free slots per pool, as the policy core sees them.
+class Slots : public cluster::Room {
+ public:
+  explicit Slots(std::vector<std::int64_t> free) : free_(std::move(free)) {}
+  bool fits(int pool, std::int64_t chips) const override {
+    return free_[static_cast<std::size_t>(pool)] >= chips;
+  }
+  std::int64_t free_chips(int pool) const override { return free_[static_cast<std::size_t>(pool)]; }
+  void take(int pool) { --free_[static_cast<std::size_t>(pool)]; }
+
+ private:
+  std::vector<std::int64_t> free_;
+};
+}  // namespace
+
+void Service::schedule(double now) {
+  std::vector<std::int64_t> free;
+  std::vector<PoolTerms> terms;
+  for (const PoolSpec& p : pools_) {
+    free.push_back(p.slots);
+    terms.push_back({p.name, p.price_per_hour});
+  }
+  std::map<std::string, int> index;
+  for (std::size_t i = 0; i < pools_.size(); ++i)
+    index[pools_[i].name] = static_cast<int>(i);
+  const std::vector<AttemptRecord> live = store_->live_attempts();
+  std::vector<cluster::RunningJob> running;
+  std::set<int> stopping_on;
+  std::vector<JobRecord> jobs = store_->jobs(true);
+  std::map<std::int64_t, const JobRecord*> by_id;
+  for (const JobRecord& j : jobs)
+    by_id[j.id] = &j;
+  for (const AttemptRecord& a : live) {
+    auto it = index.find(a.pool);
+    if (it == index.end())
+      continue;  // a pool removed from pools.yaml: its attempts still run to the end
+    --free[static_cast<std::size_t>(it->second)];
+    if (a.state == "stopping")
+      stopping_on.insert(it->second);
+    const JobRecord* j = by_id.count(a.job) ? by_id[a.job] : nullptr;
+    if (a.state != "stopping" && j)
+      running.push_back({static_cast<std::size_t>(a.job), it->second, 1, j->spec.priority,
+                         a.started_s.value_or(now)});
+  }
+  std::set<std::string> draining;
+  for (const std::string& d : store_->draining_pools())
+    draining.insert(d);
+
+  // Each waiting job as the policy core sees it.
+  std::vector<WaitingJob> waiting;
+  std::vector<const JobRecord*> record_of;
+  for (const JobRecord& j : jobs) {
+    if (j.state != "queued" || j.cancel_requested)
+      continue;
+    WaitingJob w;
+    w.job = static_cast<std::size_t>(j.id);
+    w.priority = j.spec.priority;
+    w.deadline_s = j.deadline_s.value_or(cluster::kNoDeadline);
+    std::string excluded, error;
+    bool pending = false;
+    double best = INFINITY;
+    std::vector<const PoolSpec*> acceptable;
+    if (j.spec.pools.empty()) {
+      for (const PoolSpec& p : pools_)
+        acceptable.push_back(&p);
+    } else {
+      for (const std::string& name : j.spec.pools)
+        if (const PoolSpec* p = pool_named(name))
+          acceptable.push_back(p);
+    }
+    for (const PoolSpec* p : acceptable) {
+      Route r = route(j, *p);
+      if (!r.error.empty()) {
+        error = r.error;
+        break;
+      }
+      pending = pending || r.pending;
+      if (!r.allowed) {
+        excluded += (excluded.empty() ? "" : "; ") + r.why_not;
+        continue;
+      }
+      if (draining.count(p->name))
+        continue;
+      w.options.push_back({index[p->name], r.seconds});
+      if (!std::isnan(r.seconds))
+        best = std::min(best, r.seconds);
+    }
+    if (!error.empty()) {
+      store_->set_unplaceable(j.id, "the job's config is refused: " + error, now);
+      continue;
+    }
+    if (pending && now - j.submitted_s < options_.probe_wait_seconds) {
+      store_->set_waiting_reason(j.id, "waiting for the probes of its pools (coverage, speed)");
+      continue;
+    }
+    if (w.options.empty()) {
+      if (!pending && !excluded.empty())
+        store_->set_unplaceable(j.id, "no acceptable pool can run it: " + excluded, now);
+      else
+        store_->set_waiting_reason(
+            j.id, excluded.empty() ? "every acceptable pool is draining" : excluded);
+      continue;
+    }
+    w.key = cluster::order_key(policy_, j.spec.priority, static_cast<double>(j.id),
+                               std::isfinite(best) ? best : 1e12);
+    waiting.push_back(std::move(w));
+    record_of.push_back(&j);
+  }
+
+  Slots room(free);
+  std::vector<const WaitingJob*> candidates;
+  for (const WaitingJob& w : waiting)
+    candidates.push_back(&w);
+  while (!candidates.empty()) {
+    std::optional<cluster::Choice> choice =
+        cluster::choose_start(policy_, candidates, terms, room, now, true);
+    if (!choice)
+      break;
+    const WaitingJob* w = candidates[choice->candidate];
+    const JobRecord& job = *record_of[static_cast<std::size_t>(w - waiting.data())];
+    launch(job, pools_[static_cast<std::size_t>(choice->pool)], choice->reason, now);
+    room.take(choice->pool);
+    candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(choice->candidate));
+  }
+  // The first job still waiting (by the policy's order) may preempt lower priorities.
+  const WaitingJob* first = nullptr;
+  for (const WaitingJob* w : candidates)
+    if (first == nullptr || w->key < first->key || (w->key == first->key && w->job < first->job))
+      first = w;
+  if (first == nullptr)
+    return;
+  std::optional<cluster::PreemptionChoice> preempt =
+      cluster::choose_preemption(policy_, *first, running, terms, room, now);
+  if (!preempt || stopping_on.count(preempt->pool))
+    return;  // nothing to take, or a preemption on that pool is under way already
+  for (std::size_t r : preempt->victims) {
+    const std::int64_t victim = static_cast<std::int64_t>(running[r].job);
+    for (const AttemptRecord& a : live)
+      if (a.job == victim && a.state == "running" && a.pid) {
+        signal_attempt(*a.pid, SIGTERM);
+        store_->attempt_stopping(
+            a.job, a.number,
+            "preempted for job " + std::to_string(first->job) + " (" + preempt->reason + ")", now);
+      }
+  }
+}
+
+void Service::launch(const JobRecord& job, const PoolSpec& pool, const std::string& reason,
+                     double now) {
+  const std::int64_t number = job.attempts + 1;
+  crash_point("launch:before_commit");
+  store_->begin_attempt(job.id, number, pool.name, reason, now);
+  crash_point("launch:after_commit");
+  const std::string dir = job_dir(job.id);
+  std::int64_t pid = 0;
+  try {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    check(!ec, dir + ": cannot create the job folder: " + ec.message());
+    if (!fs::exists(dir + "/config.yaml"))
+      write_atomically(dir + "/config.yaml", job.spec.config_yaml());
+    std::vector<std::string> command{options_.loom,   "train",      dir + "/config.yaml",
+                                     "--out",         dir + "/out", "--device",
+                                     pool.backend,    "--threads",  std::to_string(pool.threads),
+                                     "--auto_resume", "--progress", "false",
+                                     "--json"};
+    pid = launch_attempt(options_.loom, AttemptFiles{dir, number}, command);
+  } catch (const std::exception& e) {
+    store_->add_event(job.id, "error", std::string("launch failed: ") + e.what(), now);
+    store_->attempt_over(job.id, number, 127, now);
+    return;
+  }
+  crash_point("launch:after_fork");
+  store_->attempt_running(job.id, number, pid, now);
+}
+
+void Service::probe_loop() {
+  while (!stopping_) {
+    std::string id;
+    ProbeRequest request;
+    {
+      std::unique_lock lock(probe_mutex_);
+      probe_wanted_.wait(lock, [&] { return stopping_.load() || !probe_queue_.empty(); });
+      if (stopping_)
+        return;
+      auto it = probe_queue_.begin();
+      id = it->first;
+      request = it->second;
+      probe_queue_.erase(it);
+      probing_.insert(id);
+    }
+    bool answered = false;
+    try {
+      answered = probe(request);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "loom fleet serve: probe failed: %s\n", e.what());
+    }
+    {
+      std::lock_guard lock(probe_mutex_);
+      probing_.erase(id);
+      if (!answered && ++probe_failures_[id] < 3) {
+        // Asked again by the next pass; after three deaths the error is stored.
+      }
+    }
+    wake();
+  }
+}
+
+bool Service::probe(const ProbeRequest& request) {
+  const PoolSpec& pool = request.pool;
+  std::uint64_t serial = 0;
+  {
+    std::lock_guard lock(probe_mutex_);
+    serial = ++probe_serial_;
+  }
+  // Files of this probe alone (a probe of an earlier daemon may still be writing its own).
+  const std::string base =
+      options_.state_dir + "/probes/" + std::to_string(::getpid()) + "-" + std::to_string(serial);
+  std::string yaml;
+  for (const auto& [key, value] : request.config.items())
+    yaml += key + ": " + value.dump() + "\n";
+  write_atomically(base + ".yaml", yaml);
+  std::vector<std::string> args{
+      options_.loom, "ops",        "--config",  base + ".yaml",
+      "--backend",   pool.backend, "--threads", std::to_string(pool.threads),
+      "--steps",     "2",          "--json"};
+  std::vector<char*> argv;
+  for (std::string& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string out = base + ".out", err = base + ".err";
+  const pid_t pid = ::fork();
+  check(pid >= 0, "fleet: fork failed for a probe");
+  if (pid == 0) {
+    int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o >= 0)
+      ::dup2(o, 1);
+    if (e >= 0)
+      ::dup2(e, 2);
+    ::close_range(3, ~0U, 0);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  Knowledge k;
+  k.model_key = request.model_key;
+  k.backend = pool.backend;
+  k.threads = pool.threads;
+  k.version = version_;
+  k.probed = true;
+  const std::string error = last_line_with(err, "loom: error: ");
+  const std::string id =
+      request.model_key + "|" + pool.backend + "|" + std::to_string(pool.threads);
+  bool answered = true;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    std::ifstream in(out);
+    nlohmann::json report = nlohmann::json::parse(in, nullptr, false);
+    if (report.is_object() && report.contains("ops")) {
+      for (const auto& [op, cell] : report["ops"].items())
+        if (cell.value("path", "") == "fallback")
+          k.fallbacks.push_back(op);
+      if (report.contains("step_s") && report["step_s"].is_number())
+        k.step_s = report["step_s"].get<double>();
+    } else {
+      answered = false;
+    }
+  } else if (WIFEXITED(status) && WEXITSTATUS(status) == 1 && !error.empty()) {
+    k.error = error.substr(std::char_traits<char>::length("loom: error: "));  // the config
+  } else {
+    answered = false;  // killed, crashed: no verdict on the job
+  }
+  if (!answered) {
+    int failures = 0;
+    {
+      std::lock_guard lock(probe_mutex_);
+      failures = probe_failures_[id] + 1;
+    }
+    if (failures < 3) {
+      std::error_code ec;
+      for (const char* suffix : {".yaml", ".out", ".err"})
+        fs::remove(base + suffix, ec);
+      return false;
+    }
+    k.error = "loom ops --config ... --backend " + pool.backend + " died " +
+              std::to_string(failures) + " times without a report (status " +
+              std::to_string(status) + ")";
+  }
+  store_->put_knowledge(k);
+  std::error_code ec;
+  for (const char* suffix : {".yaml", ".out", ".err"})
+    fs::remove(base + suffix, ec);
+  return true;
+}
+
+std::vector<std::pair<std::int64_t, double>> Service::loss_curve(std::int64_t job) const {
+  std::vector<std::pair<std::int64_t, double>> curve;
+  std::ifstream in(job_dir(job) + "/out/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    if (r.is_object() && r.contains("loss") && r.contains("step") && r["loss"].is_number())
+      curve.emplace_back(r["step"].get<std::int64_t>(), r["loss"].get<double>());
+  }
+  // At most ~400 points for a page: every k-th, and the last.
+  if (curve.size() > 400) {
+    const std::size_t k = curve.size() / 400 + 1;
+    std::vector<std::pair<std::int64_t, double>> thin;
+    for (std::size_t i = 0; i < curve.size(); i += k)
+      thin.push_back(curve[i]);
+    if (thin.back() != curve.back())
+      thin.push_back(curve.back());
+    curve = std::move(thin);
+  }
+  return curve;
+}
+
+nlohmann::json Service::pools_json() {
+  std::map<std::string, std::int64_t> used;
+  for (const AttemptRecord& a : store_->live_attempts())
+    ++used[a.pool];
+  std::set<std::string> draining;
+  for (const std::string& d : store_->draining_pools())
+    draining.insert(d);
+  nlohmann::json out = nlohmann::json::array();
+  for (const PoolSpec& p : pools_)
+    out.push_back(
+        {{"name", p.name},
+         {"executor", p.executor},
+         {"backend", p.backend},
+         {"slots", p.slots},
+         {"threads", p.threads},
+         {"used", used[p.name]},
+         {"utilization", static_cast<double>(used[p.name]) / static_cast<double>(p.slots)},
+         {"price_per_hour", p.price_per_hour},
+         {"chip", p.chip},
+         {"draining", draining.count(p.name) > 0}});
+  return out;
+}
+
+}  // namespace loom::service

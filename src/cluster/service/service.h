@@ -1,0 +1,110 @@
+// cluster/service/service — the fleet service's scheduler: a state machine over the store
+// (store.h) that, each pass, reconciles every live attempt with its processes (attempts.h),
+// asks the policy core (cluster/sched/policy.h) which waiting jobs start where and which
+// running ones a higher priority preempts, and launches them.
+//
+// It never links the engine: what a job's model needs and how fast it trains are learnt
+// by running `loom ops --config ... --json` (coverage and a probe step time, cached per
+// model, backend, threads and Loom version) and from each finished run's metrics.jsonl.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster/sched/policy.h"
+#include "cluster/service/pools.h"
+#include "cluster/service/store.h"
+
+namespace loom::service {
+
+struct ServiceOptions {
+  std::string state_dir;   // the store, the jobs' folders
+  std::string pools_file;  // pools.yaml
+  std::string loom;        // the loom binary jobs and probes run (default: this one)
+  std::string policy = "loom";
+  double pass_seconds = 0.25;  // a pass at least this often (and whenever woken)
+  // A job waits up to this long after its submission for the probes of its acceptable
+  // pools (coverage, speed), so that its first placement compares them all.
+  double probe_wait_seconds = 60;
+  // Test hook: "NAME" or "NAME:N" makes the service die (SIGKILL itself) at the Nth time it
+  // reaches crash point NAME (launch:before_commit, launch:after_commit,
+  // launch:after_fork, finish:before_record, finish:after_record).
+  std::string crash_at;
+};
+
+class Service {
+ public:
+  explicit Service(ServiceOptions options);
+  ~Service();
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+
+  // Runs passes until stop() (the scheduler thread and the probe thread).
+  void start();
+  void stop();
+  void wake();  // a state change: run a pass soon
+  // One pass: reconcile attempts, decide, launch (the scheduler thread's body; tests call
+  // it directly).
+  void pass();
+
+  Store& store() { return *store_; }
+  const std::vector<PoolSpec>& pools() const { return pools_; }
+  const ServiceOptions& options() const { return options_; }
+  std::string job_dir(std::int64_t job) const;
+  // Submit-time checks beyond the spec's own: pools exist; a strict job that cached
+  // coverage proves no acceptable pool can run is refused (422).
+  void check_submittable(const JobSpec& spec);
+  // The steps logged so far by a job's runs (metrics.jsonl): {step, loss} pairs.
+  std::vector<std::pair<std::int64_t, double>> loss_curve(std::int64_t job) const;
+  nlohmann::json pools_json();
+
+ private:
+  struct Route;  // what the service knows of a job on a pool
+  struct ProbeRequest {
+    std::string model_key;
+    nlohmann::json config;
+    PoolSpec pool;
+  };
+  Route route(const JobRecord& job, const PoolSpec& pool);
+  void reconcile(double now);
+  void schedule(double now);
+  void launch(const JobRecord& job, const PoolSpec& pool, const std::string& reason, double now);
+  void finished(const AttemptRecord& attempt, std::optional<int> exit_code, double now);
+  void crash_point(const std::string& name);
+  void probe_loop();
+  // Runs one probe; false when it died without an answer (it is asked again later).
+  bool probe(const ProbeRequest& request);
+  const PoolSpec* pool_named(const std::string& name) const;
+
+  ServiceOptions options_;
+  std::vector<PoolSpec> pools_;
+  std::unique_ptr<Store> store_;
+  cluster::Policy policy_;
+  std::string version_;  // of the loom binary: the probe cache's key
+  std::map<std::string, int> crash_counts_;
+
+  std::mutex wake_mutex_;
+  std::condition_variable woken_;
+  bool wake_requested_ = false;
+  std::atomic<bool> stopping_{false};
+  std::thread scheduler_, prober_;
+
+  // Probes wanted by the last pass, one per (model key, backend, threads): what the store
+  // caches; pools that share a backend and thread count share the answer.
+  std::mutex probe_mutex_;
+  std::condition_variable probe_wanted_;
+  std::map<std::string, ProbeRequest> probe_queue_;
+  std::set<std::string> probing_;
+  std::map<std::string, int> probe_failures_;  // probes that died without an answer
+  std::uint64_t probe_serial_ = 0;
+};
+
+}  // namespace loom::service
