@@ -117,3 +117,132 @@ TEST_F(StoreTest, ANewerSchemaIsRefusedByName) {
 
 }  // namespace
 }  // namespace loom::service
+
+// The simulator and the service, given the same jobs and the same measured run times,
+// choose the same start order and pools: the service runs in simulated time here, with an
+// executor whose attempts end when their run time has passed on the clock.
+#include <fstream>
+#include <map>
+
+#include "cluster/sched/simulator.h"
+#include "cluster/service/executor.h"
+#include "cluster/service/service.h"
+
+namespace loom::service {
+namespace {
+
+class SimulatedTimeExecutor : public Executor {
+ public:
+  SimulatedTimeExecutor(const double& clock, std::map<std::string, double> step_s,
+                        std::map<std::int64_t, std::int64_t> steps)
+      : clock_(clock), step_s_(std::move(step_s)), steps_(std::move(steps)) {}
+  struct Run {
+    std::int64_t job;
+    std::string pool;
+    double start, end;
+  };
+  std::int64_t launch(const PoolSpec& pool, const AttemptFiles& files,
+                      const std::vector<std::string>&) override {
+    const std::int64_t job = std::stoll(std::filesystem::path(files.dir).filename().string());
+    runs.push_back({job, pool.name, clock_,
+                    clock_ + static_cast<double>(steps_.at(job)) * step_s_.at(pool.name)});
+    return static_cast<std::int64_t>(runs.size());
+  }
+  AttemptStatus probe(const PoolSpec&, const AttemptFiles&,
+                      std::optional<std::int64_t> handle) override {
+    AttemptStatus status;
+    const Run& run = runs.at(static_cast<std::size_t>(*handle - 1));
+    status.state = clock_ >= run.end ? AttemptStatus::State::exited : AttemptStatus::State::alive;
+    if (clock_ >= run.end)
+      status.exit_code = 0;
+    return status;
+  }
+  void stop(const PoolSpec&, std::int64_t) override {}
+  std::vector<Run> runs;
+
+ private:
+  const double& clock_;
+  std::map<std::string, double> step_s_;
+  std::map<std::int64_t, std::int64_t> steps_;
+};
+
+TEST(ServiceAndSimulator, ChooseTheSameStartOrderAndPools) {
+  const std::vector<std::int64_t> steps{5, 3, 8, 2, 6, 4, 7, 1, 9, 2};
+  std::map<std::string, std::vector<std::pair<int, double>>> placements;  // per policy
+  for (const char* policy : {"fifo", "backfill", "fastest", "loom"}) {
+    SCOPED_TRACE(policy);
+    const std::string dir = testing::temp_dir(std::string("sim_vs_service_") + policy);
+    {
+      std::ofstream pools(dir + "/pools.yaml");
+      // Pool b (listed first): two slots, 2 s a step; pool a: one slot, 1 s a step
+      // (distinct thread counts give them distinct speeds in the knowledge cache).
+      pools << "pools:\n"
+               "  - {name: b, backend: cpu, slots: 2, threads: 2}\n"
+               "  - {name: a, backend: cpu, slots: 1, threads: 1}\n";
+    }
+    double clock = 0;
+    std::map<std::int64_t, std::int64_t> steps_of;
+    for (std::size_t i = 0; i < steps.size(); ++i)
+      steps_of[static_cast<std::int64_t>(i) + 1] = steps[i];
+    auto executor = std::make_shared<SimulatedTimeExecutor>(
+        clock, std::map<std::string, double>{{"a", 1.0}, {"b", 2.0}}, steps_of);
+    ServiceOptions options;
+    options.state_dir = dir + "/state";
+    options.pools_file = dir + "/pools.yaml";
+    options.policy = policy;
+    options.executor = executor;
+    options.clock = [&] { return clock; };
+    options.probes = false;
+    Service service(options);
+    JobSpec spec =
+        JobSpec::from_json(nlohmann::json::parse(R"({"name": "j", "config": {}})"), "job");
+    for (const auto& [job, n] : steps_of) {
+      spec.steps = n;
+      ASSERT_EQ(service.store().submit(spec, 0).id, job);
+    }
+    for (auto [threads, step] : {std::pair{1, 1.0}, std::pair{2, 2.0}}) {
+      Knowledge k;
+      k.model_key = spec.model_key();
+      k.backend = "cpu";
+      k.threads = threads;
+      k.version = service.version();
+      k.probed = true;
+      k.step_s = step;
+      service.store().put_knowledge(k);
+    }
+    for (int pass = 0; pass < 100; ++pass) {
+      service.pass();
+      double next = INFINITY;
+      for (const auto& run : executor->runs)
+        if (run.end > clock)
+          next = std::min(next, run.end);
+      if (next == INFINITY)
+        break;
+      clock = next;
+    }
+    ASSERT_EQ(executor->runs.size(), steps.size());
+
+    cluster::Fleet fleet{{{"b", 2, 1}, {"a", 1, 1}}};
+    std::vector<cluster::Job> jobs;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      cluster::Job j;
+      j.id = static_cast<std::int64_t>(i) + 1;
+      j.seconds_on = {{"a", static_cast<double>(steps[i])},
+                      {"b", 2.0 * static_cast<double>(steps[i])}};
+      jobs.push_back(j);
+    }
+    cluster::SimReport sim = cluster::simulate(fleet, jobs, cluster::parse_policy(policy));
+    for (const auto& run : executor->runs) {
+      const cluster::Placement& p = sim.placements[static_cast<std::size_t>(run.job - 1)];
+      EXPECT_EQ(run.pool, p.pool == 0 ? "b" : "a") << "job " << run.job;
+      EXPECT_DOUBLE_EQ(run.start, p.start_s) << "job " << run.job;
+    }
+    for (const cluster::Placement& p : sim.placements)
+      placements[policy].push_back({p.pool, p.start_s});
+  }
+  // The job list tells the policies apart, so agreeing on it means something.
+  EXPECT_NE(placements["fifo"], placements["fastest"]);
+}
+
+}  // namespace
+}  // namespace loom::service

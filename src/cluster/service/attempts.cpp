@@ -1,5 +1,7 @@
 #include "cluster/service/attempts.h"
 
+#include "cluster/service/executor.h"
+
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <sys/file.h>
@@ -151,6 +153,10 @@ AttemptStatus probe_attempt(const AttemptFiles& files) {
 void signal_attempt(std::int64_t pid, int signal) {
   if (pid > 1)
     ::kill(-static_cast<pid_t>(pid), signal);
+}
+
+void LocalExecutor::stop(const PoolSpec&, std::int64_t handle) {
+  signal_attempt(handle, SIGTERM);
 }
 
 namespace {

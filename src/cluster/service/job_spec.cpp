@@ -164,12 +164,15 @@ std::string JobSpec::config_yaml() const {
   return yaml;
 }
 
-std::string JobSpec::model_key() const {
-  nlohmann::json key = nlohmann::json::object();
-  for (const auto& [k, v] : config.items())
-    if (model_keys().count(k))
-      key[k] = v;
-  return key.dump();  // nlohmann's objects are ordered by key: equal configs, equal keys
+const std::string& JobSpec::model_key() const {
+  if (model_key_.empty()) {
+    nlohmann::json key = nlohmann::json::object();
+    for (const auto& [k, v] : config.items())
+      if (model_keys().count(k))
+        key[k] = v;
+    model_key_ = key.dump();  // nlohmann's objects are ordered by key: equal configs, equal keys
+  }
+  return model_key_;
 }
 
 }  // namespace loom::service

@@ -40,7 +40,10 @@ struct JobSpec {
   // The config as YAML text (what the job's `loom train` reads).
   std::string config_yaml() const;
   // The keys that decide the model's operators and speed (coverage and probe cache key).
-  std::string model_key() const;
+  const std::string& model_key() const;
+
+ private:
+  mutable std::string model_key_;  // computed once: a pass asks for it of every queued job
 };
 
 }  // namespace loom::service

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <filesystem>
 #include <set>
 
 #include "cluster/catalog/catalog.h"
@@ -21,13 +22,15 @@ std::vector<PoolSpec> load_pools(const std::string& path) {
     const YAML::Node node = root["pools"][i];
     const std::string where = path + ": pools[" + std::to_string(i) + "]";
     check(node.IsMap(), where + ": expected a mapping of fields");
-    static const std::set<std::string> known{"name",    "executor", "backend",       "slots",
-                                             "threads", "chip",     "price_per_hour"};
+    static const std::set<std::string> known{
+        "name", "executor",       "backend",    "slots",     "threads",
+        "chip", "price_per_hour", "slurm_conf", "partition", "gres"};
     for (const auto& item : node) {
       check(item.first.IsScalar(), where + ": a key must be a field name");
       check(known.count(item.first.Scalar()) > 0,
             where + ": field '" + item.first.Scalar() +
-                "' is unknown (name, executor, backend, slots, threads, price_per_hour, chip)");
+                "' is unknown (name, executor, backend, slots, threads, price_per_hour, chip, "
+                "slurm_conf, partition, gres)");
     }
     auto text = [&](const char* field, const std::string& fallback) {
       if (!node[field])
@@ -53,8 +56,17 @@ std::vector<PoolSpec> load_pools(const std::string& path) {
           where + ": name '" + p.name + "' must be one word of at most 64 characters, no '/'");
     check(names.insert(p.name).second, where + ": pool name '" + p.name + "' is used twice");
     p.executor = text("executor", "local");
-    check(p.executor == "local", where + ": executor '" + p.executor +
-                                     "' is not supported, expected local (slurm is planned)");
+    check(p.executor == "local" || p.executor == "slurm",
+          where + ": executor '" + p.executor + "' is unknown, expected local or slurm");
+    p.slurm_conf = text("slurm_conf", "");
+    p.partition = text("partition", "");
+    p.gres = text("gres", "");
+    check(p.executor == "slurm" || (p.slurm_conf.empty() && p.partition.empty() && p.gres.empty()),
+          where + ": slurm_conf, partition and gres belong to executor slurm, not " + p.executor);
+    check(p.slurm_conf.empty() || std::filesystem::exists(p.slurm_conf),
+          where + ": field 'slurm_conf' names '" + p.slurm_conf + "', which does not exist");
+    check(p.gres.find_first_of(" \t'\"") == std::string::npos,
+          where + ": field 'gres' is '" + p.gres + "', expected a GRES such as gpu:h100:1");
     p.backend = text("backend", "cpu");
     p.chip = text("chip", "");
     p.slots = whole_number(number("slots", 1), 1, 4096, where + ": field 'slots'");

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -15,8 +16,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <unordered_map>
 
 #include "cluster/service/attempts.h"
+#include "cluster/service/slurm_executor.h"
 #include "core/error.h"
 
 namespace loom::service {
@@ -81,11 +84,11 @@ RunProgress run_progress(const std::string& metrics, std::size_t tail = 50) {
 }  // namespace
 
 struct Service::Route {
-  bool allowed = false;  // coverage allows it
-  bool pending = false;  // coverage or speed not known yet (a probe is wanted)
-  double seconds = cluster::kUnknown;
-  std::string why_not;  // !allowed: why
-  std::string error;    // the job's config is bad (the probe said why)
+  bool allowed = false;          // coverage allows it
+  bool pending = false;          // coverage or speed not known yet (a probe is wanted)
+  std::optional<double> step_s;  // measured, else probed, seconds per step
+  std::string why_not;           // !allowed: why
+  std::string error;             // the job's config is bad (the probe said why)
 };
 
 Service::Service(ServiceOptions options) : options_(std::move(options)) {
@@ -98,6 +101,10 @@ Service::Service(ServiceOptions options) : options_(std::move(options)) {
   if (options_.loom.empty())
     options_.loom = self_executable();
   version_ = binary_version(options_.loom);
+  if (!options_.executor)
+    options_.executor = std::make_shared<Executors>(options_.loom);
+  if (!options_.clock)
+    options_.clock = wall_seconds;
   policy_ = cluster::parse_policy(options_.policy);
   check(policy_ != cluster::Policy::las,
         "fleet serve: policy las is the simulator's (it preempts every quantum); use loom, "
@@ -123,7 +130,8 @@ void Service::start() {
       wake_requested_ = false;
     }
   });
-  prober_ = std::thread([this] { probe_loop(); });
+  if (options_.probes)
+    prober_ = std::thread([this] { probe_loop(); });
 }
 
 void Service::stop() {
@@ -198,16 +206,19 @@ void Service::check_submittable(const JobSpec& spec) {
                        why);
 }
 
-Service::Route Service::route(const JobRecord& job, const PoolSpec& pool) {
+// What the service knows of a model (strict or not) on a pool; the same for every job of
+// that model, so a pass computes it once per (model, strictness, pool).
+Service::Route Service::route(const JobSpec& spec, const std::string& model_key,
+                              const PoolSpec& pool) {
   Route r;
-  const std::string key = job.spec.model_key();
-  std::optional<Knowledge> k = store_->knowledge(key, pool.backend, pool.threads, version_);
+  const std::string id = model_key + "|" + pool.backend + "|" + std::to_string(pool.threads);
+  const std::optional<Knowledge> k =
+      store_->knowledge(model_key, pool.backend, pool.threads, version_);
   const bool probed = k && k->probed;
-  if (!probed) {
+  if (!probed && options_.probes) {
     std::lock_guard lock(probe_mutex_);
-    const std::string id = key + "|" + pool.backend + "|" + std::to_string(pool.threads);
     if (!probing_.count(id) && !probe_queue_.count(id)) {
-      probe_queue_[id] = ProbeRequest{key, job.spec.config, pool};
+      probe_queue_[id] = ProbeRequest{model_key, spec.config, pool};
       probe_wanted_.notify_one();
     }
   }
@@ -215,7 +226,7 @@ Service::Route Service::route(const JobRecord& job, const PoolSpec& pool) {
     r.error = k->error;
     return r;
   }
-  if (!job.spec.allow_fallback) {
+  if (!spec.allow_fallback) {
     if (!probed) {
       r.pending = true;
       r.why_not = pool.name + ": coverage not known yet (probing)";
@@ -231,19 +242,12 @@ Service::Route Service::route(const JobRecord& job, const PoolSpec& pool) {
   }
   r.allowed = true;
   r.pending = !probed;
-  const std::optional<double> step = k && k->measured_step_s ? k->measured_step_s
-                                     : k                     ? k->step_s
-                                                             : std::nullopt;
-  if (step) {
-    const std::int64_t done = run_progress(job_dir(job.id) + "/out/metrics.jsonl").steps;
-    r.seconds =
-        *step * static_cast<double>(std::max<std::int64_t>(job.spec.total_steps() - done, 1));
-  }
+  r.step_s = k && k->measured_step_s ? k->measured_step_s : k ? k->step_s : std::nullopt;
   return r;
 }
 
 void Service::pass() {
-  const double now = wall_seconds();
+  const double now = options_.clock();
   reconcile(now);
   schedule(now);
 }
@@ -251,7 +255,9 @@ void Service::pass() {
 void Service::reconcile(double now) {
   for (const AttemptRecord& a : store_->live_attempts()) {
     const AttemptFiles files{job_dir(a.job), a.number};
-    const AttemptStatus status = probe_attempt(files);
+    const PoolSpec* pool = pool_named(a.pool);
+    const AttemptStatus status =
+        pool ? options_.executor->probe(*pool, files, a.pid) : probe_attempt(files);
     if (status.state != AttemptStatus::State::alive) {
       finished(a, status.exit_code, now);
       continue;
@@ -261,7 +267,10 @@ void Service::reconcile(double now) {
       store_->attempt_running(a.job, a.number, *pid, now);
     std::optional<JobRecord> job = store_->job(a.job);
     if (job && job->cancel_requested && a.state != "stopping" && pid) {
-      signal_attempt(*pid, SIGTERM);
+      if (pool)
+        options_.executor->stop(*pool, *pid);
+      else
+        signal_attempt(*pid, SIGTERM);
       store_->attempt_stopping(a.job, a.number, "cancelled", now);
     }
   }
@@ -282,10 +291,129 @@ void Service::finished(const AttemptRecord& a, std::optional<int> exit_code, dou
     const PoolSpec* pool = pool_named(a.pool);
     const RunProgress progress = run_progress(dir + "/out/metrics.jsonl");
     if (pool && progress.median_step_s)
-      store_->record_measured_step(job->spec.model_key(), pool->backend, pool->threads, version_,
+      store_->record_measured_step(job->spec->model_key(), pool->backend, pool->threads, version_,
                                    *progress.median_step_s);
   }
   (void)state;
+}
+
+// The waiting jobs as the policy core sees them, with the pools' terms and free slots.
+struct Service::Queue {
+  std::vector<PoolTerms> terms;
+  std::vector<std::int64_t> free;
+  std::vector<JobRecord> jobs;              // unfinished, from the store
+  std::vector<WaitingJob> waiting;          // the queued ones that have a pool to go to
+  std::vector<const JobRecord*> record_of;  // waiting[i]'s job
+  std::vector<AttemptRecord> live;
+  std::vector<cluster::RunningJob> running;  // not stopping
+  std::set<int> stopping_on;                 // pools with an attempt being stopped
+};
+
+Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
+  Queue q;
+  std::map<std::string, int> index;
+  for (std::size_t i = 0; i < pools_.size(); ++i) {
+    q.free.push_back(pools_[i].slots);
+    q.terms.push_back({pools_[i].name, pools_[i].price_per_hour});
+    index[pools_[i].name] = static_cast<int>(i);
+  }
+  q.live = store_->live_attempts();
+  q.jobs = store_->jobs(true);
+  std::unordered_map<std::int64_t, const JobRecord*> by_id;
+  for (const JobRecord& j : q.jobs)
+    by_id[j.id] = &j;
+  for (const AttemptRecord& a : q.live) {
+    auto it = index.find(a.pool);
+    if (it == index.end())
+      continue;  // a pool removed from pools.yaml: its attempts still run to the end
+    --q.free[static_cast<std::size_t>(it->second)];
+    if (a.state == "stopping")
+      q.stopping_on.insert(it->second);
+    auto job = by_id.find(a.job);
+    if (a.state != "stopping" && job != by_id.end())
+      q.running.push_back({static_cast<std::size_t>(a.job), it->second, 1,
+                           job->second->spec->priority, a.started_s.value_or(now)});
+  }
+  std::vector<bool> draining(pools_.size(), false);
+  for (const std::string& d : store_->draining_pools())
+    if (auto it = index.find(d); it != index.end())
+      draining[static_cast<std::size_t>(it->second)] = true;
+  std::vector<int> every_pool(pools_.size());
+  for (std::size_t p = 0; p < pools_.size(); ++p)
+    every_pool[p] = static_cast<int>(p);
+  // Per pass, what is known of each model on each pool (strict, and allowed to fall back):
+  // one store read each, whatever the number of jobs of that model.
+  std::map<std::string, std::array<std::vector<Route>, 2>, std::less<>> routes;
+  for (const JobRecord& j : q.jobs) {
+    if (j.state != "queued" || j.cancel_requested)
+      continue;
+    WaitingJob w;
+    w.job = static_cast<std::size_t>(j.id);
+    w.priority = j.spec->priority;
+    w.deadline_s = j.deadline_s.value_or(cluster::kNoDeadline);
+    const std::int64_t done =
+        j.attempts > 0 ? run_progress(job_dir(j.id) + "/out/metrics.jsonl").steps : 0;
+    std::string excluded, error;
+    bool pending = false;
+    double best = INFINITY;
+    std::vector<int> named;
+    for (const std::string& name : j.spec->pools)
+      if (auto it = index.find(name); it != index.end())
+        named.push_back(it->second);
+    const std::vector<int>& acceptable = j.spec->pools.empty() ? every_pool : named;
+    const std::string& model_key = j.spec->model_key();
+    auto cached = routes.find(model_key);
+    if (cached == routes.end())
+      cached = routes.emplace(model_key, std::array<std::vector<Route>, 2>{}).first;
+    std::vector<Route>& known = cached->second[j.spec->allow_fallback ? 1 : 0];
+    if (known.empty())
+      for (const PoolSpec& p : pools_)
+        known.push_back(route(*j.spec, model_key, p));
+    const double left =
+        static_cast<double>(std::max<std::int64_t>(j.spec->total_steps() - done, 1));
+    w.options.reserve(acceptable.size());
+    for (int pool : acceptable) {
+      const Route& r = known[static_cast<std::size_t>(pool)];
+      if (!r.error.empty()) {
+        error = r.error;
+        break;
+      }
+      pending = pending || r.pending;
+      if (!r.allowed) {
+        excluded += (excluded.empty() ? "" : "; ") + r.why_not;
+        continue;
+      }
+      if (draining[static_cast<std::size_t>(pool)])
+        continue;
+      const double seconds = r.step_s ? *r.step_s * left : cluster::kUnknown;
+      w.options.push_back({pool, seconds});
+      if (!std::isnan(seconds))
+        best = std::min(best, seconds);
+    }
+    if (!error.empty()) {
+      if (record_reasons)
+        store_->set_unplaceable(j.id, "the job's config is refused: " + error, now);
+      continue;
+    }
+    if (pending && now - j.submitted_s < options_.probe_wait_seconds) {
+      if (record_reasons)
+        store_->set_waiting_reason(j.id, "waiting for the probes of its pools (coverage, speed)");
+      continue;
+    }
+    if (w.options.empty()) {
+      if (record_reasons && !pending && !excluded.empty())
+        store_->set_unplaceable(j.id, "no acceptable pool can run it: " + excluded, now);
+      else if (record_reasons)
+        store_->set_waiting_reason(
+            j.id, excluded.empty() ? "every acceptable pool is draining" : excluded);
+      continue;
+    }
+    w.key = cluster::order_key(policy_, j.spec->priority, static_cast<double>(j.id),
+                               std::isfinite(best) ? best : 1e12);
+    q.waiting.push_back(std::move(w));
+    q.record_of.push_back(&j);
+  }
+  return q;
 }
 
 namespace {
@@ -304,111 +432,33 @@ class Slots : public cluster::Room {
 };
 }  // namespace
 
-void Service::schedule(double now) {
-  std::vector<std::int64_t> free;
-  std::vector<PoolTerms> terms;
-  for (const PoolSpec& p : pools_) {
-    free.push_back(p.slots);
-    terms.push_back({p.name, p.price_per_hour});
-  }
-  std::map<std::string, int> index;
-  for (std::size_t i = 0; i < pools_.size(); ++i)
-    index[pools_[i].name] = static_cast<int>(i);
-  const std::vector<AttemptRecord> live = store_->live_attempts();
-  std::vector<cluster::RunningJob> running;
-  std::set<int> stopping_on;
-  std::vector<JobRecord> jobs = store_->jobs(true);
-  std::map<std::int64_t, const JobRecord*> by_id;
-  for (const JobRecord& j : jobs)
-    by_id[j.id] = &j;
-  for (const AttemptRecord& a : live) {
-    auto it = index.find(a.pool);
-    if (it == index.end())
-      continue;  // a pool removed from pools.yaml: its attempts still run to the end
-    --free[static_cast<std::size_t>(it->second)];
-    if (a.state == "stopping")
-      stopping_on.insert(it->second);
-    const JobRecord* j = by_id.count(a.job) ? by_id[a.job] : nullptr;
-    if (a.state != "stopping" && j)
-      running.push_back({static_cast<std::size_t>(a.job), it->second, 1, j->spec.priority,
-                         a.started_s.value_or(now)});
-  }
-  std::set<std::string> draining;
-  for (const std::string& d : store_->draining_pools())
-    draining.insert(d);
-
-  // Each waiting job as the policy core sees it.
-  std::vector<WaitingJob> waiting;
-  std::vector<const JobRecord*> record_of;
-  for (const JobRecord& j : jobs) {
-    if (j.state != "queued" || j.cancel_requested)
-      continue;
-    WaitingJob w;
-    w.job = static_cast<std::size_t>(j.id);
-    w.priority = j.spec.priority;
-    w.deadline_s = j.deadline_s.value_or(cluster::kNoDeadline);
-    std::string excluded, error;
-    bool pending = false;
-    double best = INFINITY;
-    std::vector<const PoolSpec*> acceptable;
-    if (j.spec.pools.empty()) {
-      for (const PoolSpec& p : pools_)
-        acceptable.push_back(&p);
-    } else {
-      for (const std::string& name : j.spec.pools)
-        if (const PoolSpec* p = pool_named(name))
-          acceptable.push_back(p);
-    }
-    for (const PoolSpec* p : acceptable) {
-      Route r = route(j, *p);
-      if (!r.error.empty()) {
-        error = r.error;
-        break;
-      }
-      pending = pending || r.pending;
-      if (!r.allowed) {
-        excluded += (excluded.empty() ? "" : "; ") + r.why_not;
-        continue;
-      }
-      if (draining.count(p->name))
-        continue;
-      w.options.push_back({index[p->name], r.seconds});
-      if (!std::isnan(r.seconds))
-        best = std::min(best, r.seconds);
-    }
-    if (!error.empty()) {
-      store_->set_unplaceable(j.id, "the job's config is refused: " + error, now);
-      continue;
-    }
-    if (pending && now - j.submitted_s < options_.probe_wait_seconds) {
-      store_->set_waiting_reason(j.id, "waiting for the probes of its pools (coverage, speed)");
-      continue;
-    }
-    if (w.options.empty()) {
-      if (!pending && !excluded.empty())
-        store_->set_unplaceable(j.id, "no acceptable pool can run it: " + excluded, now);
-      else
-        store_->set_waiting_reason(
-            j.id, excluded.empty() ? "every acceptable pool is draining" : excluded);
-      continue;
-    }
-    w.key = cluster::order_key(policy_, j.spec.priority, static_cast<double>(j.id),
-                               std::isfinite(best) ? best : 1e12);
-    waiting.push_back(std::move(w));
-    record_of.push_back(&j);
-  }
-
-  Slots room(free);
+std::optional<cluster::Choice> Service::next_decision() {
+  const double now = options_.clock();
+  Queue q = waiting_jobs(now, false);
+  Slots room(q.free);
   std::vector<const WaitingJob*> candidates;
-  for (const WaitingJob& w : waiting)
+  for (const WaitingJob& w : q.waiting)
+    candidates.push_back(&w);
+  std::optional<cluster::Choice> choice =
+      cluster::choose_start(policy_, candidates, q.terms, room, now, true);
+  if (choice)  // the candidate as a job id
+    choice->candidate = candidates[choice->candidate]->job;
+  return choice;
+}
+
+void Service::schedule(double now) {
+  Queue q = waiting_jobs(now, true);
+  Slots room(q.free);
+  std::vector<const WaitingJob*> candidates;
+  for (const WaitingJob& w : q.waiting)
     candidates.push_back(&w);
   while (!candidates.empty()) {
     std::optional<cluster::Choice> choice =
-        cluster::choose_start(policy_, candidates, terms, room, now, true);
+        cluster::choose_start(policy_, candidates, q.terms, room, now, true);
     if (!choice)
       break;
     const WaitingJob* w = candidates[choice->candidate];
-    const JobRecord& job = *record_of[static_cast<std::size_t>(w - waiting.data())];
+    const JobRecord& job = *q.record_of[static_cast<std::size_t>(w - q.waiting.data())];
     launch(job, pools_[static_cast<std::size_t>(choice->pool)], choice->reason, now);
     room.take(choice->pool);
     candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(choice->candidate));
@@ -421,14 +471,14 @@ void Service::schedule(double now) {
   if (first == nullptr)
     return;
   std::optional<cluster::PreemptionChoice> preempt =
-      cluster::choose_preemption(policy_, *first, running, terms, room, now);
-  if (!preempt || stopping_on.count(preempt->pool))
+      cluster::choose_preemption(policy_, *first, q.running, q.terms, room, now);
+  if (!preempt || q.stopping_on.count(preempt->pool))
     return;  // nothing to take, or a preemption on that pool is under way already
   for (std::size_t r : preempt->victims) {
-    const std::int64_t victim = static_cast<std::int64_t>(running[r].job);
-    for (const AttemptRecord& a : live)
+    const std::int64_t victim = static_cast<std::int64_t>(q.running[r].job);
+    for (const AttemptRecord& a : q.live)
       if (a.job == victim && a.state == "running" && a.pid) {
-        signal_attempt(*a.pid, SIGTERM);
+        options_.executor->stop(pools_[static_cast<std::size_t>(preempt->pool)], *a.pid);
         store_->attempt_stopping(
             a.job, a.number,
             "preempted for job " + std::to_string(first->job) + " (" + preempt->reason + ")", now);
@@ -449,13 +499,13 @@ void Service::launch(const JobRecord& job, const PoolSpec& pool, const std::stri
     fs::create_directories(dir, ec);
     check(!ec, dir + ": cannot create the job folder: " + ec.message());
     if (!fs::exists(dir + "/config.yaml"))
-      write_atomically(dir + "/config.yaml", job.spec.config_yaml());
+      write_atomically(dir + "/config.yaml", job.spec->config_yaml());
     std::vector<std::string> command{options_.loom,   "train",      dir + "/config.yaml",
                                      "--out",         dir + "/out", "--device",
                                      pool.backend,    "--threads",  std::to_string(pool.threads),
                                      "--auto_resume", "--progress", "false",
                                      "--json"};
-    pid = launch_attempt(options_.loom, AttemptFiles{dir, number}, command);
+    pid = options_.executor->launch(pool, AttemptFiles{dir, number}, command);
   } catch (const std::exception& e) {
     store_->add_event(job.id, "error", std::string("launch failed: ") + e.what(), now);
     store_->attempt_over(job.id, number, 127, now);

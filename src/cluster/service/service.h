@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "cluster/sched/policy.h"
+#include "cluster/service/executor.h"
 #include "cluster/service/pools.h"
 #include "cluster/service/store.h"
 
@@ -38,6 +40,11 @@ struct ServiceOptions {
   // reaches crash point NAME (launch:before_commit, launch:after_commit,
   // launch:after_fork, finish:before_record, finish:after_record).
   std::string crash_at;
+  // What runs attempts (default: the local executor) and what time it is (default: the
+  // wall clock): tests replace both to drive the scheduler in simulated time.
+  std::shared_ptr<Executor> executor;
+  std::function<double()> clock;
+  bool probes = true;  // false: never run `loom ops` (tests that seed the knowledge)
 };
 
 class Service {
@@ -54,10 +61,15 @@ class Service {
   // One pass: reconcile attempts, decide, launch (the scheduler thread's body; tests call
   // it directly).
   void pass();
+  // The placement the next pass would make first, without making it (benchmarks: the
+  // cost of one decision over the whole queue).
+  std::optional<cluster::Choice> next_decision();
 
   Store& store() { return *store_; }
   const std::vector<PoolSpec>& pools() const { return pools_; }
   const ServiceOptions& options() const { return options_; }
+  // The loom binary's identity in the probe cache (its size and modification time).
+  const std::string& version() const { return version_; }
   std::string job_dir(std::int64_t job) const;
   // Submit-time checks beyond the spec's own: pools exist; a strict job that cached
   // coverage proves no acceptable pool can run is refused (422).
@@ -68,12 +80,14 @@ class Service {
 
  private:
   struct Route;  // what the service knows of a job on a pool
+  struct Queue;  // the waiting jobs as the policy core sees them, built once per pass
+  Queue waiting_jobs(double now, bool record_reasons);
   struct ProbeRequest {
     std::string model_key;
     nlohmann::json config;
     PoolSpec pool;
   };
-  Route route(const JobRecord& job, const PoolSpec& pool);
+  Route route(const JobSpec& spec, const std::string& model_key, const PoolSpec& pool);
   void reconcile(double now);
   void schedule(double now);
   void launch(const JobRecord& job, const PoolSpec& pool, const std::string& reason, double now);

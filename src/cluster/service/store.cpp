@@ -63,10 +63,18 @@ const char* kJobColumns =
     "id, spec, state, attempts, failures, preemptions, pool, reason, submitted_s, updated_s, "
     "deadline_s, cancel_requested";
 
-JobRecord job_of(const Statement& s) {
+}  // namespace
+
+JobRecord Store::job_of(const Statement& s) {
   JobRecord j;
   j.id = s.integer(0);
-  j.spec = JobSpec::from_json(nlohmann::json::parse(s.text(1)), "stored job");
+  auto cached = specs_.find(j.id);
+  if (cached == specs_.end())
+    cached = specs_
+                 .emplace(j.id, std::make_shared<const JobSpec>(JobSpec::from_json(
+                                    nlohmann::json::parse(s.text(1)), "stored job")))
+                 .first;
+  j.spec = cached->second;
   j.state = s.text(2);
   j.attempts = s.integer(3);
   j.failures = s.integer(4);
@@ -79,6 +87,8 @@ JobRecord job_of(const Statement& s) {
   j.cancel_requested = s.integer(11) != 0;
   return j;
 }
+
+namespace {
 
 const char* kAttemptColumns =
     "job, number, pool, state, pid, started_s, ended_s, exit_code, reason";
@@ -101,20 +111,20 @@ AttemptRecord attempt_of(const Statement& s) {
 
 nlohmann::json JobRecord::to_json() const {
   nlohmann::json j{{"id", id},
-                   {"name", spec.name},
+                   {"name", spec->name},
                    {"state", state},
                    {"pool", pool},
                    {"reason", reason},
-                   {"priority", spec.priority},
+                   {"priority", spec->priority},
                    {"attempts", attempts},
                    {"failures", failures},
                    {"preemptions", preemptions},
                    {"submitted_s", submitted_s},
                    {"updated_s", updated_s},
-                   {"allow_fallback", spec.allow_fallback},
-                   {"pools", spec.pools},
-                   {"steps", spec.total_steps()},
-                   {"spec", spec.to_json()}};
+                   {"allow_fallback", spec->allow_fallback},
+                   {"pools", spec->pools},
+                   {"steps", spec->total_steps()},
+                   {"spec", spec->to_json()}};
   if (deadline_s)
     j["deadline_s"] = *deadline_s;
   if (cancel_requested)
@@ -409,12 +419,13 @@ std::string Store::attempt_over(std::int64_t job, std::int64_t number, std::opti
              "its last checkpoint";
   } else {
     ++failures;
-    const bool retry = failures <= j.spec.max_retries;
+    const bool retry = failures <= j.spec->max_retries;
     state = retry ? "queued" : "failed", kind = retry ? "crashed" : "failed";
     reason =
         attempt + " crashed with exit status " + std::to_string(*exit_code) +
-        (retry ? "; retry " + std::to_string(failures) + " of " + std::to_string(j.spec.max_retries)
-               : "; no retries left (max_retries = " + std::to_string(j.spec.max_retries) + ")");
+        (retry
+             ? "; retry " + std::to_string(failures) + " of " + std::to_string(j.spec->max_retries)
+             : "; no retries left (max_retries = " + std::to_string(j.spec->max_retries) + ")");
   }
   Statement(db_,
             "UPDATE jobs SET state = ?2, reason = ?3, failures = ?4, preemptions = ?5, "

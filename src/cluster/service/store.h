@@ -12,11 +12,13 @@
 #include <cstdint>
 #include <deque>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "cluster/service/job_spec.h"
@@ -29,7 +31,7 @@ namespace loom::service {
 // it (the reason says why).
 struct JobRecord {
   std::int64_t id = 0;
-  JobSpec spec;
+  std::shared_ptr<const JobSpec> spec;  // immutable after the submit; shared, not copied
   std::string state = "queued";
   std::int64_t attempts = 0, failures = 0, preemptions = 0;
   std::string pool, reason;
@@ -123,8 +125,12 @@ class Store {
   void committer();  // group commit of submits
   Submitted insert(const JobSpec& spec, double now);
 
+  JobRecord job_of(const Statement& row);
+
   Database db_;
   std::mutex mutex_;  // one transaction at a time on the connection
+  // Specs never change after a submit: each is parsed from the store once.
+  std::unordered_map<std::int64_t, std::shared_ptr<const JobSpec>> specs_;
 
   struct PendingSubmit {
     JobSpec spec;
