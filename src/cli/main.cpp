@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
   }
 
   // ---- sample ---------------------------------------------------------------
-  CLI::App* sample = app.add_subcommand("sample", "generate text from a GPT checkpoint");
+  CLI::App* sample =
+      app.add_subcommand("sample", "generate text from a text model's checkpoint (GPT, ONNX)");
   std::string sample_ckpt, prompt;
   std::int64_t sample_tokens = 500, sample_seed = 1337;
   double temperature = 0.8;
@@ -74,12 +75,15 @@ int main(int argc, char** argv) {
   sample->add_option("--seed", sample_seed, "sampling seed");
 
   // ---- eval -----------------------------------------------------------------
-  CLI::App* eval =
-      app.add_subcommand("eval", "mean cross-entropy of a GPT checkpoint over a text file");
+  CLI::App* eval = app.add_subcommand("eval",
+                                      "a checkpoint's mean cross-entropy over a text file (text "
+                                      "models) or its MNIST test accuracy (image models)");
   std::string eval_ckpt, eval_data;
   std::int64_t eval_batch = 64;
   eval->add_option("checkpoint", eval_ckpt, "checkpoint folder or model.safetensors")->required();
-  eval->add_option("--data", eval_data, "UTF-8 text file")->required();
+  eval->add_option("--data", eval_data,
+                   "a UTF-8 text file; image models: mnist or a folder of MNIST IDX files")
+      ->required();
   eval->add_option("--batch", eval_batch, "windows per forward pass")
       ->check(CLI::Range(1, 1 << 20));
   bool eval_json = false;
@@ -146,11 +150,13 @@ int main(int argc, char** argv) {
                                            static_cast<std::uint64_t>(sample_seed))
                       .c_str());
     } else if (eval->parsed()) {
-      double loss = loom::train::evaluate_text(eval_ckpt, eval_data, eval_batch);
-      if (eval_json)
-        std::printf("{\"loss\": %.6f}\n", loss);
+      const loom::train::CheckpointScore score =
+          loom::train::evaluate_checkpoint(eval_ckpt, eval_data, eval_batch);
+      if (score.loss)
+        std::printf(eval_json ? "{\"loss\": %.6f}\n" : "%.6f\n", *score.loss);
       else
-        std::printf("%.6f\n", loss);
+        std::printf(eval_json ? "{\"test_accuracy\": %.6f}\n" : "test accuracy %.4f\n",
+                    *score.test_accuracy);
     } else if (ops->parsed()) {
       return loom::cli::run_ops(ops_options);
     } else if (bench->parsed()) {

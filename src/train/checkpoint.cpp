@@ -1,7 +1,10 @@
 #include "train/checkpoint.h"
 
+#include <charconv>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <system_error>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -22,25 +25,70 @@ std::string ModelSpec::to_json() const {
   return j.dump();
 }
 
+namespace {
+
+// An integer field of a model description in [lo, hi]: a JSON float, string or value out
+// of range is named, never converted.
+std::int64_t spec_integer(const nlohmann::json& j, const char* field, std::int64_t lo,
+                          std::int64_t hi, const std::string& where) {
+  check(j.contains(field), where + ": loom_model field '" + field + "' is missing");
+  const nlohmann::json& v = j.at(field);
+  check(v.is_number_integer() &&
+            !(v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) &&
+            v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi,
+        where + ": loom_model field '" + field + "' is " + v.dump() + ", expected an integer in [" +
+            std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v.get<std::int64_t>();
+}
+
+}  // namespace
+
+std::int64_t metadata_integer(const std::map<std::string, std::string>& metadata,
+                              const std::string& key, std::int64_t lo, std::int64_t hi,
+                              const std::string& where) {
+  auto it = metadata.find(key);
+  check(it != metadata.end(), where + ": metadata '" + key + "' is missing");
+  std::int64_t value = 0;
+  const std::string& text = it->second;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  check(ec == std::errc() && end == text.data() + text.size() && value >= lo && value <= hi,
+        where + ": metadata '" + key + "' = '" + text + "', expected an integer in [" +
+            std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return value;
+}
+
 ModelSpec ModelSpec::from_json(const std::string& text, const std::string& where) {
   ModelSpec s;
-  try {
-    auto j = nlohmann::json::parse(text);
-    s.kind = j.at("kind").get<std::string>();
-    s.vocab = j.at("vocab").get<std::int64_t>();
-    s.context = j.at("context").get<std::int64_t>();
-    s.layers = j.at("layers").get<std::int64_t>();
-    s.heads = j.at("heads").get<std::int64_t>();
-    s.width = j.at("width").get<std::int64_t>();
-    s.dropout = j.value("dropout", 0.0);
-    s.bias = j.value("bias", true);
-    s.onnx = j.value("onnx", std::string());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(where + ": metadata loom_model is not a valid model description (" + e.what() +
-                ")");
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  check(j.is_object(), where + ": metadata loom_model is not a JSON object (a model description)");
+  check(j.contains("kind") && j["kind"].is_string(),
+        where + ": loom_model field 'kind' is missing or not a string");
+  s.kind = j["kind"].get<std::string>();
+  check(s.kind == "gpt" || s.kind == "mlp" || s.kind == "cnn" || s.kind == "onnx",
+        where + ": loom_model kind '" + s.kind + "' is unknown (gpt, mlp, cnn, onnx)");
+  s.vocab = spec_integer(j, "vocab", 1, 1 << 24, where);
+  s.context = spec_integer(j, "context", 1, 1 << 20, where);
+  s.layers = spec_integer(j, "layers", 1, 1024, where);
+  s.heads = spec_integer(j, "heads", 1, 1024, where);
+  s.width = spec_integer(j, "width", 1, 65536, where);
+  if (j.contains("dropout")) {
+    check(j["dropout"].is_number() && j["dropout"].get<double>() >= 0 &&
+              j["dropout"].get<double>() < 1,
+          where + ": loom_model field 'dropout' is " + j["dropout"].dump() +
+              ", expected a number in [0, 1)");
+    s.dropout = j["dropout"].get<double>();
   }
-  check(s.kind == "gpt" || s.kind == "mlp" || s.kind == "cnn",
-        where + ": loom_model kind '" + s.kind + "' is unknown");
+  if (j.contains("bias")) {
+    check(j["bias"].is_boolean(),
+          where + ": loom_model field 'bias' is " + j["bias"].dump() + ", expected true or false");
+    s.bias = j["bias"].get<bool>();
+  }
+  if (j.contains("onnx")) {
+    check(j["onnx"].is_string(), where + ": loom_model field 'onnx' must be a path");
+    s.onnx = j["onnx"].get<std::string>();
+  }
+  check(s.kind != "onnx" || !s.onnx.empty(),
+        where + ": loom_model kind 'onnx' names no model file (field 'onnx')");
   return s;
 }
 
@@ -135,13 +183,7 @@ std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::Ad
   io::SafetensorsFile weights = io::SafetensorsFile::read(model_path);
   io::SafetensorsFile state = io::SafetensorsFile::read(state_path);
   auto step_of = [](const io::SafetensorsFile& f) {
-    auto it = f.metadata().find("step");
-    check(it != f.metadata().end(), f.path() + ": metadata 'step' is missing");
-    try {
-      return std::stoll(it->second);
-    } catch (const std::logic_error&) {
-      throw Error(f.path() + ": metadata 'step' = '" + it->second + "' is not an integer");
-    }
+    return metadata_integer(f.metadata(), "step", 0, kMaxSteps, f.path());
   };
   std::int64_t step = step_of(weights);
   check(step == step_of(state), dir + ": model.safetensors is at step " + std::to_string(step) +
@@ -162,8 +204,10 @@ std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::Ad
       (*moments)[i] = state.load_f32(*e, params[i].var.value().backend());
     }
   }
-  auto it = state.metadata().find("optimizer_steps");
-  optimizer.set_steps_taken(it != state.metadata().end() ? std::stoll(it->second) : step);
+  optimizer.set_steps_taken(
+      state.metadata().count("optimizer_steps")
+          ? metadata_integer(state.metadata(), "optimizer_steps", 0, kMaxSteps, state_path)
+          : step);
   return step;
 }
 
@@ -175,13 +219,16 @@ LoadedModel load_model_file(const std::string& path, Backend& backend) {
         file_path + ": metadata 'loom_model' is missing; not a Loom checkpoint");
   LoadedModel loaded;
   loaded.spec = ModelSpec::from_json(meta["loom_model"], file_path);
+  check(loaded.spec.kind != "onnx" || fs::exists(loaded.spec.onnx),
+        file_path + ": the model was imported from " + loaded.spec.onnx +
+            ", which is missing; the checkpoint holds its weights, the ONNX file its graph");
   loaded.model = make_model(loaded.spec, 0, backend);
   if (meta.count("loom_vocab") && !meta["loom_vocab"].empty()) {
     std::u32string alphabet = data::decode_utf8(meta["loom_vocab"], file_path + " (loom_vocab)");
     loaded.tokenizer = data::CharTokenizer(std::vector<char32_t>(alphabet.begin(), alphabet.end()));
   }
   if (meta.count("step"))
-    loaded.step = std::stoll(meta["step"]);
+    loaded.step = metadata_integer(meta, "step", 0, kMaxSteps, file_path);
   load_weights(file_path, *loaded.model);
   return loaded;
 }

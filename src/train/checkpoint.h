@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -17,7 +18,7 @@
 namespace loom::train {
 
 struct ModelSpec {
-  std::string kind = "gpt";  // gpt | mlp | cnn
+  std::string kind = "gpt";  // gpt | mlp | cnn | onnx
   std::int64_t vocab = 65, context = 64, layers = 4, heads = 4, width = 128;
   double dropout = 0.0;
   bool bias = true;
@@ -27,6 +28,15 @@ struct ModelSpec {
 };
 
 std::unique_ptr<nn::Model> make_model(const ModelSpec& spec, std::uint64_t seed, Backend& backend);
+
+// The most steps a checkpoint may record (far beyond any run; keeps the arithmetic exact).
+inline constexpr std::int64_t kMaxSteps = std::int64_t{1} << 40;
+
+// A checkpoint's integer metadata in [lo, hi]: the whole text must be the number; `where`
+// names the file. Anything else is an error naming the key, the text and the range.
+std::int64_t metadata_integer(const std::map<std::string, std::string>& metadata,
+                              const std::string& key, std::int64_t lo, std::int64_t hi,
+                              const std::string& where);
 
 void save_checkpoint(const std::string& dir, nn::Model& model, const ModelSpec& spec,
                      const std::string& vocab_utf8, optim::AdamW& optimizer, std::int64_t step,

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "data/text.h"
 #include "nn/init.h"
+#include "nn/onnx_model.h"
 #include "train/checkpoint.h"
 #include "train/training_run.h"
 
@@ -90,14 +91,39 @@ Summary run_training(const TrainConfig& cfg) {
   return summary;
 }
 
+namespace {
+
+// The input shape a loaded text model takes for `rows` windows of `length` tokens: an
+// imported graph may fix its batch and sequence length (symbolic dimensions are -1).
+struct TextShape {
+  std::int64_t batch = -1, length = -1;  // -1: free
+};
+TextShape text_shape(const LoadedModel& loaded) {
+  TextShape shape;
+  if (const auto* imported = dynamic_cast<const nn::OnnxModel*>(loaded.model.get())) {
+    const auto& input = imported->graph().inputs.front();
+    check(input.dtype != DType::f32, loaded.spec.onnx +
+                                         ": the imported model takes float "
+                                         "inputs (images), not token ids");
+    if (input.shape.size() == 2) {
+      shape.batch = input.shape[0];
+      shape.length = input.shape[1];
+    }
+  }
+  return shape;
+}
+
+}  // namespace
+
 std::string sample_text(const std::string& checkpoint, const std::string& prompt,
                         std::int64_t tokens, double temperature, std::uint64_t seed) {
   Backend& device = cpu::backend();
   LoadedModel loaded = load_model_file(checkpoint, device);
-  check(loaded.spec.kind == "gpt",
+  check(loaded.spec.kind == "gpt" || loaded.spec.kind == "onnx",
         checkpoint + ": a " + loaded.spec.kind + " model does not generate text");
   check(loaded.tokenizer.size() > 0,
         checkpoint + ": has no character vocabulary (trained on random tokens?)");
+  const TextShape fixed = text_shape(loaded);
   std::vector<std::int32_t> ids;
   if (prompt.empty()) {
     std::int32_t newline = loaded.tokenizer.encode_char(U'\n');
@@ -108,15 +134,28 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
   std::size_t prompt_len = prompt.empty() ? 0 : ids.size();
   nn::Rng rng(seed);
   const std::int64_t v = loaded.spec.vocab;
+  const std::int64_t context = fixed.length > 0 ? fixed.length : loaded.spec.context;
   for (std::int64_t n = 0; n < tokens; ++n) {
-    std::int64_t t =
-        std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), loaded.spec.context);
+    std::int64_t t = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), context);
     std::vector<std::int32_t> window(ids.end() - t, ids.end());
+    // A graph with a fixed length sees the window left-padded with its first token; a
+    // fixed batch gets the window in every row. The prediction is the last position's.
+    std::int64_t length = t;
+    if (fixed.length > 0 && t < fixed.length) {
+      window.insert(window.begin(), static_cast<std::size_t>(fixed.length - t), window.front());
+      length = fixed.length;
+    }
+    const std::int64_t rows = fixed.batch > 0 ? fixed.batch : 1;
+    std::vector<std::int32_t> input;
+    for (std::int64_t r = 0; r < rows; ++r)
+      input.insert(input.end(), window.begin(), window.end());
     ag::Tape tape;
     tape.set_recording(false);
-    Tensor input = Tensor::from_ints({1, t}, window, device);
-    std::vector<float> logits = loaded.model->forward(tape, input, {}).value().to_floats();
-    const float* last = logits.data() + (t - 1) * v;
+    std::vector<float> logits =
+        loaded.model->forward(tape, Tensor::from_ints({rows, length}, input, device), {})
+            .value()
+            .to_floats();
+    const float* last = logits.data() + (length - 1) * v;
     std::int32_t next = 0;
     if (temperature <= 0.0) {
       next = static_cast<std::int32_t>(std::max_element(last, last + v) - last);
@@ -143,12 +182,25 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
   return loaded.tokenizer.decode(out);
 }
 
-double evaluate_text(const std::string& checkpoint, const std::string& data_path,
-                     std::int64_t batch) {
+CheckpointScore evaluate_checkpoint(const std::string& checkpoint, const std::string& data_path,
+                                    std::int64_t batch) {
   Backend& device = cpu::backend();
   LoadedModel loaded = load_model_file(checkpoint, device);
-  check(loaded.spec.kind == "gpt",
-        checkpoint + ": eval needs a gpt checkpoint, this one is " + loaded.spec.kind);
+  CheckpointScore result;
+  const bool images =
+      loaded.spec.kind == "mlp" || loaded.spec.kind == "cnn" ||
+      (loaded.spec.kind == "onnx" &&
+       dynamic_cast<const nn::OnnxModel&>(*loaded.model).graph().inputs.front().dtype ==
+           DType::f32);
+  if (images) {
+    // --data mnist (the bundled set) or a folder holding MNIST's IDX test files.
+    const std::string dir = data_path == "mnist" ? "data/mnist" : data_path;
+    data::ImageSet test =
+        data::load_idx(dir + "/t10k-images-idx3-ubyte.gz", dir + "/t10k-labels-idx1-ubyte.gz");
+    data::normalize_mnist(test);
+    result.test_accuracy = test_accuracy(*loaded.model, test, device);
+    return result;
+  }
   check(loaded.tokenizer.size() > 0,
         checkpoint + ": has no character vocabulary to encode " + data_path);
   std::ifstream file(data_path, std::ios::binary);
@@ -156,10 +208,16 @@ double evaluate_text(const std::string& checkpoint, const std::string& data_path
   std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   std::vector<std::int32_t> ids =
       loaded.tokenizer.encode(data::decode_utf8(bytes, data_path), data_path);
-  check(static_cast<std::int64_t>(ids.size()) > loaded.spec.context,
+  const TextShape fixed = text_shape(loaded);
+  const std::int64_t context = fixed.length > 0 ? fixed.length : loaded.spec.context;
+  check(static_cast<std::int64_t>(ids.size()) > context,
         data_path + ": " + std::to_string(ids.size()) + " tokens; need more than the context of " +
-            std::to_string(loaded.spec.context));
-  return mean_loss(*loaded.model, data::eval_windows(ids, loaded.spec.context, batch, device));
+            std::to_string(context));
+  // A fixed batch: windows in full batches of it (the last few windows are left out).
+  result.loss = mean_loss(
+      *loaded.model, data::eval_windows(ids, context, fixed.batch > 0 ? fixed.batch : batch, device,
+                                        fixed.batch > 0));
+  return result;
 }
 
 }  // namespace loom::train

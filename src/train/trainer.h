@@ -36,10 +36,16 @@ Summary run_training(const TrainConfig& config);
 std::string sample_text(const std::string& checkpoint, const std::string& prompt,
                         std::int64_t tokens, double temperature, std::uint64_t seed);
 
-// Mean cross-entropy (nats/token) over all consecutive non-overlapping windows of the
-// model's context length in the UTF-8 file `data_path`.
-double evaluate_text(const std::string& checkpoint, const std::string& data_path,
-                     std::int64_t batch);
+// A checkpoint evaluated on data: text models (GPT, an imported language model) give the
+// mean cross-entropy (nats/token) over all consecutive non-overlapping windows of the
+// model's context in the UTF-8 file `data_path`; image models (MLP, CNN, an imported
+// classifier) give the accuracy on MNIST's test set (`data_path`: mnist, or a folder of
+// IDX files).
+struct CheckpointScore {
+  std::optional<double> loss, test_accuracy;
+};
+CheckpointScore evaluate_checkpoint(const std::string& checkpoint, const std::string& data_path,
+                                    std::int64_t batch);
 
 std::int64_t peak_rss_bytes();
 

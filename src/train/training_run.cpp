@@ -88,6 +88,8 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+}  // namespace
+
 double test_accuracy(nn::Model& model, const data::ImageSet& test, Backend& backend) {
   std::vector<std::int64_t> order(test.count);
   std::iota(order.begin(), order.end(), 0);
@@ -107,8 +109,6 @@ double test_accuracy(nn::Model& model, const data::ImageSet& test, Backend& back
   }
   return static_cast<double>(correct) / static_cast<double>(test.count);
 }
-
-}  // namespace
 
 double mean_loss(nn::Model& model, const std::vector<data::Batch>& batches) {
   double total = 0.0;
@@ -137,8 +137,17 @@ TrainingRun::TrainingRun(const TrainConfig& config)
       source(config),
       data_comm_(&world),
       store_(config.out, static_cast<int>(config.keep_checkpoints)) {
-  spec = ModelSpec{cfg.model, source.vocab(), cfg.context, cfg.layers, cfg.heads,
-                   cfg.width, cfg.dropout,    cfg.bias,    cfg.onnx};
+  // An imported model's file is recorded by its absolute path, so that its checkpoints
+  // load (sample, eval, resume) from any working directory.
+  spec = ModelSpec{cfg.model,
+                   source.vocab(),
+                   cfg.context,
+                   cfg.layers,
+                   cfg.heads,
+                   cfg.width,
+                   cfg.dropout,
+                   cfg.bias,
+                   cfg.onnx.empty() ? "" : fs::absolute(cfg.onnx).lexically_normal().string()};
   if (pipelined) {
     check(world.size() % cfg.pipeline == 0,
           "pipeline = " + std::to_string(cfg.pipeline) + " needs a multiple of " +

@@ -175,5 +175,7 @@ class StopRule {
 
 // Token-weighted mean loss of `model` over `batches` (no gradients).
 double mean_loss(nn::Model& model, const std::vector<data::Batch>& batches);
+// The share of `test`'s images whose largest logit is their label.
+double test_accuracy(nn::Model& model, const data::ImageSet& test, Backend& backend);
 
 }  // namespace loom::train

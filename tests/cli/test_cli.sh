@@ -2,7 +2,7 @@
 # The loom binary on bad input: a one-line error naming what is wrong, a non-zero exit,
 # and no checkpoint left behind. Usage: test_cli.sh path/to/loom
 set -u
-loom="$1"
+loom=$(realpath "$1")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 failures=0
@@ -124,5 +124,29 @@ head -c 20000 data/tinyshakespeare/input.txt > "$dir/shakespeare.txt"
   && tail -n 1 "$dir/onnx_text.log" | grep -q '"val_loss"' \
   || { echo "FAIL: training the imported transformer on text: $(tail -n 2 "$dir/onnx_text.log")"; failures=$((failures + 1)); }
 expect_error "the model takes token ids, not MNIST images" train --model onnx --onnx "$fx/tiny_gpt_block.onnx" --steps 1 --out "$dir/o13"
+# Checkpoints of every model kind load in sample (text models) and eval, from any folder:
+# the imported classifier's eval accuracy is its training run's test accuracy.
+trained=$(tail -n 1 "$dir/onnx_train.log" | python3 -c 'import json,sys; print("%.4f" % json.load(sys.stdin)["test_accuracy"])')
+evaluated=$(cd / && "$loom" eval "$dir/onnx_train/checkpoint" --data "$OLDPWD/data/mnist" --json | python3 -c 'import json,sys; print("%.4f" % json.load(sys.stdin)["test_accuracy"])')
+[[ "$trained" == "$evaluated" ]] || { echo "FAIL: eval of the ONNX classifier: $evaluated, training said $trained"; failures=$((failures + 1)); }
+text=$(cd / && "$loom" sample "$dir/onnx_text/checkpoint" --prompt "ROMEO:" --tokens 20 --seed 3)
+[[ ${#text} -ge 26 ]] || { echo "FAIL: sample of the imported transformer printed '$text'"; failures=$((failures + 1)); }
+(cd / && "$loom" eval "$dir/onnx_text/checkpoint" --data "$dir/shakespeare.txt" --json) | grep -q '"loss"' \
+  || { echo "FAIL: eval of the imported transformer"; failures=$((failures + 1)); }
+"$loom" train --model mlp --steps 5 --out "$dir/mlp" --json > /dev/null 2>&1
+"$loom" eval "$dir/mlp/checkpoint" --data mnist | grep -q "test accuracy" \
+  || { echo "FAIL: eval of an MLP checkpoint"; failures=$((failures + 1)); }
+expect_error "does not generate text" sample "$dir/mlp/checkpoint"
+# Bad checkpoint metadata is named (file, key, text, range), never an internal error.
+python3 - "$dir/abc/checkpoint/model.safetensors" "$dir/bad_step.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+header["__metadata__"]["step"] = "12abc"
+text = json.dumps(header).encode()
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+expect_error "metadata 'step' = '12abc', expected an integer" sample "$dir/bad_step.safetensors"
 echo "$failures failed"
 [[ $failures -eq 0 ]]
