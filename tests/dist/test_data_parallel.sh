@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Training across processes. Data parallel: `mpirun -np 2 loom train` takes the steps one
-# process takes with the whole batch (losses within 1e-5 relative), rank 0 alone writes,
+# process takes with the whole batch (losses within 2e-7 relative: one float32 ulp of
+# the loss; measured 1.2e-7), rank 0 alone writes,
 # an interrupted 2-process run resumes exactly, a batch that does not divide among the
 # processes is a clear error. Pipeline parallel (`--pipeline 2`): the same losses with 2
 # or 3 micro-batches, a checkpoint that evaluates as the one-process one does, exact
@@ -39,7 +40,7 @@ one, two, resumed = losses("one"), losses("two"), losses("resumed")
 assert len(one) == len(two) == 10, (len(one), len(two))
 worst = max(abs(a - b) / abs(a) for a, b in zip(one, two))
 print(f"one vs two processes: worst relative loss difference {worst:.2e} over 10 steps")
-assert worst < 1e-5, worst
+assert worst < 2e-7, worst
 assert resumed == two, ("resumed run differs", resumed, two)
 PY
 # ZeRO stage 1: the optimizer state sharded over the two processes changes nothing in
@@ -68,7 +69,7 @@ PY
 # Graph mode: the captured step replayed, its gradients all-reduced in buckets on a
 # communication thread during the backward pass (forced: on one machine `auto` does not
 # overlap; 0.05 MB buckets: many of them). Two processes: bitwise the eager run's losses
-# and weights; three: within 1e-5 of one process.
+# and weights; three: within 2e-7 of one process.
 "${mpi[@]}" "$loom" train "${common[@]}" --mode graph --overlap true --bucket_mb 0.05 --out "$dir/graph" > "$dir/graph.log" 2>&1 \
   || fail "graph mode: $(tail -n 3 "$dir/graph.log")"
 grep -qE '"overlapped_buckets":([2-9]|[1-9][0-9])' "$dir/graph.log" || fail "graph mode did not overlap: $(grep steps "$dir/graph.log")"
@@ -89,7 +90,7 @@ assert losses("graph") == losses("two"), "graph mode, 2 processes: losses differ
 assert losses("graph_auto") == losses("two"), "graph mode, overlap auto: losses differ from eager"
 worst = max(abs(a - b) / abs(a) for a, b in zip(losses("one"), losses("graph3")))
 print(f"graph mode: 2 processes bitwise eager; 3 processes vs one: worst relative loss difference {worst:.2e}")
-assert len(losses("graph3")) == 10 and worst < 1e-5, worst
+assert len(losses("graph3")) == 10 and worst < 2e-7, worst
 PY
 
 # Pipeline parallel: two stages of two blocks each.
@@ -124,13 +125,13 @@ one = losses("one")
 for name in ("pp", "pp3", "pp2x2", "pp3stages", "1f1b"):
     worst = max(abs(a - b) / abs(a) for a, b in zip(one, losses(name)))
     print(f"one process vs {name}: worst relative loss difference {worst:.2e} over 10 steps")
-    assert len(losses(name)) == 10 and worst < 1e-5, (name, worst)
+    assert len(losses(name)) == 10 and worst < 2e-7, (name, worst)
 assert losses("ppr") == losses("pp"), "resumed pipeline run differs"
 assert losses("gpipe") == losses("1f1b"), "GPipe and 1F1B differ"
 number = lambda text: float(re.findall(r"[0-9]+\.[0-9]+", text)[-1])
 a, b = number(sys.argv[2]), number(sys.argv[3])
 print(f"loom eval: one process {a}, pipeline {b}")
-assert abs(a - b) / a < 1e-5, (a, b)
+assert abs(a - b) / a < 1e-6, (a, b)
 PY
 out=$("${mpi[@]}" "$loom" train --pipeline 3 --steps 1 --out "$dir/bad" 2>&1); rc=$?
 [[ $rc -ne 0 && "$out" == *"pipeline = 3 needs a multiple of 3 processes"* ]] || fail "pipeline 3 on 2 processes: rc $rc: $(echo "$out" | head -n 3)"

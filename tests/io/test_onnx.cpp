@@ -39,7 +39,8 @@ TEST_P(OnnxOnBackend, ExportsGivePyTorchsOutputs) {
     tape.set_recording(false);
     Tensor got = model.run(tape, {x}, {}).front().value();
     ASSERT_EQ(got.shape(), want.shape());
-    EXPECT_LE(worst_ratio(values(got), values(want), 1e-5, 1e-5), 1.0);
+    // The README's claim: within 1e-6 of PyTorch, absolute (measured: 8.9e-8 to 7.2e-7).
+    EXPECT_LE(worst_ratio(values(got), values(want), 0.0, 1e-6), 1.0);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "dispatch/devices.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 #include "train/trainer.h"
@@ -88,10 +89,14 @@ TEST(Resume, MismatchedCheckpointFilesAreRefused) {
 TEST(GraphMode, TrainsToTheEagerLossesAndWeightsAndResumesExactly) {
   // small_run has dropout, so each replay must draw that step's masks.
   std::string eager = temp_dir("eager"), graph = temp_dir("graph"), split = temp_dir("graph_split");
-  train::run_training(small_run(eager));
+  EXPECT_FALSE(train::run_training(small_run(eager)).graph_nodes);
   train::TrainConfig whole = small_run(graph);
   whole.mode = "graph";
-  train::run_training(whole);
+  // The run replayed a captured graph (not eager steps that happen to agree).
+  const train::Summary replayed = train::run_training(whole);
+  ASSERT_TRUE(replayed.graph_nodes);
+  EXPECT_GT(*replayed.graph_nodes, 50);
+  EXPECT_TRUE(replayed.graph_memory_bytes);
   EXPECT_EQ(metric_losses(eager), metric_losses(graph));
   EXPECT_EQ(all_weights(eager), all_weights(graph));
 
@@ -102,35 +107,38 @@ TEST(GraphMode, TrainsToTheEagerLossesAndWeightsAndResumesExactly) {
   train::TrainConfig second = small_run(split);
   second.mode = "graph";
   second.resume = true;
-  train::run_training(second);
+  EXPECT_TRUE(train::run_training(second).graph_nodes);
   EXPECT_EQ(metric_losses(eager), metric_losses(split));
   EXPECT_EQ(all_weights(eager), all_weights(split));
 }
 
-TEST(GraphMode, ImageModelsTrainToTheEagerLosses) {
-  for (std::string model : {"mlp", "cnn"}) {
-    std::string eager = temp_dir("eager_" + model), graph = temp_dir("graph_" + model);
-    auto run = [&](const std::string& out, const std::string& mode) {
-      train::TrainConfig c;
-      for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{{"model", model},
-                                                                          {"steps", "5"},
-                                                                          {"batch", "16"},
-                                                                          {"width", "32"},
-                                                                          {"mode", mode},
-                                                                          {"final_eval", "false"},
-                                                                          {"progress", "false"},
-                                                                          {"json", "true"}})
-        c.set(k, v, "test");
-      c.mnist_dir = source_dir() + "/data/mnist";
-      c.out = out;
-      c.finalize();
-      train::run_training(c);
-    };
-    run(eager, "eager");
-    run(graph, "graph");
-    EXPECT_EQ(metric_losses(eager), metric_losses(graph)) << model;
-    EXPECT_EQ(metric_losses(graph).size(), 5u) << model;
-  }
+TEST(GraphMode, ImageModelsTrainToTheEagerLossesOnEveryBackend) {
+  for (const std::string& device : dispatch::device_names())
+    for (std::string model : {"mlp", "cnn"}) {
+      SCOPED_TRACE(device + " " + model);
+      std::string eager = temp_dir("eager_" + model), graph = temp_dir("graph_" + model);
+      auto run = [&](const std::string& out, const std::string& mode) {
+        train::TrainConfig c;
+        for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{{"model", model},
+                                                                            {"steps", "5"},
+                                                                            {"batch", "16"},
+                                                                            {"width", "32"},
+                                                                            {"mode", mode},
+                                                                            {"device", device},
+                                                                            {"final_eval", "false"},
+                                                                            {"progress", "false"},
+                                                                            {"json", "true"}})
+          c.set(k, v, "test");
+        c.mnist_dir = source_dir() + "/data/mnist";
+        c.out = out;
+        c.finalize();
+        return train::run_training(c);
+      };
+      EXPECT_FALSE(run(eager, "eager").graph_nodes);
+      EXPECT_TRUE(run(graph, "graph").graph_nodes);  // replayed, not run eagerly
+      EXPECT_EQ(metric_losses(eager), metric_losses(graph));
+      EXPECT_EQ(metric_losses(graph).size(), 5u);
+    }
 }
 
 TEST(GraphMode, ImportedOnnxModelsTrainToTheEagerLosses) {
@@ -164,7 +172,7 @@ TEST(GraphMode, ImportedOnnxModelsTrainToTheEagerLosses) {
       cfg.mnist_dir = source_dir() + "/data/mnist";
       cfg.out = temp_dir("onnx_" + mode);
       cfg.finalize();
-      train::run_training(cfg);
+      EXPECT_EQ(train::run_training(cfg).graph_nodes.has_value(), mode == "graph") << c.onnx;
       losses.push_back(metric_losses(cfg.out));
     }
     EXPECT_EQ(losses[0], losses[1]) << c.onnx;
