@@ -47,9 +47,25 @@ void fill(const OpCall& call) {
   }
 }
 
+// A float as int32, as the cast defines it: truncation toward zero, NaN to 0, values
+// beyond the range saturating (a plain static_cast is undefined behaviour for them).
+std::int32_t float_to_i32(float v) {
+  if (std::isnan(v))
+    return 0;
+  if (v >= 2147483648.0f)
+    return std::numeric_limits<std::int32_t>::max();
+  if (v < -2147483648.0f)
+    return std::numeric_limits<std::int32_t>::min();
+  return static_cast<std::int32_t>(v);
+}
+
 void cast(const OpCall& call) {
   const Tensor& x = call.inputs[0];
   Tensor& y = call.outputs[0];
+  if (x.dtype() == DType::i32 && y.dtype() == DType::i32) {  // exact: not through float
+    std::copy_n(x.data<std::int32_t>(), x.numel(), y.data<std::int32_t>());
+    return;
+  }
   std::vector<float> values(x.numel());
   switch (x.dtype()) {
     case DType::f32:
@@ -84,7 +100,7 @@ void cast(const OpCall& call) {
       break;
     case DType::i32:
       for (std::size_t i = 0; i < values.size(); ++i)
-        y.data<std::int32_t>()[i] = static_cast<std::int32_t>(values[i]);
+        y.data<std::int32_t>()[i] = float_to_i32(values[i]);
       break;
     default:
       throw Error("cast: to " + std::string(dtype_name(y.dtype())) + " not supported");
@@ -287,9 +303,16 @@ void max(const OpCall& call) {
   AxisView v = axis_view(x, call.attrs.axis, "max");
   for (std::int64_t o = 0; o < v.outer; ++o) {
     for (std::int64_t i = 0; i < v.inner; ++i) {
+      // A NaN anywhere makes the maximum NaN (as PyTorch and numpy define it).
       float best = -std::numeric_limits<float>::infinity();
-      for (std::int64_t l = 0; l < v.length; ++l)
-        best = std::max(best, x.data<float>()[(o * v.length + l) * v.inner + i]);
+      for (std::int64_t l = 0; l < v.length; ++l) {
+        const float value = x.data<float>()[(o * v.length + l) * v.inner + i];
+        if (std::isnan(value)) {
+          best = value;
+          break;
+        }
+        best = std::max(best, value);
+      }
       call.outputs[0].data<float>()[o * v.inner + i] = best;
     }
   }
@@ -305,7 +328,9 @@ void max_backward(const OpCall& call) {
       float y = call.inputs[2].data<float>()[o * v.inner + i];
       for (std::int64_t l = 0; l < v.length; ++l) {
         std::int64_t at = (o * v.length + l) * v.inner + i;
-        if (x.data<float>()[at] == y) {  // the first maximum takes the whole gradient
+        const float value = x.data<float>()[at];
+        // The first maximum takes the whole gradient (a NaN maximum: the first NaN).
+        if (value == y || (std::isnan(y) && std::isnan(value))) {
           dx[at] = call.inputs[0].data<float>()[o * v.inner + i];
           break;
         }
