@@ -331,24 +331,33 @@ TEST(Las, BeatsBackfillingOnAGavelTraceWithoutKnowingRunTimes) {
   EXPECT_GT(las.preemptions, 0);
   EXPECT_LT(las.mean_jct_s, backfill.mean_jct_s);
 }
-
-// Calibration: Llama 3 405B's run (Dubey et al. 2024, 3.3.4) saw 419 unexpected
-// interruptions in 54 days on 2,048 nodes of 8 H100s. The same failure rate per node on a
-// 54-day job over 2,048 nodes gives that count, within Poisson noise.
-TEST(Failures, ReproduceTheInterruptionRateOfLlama3Training) {
-  Fleet f = parse_fleet("h100-sxm:2100x8");  // spares stand in while failed nodes are repaired
-  std::vector<Job> jobs{job(0, 16384, {{"h100-sxm", 54.0 * 86400}})};
-  Failures failures;
-  failures.node_mtbf_h = 2048.0 * 54 * 24 / 419;  // 6,334 node-hours
-  failures.repair_h = 24;
-  failures.checkpoint_min = 1;
-  failures.restart_min = 0;
-  SimReport r = simulate(f, jobs, Policy::fifo, failures);
-  EXPECT_EQ(r.finished, 1);
-  EXPECT_NEAR(static_cast<double>(r.interruptions), 419.0, 4 * std::sqrt(419.0));
-  EXPECT_GE(r.node_failures, r.interruptions);  // spare nodes fail too
-  EXPECT_GT(r.goodput, 0.99);                   // half a minute lost per interruption
-  EXPECT_LT(r.goodput, 1.0);
+// The failure process gives the rate it is given, scaled by nodes and time. The rate is
+// Llama 3's (Dubey et al. 2024, 3.3.4: 419 unexpected interruptions in 54 days on 2,048
+// nodes of 8 H100s, one per 6,334 node-hours), so the first case expects 419 back: that
+// checks the simulator's failure mechanics, not the rate (which comes from the same
+// count). The other cases change nodes and time, which the count must follow.
+TEST(Failures, TheFailureProcessGivesItsRateScaledByNodesAndTime) {
+  struct Case {
+    int nodes;
+    double days;
+  };
+  for (Case c : {Case{2048, 54}, Case{1024, 54}, Case{2048, 13.5}}) {
+    SCOPED_TRACE(std::to_string(c.nodes) + " nodes, " + std::to_string(c.days) + " days");
+    Fleet f = parse_fleet("h100-sxm:" + std::to_string(c.nodes + 52) + "x8");  // spares repair
+    std::vector<Job> jobs{job(0, c.nodes * 8, {{"h100-sxm", c.days * 86400}})};
+    Failures failures;
+    failures.node_mtbf_h = 2048.0 * 54 * 24 / 419;  // 6,334 node-hours
+    failures.repair_h = 24;
+    failures.checkpoint_min = 1;
+    failures.restart_min = 0;
+    SimReport r = simulate(f, jobs, Policy::fifo, failures);
+    const double expected = c.nodes * c.days * 24 / failures.node_mtbf_h;
+    EXPECT_EQ(r.finished, 1);
+    EXPECT_NEAR(static_cast<double>(r.interruptions), expected, 4 * std::sqrt(expected));
+    EXPECT_GE(r.node_failures, r.interruptions);  // spare nodes fail too
+    EXPECT_GT(r.goodput, 0.99);                   // half a minute lost per interruption
+    EXPECT_LT(r.goodput, 1.0);
+  }
 }
 
 TEST(Failures, HeldChipTimeIsWorkKeptPlusWorkLost) {
