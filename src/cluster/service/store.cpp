@@ -379,11 +379,12 @@ std::string Store::attempt_over(std::int64_t job, std::int64_t number, std::opti
                                 double now) {
   std::lock_guard lock(mutex_);
   Transaction t(db_);
-  Statement current(db_, "SELECT state FROM attempts WHERE job = ?1 AND number = ?2");
+  Statement current(db_, "SELECT state, reason FROM attempts WHERE job = ?1 AND number = ?2");
   current.bind(1, job).bind(2, number);
   check(current.step(),
         db_.path() + ": job " + std::to_string(job) + " has no attempt " + std::to_string(number));
   const std::string attempt_state = current.text(0);
+  const std::string placement = current.text(1);  // why it was placed where it ran
   current.reset();
   Statement read(db_, std::string("SELECT ") + kJobColumns + " FROM jobs WHERE id = ?1");
   read.bind(1, job);
@@ -405,7 +406,7 @@ std::string Store::attempt_over(std::int64_t job, std::int64_t number, std::opti
   std::int64_t failures = j.failures, preemptions = j.preemptions;
   const std::string attempt = "attempt " + std::to_string(number);
   if (exit_code && *exit_code == 0) {
-    state = "succeeded", kind = "succeeded", reason = attempt + " finished on " + j.pool;
+    state = "succeeded", kind = "succeeded", reason = attempt + " finished; placed on " + placement;
   } else if (j.cancel_requested) {
     state = "cancelled", kind = "cancelled", reason = "cancelled";
   } else if (exit_code && *exit_code == kExitPreempted) {
