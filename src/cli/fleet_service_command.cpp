@@ -160,7 +160,10 @@ class Client {
 
   nlohmann::json get(const std::string& path) { return answer(client_->Get(path, headers())); }
   nlohmann::json post(const std::string& path, const nlohmann::json& body, int* status = nullptr) {
-    return answer(client_->Post(path, headers(), body.dump(), "application/json"), status);
+    return answer(client_->Post(path, headers(),
+                                body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                                "application/json"),
+                  status);
   }
 
  private:
@@ -245,7 +248,7 @@ nlohmann::json read_job_file(const std::string& path) {
       if (value == "random" || value == "mnist" || value.empty() || fs::path(value).is_absolute())
         continue;
       for (const fs::path& candidate : {base / value, fs::absolute(value)})
-        if (fs::exists(candidate)) {
+        if (std::error_code ec; fs::exists(candidate, ec)) {
           job["config"][key] = fs::weakly_canonical(candidate).string();
           break;
         }

@@ -37,12 +37,13 @@ CLI::App* add_onnx_command(CLI::App& app, OnnxOptions& options) {
 namespace {
 
 int run_conformance(const OnnxOptions& options, Backend& device) {
-  check(std::filesystem::is_directory(options.conformance),
+  std::error_code ec;
+  check(std::filesystem::is_directory(options.conformance, ec),
         options.conformance +
             ": not a folder (expected ONNX backend test folders, test_*/model.onnx)");
   std::vector<std::filesystem::path> tests;
   for (const auto& entry : std::filesystem::directory_iterator(options.conformance))
-    if (std::filesystem::exists(entry.path() / "model.onnx"))
+    if (std::filesystem::exists(entry.path() / "model.onnx", ec))
       tests.push_back(entry.path());
   std::sort(tests.begin(), tests.end());
   check(!tests.empty(), options.conformance + ": no test folders with a model.onnx");

@@ -116,7 +116,8 @@ Tensor SafetensorsFile::load_f32(const SafetensorsEntry& entry, Backend& backend
   std::vector<float> values(static_cast<std::size_t>(n));
   switch (entry.dtype) {
     case DType::f32:
-      std::memcpy(values.data(), src, n * sizeof(float));
+      if (n > 0)  // an empty tensor's vector may hold no storage at all (memcpy of null)
+        std::memcpy(values.data(), src, n * sizeof(float));
       break;
     case DType::bf16:
     case DType::f16:

@@ -24,7 +24,8 @@ void host_binary(Runner& r, const io::OnnxNode& n) {
   check(a.size() == b.size() || a.size() == 1 || b.size() == 1,
         r.where(n) + ": integer operands of " + std::to_string(a.size()) + " and " +
             std::to_string(b.size()) + " values do not broadcast");
-  const std::size_t count = std::max(a.size(), b.size());
+  // Broadcasting: a one-value side repeats; against an empty side the result is empty.
+  const std::size_t count = a.size() == b.size() ? a.size() : a.size() == 1 ? b.size() : a.size();
   std::vector<std::int64_t> out(count);
   for (std::size_t k = 0; k < count; ++k) {
     const std::int64_t x = a[a.size() == 1 ? 0 : k], y = b[b.size() == 1 ? 0 : k];
@@ -46,7 +47,7 @@ void host_binary(Runner& r, const io::OnnxNode& n) {
     check(!overflows, r.where(n) + ": integer " + n.op_type + " of " + std::to_string(x) + " and " +
                           std::to_string(y) + " overflows int64");
   }
-  r.set_host(n, 0, host_ints(a.size() >= b.size() ? ta.shape() : tb.shape(), out));
+  r.set_host(n, 0, host_ints(a.size() == count ? ta.shape() : tb.shape(), out));
 }
 
 template <ag::Var (*F)(ag::Tape&, const ag::Var&, const ag::Var&)>

@@ -22,7 +22,7 @@ std::string ModelSpec::to_json() const {
                            {"dropout", dropout}, {"bias", bias}};
   if (!onnx.empty())
     j["onnx"] = onnx;
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 namespace {
@@ -176,7 +176,8 @@ void load_weights(const std::string& path, nn::Model& model) {
 std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::AdamW& optimizer) {
   std::string model_path = dir + "/model.safetensors",
               state_path = dir + "/train_state.safetensors";
-  check(fs::exists(model_path) && fs::exists(state_path),
+  std::error_code ec;  // a path too long or unreadable reads as missing, never throws
+  check(fs::exists(model_path, ec) && fs::exists(state_path, ec),
         dir +
             ": no checkpoint to resume from (expected model.safetensors and "
             "train_state.safetensors)");
@@ -212,14 +213,15 @@ std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::Ad
 }
 
 LoadedModel load_model_file(const std::string& path, Backend& backend) {
-  std::string file_path = fs::is_directory(path) ? path + "/model.safetensors" : path;
+  std::error_code ec;
+  std::string file_path = fs::is_directory(path, ec) ? path + "/model.safetensors" : path;
   io::SafetensorsFile file = io::SafetensorsFile::read(file_path);
   auto meta = file.metadata();
   check(meta.count("loom_model"),
         file_path + ": metadata 'loom_model' is missing; not a Loom checkpoint");
   LoadedModel loaded;
   loaded.spec = ModelSpec::from_json(meta["loom_model"], file_path);
-  check(loaded.spec.kind != "onnx" || fs::exists(loaded.spec.onnx),
+  check(loaded.spec.kind != "onnx" || fs::exists(loaded.spec.onnx, ec),
         file_path + ": the model was imported from " + loaded.spec.onnx +
             ", which is missing; the checkpoint holds its weights, the ONNX file its graph");
   loaded.model = make_model(loaded.spec, 0, backend);

@@ -287,7 +287,8 @@ std::string TrainConfig::to_json() const {
   nlohmann::ordered_json j;
   for (const auto& [k, f] : fields())
     j[k] = f.get(*this);
-  return j.dump();
+  // A value from a file may hold bytes that are not UTF-8: replaced, not thrown on.
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 }  // namespace loom::train

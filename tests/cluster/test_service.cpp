@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "cluster/service/job_spec.h"
+#include "cluster/service/pools.h"
 #include "cluster/service/store.h"
 #include "core/error.h"
 #include "test_util.h"
@@ -42,6 +44,32 @@ TEST(JobSpec, EveryBadFieldIsNamedWithItsValue) {
   EXPECT_EQ(refusal(R"({"name": "a", "config": {}, "pools": ["x", 3]})"),
             "400 job: field 'pools[1]' is 3, expected a pool name");
   EXPECT_EQ(refusal(R"({"name": "a", "config": {"layers": 2}, "steps": 10})"), "accepted");
+}
+
+// Every hostile request kept in tests/fixtures/fuzz/job_spec is refused with a message the
+// API can send back as JSON (valid UTF-8); every hostile pools file is a named error.
+TEST(JobSpec, FuzzFixturesAreRefusedWithMessagesTheApiCanSend) {
+  std::vector<std::string> requests = testing::fuzz_inputs("job_spec");
+  EXPECT_FALSE(requests.empty());
+  for (const std::string& path : requests) {
+    SCOPED_TRACE(path);
+    std::ifstream in(path, std::ios::binary);
+    const nlohmann::json body = nlohmann::json::parse(in, nullptr, false);
+    std::string message;
+    try {
+      JobSpec::from_json(body, "job");
+    } catch (const BadRequest& e) {
+      message = e.what();
+    }
+    EXPECT_FALSE(message.empty()) << "accepted";
+    EXPECT_NO_THROW(nlohmann::json({{"error", message}}).dump());  // strict: valid UTF-8
+  }
+  std::vector<std::string> pools = testing::fuzz_inputs("pools");
+  EXPECT_FALSE(pools.empty());
+  for (const std::string& path : pools) {
+    std::string e = testing::error_of([&] { load_pools(path); });
+    EXPECT_NE(e.find(path), std::string::npos) << path << ": " << e;
+  }
 }
 
 TEST(JobSpec, TheModelKeyIgnoresWhatDoesNotChangeTheModel) {

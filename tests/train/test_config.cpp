@@ -95,8 +95,8 @@ TEST(Config, YamlAndFlagsAreValidatedWithFileFieldAndValue) {
   }
 }
 
-// Every hostile config kept in tests/fixtures/fuzz/train_config gives a loom::Error naming
-// the file.
+// Every hostile config kept in tests/fixtures/fuzz/train_config loads and serialises (as
+// every run does), or gives a loom::Error naming the file: never another exception.
 TEST(Config, FuzzFixturesGiveNamedErrors) {
   std::vector<std::string> files = fuzz_inputs("train_config");
   EXPECT_FALSE(files.empty());
@@ -105,8 +105,10 @@ TEST(Config, FuzzFixturesGiveNamedErrors) {
       train::TrainConfig c;
       c.load_yaml(path);
       c.finalize();
+      c.to_json();
     });
-    EXPECT_NE(e.find(path), std::string::npos) << path << ": " << e;
+    // A finding on valid input (a value that is not UTF-8) loads; any error names the file.
+    EXPECT_TRUE(e.empty() || e.find(path) != std::string::npos) << path << ": " << e;
   }
 }
 

@@ -181,74 +181,78 @@ void Model::validate(const std::string& where) const {
 }
 
 Catalog Catalog::load(const std::string& dir) {
-  Catalog c;
-  std::string chips_path = dir + "/chips.yaml";
-  YAML::Node chips = read_yaml_file(chips_path)["chips"];
-  check(chips && chips.IsSequence(), chips_path + ": expected a 'chips' list");
-  std::set<std::string> ids;
-  for (std::size_t i = 0; i < chips.size(); ++i) {
-    const YAML::Node& e = chips[i];
-    check(e.IsMap() && e["id"], chips_path + ": chips[" + std::to_string(i) + "] needs an id");
-    Chip chip;
-    chip.id = text(e, "id", chips_path + ": chips[" + std::to_string(i) + "]");
-    check(ids.insert(chip.id).second, chips_path + ": chip id '" + chip.id + "' appears twice");
-    std::string where = chips_path + ": chip '" + chip.id + "'";
-    chip.name = e["name"] ? text(e, "name", where) : chip.id;
-    chip.status = e["status"] ? text(e, "status", where) : "shipping";
-    check(chip.status == "shipping" || chip.status == "roadmap",
-          where + ": field 'status': value '" + chip.status + "' is not shipping or roadmap");
-    chip.bf16_tflops = figure(e, "bf16_tflops", where);
-    chip.fp8_tflops = figure(e, "fp8_tflops", where);
-    chip.fp4_tflops = figure(e, "fp4_tflops", where);
-    chip.hbm_gb = figure(e, "hbm_gb", where);
-    chip.hbm_tbps = figure(e, "hbm_tbps", where);
-    chip.scaleup_gbps = figure(e, "scaleup_gbps", where);
-    chip.scaleup_domain = domain_figure(e, where);
-    chip.scaleout_gbits = figure(e, "scaleout_gbits", where);
-    chip.tdp_w = figure(e, "tdp_w", where);
-    chip.price_per_hour = figure(e, "price_per_hour", where);
-    chip.gemm_efficiency = figure(e, "gemm_efficiency", where);
-    if (chip.gemm_efficiency.known())
-      check(*chip.gemm_efficiency.value > 0 && *chip.gemm_efficiency.value <= 1,
-            where + ": field 'gemm_efficiency': value must be in (0, 1]");
-    c.chips_.push_back(std::move(chip));
-  }
-  c.add_models_from(dir + "/models.yaml");
-  std::string systems_path = dir + "/systems.yaml";
-  if (std::filesystem::exists(systems_path)) {
-    YAML::Node systems = read_yaml_file(systems_path)["systems"];
-    check(systems && systems.IsSequence(), systems_path + ": expected a 'systems' list");
-    for (std::size_t i = 0; i < systems.size(); ++i) {
-      const YAML::Node& e = systems[i];
-      check(e.IsMap() && e["id"] && e["chip"],
-            systems_path + ": systems[" + std::to_string(i) + "] needs id and chip");
-      System sys;
-      sys.id = text(e, "id", systems_path + ": systems[" + std::to_string(i) + "]");
-      std::string where = systems_path + ": system '" + sys.id + "'";
-      sys.name = e["name"] ? text(e, "name", where) : sys.id;
-      sys.chip = text(e, "chip", where);
-      try {
-        c.chip(sys.chip);
-      } catch (const Error& err) {
-        throw Error(where + ": field 'chip': " + err.what());
-      }
-      sys.scaleup_domain = domain_figure(e, where);
-      sys.scaleout_gbits = figure(e, "scaleout_gbits", where);
-      c.systems_.push_back(std::move(sys));
+  return with_yaml_errors(dir, [&] {
+    Catalog c;
+    std::string chips_path = dir + "/chips.yaml";
+    YAML::Node chips = read_yaml_file(chips_path)["chips"];
+    check(chips && chips.IsSequence(), chips_path + ": expected a 'chips' list");
+    std::set<std::string> ids;
+    for (std::size_t i = 0; i < chips.size(); ++i) {
+      const YAML::Node& e = chips[i];
+      check(e.IsMap() && e["id"], chips_path + ": chips[" + std::to_string(i) + "] needs an id");
+      Chip chip;
+      chip.id = text(e, "id", chips_path + ": chips[" + std::to_string(i) + "]");
+      check(ids.insert(chip.id).second, chips_path + ": chip id '" + chip.id + "' appears twice");
+      std::string where = chips_path + ": chip '" + chip.id + "'";
+      chip.name = e["name"] ? text(e, "name", where) : chip.id;
+      chip.status = e["status"] ? text(e, "status", where) : "shipping";
+      check(chip.status == "shipping" || chip.status == "roadmap",
+            where + ": field 'status': value '" + chip.status + "' is not shipping or roadmap");
+      chip.bf16_tflops = figure(e, "bf16_tflops", where);
+      chip.fp8_tflops = figure(e, "fp8_tflops", where);
+      chip.fp4_tflops = figure(e, "fp4_tflops", where);
+      chip.hbm_gb = figure(e, "hbm_gb", where);
+      chip.hbm_tbps = figure(e, "hbm_tbps", where);
+      chip.scaleup_gbps = figure(e, "scaleup_gbps", where);
+      chip.scaleup_domain = domain_figure(e, where);
+      chip.scaleout_gbits = figure(e, "scaleout_gbits", where);
+      chip.tdp_w = figure(e, "tdp_w", where);
+      chip.price_per_hour = figure(e, "price_per_hour", where);
+      chip.gemm_efficiency = figure(e, "gemm_efficiency", where);
+      if (chip.gemm_efficiency.known())
+        check(*chip.gemm_efficiency.value > 0 && *chip.gemm_efficiency.value <= 1,
+              where + ": field 'gemm_efficiency': value must be in (0, 1]");
+      c.chips_.push_back(std::move(chip));
     }
-  }
-  return c;
+    c.add_models_from(dir + "/models.yaml");
+    std::string systems_path = dir + "/systems.yaml";
+    if (std::error_code ec; std::filesystem::exists(systems_path, ec)) {
+      YAML::Node systems = read_yaml_file(systems_path)["systems"];
+      check(systems && systems.IsSequence(), systems_path + ": expected a 'systems' list");
+      for (std::size_t i = 0; i < systems.size(); ++i) {
+        const YAML::Node& e = systems[i];
+        check(e.IsMap() && e["id"] && e["chip"],
+              systems_path + ": systems[" + std::to_string(i) + "] needs id and chip");
+        System sys;
+        sys.id = text(e, "id", systems_path + ": systems[" + std::to_string(i) + "]");
+        std::string where = systems_path + ": system '" + sys.id + "'";
+        sys.name = e["name"] ? text(e, "name", where) : sys.id;
+        sys.chip = text(e, "chip", where);
+        try {
+          c.chip(sys.chip);
+        } catch (const Error& err) {
+          throw Error(where + ": field 'chip': " + err.what());
+        }
+        sys.scaleup_domain = domain_figure(e, where);
+        sys.scaleout_gbits = figure(e, "scaleout_gbits", where);
+        c.systems_.push_back(std::move(sys));
+      }
+    }
+    return c;
+  });
 }
 
 void Catalog::add_models_from(const std::string& path) {
-  YAML::Node models = read_yaml_file(path)["models"];
-  check(models && models.IsSequence(), path + ": expected a 'models' list");
-  for (std::size_t i = 0; i < models.size(); ++i) {
-    Model m = parse_model(models[i], path, i);
-    for (const Model& existing : models_)
-      check(existing.id != m.id, path + ": model id '" + m.id + "' is already defined");
-    models_.push_back(std::move(m));
-  }
+  with_yaml_errors(path, [&] {
+    YAML::Node models = read_yaml_file(path)["models"];
+    check(models && models.IsSequence(), path + ": expected a 'models' list");
+    for (std::size_t i = 0; i < models.size(); ++i) {
+      Model m = parse_model(models[i], path, i);
+      for (const Model& existing : models_)
+        check(existing.id != m.id, path + ": model id '" + m.id + "' is already defined");
+      models_.push_back(std::move(m));
+    }
+  });
 }
 
 const Chip& Catalog::chip(const std::string& id) const {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace loom::cluster {
 
 // A published figure: its value (absent when `unknown`), whether the chip lacks the
@@ -81,5 +83,19 @@ std::string default_catalog_dir();
 
 // A YAML file's root; throws naming the file: "cannot open", or "malformed YAML at line N".
 YAML::Node read_yaml_file(const std::string& path);
+
+// Runs `read`, which walks a YAML document read from `path`: a yaml-cpp exception on the
+// way (a field of the wrong kind: a subscript of a scalar, a failed conversion) becomes a
+// loom::Error naming the file, the line and column, and what yaml-cpp found, instead of
+// escaping as an internal error.
+template <class Read>
+auto with_yaml_errors(const std::string& path, Read&& read) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const YAML::Exception& e) {
+    throw Error(path + ": line " + std::to_string(e.mark.line + 1) + ", column " +
+                std::to_string(e.mark.column + 1) + ": " + e.msg);
+  }
+}
 
 }  // namespace loom::cluster

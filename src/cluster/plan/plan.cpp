@@ -143,154 +143,157 @@ double ThroughputCache::tokens_per_s(const Model& model, const Chip& chip, std::
 }
 
 std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path) {
-  const YAML::Node root = read_yaml_file(runs_path);
-  check(root["runs"] && root["runs"].IsSequence(), runs_path + ": expected a 'runs' list");
-  std::map<std::string, Software> stacks;
-  std::string software_path =
-      (std::filesystem::path(runs_path).parent_path() / "software.yaml").string();
-  if (std::filesystem::exists(software_path)) {
-    const YAML::Node sw = read_yaml_file(software_path)["software"];
-    check(!sw || sw.IsMap(), software_path + ": field 'software' must be a mapping of stacks");
-    for (const auto& item : sw) {
-      check(item.first.IsScalar(),
-            software_path + ": a software stack's name must be a single value");
-      const std::string name = item.first.Scalar();
-      const std::string where = software_path + ": software '" + name + "'";
-      check(item.second.IsMap(), where + " must be a mapping of flags");
-      auto flag = [&](const char* field) {
-        const YAML::Node v = item.second[field];
-        check(v.IsDefined() && v.IsScalar() && (v.Scalar() == "true" || v.Scalar() == "false"),
-              where + ": field '" + field + "' must be true or false");
-        return v.Scalar() == "true";
+  return with_yaml_errors(runs_path, [&] {
+    const YAML::Node root = read_yaml_file(runs_path);
+    check(root["runs"] && root["runs"].IsSequence(), runs_path + ": expected a 'runs' list");
+    std::map<std::string, Software> stacks;
+    std::string software_path =
+        (std::filesystem::path(runs_path).parent_path() / "software.yaml").string();
+    if (std::error_code ec; std::filesystem::exists(software_path, ec)) {
+      const YAML::Node sw = read_yaml_file(software_path)["software"];
+      check(!sw || sw.IsMap(), software_path + ": field 'software' must be a mapping of stacks");
+      for (const auto& item : sw) {
+        check(item.first.IsScalar(),
+              software_path + ": a software stack's name must be a single value");
+        const std::string name = item.first.Scalar();
+        const std::string where = software_path + ": software '" + name + "'";
+        check(item.second.IsMap(), where + " must be a mapping of flags");
+        auto flag = [&](const char* field) {
+          const YAML::Node v = item.second[field];
+          check(v.IsDefined() && v.IsScalar() && (v.Scalar() == "true" || v.Scalar() == "false"),
+                where + ": field '" + field + "' must be true or false");
+          return v.Scalar() == "true";
+        };
+        Software s;
+        s.flash_attention = flag("flash_attention");
+        s.sequence_parallel = flag("sequence_parallel");
+        s.overlap_dp = flag("overlap_dp");
+        stacks[name] = s;
+      }
+    }
+    std::vector<Validation> out;
+    const YAML::Node runs = root["runs"];
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const YAML::Node run = runs[i];
+      const std::string entry = runs_path + ": runs[" + std::to_string(i) + "]";
+      check(run.IsMap(), entry + " must be a mapping of fields");
+      auto text = [&](const std::string& where, const char* field) {
+        check(run[field].IsDefined() && !run[field].IsNull(),
+              where + ": field '" + field + "' is missing");
+        check(run[field].IsScalar(),
+              where + ": field '" + field + "' must be a single value, not a list or mapping");
+        return run[field].Scalar();
       };
-      Software s;
-      s.flash_attention = flag("flash_attention");
-      s.sequence_parallel = flag("sequence_parallel");
-      s.overlap_dp = flag("overlap_dp");
-      stacks[name] = s;
-    }
-  }
-  std::vector<Validation> out;
-  const YAML::Node runs = root["runs"];
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const YAML::Node run = runs[i];
-    const std::string entry = runs_path + ": runs[" + std::to_string(i) + "]";
-    check(run.IsMap(), entry + " must be a mapping of fields");
-    auto text = [&](const std::string& where, const char* field) {
-      check(run[field].IsDefined() && !run[field].IsNull(),
-            where + ": field '" + field + "' is missing");
-      check(run[field].IsScalar(),
-            where + ": field '" + field + "' must be a single value, not a list or mapping");
-      return run[field].Scalar();
-    };
-    const std::string id = text(entry, "id");
-    const std::string where = runs_path + ": run '" + id + "'";
-    // A whole number in [lo, hi]; the file's numbers were read with yaml-cpp's as<int64_t>,
-    // whose exceptions ("bad conversion") were an "internal error".
-    auto count = [&](const char* field, std::int64_t lo, std::int64_t hi) {
-      const std::string value = text(where, field);
-      double number = 0;
-      try {
-        number = run[field].as<double>();
-      } catch (const YAML::Exception&) {
-        throw Error(where + ": field '" + field + "' is '" + value + "', expected a number");
+      const std::string id = text(entry, "id");
+      const std::string where = runs_path + ": run '" + id + "'";
+      // A whole number in [lo, hi]; the file's numbers were read with yaml-cpp's as<int64_t>,
+      // whose exceptions ("bad conversion") were an "internal error".
+      auto count = [&](const char* field, std::int64_t lo, std::int64_t hi) {
+        const std::string value = text(where, field);
+        double number = 0;
+        try {
+          number = run[field].as<double>();
+        } catch (const YAML::Exception&) {
+          throw Error(where + ": field '" + field + "' is '" + value + "', expected a number");
+        }
+        return whole_number(number, lo, hi, where + ": field '" + field + "'");
+      };
+      // Catalog look-ups name the unknown id; the file and run are added here.
+      auto in_run = [&](const char* field, auto lookup) -> decltype(lookup()) {
+        try {
+          return lookup();
+        } catch (const Error& e) {
+          throw Error(where + ": field '" + field + "': " + e.what());
+        }
+      };
+      std::string chip_id = text(where, "chip");
+      const Chip& chip = in_run("chip", [&]() -> const Chip& { return catalog.chip(chip_id); });
+      check(chip.hbm_gb.known(), where + ": chip '" + chip_id + "' has no hbm_gb figure (" +
+                                     (chip.hbm_gb.unsupported ? "unsupported" : "unknown") +
+                                     "), which the validation reports against");
+      Model model;
+      if (run["model"]) {
+        const std::string model_id = text(where, "model");
+        model = in_run("model", [&]() -> const Model& { return catalog.model(model_id); });
+      } else {
+        model.id = id;
+        model.layers = count("layers", 1, kMaxSize);
+        model.hidden = count("hidden", 1, kMaxSize);
+        model.heads = count("heads", 1, kMaxSize);
+        model.kv_heads = model.heads;
+        model.ffn = 4 * model.hidden;
+        model.vocab = count("vocab", 1, kMaxSize);
+        model.validate(where);
       }
-      return whole_number(number, lo, hi, where + ": field '" + field + "'");
-    };
-    // Catalog look-ups name the unknown id; the file and run are added here.
-    auto in_run = [&](const char* field, auto lookup) -> decltype(lookup()) {
-      try {
-        return lookup();
-      } catch (const Error& e) {
-        throw Error(where + ": field '" + field + "': " + e.what());
+      const std::int64_t chips = count("chips", 1, kMaxChips);
+      Constraints c;
+      c.tp = count("tp", 1, chips);
+      c.pp = count("pp", 1, chips);
+      c.cp = run["cp"] ? count("cp", 1, chips) : 1;
+      c.seq = count("seq", 1, kMaxSize);
+      std::int64_t dp = 0;
+      if (run["dp"]) {
+        dp = count("dp", 1, chips);
+      } else {
+        // chips / (tp x pp x cp), one factor at a time: the product can overflow.
+        check(chips % *c.tp == 0 && (chips / *c.tp) % *c.pp == 0 &&
+                  (chips / *c.tp / *c.pp) % *c.cp == 0,
+              where + ": tp x pp x cp = " + std::to_string(*c.tp) + " x " + std::to_string(*c.pp) +
+                  " x " + std::to_string(*c.cp) + " does not divide chips " +
+                  std::to_string(chips));
+        dp = chips / *c.tp / *c.pp / *c.cp;
       }
-    };
-    std::string chip_id = text(where, "chip");
-    const Chip& chip = in_run("chip", [&]() -> const Chip& { return catalog.chip(chip_id); });
-    check(chip.hbm_gb.known(), where + ": chip '" + chip_id + "' has no hbm_gb figure (" +
-                                   (chip.hbm_gb.unsupported ? "unsupported" : "unknown") +
-                                   "), which the validation reports against");
-    Model model;
-    if (run["model"]) {
-      const std::string model_id = text(where, "model");
-      model = in_run("model", [&]() -> const Model& { return catalog.model(model_id); });
-    } else {
-      model.id = id;
-      model.layers = count("layers", 1, kMaxSize);
-      model.hidden = count("hidden", 1, kMaxSize);
-      model.heads = count("heads", 1, kMaxSize);
-      model.kv_heads = model.heads;
-      model.ffn = 4 * model.hidden;
-      model.vocab = count("vocab", 1, kMaxSize);
-      model.validate(where);
+      c.dp = dp;
+      c.global_batch = run["global_batch"]
+                           ? count("global_batch", 1, kMaxSize)
+                           : checked_mul(dp, count("sequences_per_dp_rank", 1, kMaxSize),
+                                         where + ": dp x sequences_per_dp_rank");
+      if (run["recompute"])
+        c.recompute = parse_recompute(text(where, "recompute"));
+      c.zero = 1;
+      c.enforce_memory = false;  // the run happened, so it fit
+      std::string source = text(where, "source");
+      Software sw = stacks.count(source) ? stacks[source] : Software{};
+      // Uneven pipelines (Llama 3 405B: 126 layers on 16 stages) are modelled with the
+      // layer count rounded to the nearest multiple of pp, keeping the per-stage average.
+      Model modelled = model;
+      if (modelled.layers % *c.pp != 0)
+        modelled.layers =
+            std::max<std::int64_t>(*c.pp, (modelled.layers + *c.pp / 2) / *c.pp * *c.pp);
+      std::vector<Candidate> found = search(modelled, chip, chips, c, sw);
+      check(!found.empty(), where + ": no valid layout matches the published one");
+      const Candidate& best = found.front();
+      check(best.estimate.step_time_s > 0,
+            where + ": the performance model cannot time the published layout: " +
+                best.estimate.reason);
+      Validation v;
+      v.id = id;
+      v.chip = chip_id;
+      v.counts = text(where, "counts");
+      v.published = [&] {
+        try {
+          return run["tflops_per_chip"].as<double>();
+        } catch (const YAML::Exception&) {
+          throw Error(where + ": field 'tflops_per_chip' is '" + text(where, "tflops_per_chip") +
+                      "', expected a number");
+        }
+      }();
+      check(std::isfinite(v.published) && v.published > 0, where + ": field 'tflops_per_chip' is " +
+                                                               text(where, "tflops_per_chip") +
+                                                               ", expected a positive number");
+      // Count FLOPs the way the source does (recomputation included or not).
+      const Layout& l = best.layout;
+      const Estimate& e = best.estimate;
+      double flops = v.counts == "hardware" ? e.hardware_flops : e.model_flops;
+      v.predicted = flops / e.step_time_s / static_cast<double>(l.chips()) / 1e12;
+      v.error = (v.predicted - v.published) / v.published;
+      v.layout = l;
+      v.memory_gb = e.memory.total_gb;
+      v.hbm_gb = *chip.hbm_gb.value;
+      out.push_back(v);
     }
-    const std::int64_t chips = count("chips", 1, kMaxChips);
-    Constraints c;
-    c.tp = count("tp", 1, chips);
-    c.pp = count("pp", 1, chips);
-    c.cp = run["cp"] ? count("cp", 1, chips) : 1;
-    c.seq = count("seq", 1, kMaxSize);
-    std::int64_t dp = 0;
-    if (run["dp"]) {
-      dp = count("dp", 1, chips);
-    } else {
-      // chips / (tp x pp x cp), one factor at a time: the product can overflow.
-      check(chips % *c.tp == 0 && (chips / *c.tp) % *c.pp == 0 &&
-                (chips / *c.tp / *c.pp) % *c.cp == 0,
-            where + ": tp x pp x cp = " + std::to_string(*c.tp) + " x " + std::to_string(*c.pp) +
-                " x " + std::to_string(*c.cp) + " does not divide chips " + std::to_string(chips));
-      dp = chips / *c.tp / *c.pp / *c.cp;
-    }
-    c.dp = dp;
-    c.global_batch = run["global_batch"]
-                         ? count("global_batch", 1, kMaxSize)
-                         : checked_mul(dp, count("sequences_per_dp_rank", 1, kMaxSize),
-                                       where + ": dp x sequences_per_dp_rank");
-    if (run["recompute"])
-      c.recompute = parse_recompute(text(where, "recompute"));
-    c.zero = 1;
-    c.enforce_memory = false;  // the run happened, so it fit
-    std::string source = text(where, "source");
-    Software sw = stacks.count(source) ? stacks[source] : Software{};
-    // Uneven pipelines (Llama 3 405B: 126 layers on 16 stages) are modelled with the
-    // layer count rounded to the nearest multiple of pp, keeping the per-stage average.
-    Model modelled = model;
-    if (modelled.layers % *c.pp != 0)
-      modelled.layers =
-          std::max<std::int64_t>(*c.pp, (modelled.layers + *c.pp / 2) / *c.pp * *c.pp);
-    std::vector<Candidate> found = search(modelled, chip, chips, c, sw);
-    check(!found.empty(), where + ": no valid layout matches the published one");
-    const Candidate& best = found.front();
-    check(best.estimate.step_time_s > 0,
-          where +
-              ": the performance model cannot time the published layout: " + best.estimate.reason);
-    Validation v;
-    v.id = id;
-    v.chip = chip_id;
-    v.counts = text(where, "counts");
-    v.published = [&] {
-      try {
-        return run["tflops_per_chip"].as<double>();
-      } catch (const YAML::Exception&) {
-        throw Error(where + ": field 'tflops_per_chip' is '" + text(where, "tflops_per_chip") +
-                    "', expected a number");
-      }
-    }();
-    check(std::isfinite(v.published) && v.published > 0, where + ": field 'tflops_per_chip' is " +
-                                                             text(where, "tflops_per_chip") +
-                                                             ", expected a positive number");
-    // Count FLOPs the way the source does (recomputation included or not).
-    const Layout& l = best.layout;
-    const Estimate& e = best.estimate;
-    double flops = v.counts == "hardware" ? e.hardware_flops : e.model_flops;
-    v.predicted = flops / e.step_time_s / static_cast<double>(l.chips()) / 1e12;
-    v.error = (v.predicted - v.published) / v.published;
-    v.layout = l;
-    v.memory_gb = e.memory.total_gb;
-    v.hbm_gb = *chip.hbm_gb.value;
-    out.push_back(v);
-  }
-  return out;
+    return out;
+  });
 }
 
 }  // namespace loom::cluster

@@ -95,25 +95,27 @@ Fleet parse_fleet(const std::string& spec) {
 }
 
 Fleet load_fleet(const std::string& path) {
-  const YAML::Node root = read_yaml_file(path);
-  const YAML::Node pools = root["pools"];
-  check(pools && pools.IsSequence(), path + ": field 'pools' is missing or not a list");
-  Fleet fleet;
-  for (std::size_t i = 0; i < pools.size(); ++i) {
-    const std::string where = path + ": pools[" + std::to_string(i) + "]";
-    const YAML::Node e = pools[i];
-    check(e["chip"] && e["chip"].IsScalar(), where + ": field 'chip' is missing");
-    Pool p;
-    p.chip = e["chip"].as<std::string>();
-    for (auto [field, slot] :
-         {std::pair{"nodes", &p.nodes}, {"chips_per_node", &p.chips_per_node}}) {
-      check(e[field] && e[field].IsScalar(), where + ": field '" + field + "' is missing");
-      *slot = positive(e[field].as<std::string>(), std::string("field '") + field + "'", where);
+  return with_yaml_errors(path, [&] {
+    const YAML::Node root = read_yaml_file(path);
+    const YAML::Node pools = root["pools"];
+    check(pools && pools.IsSequence(), path + ": field 'pools' is missing or not a list");
+    Fleet fleet;
+    for (std::size_t i = 0; i < pools.size(); ++i) {
+      const std::string where = path + ": pools[" + std::to_string(i) + "]";
+      const YAML::Node e = pools[i];
+      check(e["chip"] && e["chip"].IsScalar(), where + ": field 'chip' is missing");
+      Pool p;
+      p.chip = e["chip"].as<std::string>();
+      for (auto [field, slot] :
+           {std::pair{"nodes", &p.nodes}, {"chips_per_node", &p.chips_per_node}}) {
+        check(e[field] && e[field].IsScalar(), where + ": field '" + field + "' is missing");
+        *slot = positive(e[field].as<std::string>(), std::string("field '") + field + "'", where);
+      }
+      fleet.pools.push_back(p);
     }
-    fleet.pools.push_back(p);
-  }
-  validate(fleet, path);
-  return fleet;
+    validate(fleet, path);
+    return fleet;
+  });
 }
 
 Fleet fleet_from(const std::string& spec_or_path) {

@@ -131,51 +131,53 @@ std::vector<Job> load_gavel_trace(const std::string& trace_path,
 
 std::vector<Job> load_training_jobs(const std::string& path, const Catalog& catalog,
                                     const Fleet& fleet) {
-  const YAML::Node root = read_yaml_file(path);
-  const YAML::Node list = root["jobs"];
-  check(list && list.IsSequence(), path + ": field 'jobs' is missing or not a list");
-  ThroughputCache cache;
-  std::vector<Job> jobs;
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const std::string where = path + ": jobs[" + std::to_string(i) + "]";
-    const YAML::Node e = list[i];
-    auto text = [&](const char* field) {
-      check(e[field] && e[field].IsScalar(), where + ": field '" + field + "' is missing");
-      return e[field].as<std::string>();
-    };
-    Job job;
-    job.id = static_cast<std::int64_t>(i);
-    job.name = text("model");
-    const Model& model = catalog.model(job.name);
-    const double tokens = parse_number(text("tokens"), where + ": field 'tokens'");
-    const double chips = parse_number(text("chips"), where + ": field 'chips'");
-    check(tokens > 0,
-          where + ": field 'tokens' is " + text("tokens") + ", expected a positive number");
-    job.chips = whole_number(chips, 1, kMaxChips, where + ": field 'chips'");
-    job.arrival_s = e["arrival_h"]
-                        ? 3600.0 * parse_number(text("arrival_h"), where + ": field 'arrival_h'")
-                        : 0.0;
-    check(job.arrival_s >= 0, where + ": field 'arrival_h' is negative");
-    // Optional: the global batch in sequences and the sequence length (otherwise the
-    // planner's defaults: about 4M tokens, the model's sequence).
-    Constraints fixed;
-    for (auto [field, slot] :
-         {std::pair{"global_batch", &fixed.global_batch}, {"seq", &fixed.seq}}) {
-      if (!e[field])
-        continue;
-      const std::string at = where + ": field '" + field + "'";
-      *slot = whole_number(parse_number(text(field), at), 1, kMaxChips, at);
+  return with_yaml_errors(path, [&] {
+    const YAML::Node root = read_yaml_file(path);
+    const YAML::Node list = root["jobs"];
+    check(list && list.IsSequence(), path + ": field 'jobs' is missing or not a list");
+    ThroughputCache cache;
+    std::vector<Job> jobs;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::string where = path + ": jobs[" + std::to_string(i) + "]";
+      const YAML::Node e = list[i];
+      auto text = [&](const char* field) {
+        check(e[field] && e[field].IsScalar(), where + ": field '" + field + "' is missing");
+        return e[field].as<std::string>();
+      };
+      Job job;
+      job.id = static_cast<std::int64_t>(i);
+      job.name = text("model");
+      const Model& model = catalog.model(job.name);
+      const double tokens = parse_number(text("tokens"), where + ": field 'tokens'");
+      const double chips = parse_number(text("chips"), where + ": field 'chips'");
+      check(tokens > 0,
+            where + ": field 'tokens' is " + text("tokens") + ", expected a positive number");
+      job.chips = whole_number(chips, 1, kMaxChips, where + ": field 'chips'");
+      job.arrival_s = e["arrival_h"]
+                          ? 3600.0 * parse_number(text("arrival_h"), where + ": field 'arrival_h'")
+                          : 0.0;
+      check(job.arrival_s >= 0, where + ": field 'arrival_h' is negative");
+      // Optional: the global batch in sequences and the sequence length (otherwise the
+      // planner's defaults: about 4M tokens, the model's sequence).
+      Constraints fixed;
+      for (auto [field, slot] :
+           {std::pair{"global_batch", &fixed.global_batch}, {"seq", &fixed.seq}}) {
+        if (!e[field])
+          continue;
+        const std::string at = where + ": field '" + field + "'";
+        *slot = whole_number(parse_number(text(field), at), 1, kMaxChips, at);
+      }
+      for (const Pool& pool : fleet.pools) {
+        const double rate = cache.tokens_per_s(model, catalog.chip(pool.chip), job.chips, fixed);
+        if (rate > 0)
+          job.seconds_on[pool.chip] = tokens / rate;
+      }
+      jobs.push_back(std::move(job));
     }
-    for (const Pool& pool : fleet.pools) {
-      const double rate = cache.tokens_per_s(model, catalog.chip(pool.chip), job.chips, fixed);
-      if (rate > 0)
-        job.seconds_on[pool.chip] = tokens / rate;
-    }
-    jobs.push_back(std::move(job));
-  }
-  std::stable_sort(jobs.begin(), jobs.end(),
-                   [](const Job& a, const Job& b) { return a.arrival_s < b.arrival_s; });
-  return jobs;
+    std::stable_sort(jobs.begin(), jobs.end(),
+                     [](const Job& a, const Job& b) { return a.arrival_s < b.arrival_s; });
+    return jobs;
+  });
 }
 
 std::vector<Job> synthetic_jobs(std::int64_t count, const Fleet& fleet, double load,

@@ -20,7 +20,9 @@ constexpr std::size_t kMaxLogChunk = 256 * 1024;  // bytes of log per request
 
 void reply(httplib::Response& res, int status, const nlohmann::json& body) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  // Bytes that are not UTF-8 (a job's log, a file name) are replaced, not thrown on.
+  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                  "application/json");
 }
 
 void refuse(httplib::Response& res, int status, const std::string& message) {

@@ -12,9 +12,13 @@ constexpr std::size_t kMaxConfigKeys = 200;
 
 [[noreturn]] void refuse(const std::string& where, const std::string& field,
                          const nlohmann::json& value, const std::string& expected) {
-  std::string shown = value.dump();
-  if (shown.size() > 80)
-    shown = shown.substr(0, 77) + "...";
+  std::string shown = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (shown.size() > 80) {
+    std::size_t cut = 77;
+    while (cut > 0 && (static_cast<unsigned char>(shown[cut]) & 0xC0) == 0x80)
+      --cut;  // not inside a UTF-8 sequence: the message stays valid UTF-8
+    shown = shown.substr(0, cut) + "...";
+  }
   throw BadRequest(400, where + ": field '" + field + "' is " + shown + ", expected " + expected);
 }
 
