@@ -1,12 +1,16 @@
 # Loom — two commands do everything on a fresh Debian 12 machine:
 #   make demo   install, build, train the default model (char GPT on tiny Shakespeare), sample
 #   make test   install, build, run the tests
-# Other targets: build, fleet-demo (the live fleet service on this machine), test-asan, bench,
+# Other targets: build, fleet-demo (the live fleet service on this machine), test-asan,
+# bench (bench/run-all: every CPU table of bench/RESULTS.md, into build/bench/),
+# fuzz (libFuzzer on every reader of untrusted files, FUZZ_SECONDS each; fuzz/README.md),
 # format, clean.
-.PHONY: all deps build demo fleet-demo test test-asan bench format check-floors clean
+.PHONY: all deps build demo fleet-demo test test-asan bench fuzz format check-floors clean
 
 JOBS ?= 2
 BUILD := build/release
+FUZZ_SECONDS ?= 60
+FUZZ_HARNESSES ?=
 
 all: build
 
@@ -33,9 +37,19 @@ test-asan: deps
 	cmake --build --preset asan -j $(JOBS)
 	ctest --preset asan -j $(JOBS)
 
+# Every CPU figure of bench/RESULTS.md, regenerated into build/bench/NAME.txt with a summary
+# (about an hour on 2 cores; bench/run-all --list names each item, --quick is a smoke run).
 bench: build
 	scripts/install-deps --bench
-	bench/compare_torch
+	bench/run-all
+
+# Clang build in build/fuzz (cmake --preset fuzz), corpora from the repository's fixtures,
+# then each harness for FUZZ_SECONDS; findings land in build/fuzz/findings/HARNESS/.
+fuzz: deps
+	cmake --preset fuzz
+	cmake --build --preset fuzz -j $(JOBS)
+	fuzz/make-corpus build/fuzz $(FUZZ_HARNESSES)
+	fuzz/run --seconds $(FUZZ_SECONDS) build/fuzz $(FUZZ_HARNESSES)
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')

@@ -1,14 +1,16 @@
 #!/usr/bin/python3
-"""PyTorch DistributedDataParallel on the CPU: the anchor's GPT (../shared/anchors/
-torch_gpt_bench.py, imported, so the model is the anchor's own) trained by N processes
-over gloo, each on batch/N rows, one thread each. The mark for `mpirun -np N loom train`.
+"""PyTorch DistributedDataParallel on the CPU: the GPT of bench/torch_gpt_bench.py
+(imported, so the model is the reference's own) trained by N processes over gloo, each
+on batch/N rows, one thread each. The mark for `mpirun -np N loom train`.
 
 Prints one JSON line (rank 0): step_ms_median over the timed steps, tokens_per_s of the
 whole batch, loss_first/last (of rank 0's rows), peak_rss_bytes summed over the ranks
 (the launcher process is not counted, as mpirun is not for Loom).
 
-Usage: bench/torch_ddp_gpt.py --anchors DIR [--procs 2] [--layers --dim --heads --seq
-       --batch --vocab --steps --warmup]
+Usage: /usr/bin/python3 bench/torch_ddp_gpt.py [--procs 2] [--layers --dim --heads --seq
+       --batch --vocab --steps --warmup] [--anchors DIR]
+  --anchors (or LOOM_ANCHORS): a folder holding another torch_gpt_bench.py (default: this
+  script's folder, bench/).
 """
 import argparse
 import importlib.util
@@ -22,7 +24,7 @@ import time
 
 def load_anchor(anchors):
     saved = sys.argv
-    sys.argv = [saved[0], "--threads", "1"]  # the anchor parses its flags at import
+    sys.argv = [saved[0], "--threads", "1"]  # torch_gpt_bench.py parses its flags at import
     try:
         spec = importlib.util.spec_from_file_location("torch_gpt_bench", os.path.join(anchors, "torch_gpt_bench.py"))
         module = importlib.util.module_from_spec(spec)
@@ -75,7 +77,8 @@ def rank_main(rank, a):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--anchors", required=True)
+    p.add_argument("--anchors", default=os.environ.get("LOOM_ANCHORS", os.path.dirname(os.path.abspath(__file__))),
+                   help="folder holding torch_gpt_bench.py (default: bench/)")
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=128)
