@@ -45,7 +45,9 @@ bench: build
 
 # Clang build in build/fuzz (cmake --preset fuzz), corpora from the repository's fixtures,
 # then each harness for FUZZ_SECONDS; findings land in build/fuzz/findings/HARNESS/.
-fuzz: deps
+fuzz:
+	scripts/install-deps
+	scripts/install-deps --fuzz
 	cmake --preset fuzz
 	cmake --build --preset fuzz -j $(JOBS)
 	fuzz/make-corpus build/fuzz $(FUZZ_HARNESSES)
