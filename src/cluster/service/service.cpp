@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <unordered_map>
 
 #include "cluster/service/attempts.h"
@@ -561,30 +562,19 @@ bool Service::probe(const ProbeRequest& request) {
   for (const auto& [key, value] : request.config.items())
     yaml += key + ": " + value.dump() + "\n";
   write_atomically(base + ".yaml", yaml);
-  std::vector<std::string> args{
+  const std::vector<std::string> args{
       options_.loom, "ops",        "--config",  base + ".yaml",
       "--backend",   pool.backend, "--threads", std::to_string(pool.threads),
       "--steps",     "2",          "--json"};
-  std::vector<char*> argv;
-  for (std::string& a : args)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const std::string out = base + ".out", err = base + ".err";
-  const pid_t pid = ::fork();
-  check(pid >= 0, "fleet: fork failed for a probe");
-  if (pid == 0) {
-    int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (o >= 0)
-      ::dup2(o, 1);
-    if (e >= 0)
-      ::dup2(e, 2);
-    ::close_range(3, ~0U, 0);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  std::string out, err;
+  int status = run_command(args, {}, out, err);
+  // A GPU pool's nodes may be elsewhere (Slurm): where this host has no such device, the
+  // CUDA backend's coverage comes from its CPU emulator, which runs the same supports()
+  // and kernels; its step time says nothing about a GPU and is dropped.
+  bool emulated = false;
+  if (status != 0 && pool.backend == "cuda" && err.find("is not available") != std::string::npos) {
+    status = run_command(args, {"LOOM_CUDA_EMULATOR=1"}, out, err);
+    emulated = true;
   }
   Knowledge k;
   k.model_key = request.model_key;
@@ -592,26 +582,36 @@ bool Service::probe(const ProbeRequest& request) {
   k.threads = pool.threads;
   k.version = version_;
   k.probed = true;
-  const std::string error = last_line_with(err, "loom: error: ");
+  std::string error;
+  {
+    std::istringstream lines(err);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind("loom: error: ", 0) == 0)
+        error = line;
+  }
   const std::string id =
       request.model_key + "|" + pool.backend + "|" + std::to_string(pool.threads);
   bool answered = true;
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    std::ifstream in(out);
-    nlohmann::json report = nlohmann::json::parse(in, nullptr, false);
+  if (status == 0) {
+    nlohmann::json report = nlohmann::json::parse(out, nullptr, false);
     if (report.is_object() && report.contains("ops")) {
       for (const auto& [op, cell] : report["ops"].items())
         if (cell.value("path", "") == "fallback")
           k.fallbacks.push_back(op);
-      if (report.contains("step_s") && report["step_s"].is_number())
+      if (!emulated && report.contains("step_s") && report["step_s"].is_number())
         k.step_s = report["step_s"].get<double>();
     } else {
       answered = false;
     }
-  } else if (WIFEXITED(status) && WEXITSTATUS(status) == 1 && !error.empty()) {
+  } else if (status == 1 && error.find("is not available") != std::string::npos) {
+    // The backend is absent on this host (its pool's nodes are elsewhere): its coverage is
+    // unproven, so strict jobs stay off the pool; others may run there, speed unknown.
+    k.fallbacks.push_back("coverage unknown: backend " + pool.backend +
+                          " is not available on the fleet service's host");
+  } else if (status == 1 && !error.empty()) {
     k.error = error.substr(std::char_traits<char>::length("loom: error: "));  // the config
   } else {
-    answered = false;  // killed, crashed: no verdict on the job
+    answered = false;  // killed, crashed, or the backend is absent here: no verdict
   }
   if (!answered) {
     int failures = 0;
@@ -621,8 +621,7 @@ bool Service::probe(const ProbeRequest& request) {
     }
     if (failures < 3) {
       std::error_code ec;
-      for (const char* suffix : {".yaml", ".out", ".err"})
-        fs::remove(base + suffix, ec);
+      fs::remove(base + ".yaml", ec);
       return false;
     }
     k.error = "loom ops --config ... --backend " + pool.backend + " died " +
@@ -631,8 +630,7 @@ bool Service::probe(const ProbeRequest& request) {
   }
   store_->put_knowledge(k);
   std::error_code ec;
-  for (const char* suffix : {".yaml", ".out", ".err"})
-    fs::remove(base + suffix, ec);
+  fs::remove(base + ".yaml", ec);
   return true;
 }
 
