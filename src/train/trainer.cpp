@@ -12,6 +12,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "data/text.h"
+#include "dist/communicator.h"
 #include "nn/init.h"
 #include "nn/onnx_model.h"
 #include "train/checkpoint.h"
@@ -51,12 +52,12 @@ std::string Summary::to_json() const {
 
 // One short loop over the pieces of training_run.h, each with one job.
 Summary run_training(const TrainConfig& cfg) {
-  TrainingRun run(cfg);  // processes, data, model, optimizer; resumed from a checkpoint
+  StopRule stop(cfg, dist::world());  // first: a stop signal during setup is a stop too
+  TrainingRun run(cfg);               // processes, data, model, optimizer; resumed
   std::unique_ptr<StepMode> mode = make_step_mode(run);  // eager | graph | pipeline
   Report report(run);
   Evaluation evaluation(run);
   Checkpoints checkpoints(run);
-  StopRule stop(cfg, run.world);
   std::int64_t step = run.start;
   for (; !stop.reached(step); ++step) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -273,6 +273,9 @@ void Report::step(std::int64_t step, double loss, double lr, double seconds) {
                    run_.source.unit());
   record(
       nlohmann::json{{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"ms", seconds * 1e3}}.dump());
+  // Out before any checkpoint of this step is published: a run killed right after it
+  // resumes at the next step, so this step's line must already be in the file.
+  flush();
 }
 
 void Report::message(const std::string& line) {
