@@ -41,6 +41,9 @@ void add_fleet_service_commands(CLI::App& fleet, FleetServiceOptions& o) {
                       "LOOM_FLEET_TOKEN)");
   o.serve->add_option("--policy", o.policy, "loom | cheapest | fastest | backfill | sjf | fifo")
       ->check(CLI::IsMember({"loom", "cheapest", "fastest", "backfill", "sjf", "fifo"}));
+  o.serve->add_option("--catalog", o.catalog,
+                      "chip catalog folder that pools' `chip` names (default: the repository's "
+                      "catalog/)");
   o.serve->add_option("--crash-at", o.crash_at, "test hook: die at a crash point (docs/fleet.md)")
       ->group("");
 
@@ -92,6 +95,7 @@ int serve(const FleetServiceOptions& o) {
   options.state_dir = o.state;
   options.pools_file = o.pools;
   options.policy = o.policy;
+  options.catalog_dir = o.catalog;
   options.crash_at = o.crash_at;
   std::error_code ec;
   fs::create_directories(o.state, ec);

@@ -12,7 +12,7 @@ namespace loom::cli {
 
 struct FleetServiceOptions {
   // serve
-  std::string state, pools, listen = "127.0.0.1", policy = "loom", crash_at;
+  std::string state, pools, listen = "127.0.0.1", policy = "loom", crash_at, catalog;
   int port = 8470;
   // client
   std::string server;  // http://HOST:PORT (default: LOOM_FLEET_SERVER, else 127.0.0.1:8470)

@@ -9,12 +9,12 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/op_catalog.h"
+#include "data/text.h"
 #include "dispatch/devices.h"
 #include "dispatch/dispatch.h"
 #include "nn/init.h"
 #include "nn/onnx_model.h"
 #include "optim/adamw.h"
-#include "data/text.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 
@@ -55,7 +55,9 @@ Report measure(const OpsOptions& o, Backend& device) {
     check(!o.onnx.empty(), "loom ops --model onnx needs --onnx FILE");
     spec.onnx = o.onnx;
   } else {
-    spec.width = o.width_of_image_model > 0 ? o.width_of_image_model : model_kind == "mlp" ? 512 : 128;
+    spec.width = o.width_of_image_model > 0 ? o.width_of_image_model
+                 : model_kind == "mlp"      ? 512
+                                            : 128;
     spec.layers = o.layers_of_image_model > 0 ? o.layers_of_image_model : 2;
   }
   auto model = train::make_model(spec, 1, device);
@@ -237,6 +239,16 @@ int run_ops(const OpsOptions& given) {
     for (std::size_t b = 0; b < names.size(); ++b) {
       nlohmann::ordered_json j{
           {"backend", names[b]}, {"model", o.model}, {"step_s", reports[b].step_seconds}};
+      // Op calls per step that reach the device or come back from it: native kernels and
+      // fallbacks (a decomposed op's parts are counted as the ops they are).
+      std::uint64_t launches = 0;
+      for (const auto& [op, c] : reports[b].cells)
+        launches += c.native.calls + c.fallback.calls;
+      j["launches_per_step"] = launches;
+      if (o.model == "gpt")  // what the performance model needs (the fleet service reads it)
+        j["transformer"] = {{"layers", o.layers}, {"hidden", o.width},       {"heads", o.heads},
+                            {"ffn", 4 * o.width}, {"vocab", o.vocab},        {"seq", o.context},
+                            {"batch", o.batch},   {"precision", o.precision}};
       for (const auto& [op, c] : reports[b].cells)
         j["ops"][std::string(op_name(op))] = {
             {"path", dispatch::path_name(c.path())},

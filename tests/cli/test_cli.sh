@@ -62,6 +62,17 @@ both=$("$loom" plan --model llama3-405b --compare 910c:98304,b200:36864 --global
 "$loom" ops --model gpt --backend cpu --precision bf16 --sync | head -n 1 | grep -q 'bf16 products.*device time per step' \
   || { echo "FAIL: loom ops --precision bf16 --sync"; failures=$((failures + 1)); }
 expect_error "partial has no bf16 matmul products" ops --backend partial --precision bf16
+# A training config's model as the fleet service probes it: coverage, step time, and for a
+# transformer the shape the performance model needs (vocabulary from the data).
+printf 'layers: 2\nwidth: 64\nheads: 2\ncontext: 32\nbatch: 4\nprecision: bf16\n' > "$dir/probe.yaml"
+"$loom" ops --config "$dir/probe.yaml" --backend cpu --threads 1 --steps 2 --json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+assert r["transformer"] == {"layers": 2, "hidden": 64, "heads": 2, "ffn": 256, "vocab": 65,
+                            "seq": 32, "batch": 4, "precision": "bf16"}, r["transformer"]
+assert r["launches_per_step"] == sum(c["calls"] for c in r["ops"].values() if c["path"] != "decomposed")
+assert r["step_s"] > 0
+' || { echo "FAIL: loom ops --config --json"; failures=$((failures + 1)); }
 expect_error "node count '0' is not a positive integer" fleet simulate --fleet v100:0x4 --synthetic 10
 expect_error "needs exactly one of --gavel, --jobs and --synthetic" fleet simulate --fleet v100:2x4
 expect_error "missing.trace: cannot open the trace" fleet simulate --fleet v100:2x4 --gavel "$dir/missing.trace" \

@@ -274,3 +274,199 @@ TEST(ServiceAndSimulator, ChooseTheSameStartOrderAndPools) {
 
 }  // namespace
 }  // namespace loom::service
+
+// Speed from the performance model: a transformer job on pools that stand for catalog
+// chips is priced by the model of each chip, a measured run replaces it, and the reason
+// of a placement says which source each pool's speed came from.
+#include "cluster/service/model_speed.h"
+
+namespace loom::service {
+namespace {
+
+class ModelSpeedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::temp_dir("fleet_model_speed");
+    std::ofstream pools(dir_ + "/pools.yaml");
+    pools << "pools:\n"
+             "  - {name: a100, backend: cpu, chip: a100-80gb}\n"
+             "  - {name: h100, backend: cpu, chip: h100-sxm}\n"
+             "  - {name: host, backend: cpu}\n";
+  }
+  // GPT-2 124M's shape with bf16 products, as `loom ops --json` describes it.
+  static nlohmann::json gpt2(const std::string& precision = "bf16") {
+    return {{"layers", 12},   {"hidden", 768}, {"heads", 12}, {"ffn", 3072},
+            {"vocab", 50304}, {"seq", 1024},   {"batch", 8},  {"precision", precision}};
+  }
+  std::unique_ptr<Service> service(std::shared_ptr<Executor> executor = nullptr) {
+    ServiceOptions options;
+    options.state_dir = dir_ + "/state";
+    options.pools_file = dir_ + "/pools.yaml";
+    options.catalog_dir = testing::source_dir() + "/catalog";
+    options.probes = false;
+    options.executor = std::move(executor);
+    clock_ = 0;
+    options.clock = [this] { return clock_; };
+    return std::make_unique<Service>(options);
+  }
+  // What a probe of the job's model on the cpu backend would store.
+  static void seed(Service& s, const JobSpec& spec, const nlohmann::json& transformer,
+                   std::uint64_t launches, double probe_step_s) {
+    Knowledge k;
+    k.model_key = spec.model_key();
+    k.backend = "cpu";
+    k.threads = 1;
+    k.version = s.version();
+    k.probed = true;
+    k.step_s = probe_step_s;
+    if (!transformer.is_null())
+      k.transformer =
+          nlohmann::json{{"transformer", transformer}, {"launches_per_step", launches}}.dump();
+    s.store().put_knowledge(k);
+  }
+  static JobSpec job() {
+    return JobSpec::from_json(nlohmann::json::parse(R"({"name": "j", "config": {}})"), "job");
+  }
+  std::string dir_;
+  double clock_ = 0;
+};
+
+TEST_F(ModelSpeedTest, EachChipIsPricedByItsModelAndTheHostByItsProbe) {
+  auto s = service();
+  const JobSpec spec = job();
+  seed(*s, spec, gpt2(), 500, 3.0);
+  const StepTime a100 = s->step_time(spec, s->pools()[0]), h100 = s->step_time(spec, s->pools()[1]),
+                 host = s->step_time(spec, s->pools()[2]);
+  EXPECT_EQ(a100.basis, "performance model of a100-80gb");
+  EXPECT_EQ(h100.basis, "performance model of h100-sxm");
+  EXPECT_EQ(host.basis, "probe");
+  ASSERT_TRUE(a100.seconds && h100.seconds && host.seconds);
+  EXPECT_EQ(*host.seconds, 3.0);
+  // The pools' own model, computed here: the service adds nothing of its own.
+  const cluster::Catalog catalog = cluster::Catalog::load(testing::source_dir() + "/catalog");
+  const ModelSpeed expected = model_step_time(gpt2(), 500, catalog.chip("h100-sxm"));
+  EXPECT_EQ(*h100.seconds, *expected.step_s);
+  // 8 x 1024 tokens of a 124M model: about 6 x 124M x 8192 = 6.1 TFLOP a step, plus
+  // attention; tens of milliseconds on either chip, the H100 faster than the A100.
+  EXPECT_GT(*h100.seconds, 0.005);
+  EXPECT_LT(*h100.seconds, 0.1);
+  EXPECT_LT(*h100.seconds, *a100.seconds);
+}
+
+TEST_F(ModelSpeedTest, AMeasuredRunReplacesTheModel) {
+  auto s = service();
+  const JobSpec spec = job();
+  seed(*s, spec, gpt2(), 500, 3.0);
+  s->store().record_measured_step(spec.model_key(), "cpu", 1, s->version(), 0.25);
+  const StepTime h100 = s->step_time(spec, s->pools()[1]);
+  EXPECT_EQ(h100.basis, "measured");
+  EXPECT_EQ(*h100.seconds, 0.25);
+}
+
+TEST_F(ModelSpeedTest, TheModelDoesNotApplyToF32ProductsOrOtherModels) {
+  auto s = service();
+  const JobSpec spec = job();
+  seed(*s, spec, gpt2("f32"), 500, 3.0);
+  StepTime h100 = s->step_time(spec, s->pools()[1]);
+  EXPECT_EQ(h100.basis, "probe");  // the probe's time stands, with no chip rate to offer
+  EXPECT_EQ(*h100.seconds, 3.0);
+  JobSpec mlp = job(), cnn = job();  // (a spec's model key is computed once)
+  mlp.config["model"] = "mlp";
+  cnn.config["model"] = "cnn";
+  seed(*s, mlp, nlohmann::json(), 0, 0.5);
+  EXPECT_EQ(s->step_time(mlp, s->pools()[1]).basis, "probe");
+  // Nothing probed and nothing measured: unknown, not guessed.
+  h100 = s->step_time(cnn, s->pools()[1]);
+  EXPECT_FALSE(h100.seconds);
+  EXPECT_EQ(h100.basis, "unknown");
+}
+
+TEST_F(ModelSpeedTest, ATinyModelIsBoundByItsOpLaunches) {
+  const cluster::Catalog catalog = cluster::Catalog::load(testing::source_dir() + "/catalog");
+  nlohmann::json tiny = {{"layers", 2}, {"hidden", 64}, {"heads", 2}, {"ffn", 256},
+                         {"vocab", 65}, {"seq", 32},    {"batch", 4}, {"precision", "bf16"}};
+  const ModelSpeed m = model_step_time(tiny, 181, catalog.chip("h100-sxm"));
+  ASSERT_TRUE(m.step_s);
+  EXPECT_DOUBLE_EQ(*m.step_s, 181 * kOpLaunchSeconds);
+  EXPECT_NE(m.basis.find("launch-bound: 181 op launches"), std::string::npos) << m.basis;
+  // A chip whose bf16 rate is not public: the model says which figure it lacks.
+  for (const cluster::Chip& chip : catalog.chips())
+    if (!chip.bf16_tflops.known()) {
+      const ModelSpeed unknown = model_step_time(gpt2(), 500, chip);
+      EXPECT_FALSE(unknown.step_s);
+      EXPECT_NE(unknown.basis.find("bf16"), std::string::npos) << unknown.basis;
+    }
+}
+
+TEST_F(ModelSpeedTest, APoolNamingNoCatalogChipIsRefusedByName) {
+  std::ofstream(dir_ + "/pools.yaml") << "pools:\n  - {name: gpu, backend: cpu, chip: h1000}\n";
+  try {
+    service();
+    FAIL() << "a pool of an unknown chip was accepted";
+  } catch (const loom::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("pools.yaml: pool 'gpu': field 'chip': unknown chip 'h1000'"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("h100-sxm"), std::string::npos) << what;  // lists the known ones
+  }
+}
+
+TEST_F(ModelSpeedTest, APlacementSaysWhereEachPoolsSpeedCameFrom) {
+  std::ofstream(dir_ + "/pools.yaml") << "pools:\n"
+                                         "  - {name: a100, backend: cpu, chip: a100-80gb}\n"
+                                         "  - {name: h100, backend: cpu, chip: h100-sxm}\n";
+  auto executor = std::make_shared<SimulatedTimeExecutor>(
+      clock_, std::map<std::string, double>{{"a100", 1.0}, {"h100", 1.0}},
+      std::map<std::int64_t, std::int64_t>{{1, 10}});
+  auto s = service(executor);
+  JobSpec spec = job();
+  spec.steps = 10;
+  ASSERT_EQ(s->store().submit(spec, 0).id, 1);
+  seed(*s, spec, gpt2(), 500, 3.0);
+  s->pass();
+  ASSERT_EQ(executor->runs.size(), 1u);
+  EXPECT_EQ(executor->runs[0].pool, "h100");  // the loom policy: earliest predicted finish
+  const std::string reason = s->store().job(1)->reason;
+  EXPECT_NE(reason.find("speed: a100 performance model of a100-80gb, h100 performance model of "
+                        "h100-sxm"),
+            std::string::npos)
+      << reason;
+}
+
+}  // namespace
+}  // namespace loom::service
+
+// An older store is upgraded in place: jobs kept, the new column usable.
+namespace loom::service {
+namespace {
+
+TEST_F(StoreTest, AStoreOfSchemaOneIsUpgradedInPlace) {
+  std::int64_t id = 0;
+  {
+    Store store(path_);
+    id = store.submit(spec("kept"), 0).id;
+  }
+  {  // the schema as version 1 wrote it
+    Database db(path_);
+    db.execute("ALTER TABLE knowledge DROP COLUMN transformer");
+    db.execute("PRAGMA user_version = 1");
+  }
+  Store store(path_);
+  EXPECT_EQ(store.job(id)->spec->idempotency_key, "kept");
+  Knowledge k;
+  k.model_key = "m";
+  k.backend = "cpu";
+  k.version = "v";
+  k.probed = true;
+  k.transformer = R"({"transformer": {}})";
+  store.put_knowledge(k);
+  EXPECT_EQ(store.knowledge("m", "cpu", 1, "v")->transformer, k.transformer);
+  Database db(path_);
+  Statement version(db, "PRAGMA user_version");
+  ASSERT_TRUE(version.step());
+  EXPECT_EQ(version.integer(0), Store::kSchemaVersion);
+}
+
+}  // namespace
+}  // namespace loom::service

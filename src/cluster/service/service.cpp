@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "cluster/service/attempts.h"
+#include "cluster/service/model_speed.h"
 #include "cluster/service/slurm_executor.h"
 #include "core/error.h"
 
@@ -85,11 +86,11 @@ RunProgress run_progress(const std::string& metrics, std::size_t tail = 50) {
 }  // namespace
 
 struct Service::Route {
-  bool allowed = false;          // coverage allows it
-  bool pending = false;          // coverage or speed not known yet (a probe is wanted)
-  std::optional<double> step_s;  // measured, else probed, seconds per step
-  std::string why_not;           // !allowed: why
-  std::string error;             // the job's config is bad (the probe said why)
+  bool allowed = false;  // coverage allows it
+  bool pending = false;  // coverage or speed not known yet (a probe is wanted)
+  StepTime speed;        // measured, else the performance model's, else probed
+  std::string why_not;   // !allowed: why
+  std::string error;     // the job's config is bad (the probe said why)
 };
 
 Service::Service(ServiceOptions options) : options_(std::move(options)) {
@@ -99,6 +100,20 @@ Service::Service(ServiceOptions options) : options_(std::move(options)) {
   fs::create_directories(options_.state_dir + "/probes", ec);
   check(!ec, options_.state_dir + ": cannot create the state folder: " + ec.message());
   pools_ = load_pools(options_.pools_file);
+  if (std::any_of(pools_.begin(), pools_.end(),
+                  [](const PoolSpec& p) { return !p.chip.empty(); })) {
+    const cluster::Catalog catalog = cluster::Catalog::load(
+        options_.catalog_dir.empty() ? cluster::default_catalog_dir() : options_.catalog_dir);
+    for (const PoolSpec& pool : pools_) {
+      if (pool.chip.empty())
+        continue;
+      try {
+        chips_[pool.name] = catalog.chip(pool.chip);
+      } catch (const std::exception& e) {
+        throw Error(options_.pools_file + ": pool '" + pool.name + "': field 'chip': " + e.what());
+      }
+    }
+  }
   if (options_.loom.empty())
     options_.loom = self_executable();
   version_ = binary_version(options_.loom);
@@ -243,8 +258,42 @@ Service::Route Service::route(const JobSpec& spec, const std::string& model_key,
   }
   r.allowed = true;
   r.pending = !probed;
-  r.step_s = k && k->measured_step_s ? k->measured_step_s : k ? k->step_s : std::nullopt;
+  r.speed = step_time_of(k, pool);
   return r;
+}
+
+// Measured beats the performance model, which beats the probe: a finished run's median
+// step on such a pool is what the pool does; the model speaks for the chip a pool stands
+// for (a probe runs on the service's host, which is not that chip); the probe is what is
+// left.
+StepTime Service::step_time_of(const std::optional<Knowledge>& k, const PoolSpec& pool) const {
+  if (k && k->measured_step_s)
+    return {k->measured_step_s, "measured"};
+  std::string why_not;
+  if (auto chip = chips_.find(pool.name); chip != chips_.end()) {
+    if (k && !k->transformer.empty()) {
+      // {"transformer": {...}, "launches_per_step": N}, as the probe stored it
+      const nlohmann::json stored = nlohmann::json::parse(k->transformer, nullptr, false);
+      const bool ok = stored.is_object() && stored.contains("transformer") &&
+                      stored.value("launches_per_step", nlohmann::json()).is_number_unsigned();
+      ModelSpeed m =
+          model_step_time(ok ? stored["transformer"] : nlohmann::json(),
+                          ok ? stored["launches_per_step"].get<std::uint64_t>() : 0, chip->second);
+      if (m.step_s)
+        return {m.step_s, m.basis};
+      why_not = m.basis;
+    } else if (k && k->probed) {
+      why_not = "not a transformer: the performance model does not apply";
+    }
+  }
+  if (k && k->step_s)
+    return {k->step_s, "probe"};
+  return {std::nullopt, "unknown" + (why_not.empty() ? std::string() : " (" + why_not + ")")};
+}
+
+StepTime Service::step_time(const JobSpec& spec, const PoolSpec& pool) {
+  return step_time_of(store_->knowledge(spec.model_key(), pool.backend, pool.threads, version_),
+                      pool);
 }
 
 void Service::pass() {
@@ -305,6 +354,7 @@ struct Service::Queue {
   std::vector<JobRecord> jobs;              // unfinished, from the store
   std::vector<WaitingJob> waiting;          // the queued ones that have a pool to go to
   std::vector<const JobRecord*> record_of;  // waiting[i]'s job
+  std::vector<std::string> speeds;          // waiting[i]'s speeds and their sources, in words
   std::vector<AttemptRecord> live;
   std::vector<cluster::RunningJob> running;  // not stopping
   std::set<int> stopping_on;                 // pools with an attempt being stopped
@@ -354,7 +404,7 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
     w.deadline_s = j.deadline_s.value_or(cluster::kNoDeadline);
     const std::int64_t done =
         j.attempts > 0 ? run_progress(job_dir(j.id) + "/out/metrics.jsonl").steps : 0;
-    std::string excluded, error;
+    std::string excluded, error, speeds;
     bool pending = false;
     double best = INFINITY;
     std::vector<int> named;
@@ -386,7 +436,10 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
       }
       if (draining[static_cast<std::size_t>(pool)])
         continue;
-      const double seconds = r.step_s ? *r.step_s * left : cluster::kUnknown;
+      const double seconds = r.speed.seconds ? *r.speed.seconds * left : cluster::kUnknown;
+      if (record_reasons)
+        speeds += (speeds.empty() ? "" : ", ") + pools_[static_cast<std::size_t>(pool)].name + " " +
+                  r.speed.basis;
       w.options.push_back({pool, seconds});
       if (!std::isnan(seconds))
         best = std::min(best, seconds);
@@ -413,6 +466,7 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
                                std::isfinite(best) ? best : 1e12);
     q.waiting.push_back(std::move(w));
     q.record_of.push_back(&j);
+    q.speeds.push_back(std::move(speeds));
   }
   return q;
 }
@@ -459,8 +513,10 @@ void Service::schedule(double now) {
     if (!choice)
       break;
     const WaitingJob* w = candidates[choice->candidate];
-    const JobRecord& job = *q.record_of[static_cast<std::size_t>(w - q.waiting.data())];
-    launch(job, pools_[static_cast<std::size_t>(choice->pool)], choice->reason, now);
+    const auto index = static_cast<std::size_t>(w - q.waiting.data());
+    const JobRecord& job = *q.record_of[index];
+    launch(job, pools_[static_cast<std::size_t>(choice->pool)],
+           choice->reason + "; speed: " + q.speeds[index], now);
     room.take(choice->pool);
     candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(choice->candidate));
   }
@@ -600,6 +656,10 @@ bool Service::probe(const ProbeRequest& request) {
           k.fallbacks.push_back(op);
       if (!emulated && report.contains("step_s") && report["step_s"].is_number())
         k.step_s = report["step_s"].get<double>();
+      if (report.contains("transformer") && report.contains("launches_per_step"))
+        k.transformer = nlohmann::json{{"transformer", report["transformer"]},
+                                       {"launches_per_step", report["launches_per_step"]}}
+                            .dump();
     } else {
       answered = false;
     }

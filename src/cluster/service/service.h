@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster/catalog/catalog.h"
 #include "cluster/sched/policy.h"
 #include "cluster/service/executor.h"
 #include "cluster/service/pools.h"
@@ -45,6 +46,17 @@ struct ServiceOptions {
   std::shared_ptr<Executor> executor;
   std::function<double()> clock;
   bool probes = true;  // false: never run `loom ops` (tests that seed the knowledge)
+  // The chip catalog that pools' `chip` names (default: the repository's catalog/).
+  std::string catalog_dir;
+};
+
+// How fast a job's model trains on a pool, and what says so.
+struct StepTime {
+  std::optional<double> seconds;  // per step; nullopt: unknown
+  // "measured" (a finished run's median step on such a pool), "performance model of
+  // CHIP" (a transformer on a pool that stands for a catalog chip), "probe" (`loom ops`
+  // on the service's host), or "unknown" with why.
+  std::string basis;
 };
 
 class Service {
@@ -77,6 +89,8 @@ class Service {
   // The steps logged so far by a job's runs (metrics.jsonl): {step, loss} pairs.
   std::vector<std::pair<std::int64_t, double>> loss_curve(std::int64_t job) const;
   nlohmann::json pools_json();
+  // The speed the next placement of a job of this model would assume on `pool`.
+  StepTime step_time(const JobSpec& spec, const PoolSpec& pool);
 
  private:
   struct Route;  // what the service knows of a job on a pool
@@ -88,6 +102,7 @@ class Service {
     PoolSpec pool;
   };
   Route route(const JobSpec& spec, const std::string& model_key, const PoolSpec& pool);
+  StepTime step_time_of(const std::optional<Knowledge>& k, const PoolSpec& pool) const;
   void reconcile(double now);
   void schedule(double now);
   void launch(const JobRecord& job, const PoolSpec& pool, const std::string& reason, double now);
@@ -100,6 +115,7 @@ class Service {
 
   ServiceOptions options_;
   std::vector<PoolSpec> pools_;
+  std::map<std::string, cluster::Chip> chips_;  // of the pools that name a catalog chip
   std::unique_ptr<Store> store_;
   cluster::Policy policy_;
   std::string version_;  // of the loom binary: the probe cache's key

@@ -56,8 +56,12 @@ CREATE TABLE IF NOT EXISTS knowledge(
   step_s REAL,
   measured_step_s REAL,
   error TEXT NOT NULL DEFAULT '',
+  transformer TEXT NOT NULL DEFAULT '',
   PRIMARY KEY(model_key, backend, threads, version));
 )sql";
+
+// Upgrades from each earlier schema version to the next.
+const char* kUpgradeFrom1 = "ALTER TABLE knowledge ADD COLUMN transformer TEXT NOT NULL DEFAULT ''";
 
 const char* kJobColumns =
     "id, spec, state, attempts, failures, preemptions, pool, reason, submitted_s, updated_s, "
@@ -173,7 +177,10 @@ void Store::migrate() {
   if (version == kSchemaVersion)
     return;
   Transaction t(db_);
-  db_.execute(kSchema);
+  if (version == 0)
+    db_.execute(kSchema);  // a new store
+  if (version == 1)
+    db_.execute(kUpgradeFrom1);
   db_.execute("PRAGMA user_version = " + std::to_string(kSchemaVersion));
   t.commit();
 }
@@ -517,7 +524,8 @@ std::optional<Knowledge> Store::knowledge(const std::string& model_key, const st
                                           std::int64_t threads, const std::string& version) {
   std::lock_guard lock(mutex_);
   Statement s(db_,
-              "SELECT fallbacks, step_s, measured_step_s, error FROM knowledge WHERE model_key = "
+              "SELECT fallbacks, step_s, measured_step_s, error, transformer FROM knowledge WHERE "
+              "model_key = "
               "?1 AND backend = ?2 AND threads = ?3 AND version = ?4");
   s.bind(1, model_key).bind(2, backend).bind(3, threads).bind(4, version);
   if (!s.step())
@@ -533,6 +541,7 @@ std::optional<Knowledge> Store::knowledge(const std::string& model_key, const st
   k.step_s = s.optional_real(1);
   k.measured_step_s = s.optional_real(2);
   k.error = s.text(3);
+  k.transformer = s.text(4);
   return k;
 }
 
@@ -541,8 +550,8 @@ void Store::put_knowledge(const Knowledge& k) {
   Transaction t(db_);
   Statement(db_,
             "INSERT INTO knowledge(model_key, backend, threads, version, fallbacks, step_s, "
-            "error) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO UPDATE SET fallbacks = ?5, "
-            "step_s = ?6, error = ?7")
+            "error, transformer) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO UPDATE "
+            "SET fallbacks = ?5, step_s = ?6, error = ?7, transformer = ?8")
       .bind(1, k.model_key)
       .bind(2, k.backend)
       .bind(3, k.threads)
@@ -550,6 +559,7 @@ void Store::put_knowledge(const Knowledge& k) {
       .bind(5, nlohmann::json(k.fallbacks).dump())
       .bind(6, k.step_s)
       .bind(7, k.error)
+      .bind(8, k.transformer)
       .run();
   t.commit();
 }

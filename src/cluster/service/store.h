@@ -69,6 +69,10 @@ struct Knowledge {
   std::optional<double> step_s;           // probed seconds per step
   std::optional<double> measured_step_s;  // median of a real run's steps on such a pool
   std::string error;                      // the probe failed (the config is bad): why
+  // A transformer's shape, batch, precision and device op calls per step, as `loom ops
+  // --json` reports them (its "transformer" and "launches_per_step"): what the performance
+  // model needs to predict a step on a catalog chip. Empty: not a transformer.
+  std::string transformer;
 };
 
 class Store {
@@ -78,7 +82,9 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  static constexpr int kSchemaVersion = 1;
+  // 1: the first schema; 2: knowledge.transformer. An older store is upgraded in place,
+  // in one transaction; a newer one is refused.
+  static constexpr int kSchemaVersion = 2;
 
   struct Submitted {
     std::int64_t id;
