@@ -9,6 +9,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "cli/bench_command.h"
 #include "cli/fleet_command.h"
+#include "cli/fleet_rounds_command.h"
 #include "cli/fleet_service_command.h"
 #include "cli/onnx_command.h"
 #include "cli/ops_command.h"
@@ -110,6 +111,8 @@ int main(int argc, char** argv) {
   CLI::App* fleet = loom::cli::add_fleet_command(app, fleet_options);
   loom::cli::FleetServiceOptions fleet_service_options;
   loom::cli::add_fleet_service_commands(*fleet, fleet_service_options);
+  loom::cli::FleetRoundsOptions fleet_rounds_options;
+  loom::cli::add_fleet_rounds_command(*fleet, fleet_rounds_options);
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -169,6 +172,8 @@ int main(int argc, char** argv) {
       int status = 0;
       if (loom::cli::run_fleet_service(fleet_service_options, status))
         return status;
+      if (fleet_rounds_options.command->parsed())
+        return loom::cli::run_fleet_rounds(fleet_rounds_options);
       return loom::cli::run_fleet(fleet_options);
     }
   } catch (const loom::Error& e) {

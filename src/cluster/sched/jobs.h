@@ -22,6 +22,12 @@ struct Job {
   // Run time in seconds on `chips` chips of each chip type that can run the job; a type
   // missing here cannot (no measurement, or the model does not fit its memory).
   std::map<std::string, double> seconds_on;
+  // Gavel's jobs: the steps the job runs (0: not counted in steps) and its priority weight
+  // (higher: a larger fair share under the round-based policies).
+  double steps = 0;
+  double weight = 1;
+  // Its run times are extrapolated (a scale factor the throughput table lacks), not measured.
+  bool extrapolated = false;
 };
 
 // A Gavel trace (TSV: job_type, command, num_steps_arg, needs_data_dir, total_steps,

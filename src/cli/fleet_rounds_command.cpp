@@ -1,0 +1,205 @@
+#include "cli/fleet_rounds_command.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cluster/catalog/catalog.h"
+#include "cluster/sched/fleet.h"
+#include "cluster/sched/gavel.h"
+#include "cluster/sched/rounds.h"
+#include "core/error.h"
+
+namespace loom::cli {
+
+using namespace loom::cluster;
+
+void add_fleet_rounds_command(CLI::App& fleet, FleetRoundsOptions& o) {
+  CLI::App* c = fleet.add_subcommand(
+      "rounds", "simulate round-based, time-sliced scheduling (Gavel's policies) on a fleet");
+  o.command = c;
+  c->add_option("--fleet", o.fleet, "chip types CHIP:N[,...] (e.g. v100:36,p100:36,k80:36)")
+      ->required();
+  c->add_option("--gavel-continuous", o.jobs_per_hour,
+                "jobs: Gavel's continuous workload at this input rate (jobs/hour)")
+      ->check(CLI::Range(1e-6, 1e6));
+  c->add_flag("--single-gpu", o.single_gpu,
+              "continuous-single: every job on one GPU (default: continuous-multiple)");
+  c->add_option("--gavel", o.gavel, "jobs: a Gavel trace (TSV, 6, 7, 9 or 10 fields)");
+  c->add_option(
+      "--throughputs", o.throughputs,
+      "Gavel's throughput table (default: data/traces/gavel/simulation_throughputs.json)");
+  c->add_option("--policy", o.policy, "max_min_fairness | max_min_fairness_perf | all")
+      ->check(CLI::IsMember({"max_min_fairness", "max_min_fairness_perf", "all"}));
+  c->add_option("--seeds", o.seeds, "seeds of the workload and the type order (e.g. 0 1 2)")
+      ->expected(1, 100);
+  c->add_option("--window", o.window,
+                "FIRST:END: mean JCT over job ids [FIRST, END) (default: 4000:5000 for the "
+                "continuous workload, as Gavel measures; every job for a trace)");
+  c->add_option("--max-active-jobs", o.max_active_jobs,
+                "stop a run as saturated when more jobs than this wait at once")
+      ->check(CLI::Range(1, 100000000));
+  c->add_flag("--json", o.json, "one JSON object per policy and seed, then one per policy");
+}
+
+namespace {
+
+std::pair<std::int64_t, std::int64_t> parse_window(const std::string& text) {
+  const std::size_t colon = text.find(':');
+  auto number = [&](const std::string& part) {
+    check(!part.empty() && part.size() < 12 &&
+              part.find_first_not_of("0123456789") == std::string::npos,
+          "--window '" + text + "': expected FIRST:END, two job ids");
+    return std::stoll(part);
+  };
+  check(colon != std::string::npos, "--window '" + text + "': expected FIRST:END");
+  const std::int64_t first = number(text.substr(0, colon)), end = number(text.substr(colon + 1));
+  check(end > first, "--window '" + text + "': END must be above FIRST");
+  return {first, end};
+}
+
+// Student's t for a two-sided 95% interval with n - 1 degrees of freedom (n <= 31; the
+// normal 1.96 beyond).
+double t95(std::size_t n) {
+  static const double table[] = {0,     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365,
+                                 2.306, 2.262,  2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+                                 2.120, 2.110,  2.101, 2.093, 2.086, 2.080, 2.074, 2.069,
+                                 2.064, 2.060,  2.056, 2.052, 2.048, 2.045, 2.042};
+  return n - 1 < std::size(table) ? table[n - 1] : 1.96;
+}
+
+}  // namespace
+
+int run_fleet_rounds(const FleetRoundsOptions& o) {
+  check((o.jobs_per_hour > 0) + !o.gavel.empty() == 1,
+        "loom fleet rounds needs exactly one of --gavel-continuous RATE and --gavel TRACE");
+  const Fleet fleet = fleet_from(o.fleet);
+  std::string table_path = o.throughputs;
+  if (table_path.empty())
+    table_path = !o.gavel.empty() ? (std::filesystem::path(o.gavel).parent_path().parent_path() /
+                                     "simulation_throughputs.json")
+                                        .string()
+                                  : (std::filesystem::path(default_catalog_dir()).parent_path() /
+                                     "data" / "traces" / "gavel" / "simulation_throughputs.json")
+                                        .string();
+  const GavelThroughputs table = GavelThroughputs::load(table_path);
+  RoundOptions options;
+  options.max_active_jobs = o.max_active_jobs;
+  if (!o.window.empty()) {
+    std::tie(options.window_begin, options.window_end) = parse_window(o.window);
+  } else if (o.jobs_per_hour > 0) {
+    options.window_begin = 4000;
+    options.window_end = 5000;
+  }
+  check(o.jobs_per_hour > 0 || !o.gavel.empty() || options.window_end > 0,
+        "loom fleet rounds: a continuous workload needs a window");
+  std::vector<Job> trace;
+  std::int64_t extrapolated = 0;
+  if (!o.gavel.empty())
+    trace = load_gavel_trace(o.gavel, table_path, &extrapolated);
+  std::vector<RoundPolicy> policies;
+  if (o.policy == "all")
+    policies = {RoundPolicy::max_min_fairness, RoundPolicy::max_min_fairness_perf};
+  else
+    policies = {*parse_round_policy(o.policy)};
+  const std::string workload =
+      o.jobs_per_hour > 0
+          ? std::string("Gavel continuous-") + (o.single_gpu ? "single" : "multiple") + " at " +
+                std::to_string(o.jobs_per_hour).substr(0, 5) + " jobs/h"
+          : "Gavel trace " + o.gavel + " (" + std::to_string(trace.size()) + " jobs, " +
+                std::to_string(extrapolated) + " with extrapolated run times)";
+  if (!o.json) {
+    std::printf("fleet: %s\njobs: %s; window: %s\n\n", fleet.describe().c_str(), workload.c_str(),
+                options.window_end < 0 ? "every job"
+                                       : ("ids " + std::to_string(options.window_begin) + "-" +
+                                          std::to_string(options.window_end - 1))
+                                             .c_str());
+    std::printf("%-22s %5s %12s %9s %9s %9s %8s\n", "policy", "seed", "mean JCT", "jobs", "rounds",
+                "allocs", "wall");
+  }
+  for (RoundPolicy policy : policies) {
+    std::vector<double> means;
+    bool saturated = false;
+    for (std::uint32_t seed : o.seeds) {
+      options.seed = seed;
+      JobSource source;
+      std::unique_ptr<GavelContinuousJobs> stream;
+      std::size_t next = 0;
+      if (o.jobs_per_hour > 0) {
+        stream = std::make_unique<GavelContinuousJobs>(
+            table, GavelContinuousOptions{o.jobs_per_hour, !o.single_gpu, seed, "v100"});
+        source = [&]() -> std::optional<Job> { return stream->next(); };
+      } else {
+        source = [&]() -> std::optional<Job> {
+          if (next == trace.size())
+            return std::nullopt;
+          return trace[next++];
+        };
+      }
+      const auto start = std::chrono::steady_clock::now();
+      const RoundReport r = simulate_rounds(fleet, source, policy, options);
+      const double wall =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      saturated = saturated || r.saturated;
+      if (!r.saturated)
+        means.push_back(r.mean_jct_s / 3600);
+      if (o.json) {
+        nlohmann::ordered_json j{
+            {"policy", round_policy_name(policy)},
+            {"seed", seed},
+            {"fleet", fleet.describe()},
+            {"workload", workload},
+            {"jobs", r.jobs},
+            {"finished", r.finished},
+            {"window_jobs", r.window_jobs},
+            {"mean_jct_h",
+             r.saturated ? nlohmann::ordered_json() : nlohmann::ordered_json(r.mean_jct_s / 3600)},
+            {"saturated", r.saturated},
+            {"rounds", r.rounds},
+            {"allocations", r.allocations},
+            {"end_h", r.end_s / 3600},
+            {"wall_s", wall}};
+        for (std::size_t t = 0; t < r.types.size(); ++t)
+          j["utilization"][r.types[t]] = r.utilization[t];
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("%-22s %5u %11s %9lld %9lld %9lld %7.1fs\n", round_policy_name(policy), seed,
+                    r.saturated ? "saturated"
+                                : (std::to_string(r.mean_jct_s / 3600).substr(0, 6) + "h").c_str(),
+                    static_cast<long long>(r.jobs), static_cast<long long>(r.rounds),
+                    static_cast<long long>(r.allocations), wall);
+      }
+    }
+    // Over the seeds: the mean and a 95% confidence interval (Student's t).
+    double mean = 0, half = 0;
+    for (double m : means)
+      mean += m / static_cast<double>(means.size());
+    if (means.size() > 1) {
+      double var = 0;
+      for (double m : means)
+        var += (m - mean) * (m - mean) / static_cast<double>(means.size() - 1);
+      half = t95(means.size()) * std::sqrt(var / static_cast<double>(means.size()));
+    }
+    if (o.json) {
+      nlohmann::ordered_json j{
+          {"policy", round_policy_name(policy)},
+          {"seeds", o.seeds.size()},
+          {"saturated", saturated},
+          {"mean_jct_h",
+           saturated || means.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(mean)},
+          {"ci95_h", half}};
+      std::printf("%s\n", j.dump().c_str());
+    } else if (o.seeds.size() > 1) {
+      if (saturated)
+        std::printf("%-22s %5s   saturated at some seed\n", round_policy_name(policy), "all");
+      else
+        std::printf("%-22s %5s %10.2fh  +/- %.2f h (95%% CI over %zu seeds)\n",
+                    round_policy_name(policy), "all", mean, half, means.size());
+    }
+  }
+  return 0;
+}
+
+}  // namespace loom::cli

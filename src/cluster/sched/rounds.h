@@ -1,0 +1,87 @@
+// cluster/sched/rounds — round-based, time-sliced scheduling as Gavel simulates it
+// (Narayanan et al., "Heterogeneity-Aware Cluster Scheduling Policies for Deep Learning
+// Workloads", OSDI 2020; scheduler.py in stanford-futuredata/gavel), so that Loom's
+// figures can be held against Gavel's.
+//
+// A policy gives each job a share of time on each chip type (an allocation: X[j][t] in
+// [0, 1], sum over t at most 1, sum over j of chips_j X[j][t] at most the type's chips).
+// Every round (360 s) the chips go to the jobs whose received time lags their share most:
+// priority = X[j][t] / (the fraction of type t's time job j has had since the allocation
+// was computed), per type, highest first; a job runs on one type a round, on chips_j chips
+// of it. The allocation is recomputed when jobs arrived or finished, at most every 1,920 s
+// (Gavel's minimum time between resets); a job that arrived since is not in it and waits.
+//
+// Policies (Gavel's names):
+//   max_min_fairness       type-agnostic max-min fairness (the paper's "LAS"): maximise
+//                          min_j chips_j / w_j x sum_t X[j][t], every type alike;
+//   max_min_fairness_perf  heterogeneity-aware max-min fairness (the paper's "Gavel"):
+//                          maximise min_j sum_t T[j][t] chips_j X[j][t] / (w_j P_j), T the
+//                          job's throughput on type t and P_j its throughput under an equal
+//                          share of every type (sum_t T[j][t] N_t / sum_t N_t);
+// each solved as linear programs by GLPK (linear_program.h). The max-min optimum is not
+// unique: only the least share is pinned down. Loom takes the max-min fair allocation in
+// its standard (lexicographic) sense, by water-filling: maximise the least share, settle
+// the jobs that cannot get more (non-zero duals), maximise the least share of the rest,
+// and so on. Gavel solves one program with an interior-point solver (ECOS) and takes the
+// point it ends at; the jobs that are not the bottleneck get whatever that point gives
+// them. This is the one deliberate difference from Gavel, and it moves the figures
+// (docs/fleet.md, bench/RESULTS.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster/sched/fleet.h"
+#include "cluster/sched/jobs.h"
+
+namespace loom::cluster {
+
+enum class RoundPolicy { max_min_fairness, max_min_fairness_perf };
+std::optional<RoundPolicy> parse_round_policy(const std::string& text);  // nullopt: not one
+const char* round_policy_name(RoundPolicy policy);
+
+struct RoundOptions {
+  double round_s = 360;           // Gavel's time_per_iteration
+  double min_reset_s = 1920;      // minimum time between allocation recomputations
+  std::uint32_t seed = 0;         // the type-agnostic policies' type order (seed + 5, as Gavel)
+  std::int64_t window_begin = 0;  // JCT over the jobs with ids in [begin, end): Gavel
+  std::int64_t window_end = -1;   // measures 4000-5000 of a continuous stream; -1: all
+  std::int64_t max_active_jobs = 20000;  // more waiting at once: the run stops, saturated
+};
+
+struct RoundReport {
+  RoundPolicy policy = RoundPolicy::max_min_fairness;
+  std::int64_t jobs = 0, finished = 0, window_jobs = 0;
+  double mean_jct_s = 0;      // over the window's jobs
+  double mean_jct_all_s = 0;  // over every finished job
+  double end_s = 0;           // simulated time at the end
+  std::int64_t rounds = 0, allocations = 0;
+  bool saturated = false;             // stopped at max_active_jobs: the queue grew without bound
+  std::vector<std::string> rejected;  // jobs no chip type of the fleet can run
+  std::vector<double> jct_s;          // per job id (NaN: not finished)
+  std::vector<double> utilization;  // per chip type (in `types`): busy chip-seconds / (chips x end)
+  std::vector<std::string> types;
+};
+
+// Jobs in arrival order; nullopt when there are no more.
+using JobSource = std::function<std::optional<Job>()>;
+
+// Runs `jobs` on `fleet` (each pool's chip is a type; pools of one type are pooled; chips
+// per node play no part: every chip is its own server, as in Gavel's figures) until every
+// job of the window has finished (or the source is empty and every job has).
+RoundReport simulate_rounds(const Fleet& fleet, const JobSource& jobs, RoundPolicy policy,
+                            const RoundOptions& options = {});
+
+// The allocation `policy` gives these jobs on chip types with `chips` chips each: X[j][t].
+// `rate[j][t]`: job j's throughput on type t (0: cannot run there); `scale[j]` its chips,
+// `weight[j]` its priority weight. Exposed for tests.
+std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
+                                                  const std::vector<std::vector<double>>& rate,
+                                                  const std::vector<std::int64_t>& scale,
+                                                  const std::vector<double>& weight,
+                                                  const std::vector<std::int64_t>& chips);
+
+}  // namespace loom::cluster

@@ -1,0 +1,251 @@
+// Round-based scheduling (cluster/sched/rounds.h) and what it stands on: the linear-program
+// wrapper over GLPK and the max-min allocations, on cases worked out by hand; CPython's
+// random numbers and Gavel's continuous workload, against values CPython computed; and the
+// round mechanics Gavel's simulator has (allocation resets at most every 1,920 s).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "cluster/sched/gavel.h"
+#include "cluster/sched/linear_program.h"
+#include "cluster/sched/rounds.h"
+#include "core/error.h"
+#include "test_util.h"
+
+namespace loom::cluster {
+namespace {
+
+TEST(LinearProgram, FindsTheVertexWorkedOutByHand) {
+  // max x + y  s.t.  x + 2y <= 4,  3x + y <= 6,  x, y >= 0.
+  // The two rows meet at x = 8/5, y = 6/5 (subtract 3 x the first from... : 5y = 6):
+  // objective 14/5, above the axis vertices (2, 0) -> 2 and (0, 2) -> 2.
+  LinearProgram lp;
+  const std::size_t x = lp.add_variable(0, LinearProgram::kInf, 1);
+  const std::size_t y = lp.add_variable(0, LinearProgram::kInf, 1);
+  lp.add_row({{x, 1}, {y, 2}}, -LinearProgram::kInf, 4);
+  lp.add_row({{x, 3}, {y, 1}}, -LinearProgram::kInf, 6);
+  const auto solution = lp.maximize();
+  ASSERT_TRUE(solution);
+  EXPECT_NEAR((*solution)[x], 1.6, 1e-9);
+  EXPECT_NEAR((*solution)[y], 1.2, 1e-9);
+}
+
+TEST(LinearProgram, AMaxMinObjectiveIsAVariableBelowEveryTerm) {
+  // max z  s.t.  z <= 2a,  z <= b,  a + b <= 3  ->  a = 1, b = 2, z = 2.
+  LinearProgram lp;
+  const std::size_t a = lp.add_variable(0, LinearProgram::kInf, 0);
+  const std::size_t b = lp.add_variable(0, LinearProgram::kInf, 0);
+  const std::size_t z = lp.add_variable(-LinearProgram::kInf, LinearProgram::kInf, 1);
+  lp.add_row({{z, 1}, {a, -2}}, -LinearProgram::kInf, 0);
+  lp.add_row({{z, 1}, {b, -1}}, -LinearProgram::kInf, 0);
+  lp.add_row({{a, 1}, {b, 1}}, -LinearProgram::kInf, 3);
+  const auto solution = lp.maximize();
+  ASSERT_TRUE(solution);
+  EXPECT_NEAR((*solution)[z], 2, 1e-9);
+  EXPECT_NEAR((*solution)[a], 1, 1e-9);
+  EXPECT_NEAR((*solution)[b], 2, 1e-9);
+}
+
+TEST(LinearProgram, InfeasibleAndUnboundedProgramsHaveNoSolution) {
+  LinearProgram infeasible;
+  const std::size_t x = infeasible.add_variable(0, 1, 1);
+  infeasible.add_row({{x, 1}}, 2, LinearProgram::kInf);
+  EXPECT_FALSE(infeasible.maximize());
+  LinearProgram unbounded;
+  unbounded.add_variable(0, LinearProgram::kInf, 1);
+  EXPECT_FALSE(unbounded.maximize());
+}
+
+TEST(LinearProgram, ARowNamingNoVariableIsRefused) {
+  LinearProgram lp;
+  lp.add_variable(0, 1, 1);
+  EXPECT_THROW(lp.add_row({{3, 1.0}}, 0, 1), loom::Error);
+  EXPECT_THROW(lp.add_variable(2, 1, 0), loom::Error);
+}
+
+// CPython 3: random.Random(0).getrandbits(32) x 3; Random(2): random() twice,
+// getrandbits(32), randrange(26), uniform(1.5, 3); Random(5).shuffle(["v100", "p100",
+// "k80"]); Random(7).randrange(26) x 8.
+TEST(PythonRandom, DrawsWhatCPythonDraws) {
+  PythonRandom zero(0);
+  EXPECT_EQ(zero.next_u32(), 3626764237u);
+  EXPECT_EQ(zero.next_u32(), 1654615998u);
+  EXPECT_EQ(zero.next_u32(), 3255389356u);
+  PythonRandom two(2);
+  EXPECT_EQ(two.random(), 0.9560342718892494);
+  EXPECT_EQ(two.random(), 0.9478274870593494);
+  EXPECT_EQ(two.next_u32(), 242886303u);
+  EXPECT_EQ(two.randbelow(26), 2u);
+  EXPECT_EQ(two.uniform(1.5, 3), 1.6273079927383824);
+  PythonRandom five(5);
+  std::vector<std::string> types{"v100", "p100", "k80"};
+  five.shuffle(types);
+  EXPECT_EQ(types, (std::vector<std::string>{"v100", "p100", "k80"}));
+  PythonRandom seven(7);
+  std::vector<std::uint32_t> drawn;
+  for (int i = 0; i < 8; ++i)
+    drawn.push_back(seven.randbelow(26));
+  EXPECT_EQ(drawn, (std::vector<std::uint32_t>{10, 4, 12, 20, 1, 2, 17, 3}));
+}
+
+GavelThroughputs gavel_table() {
+  return GavelThroughputs::load(testing::source_dir() +
+                                "/data/traces/gavel/simulation_throughputs.json");
+}
+
+// The first jobs of seed 0 at 2.6 jobs/h, as Gavel's generate_job and arrival process
+// draw them (computed in CPython with the same generators and order of draws).
+TEST(GavelContinuousJobs, TheFirstJobsAreGavelsOwn) {
+  const GavelThroughputs table = gavel_table();
+  GavelContinuousJobs stream(table, {2.6, true, 0, "v100"});
+  struct Expected {
+    double arrival_s;
+    std::int64_t chips;
+    double v100_seconds;
+    const char* type;
+  };
+  const Expected expected[] = {
+      {0, 8, 68344.35010595087, "ResNet-18 (batch size 64)"},
+      {376.28626601584847, 1, 31016.60914593223, "Transformer (batch size 16)"},
+      {1464.268965429378, 1, 2146.6088374387864, "Recommendation (batch size 2048)"},
+      {2103.911839471365, 1, 7386.674819745945, "Recommendation (batch size 8192)"}};
+  for (const Expected& e : expected) {
+    const Job job = stream.next();
+    EXPECT_DOUBLE_EQ(job.arrival_s, e.arrival_s);
+    EXPECT_EQ(job.chips, e.chips);
+    EXPECT_EQ(job.name, e.type);
+    EXPECT_NEAR(job.seconds_on.at("v100"), e.v100_seconds, 1e-9 * e.v100_seconds);
+    EXPECT_EQ(job.seconds_on.size(), 3u);  // v100, p100, k80
+  }
+}
+
+TEST(GavelContinuousJobs, TheMixIsGavelsPublishedOne) {
+  const GavelThroughputs table = gavel_table();
+  GavelContinuousJobs stream(table, {1.0, true, 1, "v100"});
+  const int n = 40000;
+  std::map<std::int64_t, int> scale;
+  int long_jobs = 0;
+  double last = 0;
+  for (int i = 0; i < n; ++i) {
+    const Job job = stream.next();
+    ++scale[job.chips];
+    const double minutes = job.seconds_on.at("v100") / 60;
+    ASSERT_GE(minutes, std::pow(10.0, 1.5) * (1 - 1e-9));
+    ASSERT_LE(minutes, 1e4 * (1 + 1e-9));
+    long_jobs += minutes > 1000;
+    if (job.chips > 1) {  // only the distributed types run on several GPUs
+      ASSERT_TRUE(job.name.rfind("Recommendation", 0) != 0 && job.name != "A3C" &&
+                  job.name != "CycleGAN")
+          << job.name;
+    }
+    last = job.arrival_s;
+  }
+  // 70 / 10 / 15 / 5 % (binomial standard deviations are under 0.25 points here).
+  EXPECT_NEAR(scale[1] / double(n), 0.70, 0.01);
+  EXPECT_NEAR(scale[2] / double(n), 0.10, 0.01);
+  EXPECT_NEAR(scale[4] / double(n), 0.15, 0.01);
+  EXPECT_NEAR(scale[8] / double(n), 0.05, 0.01);
+  EXPECT_NEAR(long_jobs / double(n), 0.20, 0.01);  // 10^U(3,4) minutes w.p. 0.2
+  EXPECT_NEAR(last / 3600 / n, 1.0, 0.02);         // one job an hour on average
+}
+
+// Max-min allocations worked out by hand (rounds.h).
+TEST(RoundAllocation, OneChipIsSharedEvenlyOrByWeight) {
+  auto x = round_allocation(RoundPolicy::max_min_fairness, {{1}, {1}}, {1, 1}, {1, 1}, {1});
+  EXPECT_NEAR(x[0][0], 0.5, 1e-9);
+  EXPECT_NEAR(x[1][0], 0.5, 1e-9);
+  // Weight 2 halves job 0's coefficient (share = X / w): X0 / 2 = X1 and X0 + X1 = 1.
+  x = round_allocation(RoundPolicy::max_min_fairness, {{1}, {1}}, {1, 1}, {2, 1}, {1});
+  EXPECT_NEAR(x[0][0], 2.0 / 3, 1e-9);
+  EXPECT_NEAR(x[1][0], 1.0 / 3, 1e-9);
+}
+
+TEST(RoundAllocation, WaterFillingGivesWhatTheBottleneckedJobsCannotUse) {
+  // Four chips; job 0 on 4 chips, jobs 1 and 2 on one each (type-agnostic: share =
+  // chips x X). Jobs 1 and 2 can have at most all their time (share 1), so the least share
+  // is 1; job 0 then takes what is left: 4 X0 <= 4 - 1 - 1, X0 = 1/2, share 2.
+  const auto x =
+      round_allocation(RoundPolicy::max_min_fairness, {{1}, {1}, {1}}, {4, 1, 1}, {1, 1, 1}, {4});
+  EXPECT_NEAR(x[0][0], 0.5, 1e-9);
+  EXPECT_NEAR(x[1][0], 1.0, 1e-9);
+  EXPECT_NEAR(x[2][0], 1.0, 1e-9);
+}
+
+TEST(RoundAllocation, TheHeterogeneityAwarePolicyGivesEachJobTheTypeItGainsMostOn) {
+  // One fast and one slow chip. Job 0 runs 2 steps/s fast, 1 slow; job 1 runs 1 step/s on
+  // both. Equal-share throughputs: P0 = (2 + 1) / 2 = 1.5, P1 = 1, so the normalised
+  // shares are (4/3 F0 + 2/3 S0) and (F1 + S1). Job 1's share is at most 1 (all its time);
+  // the least share is 1, and job 0 reaches 4/3 only with the whole fast chip: F0 = 1,
+  // S1 = 1.
+  const auto x = round_allocation(RoundPolicy::max_min_fairness_perf, {{2, 1}, {1, 1}}, {1, 1},
+                                  {1, 1}, {1, 1});
+  EXPECT_NEAR(x[0][0], 1, 1e-9);
+  EXPECT_NEAR(x[0][1], 0, 1e-9);
+  EXPECT_NEAR(x[1][0], 0, 1e-9);
+  EXPECT_NEAR(x[1][1], 1, 1e-9);
+  // Type-agnostic, each job just gets all of its time somewhere.
+  const auto blind =
+      round_allocation(RoundPolicy::max_min_fairness, {{2, 1}, {1, 1}}, {1, 1}, {1, 1}, {1, 1});
+  for (const auto& job : blind)
+    EXPECT_NEAR(job[0] + job[1], 1, 1e-9);
+}
+
+Job job_of(std::int64_t id, double arrival_s, double steps, std::map<std::string, double> rate) {
+  Job j;
+  j.id = id;
+  j.name = "job" + std::to_string(id);
+  j.arrival_s = arrival_s;
+  j.steps = steps;
+  for (const auto& [type, r] : rate)
+    j.seconds_on[type] = steps / r;
+  return j;
+}
+
+JobSource source_of(std::vector<Job> jobs) {
+  auto list = std::make_shared<std::vector<Job>>(std::move(jobs));
+  auto next = std::make_shared<std::size_t>(0);
+  return [list, next]() -> std::optional<Job> {
+    if (*next == list->size())
+      return std::nullopt;
+    return (*list)[(*next)++];
+  };
+}
+
+TEST(SimulateRounds, ALoneJobRunsOnItsFastestTypeUnderTheAwarePolicy) {
+  const Fleet fleet = parse_fleet("fast:1,slow:1");
+  const RoundReport r =
+      simulate_rounds(fleet, source_of({job_of(0, 0, 3600, {{"fast", 1.0}, {"slow", 0.5}})}),
+                      RoundPolicy::max_min_fairness_perf);
+  ASSERT_EQ(r.finished, 1);
+  EXPECT_DOUBLE_EQ(r.jct_s[0], 3600);  // ten rounds of 360 steps at 1 step/s
+  EXPECT_DOUBLE_EQ(r.mean_jct_s, 3600);
+}
+
+TEST(SimulateRounds, AJobThatArrivesWaitsForTheNextAllocation) {
+  // Two chips. Job 0 runs long; job 1 arrives at 100 s. Rounds end at 360, 720, ...;
+  // job 1 joins at the round that ends at 360 s, but the allocation may be recomputed only
+  // 1,920 s after the last (at 0), so at the first round boundary from 1,920 s: 2,160 s.
+  // It then runs its 360 steps in one round: done at 2,520 s, a JCT of 2,420 s.
+  const Fleet fleet = parse_fleet("gpu:2");
+  const RoundReport r = simulate_rounds(
+      fleet, source_of({job_of(0, 0, 36000, {{"gpu", 1.0}}), job_of(1, 100, 360, {{"gpu", 1.0}})}),
+      RoundPolicy::max_min_fairness);
+  ASSERT_EQ(r.finished, 2);
+  EXPECT_DOUBLE_EQ(r.jct_s[1], 2420);
+  EXPECT_DOUBLE_EQ(r.jct_s[0], 36000);  // never slowed: a chip each
+  EXPECT_EQ(r.allocations, 3);          // at 0, at 2,160 (arrival), at 2,520 (completion)
+}
+
+TEST(SimulateRounds, AJobNoTypeCanRunIsRejectedByName) {
+  const Fleet fleet = parse_fleet("gpu:1");
+  const RoundReport r = simulate_rounds(
+      fleet, source_of({job_of(0, 0, 10, {{"tpu", 1.0}}), job_of(1, 0, 10, {{"gpu", 1.0}})}),
+      RoundPolicy::max_min_fairness);
+  ASSERT_EQ(r.rejected.size(), 1u);
+  EXPECT_NE(r.rejected[0].find("job 0"), std::string::npos);
+  EXPECT_EQ(r.finished, 1);
+}
+
+}  // namespace
+}  // namespace loom::cluster
