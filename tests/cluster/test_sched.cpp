@@ -165,11 +165,29 @@ TEST(Jobs, GavelTraceRunTimesComeFromTheThroughputTable) {
   }
   EXPECT_EQ(jobs[0].chips, std::stoll(f[5]));
   std::string tmp = temp_dir("gavel");
-  std::ofstream(tmp + "/bad.trace") << "ResNet-18 (batch size 16)\tcmd\t-n\t1\t1000\t0\n";
-  EXPECT_NE(error_of([&] {
-              load_gavel_trace(tmp + "/bad.trace", dir + "/simulation_throughputs.json");
-            }).find("bad.trace: line 1: 6 tab-separated fields, expected 7"),
-            std::string::npos);
+  std::ofstream(tmp + "/bad.trace") << "ResNet-18 (batch size 16)\tcmd\t-n\t1000\t0\n";
+  EXPECT_NE(
+      error_of([&] { load_gavel_trace(tmp + "/bad.trace", dir + "/simulation_throughputs.json"); })
+          .find("bad.trace: line 1: 5 tab-separated fields, expected one of Gavel's trace "
+                "formats: 10 (job_type, command, working_directory"),
+      std::string::npos);
+  // Gavel's current format (10 fields: arrival last, a priority weight) and the 9- and
+  // 6-field ones read the same job.
+  const std::string current =
+      "ResNet-18 (batch size 16)\tcmd\t/work\t-n\t1\t1000\t2\t3\t-1\t36.5\n";
+  const std::string nine = "ResNet-18 (batch size 16)\tcmd\t-n\t1\t1000\t2\t3\t-1\t36.5\n";
+  const std::string six = "ResNet-18 (batch size 16)\tcmd\t-n\t1000\t36.5\t2\n";
+  for (const auto& [text, weight] : {std::pair{current, 3.0}, {nine, 3.0}, {six, 1.0}}) {
+    std::ofstream(tmp + "/format.trace") << text;
+    const std::vector<Job> read =
+        load_gavel_trace(tmp + "/format.trace", dir + "/simulation_throughputs.json");
+    ASSERT_EQ(read.size(), 1u) << text;
+    EXPECT_EQ(read[0].steps, 1000);
+    EXPECT_EQ(read[0].arrival_s, 36.5);
+    EXPECT_EQ(read[0].chips, 2);
+    EXPECT_EQ(read[0].weight, weight) << text;
+    EXPECT_FALSE(read[0].extrapolated);
+  }
   // A scale factor of 1e30 was cast to int64 (undefined), and 2.7 truncated to 2.
   for (const char* scale : {"1e30", "2.7"}) {
     std::ofstream(tmp + "/scale.trace")

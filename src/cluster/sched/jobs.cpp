@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -97,19 +98,50 @@ std::vector<Job> load_gavel_trace(const std::string& trace_path,
       continue;
     const std::string where = trace_path + ": line " + std::to_string(line_no);
     std::vector<std::string> f = split_tabs(line);
-    check(f.size() == 7, where + ": " + std::to_string(f.size()) +
-                             " tab-separated fields, expected 7 (job_type, command, num_steps_arg, "
-                             "needs_data_dir, total_steps, arrival_time_s, scale_factor)");
+    // Gavel's trace formats over its history, told apart by their field count.
+    struct Format {
+      std::size_t total_steps, arrival, scale, weight;  // weight: SIZE_MAX when absent
+      const char* fields;
+    };
+    static const std::map<std::size_t, Format> formats{
+        {6,
+         {3, 4, 5, SIZE_MAX,
+          "job_type, command, num_steps_arg, total_steps, arrival_time, scale_factor"}},
+        {7,
+         {4, 5, 6, SIZE_MAX,
+          "job_type, command, num_steps_arg, needs_data_dir, total_steps, arrival_time_s, "
+          "scale_factor"}},
+        {9,
+         {4, 8, 5, 6,
+          "job_type, command, num_steps_arg, needs_data_dir, total_steps, scale_factor, "
+          "priority_weight, SLO, arrival_time"}},
+        {10,
+         {5, 9, 6, 7,
+          "job_type, command, working_directory, num_steps_arg, needs_data_dir, total_steps, "
+          "scale_factor, priority_weight, SLO, arrival_time"}}};
+    auto format = formats.find(f.size());
+    check(format != formats.end(),
+          where + ": " + std::to_string(f.size()) +
+              " tab-separated fields, expected one of Gavel's trace formats: 10 (" +
+              formats.at(10).fields + "), 9 (without working_directory), 7 (" +
+              formats.at(7).fields + ") or 6 (" + formats.at(6).fields + ")");
+    const Format& fmt = format->second;
     Job job;
     job.id = static_cast<std::int64_t>(jobs.size());
     job.name = f[0];
-    const double steps = parse_number(f[4], where + ": total_steps");
-    job.arrival_s = parse_number(f[5], where + ": arrival_time_s");
+    const double steps = parse_number(f[fmt.total_steps], where + ": total_steps");
+    job.arrival_s = parse_number(f[fmt.arrival], where + ": arrival_time");
     // Range-checked before the cast: 1e30 was undefined behaviour, and 2.7 truncated to 2.
-    job.chips = whole_number(parse_number(f[6], where + ": scale_factor"), 1, kMaxChips,
+    job.chips = whole_number(parse_number(f[fmt.scale], where + ": scale_factor"), 1, kMaxChips,
                              where + ": scale_factor");
     check(steps > 0 && job.arrival_s >= 0,
-          where + ": total_steps and arrival_time_s must be positive");
+          where + ": total_steps and arrival_time must be positive");
+    job.steps = steps;
+    if (fmt.weight != SIZE_MAX) {
+      job.weight = parse_number(f[fmt.weight], where + ": priority_weight");
+      check(job.weight > 0 && job.weight <= 1e6,
+            where + ": priority_weight is " + f[fmt.weight] + ", expected a weight in (0, 1e6]");
+    }
     auto type = rates.find(job.name);
     check(type != rates.end(),
           where + ": job type '" + job.name + "' is not in " + throughputs_path);
@@ -120,6 +152,7 @@ std::vector<Job> load_gavel_trace(const std::string& trace_path,
     --measured;
     const double factor = static_cast<double>(job.chips) / static_cast<double>(measured->first);
     scaled += measured->first != job.chips;
+    job.extrapolated = measured->first != job.chips;
     for (const auto& [worker, rate] : measured->second)
       job.seconds_on[worker] = steps / (rate * factor);
     jobs.push_back(std::move(job));

@@ -30,12 +30,16 @@ struct Job {
   bool extrapolated = false;
 };
 
-// A Gavel trace (TSV: job_type, command, num_steps_arg, needs_data_dir, total_steps,
-// arrival_time_s, scale_factor) with Gavel's throughput table (JSON: worker type ->
-// "('<job_type>', <scale_factor>)" -> {"null": steps/s alone}). A job runs total_steps
-// steps; on each worker type its time is total_steps / throughput. Where the table has
-// no entry for a scale factor, the largest measured one below it is scaled linearly
-// (an assumption, counted in `extrapolated`).
+// A Gavel trace (TSV) in any of Gavel's formats, told apart by their field count: 10
+// (job_type, command, working_directory, num_steps_arg, needs_data_dir, total_steps,
+// scale_factor, priority_weight, SLO, arrival_time: Gavel's current one), 9 (the same
+// without working_directory), 7 (job_type, command, num_steps_arg, needs_data_dir,
+// total_steps, arrival_time_s, scale_factor: the bundled traces) or 6 (without
+// needs_data_dir); with Gavel's throughput table (JSON: worker type -> "('<job_type>',
+// <scale factor>)" -> {"null": steps/s alone}). A job runs total_steps steps; on each
+// worker type its time is total_steps / throughput. Where the table has no entry for a
+// scale factor, the largest measured one below it is scaled linearly (an assumption,
+// counted in `extrapolated` and marked on the job).
 std::vector<Job> load_gavel_trace(const std::string& trace_path,
                                   const std::string& throughputs_path,
                                   std::int64_t* extrapolated = nullptr);
