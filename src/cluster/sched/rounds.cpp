@@ -122,6 +122,11 @@ std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
   std::size_t unsettled = classes;
   for (int round = 0; unsettled > 0; ++round) {
     std::optional<std::vector<double>> solution = lp.maximize();
+    // The first program always has a solution (nothing allocated, z = 0). A later one is
+    // the last with its settled classes held a hair below their levels; should rounding
+    // still make it infeasible, the last allocation stands.
+    if (!solution && round > 0)
+      break;
     check(solution.has_value(), "round-based scheduling: the allocation program has no solution");
     for (std::size_t k = 0; k < classes; ++k)
       for (std::size_t t = 0; t < types; ++t)
@@ -135,7 +140,7 @@ std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
     for (std::size_t k = 0; k < classes; ++k)
       if (!settled[k] && std::abs(lp.dual(share_row[k])) > 1e-9) {
         settled[k] = true;
-        lp.set_row(share_row[k], share[k], least * (1 - 1e-9), LinearProgram::kInf);
+        lp.set_row(share_row[k], share[k], least * (1 - 1e-7), LinearProgram::kInf);
         ++now_settled;
       }
     if (now_settled == 0 || round + 1 >= kMaxFillingRounds)
