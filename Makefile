@@ -38,7 +38,7 @@ test-asan: deps
 	ctest --preset asan -j $(JOBS)
 
 # Every CPU figure of bench/RESULTS.md, regenerated into build/bench/NAME.txt with a summary
-# (about an hour on 2 cores; bench/run-all --list names each item, --quick is a smoke run).
+# (about an hour and a half on 2 cores; bench/run-all --list names each item, --quick is a smoke run).
 bench: build
 	scripts/install-deps --bench
 	bench/run-all
