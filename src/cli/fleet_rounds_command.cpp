@@ -159,6 +159,7 @@ int run_fleet_rounds(const FleetRoundsOptions& o) {
             {"saturated", r.saturated},
             {"rounds", r.rounds},
             {"allocations", r.allocations},
+            {"programs", r.programs},
             {"end_h", r.end_s / 3600},
             {"wall_s", wall}};
         for (std::size_t t = 0; t < r.types.size(); ++t)

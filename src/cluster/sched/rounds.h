@@ -59,7 +59,8 @@ struct RoundReport {
   double mean_jct_all_s = 0;  // over every finished job
   double end_s = 0;           // simulated time at the end
   std::int64_t rounds = 0, allocations = 0;
-  bool saturated = false;             // stopped at max_active_jobs: the queue grew without bound
+  std::int64_t programs = 0;  // linear programs solved (water-filling: several per allocation)
+  bool saturated = false;     // stopped at max_active_jobs: the queue grew without bound
   std::vector<std::string> rejected;  // jobs no chip type of the fleet can run
   std::vector<double> jct_s;          // per job id (NaN: not finished)
   std::vector<double> utilization;  // per chip type (in `types`): busy chip-seconds / (chips x end)
@@ -82,6 +83,7 @@ std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
                                                   const std::vector<std::vector<double>>& rate,
                                                   const std::vector<std::int64_t>& scale,
                                                   const std::vector<double>& weight,
-                                                  const std::vector<std::int64_t>& chips);
+                                                  const std::vector<std::int64_t>& chips,
+                                                  std::int64_t* programs = nullptr);
 
 }  // namespace loom::cluster
