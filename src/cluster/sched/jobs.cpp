@@ -12,6 +12,7 @@
 
 #include "cluster/catalog/catalog.h"
 #include "cluster/plan/plan.h"
+#include "cluster/sched/gavel.h"
 #include "core/checked.h"
 #include "core/error.h"
 
@@ -47,47 +48,11 @@ std::vector<std::string> split_tabs(const std::string& line) {
   }
 }
 
-// Gavel's key "('ResNet-18 (batch size 16)', 1)" -> (job type, scale factor).
-bool parse_gavel_key(const std::string& key, std::string& type, std::int64_t& scale) {
-  std::size_t open = key.find("('"), close = key.rfind("', ");
-  if (open != 0 || close == std::string::npos || key.back() != ')')
-    return false;
-  type = key.substr(2, close - 2);
-  try {
-    scale = std::stoll(key.substr(close + 3, key.size() - close - 4));
-  } catch (const std::exception&) {
-    return false;
-  }
-  return scale > 0;
-}
-
 }  // namespace
 
 std::vector<Job> load_gavel_trace(const std::string& trace_path,
                                   const std::string& throughputs_path, std::int64_t* extrapolated) {
-  std::ifstream tput_file(throughputs_path);
-  check(tput_file.good(), throughputs_path + ": cannot open the throughput table");
-  nlohmann::json table;
-  try {
-    table = nlohmann::json::parse(tput_file);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(throughputs_path + ": malformed JSON: " + e.what());
-  }
-  // (job type) -> scale factor -> worker type -> steps/s, consolidated workers only.
-  std::map<std::string, std::map<std::int64_t, std::map<std::string, double>>> rates;
-  for (const auto& [worker, entries] : table.items()) {
-    if (worker.find("_unconsolidated") != std::string::npos)
-      continue;
-    for (const auto& [key, value] : entries.items()) {
-      std::string type;
-      std::int64_t scale = 0;
-      check(parse_gavel_key(key, type, scale), throughputs_path + ": worker '" + worker +
-                                                   "': key '" + key +
-                                                   "' is not ('<job type>', <scale factor>)");
-      if (value.contains("null") && value["null"].is_number() && value["null"].get<double>() > 0)
-        rates[type][scale][worker] = value["null"].get<double>();
-    }
-  }
+  const GavelThroughputs table = GavelThroughputs::load(throughputs_path);
   std::ifstream trace(trace_path);
   check(trace.good(), trace_path + ": cannot open the trace");
   std::vector<Job> jobs;
@@ -142,17 +107,18 @@ std::vector<Job> load_gavel_trace(const std::string& trace_path,
       check(job.weight > 0 && job.weight <= 1e6,
             where + ": priority_weight is " + f[fmt.weight] + ", expected a weight in (0, 1e6]");
     }
-    auto type = rates.find(job.name);
-    check(type != rates.end(),
-          where + ": job type '" + job.name + "' is not in " + throughputs_path);
     // The measured scale factor at or below the job's (linear scaling above it).
-    auto measured = type->second.upper_bound(job.chips);
-    check(measured != type->second.begin(), where + ": no throughput for '" + job.name + "' at " +
-                                                std::to_string(job.chips) + " or fewer workers");
+    auto first = table.steps_per_s.lower_bound({job.name, 0});
+    check(first != table.steps_per_s.end() && first->first.first == job.name,
+          where + ": job type '" + job.name + "' is not in " + throughputs_path);
+    auto measured = table.steps_per_s.upper_bound({job.name, job.chips});
+    check(measured != first, where + ": no throughput for '" + job.name + "' at " +
+                                 std::to_string(job.chips) + " or fewer workers");
     --measured;
-    const double factor = static_cast<double>(job.chips) / static_cast<double>(measured->first);
-    scaled += measured->first != job.chips;
-    job.extrapolated = measured->first != job.chips;
+    const double factor =
+        static_cast<double>(job.chips) / static_cast<double>(measured->first.second);
+    scaled += measured->first.second != job.chips;
+    job.extrapolated = measured->first.second != job.chips;
     for (const auto& [worker, rate] : measured->second)
       job.seconds_on[worker] = steps / (rate * factor);
     jobs.push_back(std::move(job));
