@@ -354,7 +354,11 @@ struct Service::Queue {
   std::vector<JobRecord> jobs;              // unfinished, from the store
   std::vector<WaitingJob> waiting;          // the queued ones that have a pool to go to
   std::vector<const JobRecord*> record_of;  // waiting[i]'s job
-  std::vector<std::string> speeds;          // waiting[i]'s speeds and their sources, in words
+  // What is known of each model on each pool (strict, and allowed to fall back), one store
+  // read per model and pool per pass; routes_of[i]: waiting[i]'s (the reasons of a launch
+  // name each pool's speed source from it, so nothing is spelled out for jobs that wait).
+  std::map<std::string, std::array<std::vector<Route>, 2>, std::less<>> routes;
+  std::vector<const std::vector<Route>*> routes_of;
   std::vector<AttemptRecord> live;
   std::vector<cluster::RunningJob> running;  // not stopping
   std::set<int> stopping_on;                 // pools with an attempt being stopped
@@ -394,7 +398,7 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
     every_pool[p] = static_cast<int>(p);
   // Per pass, what is known of each model on each pool (strict, and allowed to fall back):
   // one store read each, whatever the number of jobs of that model.
-  std::map<std::string, std::array<std::vector<Route>, 2>, std::less<>> routes;
+  auto& routes = q.routes;
   for (const JobRecord& j : q.jobs) {
     if (j.state != "queued" || j.cancel_requested)
       continue;
@@ -404,7 +408,7 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
     w.deadline_s = j.deadline_s.value_or(cluster::kNoDeadline);
     const std::int64_t done =
         j.attempts > 0 ? run_progress(job_dir(j.id) + "/out/metrics.jsonl").steps : 0;
-    std::string excluded, error, speeds;
+    std::string excluded, error;
     bool pending = false;
     double best = INFINITY;
     std::vector<int> named;
@@ -437,9 +441,6 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
       if (draining[static_cast<std::size_t>(pool)])
         continue;
       const double seconds = r.speed.seconds ? *r.speed.seconds * left : cluster::kUnknown;
-      if (record_reasons)
-        speeds += (speeds.empty() ? "" : ", ") + pools_[static_cast<std::size_t>(pool)].name + " " +
-                  r.speed.basis;
       w.options.push_back({pool, seconds});
       if (!std::isnan(seconds))
         best = std::min(best, seconds);
@@ -466,7 +467,7 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
                                std::isfinite(best) ? best : 1e12);
     q.waiting.push_back(std::move(w));
     q.record_of.push_back(&j);
-    q.speeds.push_back(std::move(speeds));
+    q.routes_of.push_back(&known);
   }
   return q;
 }
@@ -515,8 +516,12 @@ void Service::schedule(double now) {
     const WaitingJob* w = candidates[choice->candidate];
     const auto index = static_cast<std::size_t>(w - q.waiting.data());
     const JobRecord& job = *q.record_of[index];
+    std::string speeds;
+    for (const cluster::PoolOption& option : w->options)
+      speeds += (speeds.empty() ? "" : ", ") + pools_[static_cast<std::size_t>(option.pool)].name +
+                " " + (*q.routes_of[index])[static_cast<std::size_t>(option.pool)].speed.basis;
     launch(job, pools_[static_cast<std::size_t>(choice->pool)],
-           choice->reason + "; speed: " + q.speeds[index], now);
+           choice->reason + "; speed: " + speeds, now);
     room.take(choice->pool);
     candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(choice->candidate));
   }
