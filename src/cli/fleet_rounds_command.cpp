@@ -31,8 +31,10 @@ void add_fleet_rounds_command(CLI::App& fleet, FleetRoundsOptions& o) {
   c->add_option(
       "--throughputs", o.throughputs,
       "Gavel's throughput table (default: data/traces/gavel/simulation_throughputs.json)");
-  c->add_option("--policy", o.policy, "max_min_fairness | max_min_fairness_perf | all")
-      ->check(CLI::IsMember({"max_min_fairness", "max_min_fairness_perf", "all"}));
+  c->add_option("--policy", o.policy,
+                "max_min_fairness | max_min_fairness_perf | fifo | fifo_perf | all")
+      ->check(
+          CLI::IsMember({"max_min_fairness", "max_min_fairness_perf", "fifo", "fifo_perf", "all"}));
   c->add_option("--seeds", o.seeds, "seeds of the workload and the type order (e.g. 0 1 2)")
       ->expected(1, 100);
   c->add_option("--window", o.window,
@@ -101,7 +103,8 @@ int run_fleet_rounds(const FleetRoundsOptions& o) {
     trace = load_gavel_trace(o.gavel, table_path, &extrapolated);
   std::vector<RoundPolicy> policies;
   if (o.policy == "all")
-    policies = {RoundPolicy::max_min_fairness, RoundPolicy::max_min_fairness_perf};
+    policies = {RoundPolicy::max_min_fairness, RoundPolicy::max_min_fairness_perf,
+                RoundPolicy::fifo, RoundPolicy::fifo_perf};
   else
     policies = {*parse_round_policy(o.policy)};
   const std::string workload =

@@ -247,5 +247,79 @@ TEST(SimulateRounds, AJobNoTypeCanRunIsRejectedByName) {
   EXPECT_EQ(r.finished, 1);
 }
 
+// Gavel's FIFO allocations (FifoAllocator), worked out by hand.
+TEST(FifoAllocator, TheAwareFifoGivesEachJobInTurnItsFastestTypeWithRoom) {
+  // Types a and b, one chip each. Job 0 is fastest on b, job 1 on a; job 2 comes third,
+  // when both are taken: b, a, nothing.
+  FifoAllocator fifo(/*performance_aware=*/true, 0);
+  const auto x = fifo.allocate({0, 1, 2}, {{1, 2}, {3, 1}, {1, 1}}, {1, 1, 1}, {"a", "b"}, {1, 1});
+  EXPECT_EQ(x[0], (std::vector<double>{0, 1}));
+  EXPECT_EQ(x[1], (std::vector<double>{1, 0}));
+  EXPECT_EQ(x[2], (std::vector<double>{0, 0}));
+}
+
+TEST(FifoAllocator, NoLaterJobJumpsAheadOfOneThatDoesNotFit) {
+  // Two chips of one type. Job 0 takes one; job 1 needs two and waits; job 2 would fit
+  // on the free chip but is behind job 1 in the queue.
+  FifoAllocator fifo(/*performance_aware=*/true, 0);
+  const auto x = fifo.allocate({0, 1, 2}, {{1}, {1}, {1}}, {1, 2, 1}, {"gpu"}, {2});
+  EXPECT_EQ(x[0][0], 1);
+  EXPECT_EQ(x[1][0], 0);
+  EXPECT_EQ(x[2][0], 0);
+}
+
+TEST(FifoAllocator, TheAwareFifoReallocatesAfreshButTheAgnosticOneKeepsItsJobsWhereTheyAre) {
+  // One chip each of a and b; a is the faster for every job. Job 1 is first given b (job 0
+  // holds a); when job 0 finishes, the aware FIFO moves job 1 to a, the agnostic one
+  // leaves it on b and gives the chip job 0 held (a) to the queue's head, job 2.
+  const std::vector<std::string> names{"a", "b"};
+  FifoAllocator aware(true, 0);
+  aware.allocate({0, 1}, {{2, 1}, {2, 1}}, {1, 1}, names, {1, 1});
+  const auto moved = aware.allocate({1, 2}, {{2, 1}, {2, 1}}, {1, 1}, names, {1, 1});
+  EXPECT_EQ(moved[0], (std::vector<double>{1, 0}));  // job 1 now on a
+  EXPECT_EQ(moved[1], (std::vector<double>{0, 1}));  // job 2 on b
+  // The agnostic FIFO: both types have room at first, job 0 goes to the last open type by
+  // name (b) and the random draw only decides which type leaves the list when b fills.
+  PythonRandom draws(7);
+  const std::uint32_t first_draw = draws.randbelow(2);
+  FifoAllocator agnostic(false, 7);
+  const auto first = agnostic.allocate({0, 1}, {{2, 1}, {2, 1}}, {1, 1}, names, {1, 1});
+  EXPECT_EQ(first[0], (std::vector<double>{0, 1}));  // job 0 on b
+  if (first_draw == 1) {
+    // b left the list; job 1 takes a.
+    EXPECT_EQ(first[1], (std::vector<double>{1, 0}));
+    const auto kept = agnostic.allocate({1, 2}, {{2, 1}, {2, 1}}, {1, 1}, names, {1, 1});
+    EXPECT_EQ(kept[0], (std::vector<double>{1, 0}));  // job 1 stays on a
+    EXPECT_EQ(kept[1], (std::vector<double>{0, 1}));  // job 2 gets job 0's chip, on b
+  } else {
+    // a left the list though it has room, and b is full: job 1 waits.
+    EXPECT_EQ(first[1], (std::vector<double>{0, 0}));
+    const auto kept = agnostic.allocate({1, 2}, {{2, 1}, {2, 1}}, {1, 1}, names, {1, 1});
+    EXPECT_EQ(kept[0], (std::vector<double>{0, 1}));  // job 1, the head, gets job 0's b
+  }
+}
+
+TEST(SimulateRounds, UnderFifoAJobWithoutAnAllocationLeavesIdleChipsIdle) {
+  // Two "gpu" chips and one "old". Job 0 (one chip, gpu only, 3,600 steps at 1 step/s)
+  // takes a gpu; job 1 (two chips, gpu only) does not fit beside it and waits; job 2 (one
+  // chip, old only) is behind job 1 in the queue, so FIFO gives it nothing (X = 0) and it
+  // does not run on the idle old chip (Gavel: invalid_allocation_zero). Job 0 ends at
+  // 3,600 s; the allocation then (3,600 s is 1,920 s past the last, at 0) gives job 1 the
+  // gpus and job 2 the old chip: both run 360 steps, done at 3,960 s. Under max-min
+  // fairness job 2 runs at once on the idle old chip: done at 360 s.
+  const Fleet fleet = parse_fleet("gpu:2,old:1");
+  Job wide = job_of(1, 0, 360, {{"gpu", 1.0}});
+  wide.chips = 2;
+  const std::vector<Job> jobs{job_of(0, 0, 3600, {{"gpu", 1.0}}), wide,
+                              job_of(2, 0, 360, {{"old", 1.0}})};
+  const RoundReport fifo = simulate_rounds(fleet, source_of(jobs), RoundPolicy::fifo_perf);
+  ASSERT_EQ(fifo.finished, 3);
+  EXPECT_DOUBLE_EQ(fifo.jct_s[0], 3600);
+  EXPECT_DOUBLE_EQ(fifo.jct_s[1], 3960);
+  EXPECT_DOUBLE_EQ(fifo.jct_s[2], 3960);
+  const RoundReport fair = simulate_rounds(fleet, source_of(jobs), RoundPolicy::max_min_fairness);
+  EXPECT_DOUBLE_EQ(fair.jct_s[2], 360);
+}
+
 }  // namespace
 }  // namespace loom::cluster

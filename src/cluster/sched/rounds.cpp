@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -22,6 +23,10 @@ std::optional<RoundPolicy> parse_round_policy(const std::string& text) {
     return RoundPolicy::max_min_fairness;
   if (text == "max_min_fairness_perf")
     return RoundPolicy::max_min_fairness_perf;
+  if (text == "fifo")
+    return RoundPolicy::fifo;
+  if (text == "fifo_perf")
+    return RoundPolicy::fifo_perf;
   return std::nullopt;
 }
 
@@ -31,6 +36,10 @@ const char* round_policy_name(RoundPolicy policy) {
       return "max_min_fairness";
     case RoundPolicy::max_min_fairness_perf:
       return "max_min_fairness_perf";
+    case RoundPolicy::fifo:
+      return "fifo";
+    case RoundPolicy::fifo_perf:
+      return "fifo_perf";
   }
   return "?";
 }
@@ -159,6 +168,87 @@ std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
   return x;
 }
 
+std::vector<std::vector<double>> FifoAllocator::allocate(
+    const std::vector<std::int64_t>& ids, const std::vector<std::vector<double>>& rate,
+    const std::vector<std::int64_t>& scale, const std::vector<std::string>& type_names,
+    const std::vector<std::int64_t>& chips) {
+  const std::size_t types = chips.size();
+  check(type_names.size() == types && rate.size() == ids.size() && scale.size() == ids.size(),
+        "FifoAllocator: jobs and types disagree in size");
+  std::map<std::int64_t, std::size_t> index_of;  // id -> row
+  for (std::size_t j = 0; j < ids.size(); ++j)
+    index_of[ids[j]] = j;
+  if (performance_aware_)
+    allocation_.clear();
+  std::vector<std::int64_t> available = chips;  // may go below 0, as in Gavel
+  std::deque<std::int64_t> queue;               // waiting jobs by id
+  for (const auto& [id, row] : index_of)
+    if (!allocation_.contains(id))
+      queue.push_back(id);
+  // Finished jobs hand their type to the queue's head when it fits there; the others
+  // still hold theirs. (Over a snapshot of the ids: jobs placed here are not visited.)
+  std::vector<std::int64_t> held;
+  for (const auto& entry : allocation_)
+    held.push_back(entry.first);
+  for (std::int64_t id : held) {
+    const auto [type, held_chips] = allocation_.at(id);
+    if (index_of.contains(id)) {
+      available[type] -= held_chips;
+      continue;
+    }
+    if (!queue.empty()) {
+      const std::size_t head = index_of.at(queue.front());
+      if (scale[head] <= available[type] && rate[head][type] > 0) {
+        allocation_[queue.front()] = {type, scale[head]};
+        available[type] -= scale[head];
+        queue.pop_front();
+      }
+    }
+    allocation_.erase(id);
+  }
+  // The types with free chips, by name.
+  std::vector<std::size_t> open;
+  for (std::size_t t = 0; t < types; ++t)
+    if (available[t] > 0)
+      open.push_back(t);
+  std::sort(open.begin(), open.end(),
+            [&](std::size_t a, std::size_t b) { return type_names[a] < type_names[b]; });
+  while (!queue.empty() && !open.empty()) {
+    const std::int64_t id = queue.front();
+    queue.pop_front();
+    const std::size_t j = index_of.at(id);
+    std::vector<std::size_t> fitting;  // positions in `open` with room for the job
+    for (std::size_t i = 0; i < open.size(); ++i)
+      if (available[open[i]] >= scale[j])
+        fitting.push_back(i);
+    if (fitting.empty())
+      break;  // first come, first served: no later job jumps ahead
+    std::size_t pick = 0, type = 0;
+    if (!performance_aware_) {
+      pick = rng_.randbelow(static_cast<std::uint32_t>(fitting.size()));
+      type = open.back();  // Gavel's code: see rounds.h
+    } else {
+      double best = -1;
+      for (std::size_t i = 0; i < fitting.size(); ++i)
+        if (rate[j][open[fitting[i]]] > best) {
+          best = rate[j][open[fitting[i]]];
+          pick = i;
+          type = open[fitting[i]];
+        }
+    }
+    if (!(rate[j][type] > 0))
+      continue;
+    allocation_[id] = {type, scale[j]};
+    available[type] -= scale[j];
+    if (available[type] == 0)
+      open.erase(open.begin() + static_cast<std::ptrdiff_t>(fitting[pick]));
+  }
+  std::vector<std::vector<double>> x(ids.size(), std::vector<double>(types, 0.0));
+  for (const auto& [id, held_type] : allocation_)
+    x[index_of.at(id)][held_type.first] = 1.0;
+  return x;
+}
+
 namespace {
 
 struct Active {
@@ -194,6 +284,9 @@ RoundReport simulate_rounds(const Fleet& fleet, const JobSource& source, RoundPo
   std::vector<double> busy(types, 0.0), type_time(types, 0.0);  // type_time: _worker_time_so_far
   std::vector<Active> active;
   PythonRandom type_order_rng(o.seed + 5);
+  std::optional<FifoAllocator> fifo;
+  if (policy == RoundPolicy::fifo || policy == RoundPolicy::fifo_perf)
+    fifo.emplace(policy == RoundPolicy::fifo_perf, o.seed);
   std::optional<Job> pending = source();
   double now = 0, last_reset = 0, jct_sum_all = 0, jct_sum_window = 0;
   bool reset_yet = false, need_allocation = false;
@@ -312,8 +405,15 @@ RoundReport simulate_rounds(const Fleet& fleet, const JobSource& source, RoundPo
         scale.push_back(a.job.chips);
         weight.push_back(a.job.weight);
       }
-      const std::vector<std::vector<double>> x =
-          round_allocation(policy, rate, scale, weight, chips, &report.programs);
+      std::vector<std::vector<double>> x;
+      if (fifo) {
+        std::vector<std::int64_t> ids;
+        for (const Active& a : active)
+          ids.push_back(a.job.id);
+        x = fifo->allocate(ids, rate, scale, report.types, chips);
+      } else {
+        x = round_allocation(policy, rate, scale, weight, chips, &report.programs);
+      }
       for (std::size_t j = 0; j < active.size(); ++j) {
         active[j].share = x[j];
         active[j].allocated = true;
@@ -328,8 +428,8 @@ RoundReport simulate_rounds(const Fleet& fleet, const JobSource& source, RoundPo
     // arrival order; each job takes one type, all its chips there.
     std::vector<std::size_t> order(types);
     std::iota(order.begin(), order.end(), std::size_t{0});
-    if (policy == RoundPolicy::max_min_fairness)
-      type_order_rng.shuffle(order);
+    if (policy == RoundPolicy::max_min_fairness || policy == RoundPolicy::fifo)
+      type_order_rng.shuffle(order);  // Gavel shuffles for the policies not named Perf
     std::vector<std::int64_t> free = chips;
     std::vector<bool> taken(active.size(), false);
     struct Entry {
@@ -361,6 +461,8 @@ RoundReport simulate_rounds(const Fleet& fleet, const JobSource& source, RoundPo
         Active& a = active[e.job];
         if (taken[e.job] || !(a.rate[t] > 0) || a.job.chips > free[t])
           continue;
+        if (fifo && !(e.priority > 0))
+          continue;  // all-or-nothing allocations: X = 0 means not here (Gavel)
         free[t] -= a.job.chips;
         taken[e.job] = true;
         if (!a.allocated)

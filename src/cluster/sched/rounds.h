@@ -18,7 +18,13 @@
 //                          maximise min_j sum_t T[j][t] chips_j X[j][t] / (w_j P_j), T the
 //                          job's throughput on type t and P_j its throughput under an equal
 //                          share of every type (sum_t T[j][t] N_t / sum_t N_t);
-// each solved as linear programs by GLPK (linear_program.h). The max-min optimum is not
+// each solved as linear programs by GLPK (linear_program.h); and Gavel's FIFO family,
+//   fifo                   first come, first served, non-preemptive: a job keeps the type
+//                          it was given until it finishes (the paper's "FIFO");
+//   fifo_perf              first come, first served, each allocation given afresh in
+//                          arrival order, every job to the fastest type with room for it
+//                          (the paper's heterogeneity-aware FIFO, "Gavel");
+// both give each job all or nothing of one type (FifoAllocator below). The max-min optimum is not
 // unique: only the least share is pinned down. Loom takes the max-min fair allocation in
 // its standard (lexicographic) sense, by water-filling: maximise the least share, settle
 // the jobs that cannot get more (non-zero duals), maximise the least share of the rest,
@@ -30,16 +36,18 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "cluster/sched/fleet.h"
+#include "cluster/sched/gavel.h"
 #include "cluster/sched/jobs.h"
 
 namespace loom::cluster {
 
-enum class RoundPolicy { max_min_fairness, max_min_fairness_perf };
+enum class RoundPolicy { max_min_fairness, max_min_fairness_perf, fifo, fifo_perf };
 std::optional<RoundPolicy> parse_round_policy(const std::string& text);  // nullopt: not one
 const char* round_policy_name(RoundPolicy policy);
 
@@ -85,5 +93,37 @@ std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
                                                   const std::vector<double>& weight,
                                                   const std::vector<std::int64_t>& chips,
                                                   std::int64_t* programs = nullptr);
+
+// Gavel's FIFO allocation (policies/fifo.py), as Gavel's code runs it, because its FIFO
+// figure was drawn by that code. Jobs are taken in id (arrival) order; each allocated job
+// gets X = 1 on one type, the others X = 0 (and a job with X = 0 on a type never runs
+// there, even on idle chips: Gavel's invalid_allocation_zero). Chip types are considered
+// in name order. With `performance_aware`, every allocation starts afresh and a job goes
+// to the type with its highest throughput among those with room for it. Without it the
+// allocation persists: a finished job's chips go to the first waiting job if it fits
+// there, and the rest of the queue is placed one job at a time. Gavel's code draws a
+// random index among the types with room but then places the job on the last type of
+// its list of types with free chips (by name, "v100" before "p100" and "k80" fill up;
+// even when that type has no room left, while another type has), and uses the random
+// index only to decide which type leaves the list when one fills. Loom does the same:
+// a random type puts a third of the jobs on K80s and gives 38.8 h at 0.2 jobs/h where
+// Gavel's FIFO figure has 17.3 h (about a V100 run time; bench/RESULTS.md).
+class FifoAllocator {
+ public:
+  FifoAllocator(bool performance_aware, std::uint32_t seed)
+      : performance_aware_(performance_aware), rng_(seed) {}
+  // X[j][t] for the jobs now active (`ids` ascending), `rate[j][t]` their throughputs (0:
+  // cannot run there), `scale[j]` their chips; `type_names[t]` and `chips[t]` the types.
+  std::vector<std::vector<double>> allocate(const std::vector<std::int64_t>& ids,
+                                            const std::vector<std::vector<double>>& rate,
+                                            const std::vector<std::int64_t>& scale,
+                                            const std::vector<std::string>& type_names,
+                                            const std::vector<std::int64_t>& chips);
+
+ private:
+  bool performance_aware_;
+  PythonRandom rng_;  // Gavel's FIFOPolicy(seed=seed)
+  std::map<std::int64_t, std::pair<std::size_t, std::int64_t>> allocation_;  // id -> type, chips
+};
 
 }  // namespace loom::cluster
