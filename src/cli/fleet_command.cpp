@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/catalog/catalog.h"
+#include "cluster/sched/alibaba.h"
 #include "cluster/sched/simulator.h"
 #include "core/error.h"
 
@@ -21,9 +22,15 @@ CLI::App* add_fleet_command(CLI::App& app, FleetOptions& o) {
   CLI::App* sim = fleet->add_subcommand(
       "simulate", "simulate a job list on a fleet under scheduling policies (discrete events)");
   sim->add_option("--fleet", o.fleet,
-                  "pools CHIP:NODESxCHIPS[,...] (e.g. v100:36x8,k80:36x8), or a YAML file")
-      ->required();
+                  "pools CHIP:NODESxCHIPS[,...] (e.g. v100:36x8,k80:36x8), or a YAML file "
+                  "(required but with --alibaba, whose node list is the fleet)");
   sim->add_option("--gavel", o.gavel, "jobs: a Gavel trace (TSV)");
+  sim->add_option(
+      "--alibaba", o.alibaba,
+      "jobs and fleet: an Alibaba PAI 2023 pod list (CSV; GPU sharing and GPU type "
+      "constraints), e.g. data/traces/alibaba-pai-gpu-v2023/openb_pod_list_gpuspec33.csv");
+  sim->add_option("--alibaba-nodes", o.alibaba_nodes,
+                  "the Alibaba node list (default: openb_node_list_gpu_node.csv beside the pods)");
   sim->add_option(
       "--throughputs", o.throughputs,
       "the Gavel throughput table (default: ../simulation_throughputs.json beside the trace)");
@@ -35,7 +42,9 @@ CLI::App* add_fleet_command(CLI::App& app, FleetOptions& o) {
                   "synthetic: offered load, the work the arrivals bring per second over the "
                   "fleet's chips (at the first pool's speed)")
       ->check(CLI::Range(0.01, 10.0));
-  sim->add_option("--seed", o.seed, "random seed of the synthetic jobs and of the failures");
+  sim->add_option("--seed", o.seed,
+                  "random seed of the synthetic jobs, of the failures, and of each job's order "
+                  "of the pools a policy finds alike (the live service's order is seed 0's)");
   sim->add_option("--policy", o.policy,
                   "fifo | backfill | sjf | fastest | las | cheapest | loom | all")
       ->check(
@@ -77,12 +86,12 @@ void write_placements(const std::string& path, const Fleet& fleet, const std::ve
   {
     std::ofstream out(temp);
     check(out.good(), path + ": cannot write the placements");
-    out << "policy,job,name,chips,arrival_s,pool,start_s,end_s,interruptions\n";
+    out << "policy,job,name,chips,milli,arrival_s,pool,start_s,end_s,interruptions\n";
     for (const SimReport& r : reports)
       for (std::size_t j = 0; j < jobs.size(); ++j) {
         const Placement& pl = r.placements[j];
         out << policy_name(r.policy) << ',' << jobs[j].id << ",\"" << jobs[j].name << "\","
-            << jobs[j].chips << ',' << jobs[j].arrival_s << ','
+            << jobs[j].chips << ',' << jobs[j].milli << ',' << jobs[j].arrival_s << ','
             << (pl.pool < 0 ? "" : fleet.label(static_cast<std::size_t>(pl.pool))) << ','
             << pl.start_s << ',' << pl.end_s << ',' << pl.interruptions << '\n';
       }
@@ -93,12 +102,38 @@ void write_placements(const std::string& path, const Fleet& fleet, const std::ve
 }  // namespace
 
 int run_fleet(const FleetOptions& o) {
-  const int sources = !o.gavel.empty() + !o.jobs.empty() + (o.synthetic > 0);
-  check(sources == 1, "loom fleet simulate needs exactly one of --gavel, --jobs and --synthetic");
-  Fleet fleet = fleet_from(o.fleet);
+  const int sources = !o.gavel.empty() + !o.jobs.empty() + (o.synthetic > 0) + !o.alibaba.empty();
+  check(sources == 1,
+        "loom fleet simulate needs exactly one of --gavel, --jobs, --synthetic and --alibaba");
+  check(o.alibaba.empty() == !o.fleet.empty(),
+        o.alibaba.empty()
+            ? "loom fleet simulate needs --fleet"
+            : "loom fleet simulate --alibaba: the node list is the fleet; drop --fleet");
   std::vector<Job> jobs;
   std::string source;
-  if (!o.gavel.empty()) {
+  Fleet fleet;
+  if (!o.alibaba.empty()) {
+    const std::string nodes =
+        !o.alibaba_nodes.empty()
+            ? o.alibaba_nodes
+            : (std::filesystem::path(o.alibaba).parent_path() / "openb_node_list_gpu_node.csv")
+                  .string();
+    AlibabaTrace trace = load_alibaba_trace(o.alibaba, nodes);
+    fleet = std::move(trace.fleet);
+    jobs = std::move(trace.jobs);
+    source = "Alibaba PAI 2023 " + o.alibaba + ": " + std::to_string(trace.pods) + " pods; " +
+             std::to_string(jobs.size()) + " GPU pods replayed (" + std::to_string(trace.shared) +
+             " sharing a GPU, " + std::to_string(trace.constrained) +
+             " with a GPU type constraint), run time = deletion - scheduled, alike on every "
+             "model (the trace discloses no speeds); not replayed: " +
+             std::to_string(trace.cpu_only) + " CPU-only, " +
+             std::to_string(trace.never_scheduled) + " never scheduled, " +
+             std::to_string(trace.no_run_time) + " deleted before scheduled";
+  } else {
+    fleet = fleet_from(o.fleet);
+  }
+  if (!o.alibaba.empty()) {
+  } else if (!o.gavel.empty()) {
     std::string table = o.throughputs;
     if (table.empty())
       table = (std::filesystem::path(o.gavel).parent_path().parent_path() /
@@ -119,6 +154,15 @@ int run_fleet(const FleetOptions& o) {
   }
   std::vector<Policy> policies =
       o.policy == "all" ? all_policies() : std::vector<Policy>{parse_policy(o.policy)};
+  // las preempts whole chips only: with shared chips "all" leaves it out, and says so.
+  const auto sharing =
+      std::count_if(jobs.begin(), jobs.end(), [](const Job& j) { return j.milli > 0; });
+  std::string left_out;
+  if (o.policy == "all" && sharing > 0) {
+    std::erase(policies, Policy::las);
+    left_out = "las not run: it preempts whole chips only, and " + std::to_string(sharing) +
+               " jobs share a chip";
+  }
   Failures failures;
   failures.node_mtbf_h = o.node_mtbf_hours;
   failures.repair_h = o.repair_hours;
@@ -127,8 +171,9 @@ int run_fleet(const FleetOptions& o) {
   failures.seed = o.seed;
   const bool failing = failures.node_mtbf_h > 0;
   if (!o.json) {
-    std::printf("fleet: %s\njobs: %zu, %s\n\n", fleet.describe().c_str(), jobs.size(),
+    std::printf("fleet: %s\njobs: %zu, %s\n", fleet.describe().c_str(), jobs.size(),
                 source.c_str());
+    std::printf("%s\n", left_out.empty() ? "" : (left_out + "\n").c_str());
     std::printf("%-9s %9s %10s %10s %10s %10s %10s", "policy", "finished", "mean JCT", "median JCT",
                 "p99 JCT", "mean wait", "makespan");
     for (std::size_t p = 0; p < fleet.pools.size(); ++p)
@@ -140,7 +185,8 @@ int run_fleet(const FleetOptions& o) {
   std::vector<SimReport> reports;
   for (Policy policy : policies) {
     auto start = std::chrono::steady_clock::now();
-    reports.push_back(simulate(fleet, jobs, policy, failures, Preemption{o.quantum_minutes}));
+    reports.push_back(
+        simulate(fleet, jobs, policy, failures, Preemption{o.quantum_minutes}, o.seed));
     const SimReport& r = reports.back();
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (o.json) {

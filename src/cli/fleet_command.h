@@ -10,6 +10,7 @@ namespace loom::cli {
 struct FleetOptions {
   std::string fleet;  // CHIP:NODESxCHIPS,... or a YAML file
   std::string gavel;  // a Gavel trace
+  std::string alibaba, alibaba_nodes;  // Alibaba PAI 2023: pod list, node list
   std::string
       throughputs;   // its throughput table (default: ../simulation_throughputs.json beside it)
   std::string jobs;  // a YAML list of transformer training jobs

@@ -117,11 +117,39 @@ TEST(Simulator, SjfRunsTheShortestWaitingJobFirst) {
   EXPECT_EQ(sjf.placements[1].start_s, 110.0);
 }
 
+TEST(Simulator, TypeBlindPoliciesDoNotPreferThePoolListedFirst) {
+  // 1,000 one-chip jobs, one at a time, each free to run on either of two chip types:
+  // under fifo each goes to the first pool with room in its own seeded order, so about
+  // half land on each type (binomial: 500 +/- 16; 430-570 is over four deviations),
+  // and not all on the first pool listed, as before the tie-break.
+  Fleet f = parse_fleet("first:1,second:1");
+  std::vector<Job> jobs;
+  for (int i = 0; i < 1000; ++i) {
+    jobs.push_back(job(100.0 * i, 1, {{"first", 10}, {"second", 10}}));
+    jobs.back().id = i;
+  }
+  for (Policy policy : {Policy::fifo, Policy::backfill, Policy::sjf}) {
+    SCOPED_TRACE(policy_name(policy));
+    const SimReport r = simulate(f, jobs, policy);
+    const auto on_first = std::count_if(r.placements.begin(), r.placements.end(),
+                                        [](const Placement& p) { return p.pool == 0; });
+    EXPECT_GT(on_first, 430);
+    EXPECT_LT(on_first, 570);
+  }
+  // Reproducible: the same seed gives the same pools, another seed others.
+  auto pools_of = [&](std::uint64_t seed) {
+    std::vector<int> pools;
+    for (const Placement& p : simulate(f, jobs, Policy::fifo, {}, {}, seed).placements)
+      pools.push_back(p.pool);
+    return pools;
+  };
+  EXPECT_EQ(pools_of(7), pools_of(7));
+  EXPECT_NE(pools_of(7), pools_of(8));
+}
+
 TEST(Simulator, FastestPutsEachJobOnTheChipTypeWhereItFinishesFirst) {
   Fleet f = parse_fleet("slow:1,fast:1");
   std::vector<Job> jobs{job(0, 1, {{"slow", 100}, {"fast", 10}})};
-  EXPECT_EQ(simulate(f, jobs, Policy::fifo).placements[0].end_s,
-            100.0);  // the first pool with room
   SimReport fastest = simulate(f, jobs, Policy::fastest);
   EXPECT_EQ(fastest.placements[0].end_s, 10.0);
   EXPECT_EQ(f.pools[static_cast<std::size_t>(fastest.placements[0].pool)].chip, "fast");

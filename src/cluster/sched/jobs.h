@@ -19,6 +19,9 @@ struct Job {
   std::string name;  // the workload ("ResNet-50 (batch size 64)", "llama3-8b")
   double arrival_s = 0;
   std::int64_t chips = 1;
+  // A share of one chip, in thousandths (1-999; chips is then 1): the job shares a chip
+  // with others whose shares sum to at most 1,000 (GPU sharing). 0: whole chips.
+  std::int64_t milli = 0;
   // Run time in seconds on `chips` chips of each chip type that can run the job; a type
   // missing here cannot (no measurement, or the model does not fit its memory).
   std::map<std::string, double> seconds_on;

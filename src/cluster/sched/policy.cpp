@@ -43,6 +43,30 @@ std::vector<Policy> all_policies() {
           Policy::las,  Policy::cheapest, Policy::loom};
 }
 
+namespace {
+// splitmix64's finaliser: a well-mixed 64-bit hash of x.
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+std::vector<int> tie_break_order(std::vector<int> pools, std::span<const int> group_of,
+                                 std::uint64_t seed, std::int64_t job_id) {
+  const std::uint64_t job = mix(seed ^ mix(static_cast<std::uint64_t>(job_id)));
+  auto rank = [&](int pool) {
+    const int group = group_of.empty() ? pool : group_of[static_cast<std::size_t>(pool)];
+    return mix(job ^ static_cast<std::uint64_t>(group));
+  };
+  std::sort(pools.begin(), pools.end(), [&](int a, int b) {
+    const std::uint64_t ra = rank(a), rb = rank(b);
+    return ra != rb ? ra < rb : a < b;
+  });
+  return pools;
+}
+
 double order_key(Policy policy, std::int64_t priority, double arrival_rank, double best_seconds) {
   // Priorities are small integers: one priority level outweighs any rank or run time.
   const double level = -static_cast<double>(priority) * 1e15;
@@ -156,11 +180,11 @@ std::string explain_choice(Policy policy, const WaitingJob& c, const PoolOption&
       const double mine = cost_of(c, chosen, pools), theirs = cost_of(c, *other, pools);
       if (mine > 0 && theirs > mine)
         compare += " but " + ratio(theirs / mine) + " the price";
-      if (!room.fits(other->pool, c.chips))
+      if (!room.has_room(other->pool, c))
         compare += ", but full";
     } else if (!std::isnan(chosen.seconds)) {
       compare = other_name + " " + ratio(other->seconds / chosen.seconds) + " slower";
-      if (!room.fits(other->pool, c.chips))
+      if (!room.has_room(other->pool, c))
         compare += " and full";
     }
     if (!compare.empty())
@@ -176,7 +200,7 @@ std::optional<Choice> choose_pool(Policy policy, const WaitingJob& candidate,
                                   bool explain) {
   const PoolOption* best = nullptr;
   for (const PoolOption& o : candidate.options) {
-    if (!room.fits(o.pool, candidate.chips))
+    if (!room.has_room(o.pool, candidate))
       continue;
     if (best == nullptr) {
       best = &o;
@@ -240,6 +264,8 @@ std::optional<PreemptionChoice> choose_preemption(Policy policy, const WaitingJo
                                                   std::span<const RunningJob> running,
                                                   std::span<const PoolTerms> pools,
                                                   const Room& room, double now) {
+  if (candidate.milli > 0)
+    return std::nullopt;  // chips counted whole below: shares are not preempted for
   // The job's pools in the policy's order of preference.
   std::vector<PoolOption> order = candidate.options;
   std::stable_sort(order.begin(), order.end(), [&](const PoolOption& a, const PoolOption& b) {

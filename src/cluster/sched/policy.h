@@ -5,7 +5,10 @@
 //
 // Ties break one documented way everywhere: candidates by their key, then by the
 // caller's job index (arrival order); pools by the policy's rules, then by the job's own
-// order of acceptable pools. Nothing is random.
+// order of acceptable pools. A job that states no order of its own (every job in the
+// simulator, a service job that names no pools) gets one from tie_break_order: a seeded
+// pseudo-random order per job, so that no policy prefers the first pool listed. The
+// order is reproducible: the same seed, job id and pools give the same order.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +57,7 @@ struct PoolOption {
 struct WaitingJob {
   std::size_t job = 0;  // the caller's index: the last tie-break
   std::int64_t chips = 1;
+  std::int64_t milli = 0;           // > 0: a share of one chip, in thousandths (Job::milli)
   double key = 0;                   // the policy's order, smaller first (see order_key)
   double deadline_s = kNoDeadline;  // absolute time by which it should finish
   std::int64_t priority = 0;        // higher preempts lower (service)
@@ -65,6 +69,11 @@ class Room {
  public:
   virtual ~Room() = default;
   virtual bool fits(int pool, std::int64_t chips) const = 0;
+  // Room for a share of one chip (thousandths); a caller without shared chips has none.
+  virtual bool fits_share(int /*pool*/, std::int64_t /*milli*/) const { return false; }
+  bool has_room(int pool, const WaitingJob& job) const {
+    return job.milli > 0 ? fits_share(pool, job.milli) : fits(pool, job.chips);
+  }
   // Chips free in the pool (for preemption: freed chips plus these must cover a job).
   virtual std::int64_t free_chips(int pool) const = 0;
 };
@@ -74,6 +83,16 @@ struct Choice {
   int pool = -1;
   std::string reason;  // in words, when asked for (the service records it)
 };
+
+// A job's order of `pools` when it states none: by splitmix64(seed, job id, the pool's
+// group), smallest first; pools of one group keep the caller's order. The simulator's
+// groups are chip types (so a type's pools stay in the fleet's order, smaller nodes
+// first where the fleet lists them so, which packs small jobs there) and its seed is
+// --seed; the live service's groups are its pools and its seed 0, so a simulation with
+// seed 0 and the service order a job's pools alike. `group_of[p]`: pool p's group (empty:
+// every pool its own).
+std::vector<int> tie_break_order(std::vector<int> pools, std::span<const int> group_of,
+                                 std::uint64_t seed, std::int64_t job_id);
 
 // The key of a waiting job under `policy`: higher priority first, then arrival rank (or,
 // for sjf, its remaining run time on its fastest pool).

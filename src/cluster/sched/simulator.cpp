@@ -30,7 +30,7 @@ namespace {
 class Simulation {
  public:
   Simulation(const Fleet& fleet, const std::vector<Job>& jobs, Policy policy,
-             const Failures& failures, const Preemption& preemption)
+             const Failures& failures, const Preemption& preemption, std::uint64_t tie_seed)
       : fleet_(fleet),
         jobs_(jobs),
         policy_(policy),
@@ -51,7 +51,7 @@ class Simulation {
       for (std::size_t p = 0; p < fleet.pools.size(); ++p) {
         auto it = jobs[j].seconds_on.find(fleet.pools[p].chip);
         if (it == jobs[j].seconds_on.end() ||
-            !pools_[p].capacity_for(jobs[j].chips, fleet.pools[p].nodes))
+            !pools_[p].capacity_for(jobs[j].milli > 0 ? 1 : jobs[j].chips, fleet.pools[p].nodes))
           continue;
         check(it->second > 0 && std::isfinite(it->second), "job " + std::to_string(jobs[j].id) +
                                                                ": run time on " + it->first +
@@ -63,11 +63,22 @@ class Simulation {
     }
     // Each job as the policy core sees it: its chips and the pools that can run it (in
     // the fleet's order) with its run time on each; the key is set when it is queued.
+    std::vector<int> type_of_pool;  // pools grouped by chip type, for the tie-break
+    for (std::size_t p = 0; p < fleet.pools.size(); ++p) {
+      int type = static_cast<int>(p);
+      for (std::size_t q = 0; q < p; ++q)
+        if (fleet.pools[q].chip == fleet.pools[p].chip) {
+          type = type_of_pool[q];
+          break;
+        }
+      type_of_pool.push_back(type);
+    }
     candidates_.resize(n);
     for (std::size_t j = 0; j < n; ++j) {
       candidates_[j].job = j;
       candidates_[j].chips = jobs[j].chips;
-      for (int p : runnable_[j])
+      candidates_[j].milli = jobs[j].milli;
+      for (int p : tie_break_order(runnable_[j], type_of_pool, tie_seed, jobs[j].id))
         candidates_[j].options.push_back({p, seconds_on(j, p)});
     }
     for (std::size_t p = 0; p < fleet.pools.size(); ++p)
@@ -79,10 +90,12 @@ class Simulation {
     std::map<std::pair<std::int64_t, std::vector<int>>, std::size_t> class_of_shape;
     class_.assign(n, 0);
     for (std::size_t j = 0; j < n; ++j)
-      if (!runnable_[j].empty())
-        class_[j] =
-            class_of_shape.emplace(std::pair{jobs[j].chips, runnable_[j]}, class_of_shape.size())
-                .first->second;
+      if (!runnable_[j].empty())  // the shape: chips, or a share as minus its thousandths
+        class_[j] = class_of_shape
+                        .emplace(std::pair{jobs[j].milli > 0 ? -jobs[j].milli : jobs[j].chips,
+                                           runnable_[j]},
+                                 class_of_shape.size())
+                        .first->second;
     waiting_.resize(class_of_shape.size());
     busy_.assign(fleet.pools.size(), 0);
     started_on_.assign(fleet.pools.size(), 0);
@@ -150,6 +163,13 @@ class Simulation {
     double start = 0, overhead = 0;  // overhead: the restart before work resumes
   };
 
+  // The chips job j holds on pool p (for chip-seconds): whole nodes' worth for a job
+  // larger than a node, its share for a job sharing a chip.
+  double footprint(std::size_t j, int p) const {
+    if (jobs_[j].milli > 0)
+      return static_cast<double>(jobs_[j].milli) / PoolState::kWhole;
+    return static_cast<double>(pools_[static_cast<std::size_t>(p)].footprint(jobs_[j].chips));
+  }
   double seconds_on(std::size_t j, int p) const {
     return jobs_[j].seconds_on.at(fleet_.pools[static_cast<std::size_t>(p)].chip);
   }
@@ -170,7 +190,8 @@ class Simulation {
       report_.rejected.push_back(
           "job " + std::to_string(jobs_[j].id) + " (" + jobs_[j].name + ", " +
           std::to_string(jobs_[j].chips) +
-          " chips): no pool of the fleet has its chip type measured and that many chips");
+          " chips): no pool of the fleet has a chip type it can run on (measured, or allowed "
+          "by its constraints) and that many chips");
       return;
     }
     rank_[j] = static_cast<double>(rank);
@@ -204,7 +225,7 @@ class Simulation {
 
   void start(std::size_t j, int p, double now) {
     PoolState& pool = pools_[static_cast<std::size_t>(p)];
-    held_[j] = pool.take(jobs_[j].chips, j);
+    held_[j] = pool.hold(jobs_[j].chips, jobs_[j].milli, j);
     Placement& pl = report_.placements[j];
     const double overhead = stopped_[j] ? failures_.restart_min * 60 : 0;
     if (pl.pool < 0)  // the first start
@@ -220,21 +241,18 @@ class Simulation {
   double stop(std::size_t j, double now) {
     const Run& run = run_[j];
     PoolState& pool = pools_[static_cast<std::size_t>(run.pool)];
-    pool.give_back(held_[j], j);
-    held_[j].clear();
+    pool.release(held_[j], j);
+    held_[j] = {};
     --running_;
     running_jobs_.erase(j);
-    const double held = (now - run.start) * static_cast<double>(pool.footprint(jobs_[j].chips));
+    const double held = (now - run.start) * footprint(j, run.pool);
     busy_[static_cast<std::size_t>(run.pool)] += held;
     attained_[j] += held;
     return held;
   }
   void complete(std::size_t j, double now) {
     const double held = stop(j, now);
-    const double overhead =
-        run_[j].overhead *
-        static_cast<double>(
-            pools_[static_cast<std::size_t>(run_[j].pool)].footprint(jobs_[j].chips));
+    const double overhead = run_[j].overhead * footprint(j, run_[j].pool);
     kept_ += held - overhead;
     report_.lost_chip_hours += overhead / 3600;
     left_[j] = 0;
@@ -245,8 +263,7 @@ class Simulation {
   // the rest of the run, restart included, is lost. Its completion event goes stale.
   void stop_keeping(std::size_t j, double now, double kept_seconds) {
     const Run run = run_[j];
-    const double footprint =
-        static_cast<double>(pools_[static_cast<std::size_t>(run.pool)].footprint(jobs_[j].chips));
+    const double footprint = this->footprint(j, run.pool);
     stop(j, now);
     left_[j] = std::max(0.0, left_[j] - kept_seconds / seconds_on(j, run.pool));
     kept_ += kept_seconds * footprint;
@@ -381,6 +398,9 @@ class Simulation {
     bool fits(int pool, std::int64_t chips) const override {
       return pools_[static_cast<std::size_t>(pool)].fits(chips);
     }
+    bool fits_share(int pool, std::int64_t milli) const override {
+      return pools_[static_cast<std::size_t>(pool)].fits_share(milli);
+    }
     std::int64_t free_chips(int pool) const override {
       return pools_[static_cast<std::size_t>(pool)].up_chips();
     }
@@ -463,7 +483,7 @@ class Simulation {
   std::set<std::size_t> running_jobs_;
   std::vector<std::size_t> class_;
   std::vector<std::set<std::pair<double, std::size_t>>> waiting_;
-  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> held_;
+  std::vector<Holding> held_;
   std::vector<Run> run_;
   std::vector<std::int64_t> generation_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
@@ -480,12 +500,17 @@ class Simulation {
 }  // namespace
 
 SimReport simulate(const Fleet& fleet, const std::vector<Job>& jobs, Policy policy,
-                   const Failures& failures, const Preemption& preemption) {
+                   const Failures& failures, const Preemption& preemption, std::uint64_t tie_seed) {
   check(failures.node_mtbf_h >= 0 && failures.repair_h >= 0 && failures.checkpoint_min >= 0 &&
             failures.restart_min >= 0,
         "failures: MTBF, repair, checkpoint and restart times must not be negative");
   check(preemption.quantum_min > 0, "preemption: the quantum must be positive");
-  return Simulation(fleet, jobs, policy, failures, preemption).run();
+  if (policy == Policy::las)
+    for (const Job& job : jobs)
+      check(job.milli == 0, "las: job " + std::to_string(job.id) +
+                                " asks for a share of a chip; las preempts whole chips only "
+                                "(use another policy for traces with GPU sharing)");
+  return Simulation(fleet, jobs, policy, failures, preemption, tie_seed).run();
 }
 
 }  // namespace loom::cluster

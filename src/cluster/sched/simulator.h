@@ -4,9 +4,10 @@
 //
 // Placement: a job runs on one pool (one chip type). A job that fits in a node goes to
 // the node it fills best (best fit, so whole nodes stay free for big jobs); a larger job
-// takes whole free nodes. Which waiting job starts, and on which pool, is the policy
-// core's decision (policy.h), the same call the live fleet service makes. Jobs run to
-// completion, except under las (preemptive) and node failures.
+// takes whole free nodes; a job asking for a share of a chip (Job::milli) goes to the
+// shared chip it fills best, or makes a free chip shared. Which waiting job starts, and on which
+// pool, is the policy core's decision (policy.h), the same call the live fleet service makes. Jobs
+// run to completion, except under las (preemptive) and node failures.
 #pragma once
 
 #include <cstdint>
@@ -67,7 +68,11 @@ struct SimReport {
   double lost_chip_hours = 0, goodput = 1;
 };
 
+// `tie_seed`: the seed of each job's order of the pools it may run on (tie_break_order in
+// policy.h): where the policy finds pools alike, the job goes to the first of them with
+// room in that order, not to the first pool of the fleet.
 SimReport simulate(const Fleet& fleet, const std::vector<Job>& jobs, Policy policy,
-                   const Failures& failures = {}, const Preemption& preemption = {});
+                   const Failures& failures = {}, const Preemption& preemption = {},
+                   std::uint64_t tie_seed = 0);
 
 }  // namespace loom::cluster

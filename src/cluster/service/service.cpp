@@ -415,7 +415,10 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
     for (const std::string& name : j.spec->pools)
       if (auto it = index.find(name); it != index.end())
         named.push_back(it->second);
-    const std::vector<int>& acceptable = j.spec->pools.empty() ? every_pool : named;
+    // A job that names no pools considers them in its seeded order (policy.h), as the
+    // simulator does with seed 0.
+    const std::vector<int> acceptable =
+        j.spec->pools.empty() ? cluster::tie_break_order(every_pool, {}, 0, j.id) : named;
     const std::string& model_key = j.spec->model_key();
     auto cached = routes.find(model_key);
     if (cached == routes.end())
