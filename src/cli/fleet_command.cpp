@@ -68,6 +68,12 @@ CLI::App* add_fleet_command(CLI::App& app, FleetOptions& o) {
                   "las: how often it reconsiders who runs, and the least a run lasts before it can "
                   "be preempted")
       ->check(CLI::Range(0.01, 1e6));
+  sim->add_flag("--strict-throughputs", o.strict_throughputs,
+                "--gavel: refuse jobs whose run times would be extrapolated (scale factors the "
+                "throughput table lacks) instead of scaling them linearly");
+  sim->add_flag("--sensitivity", o.sensitivity,
+                "also the mean JCT with every throughput +20% and -20%, and with the "
+                "extrapolated jobs left out");
   sim->add_option("--restart-minutes", o.restart_minutes,
                   "time a job takes to restart from its checkpoint")
       ->check(CLI::Range(0.0, 1e6));
@@ -99,6 +105,50 @@ void write_placements(const std::string& path, const Fleet& fleet, const std::ve
   }
   std::filesystem::rename(temp, path);
 }
+// The mean JCT again with every throughput 20% higher and 20% lower, and with the jobs
+// whose run times were extrapolated left out: how much the result rests on the
+// throughputs being right.
+void print_sensitivity(const Fleet& fleet, const std::vector<Job>& jobs,
+                       const std::vector<Policy>& policies, const std::vector<SimReport>& reports,
+                       const Failures& failures, const Preemption& preemption, std::uint64_t seed,
+                       bool json) {
+  const std::vector<Job> faster = with_speed(jobs, 1.2), slower = with_speed(jobs, 0.8);
+  const std::vector<Job> measured = without_extrapolated(jobs);
+  const bool any_extrapolated = measured.size() != jobs.size();
+  if (!json) {
+    std::printf("\nsensitivity (mean JCT):\n%-9s %10s %16s %16s %20s\n", "policy", "as given",
+                "throughputs +20%", "throughputs -20%", "extrapolated out");
+  }
+  for (std::size_t i = 0; i < policies.size(); ++i) {
+    const Policy policy = policies[i];
+    auto mean_h = [&](const std::vector<Job>& list) {
+      return simulate(fleet, list, policy, failures, preemption, seed).mean_jct_s / 3600;
+    };
+    const double up = mean_h(faster), down = mean_h(slower);
+    const double kept = any_extrapolated ? mean_h(measured) : reports[i].mean_jct_s / 3600;
+    if (json) {
+      nlohmann::ordered_json j{{"policy", policy_name(policy)},
+                               {"sensitivity",
+                                {{"mean_jct_h", reports[i].mean_jct_s / 3600},
+                                 {"throughputs_plus_20_mean_jct_h", up},
+                                 {"throughputs_minus_20_mean_jct_h", down},
+                                 {"extrapolated_left_out_mean_jct_h", kept},
+                                 {"extrapolated_left_out_jobs", jobs.size() - measured.size()}}}};
+      std::printf("%s\n", j.dump().c_str());
+      continue;
+    }
+    char left_out[32];
+    std::snprintf(left_out, sizeof left_out, "%.2fh", kept);
+    std::printf("%-9s %9.2fh %9.2fh %+4.0f%% %9.2fh %+4.0f%% %20s\n", policy_name(policy),
+                reports[i].mean_jct_s / 3600, up, 100 * (up / (reports[i].mean_jct_s / 3600) - 1),
+                down, 100 * (down / (reports[i].mean_jct_s / 3600) - 1),
+                any_extrapolated ? left_out : "none extrapolated");
+  }
+  if (!json && any_extrapolated)
+    std::printf("(extrapolated out: %zu of %zu jobs left out)\n", jobs.size() - measured.size(),
+                jobs.size());
+}
+
 }  // namespace
 
 int run_fleet(const FleetOptions& o) {
@@ -110,8 +160,9 @@ int run_fleet(const FleetOptions& o) {
             ? "loom fleet simulate needs --fleet"
             : "loom fleet simulate --alibaba: the node list is the fleet; drop --fleet");
   std::vector<Job> jobs;
-  std::string source;
-  Fleet fleet;
+  std::string source, basis;  // basis: what the run times rest on
+  nlohmann::ordered_json run_times;
+  Fleet fleet = o.alibaba.empty() ? fleet_from(o.fleet) : Fleet{};
   if (!o.alibaba.empty()) {
     const std::string nodes =
         !o.alibaba_nodes.empty()
@@ -124,15 +175,13 @@ int run_fleet(const FleetOptions& o) {
     source = "Alibaba PAI 2023 " + o.alibaba + ": " + std::to_string(trace.pods) + " pods; " +
              std::to_string(jobs.size()) + " GPU pods replayed (" + std::to_string(trace.shared) +
              " sharing a GPU, " + std::to_string(trace.constrained) +
-             " with a GPU type constraint), run time = deletion - scheduled, alike on every "
-             "model (the trace discloses no speeds); not replayed: " +
-             std::to_string(trace.cpu_only) + " CPU-only, " +
-             std::to_string(trace.never_scheduled) + " never scheduled, " +
+             " with a GPU type constraint); not replayed: " + std::to_string(trace.cpu_only) +
+             " CPU-only, " + std::to_string(trace.never_scheduled) + " never scheduled, " +
              std::to_string(trace.no_run_time) + " deleted before scheduled";
-  } else {
-    fleet = fleet_from(o.fleet);
-  }
-  if (!o.alibaba.empty()) {
+    basis = std::to_string(jobs.size()) +
+            " measured (deletion - scheduled), the same on every GPU model a pod may use: the "
+            "trace discloses no speeds";
+    run_times = {{"measured", jobs.size()}, {"extrapolated", 0}};
   } else if (!o.gavel.empty()) {
     std::string table = o.throughputs;
     if (table.empty())
@@ -140,17 +189,25 @@ int run_fleet(const FleetOptions& o) {
                "simulation_throughputs.json")
                   .string();
     std::int64_t extrapolated = 0;
-    jobs = load_gavel_trace(o.gavel, table, &extrapolated);
-    source = "Gavel trace " + o.gavel + " (" + std::to_string(extrapolated) +
-             " jobs above the measured scale factors, scaled linearly)";
+    jobs = load_gavel_trace(o.gavel, table, &extrapolated, o.strict_throughputs);
+    source = "Gavel trace " + o.gavel;
+    basis = std::to_string(static_cast<std::int64_t>(jobs.size()) - extrapolated) +
+            " from measured throughputs, " + std::to_string(extrapolated) +
+            " extrapolated (scale factors above the table's, scaled linearly)";
+    run_times = {{"measured", static_cast<std::int64_t>(jobs.size()) - extrapolated},
+                 {"extrapolated", extrapolated}};
   } else if (!o.jobs.empty()) {
     Catalog catalog = Catalog::load(o.catalog.empty() ? default_catalog_dir() : o.catalog);
     jobs = load_training_jobs(o.jobs, catalog, fleet);
-    source = "training jobs " + o.jobs + " (run times from the performance model)";
+    source = "training jobs " + o.jobs;
+    basis = std::to_string(jobs.size()) + " from the performance model, none measured";
+    run_times = {{"modelled", jobs.size()}, {"measured", 0}, {"extrapolated", 0}};
   } else {
     jobs = synthetic_jobs(o.synthetic, fleet, o.load, o.seed);
     source = "synthetic (load " + std::to_string(o.load).substr(0, 4) + ", seed " +
              std::to_string(o.seed) + ")";
+    basis = std::to_string(jobs.size()) + " synthetic";
+    run_times = {{"synthetic", jobs.size()}, {"measured", 0}, {"extrapolated", 0}};
   }
   std::vector<Policy> policies =
       o.policy == "all" ? all_policies() : std::vector<Policy>{parse_policy(o.policy)};
@@ -171,8 +228,8 @@ int run_fleet(const FleetOptions& o) {
   failures.seed = o.seed;
   const bool failing = failures.node_mtbf_h > 0;
   if (!o.json) {
-    std::printf("fleet: %s\njobs: %zu, %s\n", fleet.describe().c_str(), jobs.size(),
-                source.c_str());
+    std::printf("fleet: %s\njobs: %zu, %s\nrun times: %s\n", fleet.describe().c_str(), jobs.size(),
+                source.c_str(), basis.c_str());
     std::printf("%s\n", left_out.empty() ? "" : (left_out + "\n").c_str());
     std::printf("%-9s %9s %10s %10s %10s %10s %10s", "policy", "finished", "mean JCT", "median JCT",
                 "p99 JCT", "mean wait", "makespan");
@@ -193,6 +250,7 @@ int run_fleet(const FleetOptions& o) {
       nlohmann::ordered_json j{{"policy", policy_name(policy)},
                                {"fleet", fleet.describe()},
                                {"jobs", r.jobs},
+                               {"run_times", run_times},
                                {"finished", r.finished},
                                {"rejected", r.rejected.size()},
                                {"abandoned", r.abandoned.size()},
@@ -235,6 +293,9 @@ int run_fleet(const FleetOptions& o) {
   }
   if (!o.placements.empty())
     write_placements(o.placements, fleet, jobs, reports);
+  if (o.sensitivity)
+    print_sensitivity(fleet, jobs, policies, reports, failures, Preemption{o.quantum_minutes},
+                      o.seed, o.json);
   return 0;
 }
 

@@ -8,8 +8,8 @@
 namespace loom::cli {
 
 struct FleetOptions {
-  std::string fleet;  // CHIP:NODESxCHIPS,... or a YAML file
-  std::string gavel;  // a Gavel trace
+  std::string fleet;                   // CHIP:NODESxCHIPS,... or a YAML file
+  std::string gavel;                   // a Gavel trace
   std::string alibaba, alibaba_nodes;  // Alibaba PAI 2023: pod list, node list
   std::string
       throughputs;   // its throughput table (default: ../simulation_throughputs.json beside it)
@@ -23,7 +23,9 @@ struct FleetOptions {
   std::string placements;  // CSV of every job's placement, per policy
   // Node failures (0: none), repairs, checkpoints and restarts (cluster::Failures).
   double node_mtbf_hours = 0, repair_hours = 2, checkpoint_minutes = 30, restart_minutes = 10;
-  double quantum_minutes = 10;  // las: the preemption quantum
+  double quantum_minutes = 10;      // las: the preemption quantum
+  bool strict_throughputs = false;  // --gavel: refuse extrapolated run times
+  bool sensitivity = false;         // report the mean JCT under +/-20% throughputs too
 };
 
 CLI::App* add_fleet_command(CLI::App& app, FleetOptions& options);

@@ -44,6 +44,12 @@ void add_fleet_rounds_command(CLI::App& fleet, FleetRoundsOptions& o) {
                 "stop a run as saturated when more jobs than this wait at once")
       ->check(CLI::Range(1, 100000000));
   c->add_flag("--json", o.json, "one JSON object per policy and seed, then one per policy");
+  c->add_flag("--strict-throughputs", o.strict_throughputs,
+              "--gavel: refuse jobs whose run times would be extrapolated (scale factors the "
+              "throughput table lacks)");
+  c->add_flag("--sensitivity", o.sensitivity,
+              "also the mean JCT over the seeds with every throughput +20% and -20%, and with "
+              "the extrapolated jobs left out");
 }
 
 namespace {
@@ -100,7 +106,7 @@ int run_fleet_rounds(const FleetRoundsOptions& o) {
   std::vector<Job> trace;
   std::int64_t extrapolated = 0;
   if (!o.gavel.empty())
-    trace = load_gavel_trace(o.gavel, table_path, &extrapolated);
+    trace = load_gavel_trace(o.gavel, table_path, &extrapolated, o.strict_throughputs);
   std::vector<RoundPolicy> policies;
   if (o.policy == "all")
     policies = {RoundPolicy::max_min_fairness, RoundPolicy::max_min_fairness_perf,
@@ -111,38 +117,106 @@ int run_fleet_rounds(const FleetRoundsOptions& o) {
       o.jobs_per_hour > 0
           ? std::string("Gavel continuous-") + (o.single_gpu ? "single" : "multiple") + " at " +
                 std::to_string(o.jobs_per_hour).substr(0, 5) + " jobs/h"
-          : "Gavel trace " + o.gavel + " (" + std::to_string(trace.size()) + " jobs, " +
-                std::to_string(extrapolated) + " with extrapolated run times)";
+          : "Gavel trace " + o.gavel + " (" + std::to_string(trace.size()) + " jobs)";
+  // What the run times rest on: Gavel's measured throughputs, scaled linearly for a trace's
+  // jobs above the table's scale factors (the continuous workload draws measured ones only).
+  const std::string basis =
+      o.jobs_per_hour > 0
+          ? "every job from measured throughputs (the workload draws measured scale factors "
+            "only)"
+          : std::to_string(static_cast<std::int64_t>(trace.size()) - extrapolated) +
+                " from measured throughputs, " + std::to_string(extrapolated) +
+                " extrapolated (scale factors above the table's, scaled linearly)";
   if (!o.json) {
-    std::printf("fleet: %s\njobs: %s; window: %s\n\n", fleet.describe().c_str(), workload.c_str(),
+    std::printf("fleet: %s\njobs: %s; window: %s\nrun times: %s\n\n", fleet.describe().c_str(),
+                workload.c_str(),
                 options.window_end < 0 ? "every job"
                                        : ("ids " + std::to_string(options.window_begin) + "-" +
                                           std::to_string(options.window_end - 1))
-                                             .c_str());
+                                             .c_str(),
+                basis.c_str());
     std::printf("%-22s %5s %12s %9s %9s %9s %8s\n", "policy", "seed", "mean JCT", "jobs", "rounds",
                 "allocs", "wall");
   }
+  // One seed's run: the jobs with every throughput times `speed`, without the extrapolated
+  // ones when `measured_only`.
+  auto run = [&](RoundPolicy policy, std::uint32_t seed, double speed, bool measured_only) {
+    options.seed = seed;
+    JobSource inner;
+    std::unique_ptr<GavelContinuousJobs> stream;
+    std::size_t next = 0;
+    if (o.jobs_per_hour > 0) {
+      stream = std::make_unique<GavelContinuousJobs>(
+          table, GavelContinuousOptions{o.jobs_per_hour, !o.single_gpu, seed, "v100"});
+      inner = [&]() -> std::optional<Job> { return stream->next(); };
+    } else {
+      inner = [&]() -> std::optional<Job> {
+        if (next == trace.size())
+          return std::nullopt;
+        return trace[next++];
+      };
+    }
+    JobSource source = [&]() -> std::optional<Job> {
+      std::optional<Job> job = inner();
+      while (job && measured_only && job->extrapolated)
+        job = inner();
+      if (job && speed != 1)
+        for (auto& [type, seconds] : job->seconds_on)
+          seconds /= speed;
+      return job;
+    };
+    return simulate_rounds(fleet, source, policy, options);
+  };
+  // Over the seeds: the mean and a 95% confidence interval (Student's t); nullopt when a
+  // seed saturated.
+  struct Summary {
+    std::optional<double> mean;
+    double half = 0;
+  };
+  auto summarize = [&](const std::vector<double>& means, bool saturated) {
+    Summary s;
+    if (saturated || means.empty())
+      return s;
+    double mean = 0, var = 0;
+    for (double m : means)
+      mean += m / static_cast<double>(means.size());
+    for (double m : means)
+      var += means.size() > 1 ? (m - mean) * (m - mean) / static_cast<double>(means.size() - 1) : 0;
+    s.mean = mean;
+    if (means.size() > 1)
+      s.half = t95(means.size()) * std::sqrt(var / static_cast<double>(means.size()));
+    return s;
+  };
+  auto over_seeds = [&](RoundPolicy policy, double speed, bool measured_only) {
+    std::vector<double> means;
+    bool saturated = false;
+    for (std::uint32_t seed : o.seeds) {
+      const RoundReport r = run(policy, seed, speed, measured_only);
+      saturated = saturated || r.saturated;
+      if (!r.saturated)
+        means.push_back(r.mean_jct_s / 3600);
+    }
+    return summarize(means, saturated);
+  };
+  auto json_of = [](const Summary& s) {
+    return s.mean ? nlohmann::ordered_json(*s.mean) : nlohmann::ordered_json();
+  };
+  auto text_of = [&](const Summary& s) {
+    char text[64];
+    if (!s.mean)
+      return std::string("saturated");
+    if (o.seeds.size() > 1)
+      std::snprintf(text, sizeof text, "%.2fh +/- %.2f", *s.mean, s.half);
+    else
+      std::snprintf(text, sizeof text, "%.2fh", *s.mean);
+    return std::string(text);
+  };
   for (RoundPolicy policy : policies) {
     std::vector<double> means;
     bool saturated = false;
     for (std::uint32_t seed : o.seeds) {
-      options.seed = seed;
-      JobSource source;
-      std::unique_ptr<GavelContinuousJobs> stream;
-      std::size_t next = 0;
-      if (o.jobs_per_hour > 0) {
-        stream = std::make_unique<GavelContinuousJobs>(
-            table, GavelContinuousOptions{o.jobs_per_hour, !o.single_gpu, seed, "v100"});
-        source = [&]() -> std::optional<Job> { return stream->next(); };
-      } else {
-        source = [&]() -> std::optional<Job> {
-          if (next == trace.size())
-            return std::nullopt;
-          return trace[next++];
-        };
-      }
       const auto start = std::chrono::steady_clock::now();
-      const RoundReport r = simulate_rounds(fleet, source, policy, options);
+      const RoundReport r = run(policy, seed, 1.0, false);
       const double wall =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       saturated = saturated || r.saturated;
@@ -154,6 +228,9 @@ int run_fleet_rounds(const FleetRoundsOptions& o) {
             {"seed", seed},
             {"fleet", fleet.describe()},
             {"workload", workload},
+            {"run_times",
+             {{"measured", o.jobs_per_hour > 0 ? r.jobs : r.jobs - extrapolated},
+              {"extrapolated", o.jobs_per_hour > 0 ? 0 : extrapolated}}},
             {"jobs", r.jobs},
             {"finished", r.finished},
             {"window_jobs", r.window_jobs},
@@ -176,31 +253,37 @@ int run_fleet_rounds(const FleetRoundsOptions& o) {
                     static_cast<long long>(r.allocations), wall);
       }
     }
-    // Over the seeds: the mean and a 95% confidence interval (Student's t).
-    double mean = 0, half = 0;
-    for (double m : means)
-      mean += m / static_cast<double>(means.size());
-    if (means.size() > 1) {
-      double var = 0;
-      for (double m : means)
-        var += (m - mean) * (m - mean) / static_cast<double>(means.size() - 1);
-      half = t95(means.size()) * std::sqrt(var / static_cast<double>(means.size()));
+    const Summary all = summarize(means, saturated);
+    nlohmann::ordered_json summary{{"policy", round_policy_name(policy)},
+                                   {"seeds", o.seeds.size()},
+                                   {"saturated", saturated},
+                                   {"mean_jct_h", json_of(all)},
+                                   {"ci95_h", all.half}};
+    if (o.sensitivity) {
+      const Summary up = over_seeds(policy, 1.2, false), down = over_seeds(policy, 0.8, false);
+      const bool any = o.jobs_per_hour <= 0 && extrapolated > 0;
+      const Summary kept = any ? over_seeds(policy, 1.0, true) : all;
+      summary["sensitivity"] = {{"throughputs_plus_20_mean_jct_h", json_of(up)},
+                                {"throughputs_plus_20_ci95_h", up.half},
+                                {"throughputs_minus_20_mean_jct_h", json_of(down)},
+                                {"throughputs_minus_20_ci95_h", down.half},
+                                {"extrapolated_left_out_mean_jct_h", json_of(kept)},
+                                {"extrapolated_left_out_jobs", any ? extrapolated : 0}};
+      if (!o.json)
+        std::printf(
+            "%-22s %5s   throughputs +20%%: %s; -20%%: %s; extrapolated left out: %s\n",
+            round_policy_name(policy), "sens", text_of(up).c_str(), text_of(down).c_str(),
+            any ? (text_of(kept) + " (" + std::to_string(extrapolated) + " jobs out)").c_str()
+                : "none extrapolated");
     }
     if (o.json) {
-      nlohmann::ordered_json j{
-          {"policy", round_policy_name(policy)},
-          {"seeds", o.seeds.size()},
-          {"saturated", saturated},
-          {"mean_jct_h",
-           saturated || means.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(mean)},
-          {"ci95_h", half}};
-      std::printf("%s\n", j.dump().c_str());
+      std::printf("%s\n", summary.dump().c_str());
     } else if (o.seeds.size() > 1) {
       if (saturated)
         std::printf("%-22s %5s   saturated at some seed\n", round_policy_name(policy), "all");
       else
         std::printf("%-22s %5s %10.2fh  +/- %.2f h (95%% CI over %zu seeds)\n",
-                    round_policy_name(policy), "all", mean, half, means.size());
+                    round_policy_name(policy), "all", *all.mean, all.half, means.size());
     }
   }
   return 0;

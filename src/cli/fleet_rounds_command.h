@@ -17,6 +17,8 @@ struct FleetRoundsOptions {
   std::vector<std::uint32_t> seeds{0};
   std::int64_t max_active_jobs = 20000;
   bool json = false;
+  bool strict_throughputs = false;  // --gavel: refuse extrapolated run times
+  bool sensitivity = false;         // also +/-20% throughputs, extrapolated jobs left out
   CLI::App* command = nullptr;
 };
 

@@ -9,8 +9,10 @@ namespace loom::cli {
 
 struct PlanOptions {
   std::string profile;
-  std::string model, chip, system, compare, tokens = "15T", validate, catalog, models_file, precision = "bf16";
-  std::optional<std::int64_t> chips, tp, pp, dp, ep, cp, micro_batch, global_batch, seq, interleave, zero;
+  std::string model, chip, system, compare, tokens = "15T", validate, catalog, models_file,
+                                            precision = "bf16";
+  std::optional<std::int64_t> chips, tp, pp, dp, ep, cp, micro_batch, global_batch, seq, interleave,
+      zero;
   std::optional<std::string> recompute;
   std::optional<std::int64_t> layers, hidden, heads, kv_heads, ffn, vocab, experts, top_k;
   std::optional<double> budget, deadline, price;

@@ -74,11 +74,25 @@ assert r["launches_per_step"] == sum(c["calls"] for c in r["ops"].values() if c[
 assert r["step_s"] > 0
 ' || { echo "FAIL: loom ops --config --json"; failures=$((failures + 1)); }
 expect_error "node count '0' is not a positive integer" fleet simulate --fleet v100:0x4 --synthetic 10
-expect_error "needs exactly one of --gavel, --jobs and --synthetic" fleet simulate --fleet v100:2x4
+expect_error "needs exactly one of --gavel, --jobs, --synthetic and --alibaba" fleet simulate --fleet v100:2x4
 expect_error "missing.trace: cannot open the trace" fleet simulate --fleet v100:2x4 --gavel "$dir/missing.trace" \
   --throughputs data/traces/gavel/simulation_throughputs.json
 "$loom" fleet simulate --fleet v100:2x4,k80:2x4 --gavel data/traces/gavel/msr_seed0/b436b2.trace --policy fastest \
   | grep -q '^fastest ' || { echo "FAIL: loom fleet simulate on a Gavel trace"; failures=$((failures + 1)); }
+# What the numbers rest on: measured and extrapolated run times, the refusal to
+# extrapolate, and the sensitivity report.
+"$loom" fleet simulate --fleet v100:2x4,k80:2x4 --gavel data/traces/gavel/msr_seed0/11cb48.trace --policy fifo \
+  | grep -q '^run times: 1819 from measured throughputs, 181 extrapolated' \
+  || { echo "FAIL: fleet simulate names its measured and extrapolated run times"; failures=$((failures + 1)); }
+expect_error "'A3C' on 4 workers: data/traces/gavel/simulation_throughputs.json measures it on 1 only" \
+  fleet simulate --fleet v100:2x4 --gavel data/traces/gavel/msr_seed0/11cb48.trace --strict-throughputs
+"$loom" fleet rounds --fleet v100:4,k80:4 --gavel data/traces/gavel/msr_seed0/b436b2.trace --policy fifo_perf \
+  --sensitivity --json | tail -1 | grep -q '"throughputs_plus_20_mean_jct_h":[0-9]' \
+  || { echo "FAIL: fleet rounds --sensitivity"; failures=$((failures + 1)); }
+"$loom" fleet simulate --alibaba data/traces/alibaba-pai-gpu-v2023/openb_pod_list_gpuspec33.csv --policy backfill --json \
+  | grep -q '"finished":6203' || { echo "FAIL: fleet simulate --alibaba"; failures=$((failures + 1)); }
+expect_error "the node list is the fleet; drop --fleet" fleet simulate --fleet v100:2x4 \
+  --alibaba data/traces/alibaba-pai-gpu-v2023/openb_pod_list_gpuspec33.csv
 # loom bench writes a device profile in the documented format.
 "$loom" bench --device cpu --quick --out "$dir/profile.json" > /dev/null 2>&1 || { echo "FAIL: loom bench"; failures=$((failures + 1)); }
 python3 - "$dir/profile.json" <<'PY' || { echo "FAIL: profile format"; failures=$((failures + 1)); }

@@ -172,6 +172,24 @@ TEST(Jobs, GavelTraceRunTimesComeFromTheThroughputTable) {
                                            dir + "/simulation_throughputs.json", &extrapolated);
   ASSERT_EQ(jobs.size(), 2000u);
   EXPECT_GT(extrapolated, 0);  // scale factors 16-64 are above the measured 1-8
+  EXPECT_EQ(std::count_if(jobs.begin(), jobs.end(), [](const Job& j) { return j.extrapolated; }),
+            extrapolated);
+  // --strict-throughputs: the first extrapolated job is refused by name, scale and table.
+  const std::string strict = error_of([&] {
+    load_gavel_trace(dir + "/msr_seed0/11cb48.trace", dir + "/simulation_throughputs.json", nullptr,
+                     true);
+  });
+  EXPECT_NE(strict.find("on 4 workers"), std::string::npos) << strict;
+  EXPECT_NE(strict.find("measures it on 1 only"), std::string::npos) << strict;
+  // Sensitivity: +20% throughputs divide each run time by 1.2; the measured-only list
+  // keeps the others with their ids.
+  const std::vector<Job> faster = with_speed(jobs, 1.2);
+  EXPECT_NEAR(faster[0].seconds_on.at("k80"), jobs[0].seconds_on.at("k80") / 1.2, 1e-9);
+  const std::vector<Job> measured = without_extrapolated(jobs);
+  EXPECT_EQ(static_cast<std::int64_t>(measured.size()),
+            static_cast<std::int64_t>(jobs.size()) - extrapolated);
+  EXPECT_TRUE(
+      std::none_of(measured.begin(), measured.end(), [](const Job& j) { return j.extrapolated; }));
   // The first line, by hand: total_steps / steps-per-second on each worker type.
   std::ifstream trace(dir + "/msr_seed0/11cb48.trace");
   std::string type, rest;

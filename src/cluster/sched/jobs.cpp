@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -51,7 +52,8 @@ std::vector<std::string> split_tabs(const std::string& line) {
 }  // namespace
 
 std::vector<Job> load_gavel_trace(const std::string& trace_path,
-                                  const std::string& throughputs_path, std::int64_t* extrapolated) {
+                                  const std::string& throughputs_path, std::int64_t* extrapolated,
+                                  bool strict) {
   const GavelThroughputs table = GavelThroughputs::load(throughputs_path);
   std::ifstream trace(trace_path);
   check(trace.good(), trace_path + ": cannot open the trace");
@@ -115,6 +117,14 @@ std::vector<Job> load_gavel_trace(const std::string& trace_path,
     check(measured != first, where + ": no throughput for '" + job.name + "' at " +
                                  std::to_string(job.chips) + " or fewer workers");
     --measured;
+    if (strict && measured->first.second != job.chips) {
+      std::string scales;
+      for (auto it = first; it != table.steps_per_s.end() && it->first.first == job.name; ++it)
+        scales += (scales.empty() ? "" : ", ") + std::to_string(it->first.second);
+      throw Error(where + ": '" + job.name + "' on " + std::to_string(job.chips) +
+                  " workers: " + throughputs_path + " measures it on " + scales +
+                  " only, and --strict-throughputs refuses extrapolated run times");
+    }
     const double factor =
         static_cast<double>(job.chips) / static_cast<double>(measured->first.second);
     scaled += measured->first.second != job.chips;
@@ -220,6 +230,21 @@ std::vector<Job> synthetic_jobs(std::int64_t count, const Fleet& fleet, double l
     t += gap(rng);
   }
   return jobs;
+}
+
+std::vector<Job> with_speed(std::vector<Job> jobs, double speed) {
+  check(speed > 0 && std::isfinite(speed), "with_speed: the factor must be positive");
+  for (Job& job : jobs)
+    for (auto& [type, seconds] : job.seconds_on)
+      seconds /= speed;
+  return jobs;
+}
+
+std::vector<Job> without_extrapolated(const std::vector<Job>& jobs) {
+  std::vector<Job> kept;
+  std::copy_if(jobs.begin(), jobs.end(), std::back_inserter(kept),
+               [](const Job& job) { return !job.extrapolated; });
+  return kept;
 }
 
 }  // namespace loom::cluster

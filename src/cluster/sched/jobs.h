@@ -43,9 +43,17 @@ struct Job {
 // worker type its time is total_steps / throughput. Where the table has no entry for a
 // scale factor, the largest measured one below it is scaled linearly (an assumption,
 // counted in `extrapolated` and marked on the job).
+// `strict`: refuse extrapolation instead (an error naming the job, its type, its scale
+// factor and the measured ones).
 std::vector<Job> load_gavel_trace(const std::string& trace_path,
                                   const std::string& throughputs_path,
-                                  std::int64_t* extrapolated = nullptr);
+                                  std::int64_t* extrapolated = nullptr, bool strict = false);
+
+// What a result's numbers rest on, for sensitivity reports: the jobs with every
+// throughput multiplied by `speed` (every run time divided by it), and the jobs whose run
+// times were measured (the extrapolated ones left out; ids kept).
+std::vector<Job> with_speed(std::vector<Job> jobs, double speed);
+std::vector<Job> without_extrapolated(const std::vector<Job>& jobs);
 
 // Transformer training jobs, YAML: jobs: [{model: llama3-8b, tokens: 2e10, chips: 64,
 // arrival_h: 0.5}, ...], optionally global_batch (sequences) and seq. A job's time on each
