@@ -40,6 +40,10 @@ void add_fleet_rounds_command(CLI::App& fleet, FleetRoundsOptions& o) {
   c->add_option("--window", o.window,
                 "FIRST:END: mean JCT over job ids [FIRST, END) (default: 4000:5000 for the "
                 "continuous workload, as Gavel measures; every job for a trace)");
+  c->add_option("--stop-after", o.stop_after,
+                "continuous workload: no arrivals after this many jobs (a finite run, for "
+                "scale measurements; Gavel's figures keep the stream going)")
+      ->check(CLI::Range(1, 1000000000));
   c->add_option("--max-active-jobs", o.max_active_jobs,
                 "stop a run as saturated when more jobs than this wait at once")
       ->check(CLI::Range(1, 100000000));
@@ -148,7 +152,12 @@ int run_fleet_rounds(const FleetRoundsOptions& o) {
     if (o.jobs_per_hour > 0) {
       stream = std::make_unique<GavelContinuousJobs>(
           table, GavelContinuousOptions{o.jobs_per_hour, !o.single_gpu, seed, "v100"});
-      inner = [&]() -> std::optional<Job> { return stream->next(); };
+      inner = [&]() -> std::optional<Job> {
+        if (o.stop_after > 0 && next == static_cast<std::size_t>(o.stop_after))
+          return std::nullopt;
+        ++next;
+        return stream->next();
+      };
     } else {
       inner = [&]() -> std::optional<Job> {
         if (next == trace.size())

@@ -16,6 +16,7 @@ struct FleetRoundsOptions {
   bool single_gpu = false;   // continuous-single instead of continuous-multiple
   std::vector<std::uint32_t> seeds{0};
   std::int64_t max_active_jobs = 20000;
+  std::int64_t stop_after = 0;  // > 0: the continuous workload ends after this many jobs
   bool json = false;
   bool strict_throughputs = false;  // --gavel: refuse extrapolated run times
   bool sensitivity = false;         // also +/-20% throughputs, extrapolated jobs left out

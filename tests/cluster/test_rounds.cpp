@@ -191,6 +191,27 @@ TEST(RoundAllocation, TheHeterogeneityAwarePolicyGivesEachJobTheTypeItGainsMostO
     EXPECT_NEAR(job[0] + job[1], 1, 1e-9);
 }
 
+TEST(RoundAllocation, JobsAlikeUpToRoundingAreOneClass) {
+  // Four jobs of two kinds on one fast and one slow chip; the second of each kind has a
+  // throughput one ulp off (as one recovered from run time = steps / throughput is).
+  // They must make two classes, not four: as many programs as exact copies take, the
+  // same allocation, and alike jobs alike.
+  const double off = std::nextafter(2.0, 3.0), off1 = std::nextafter(1.0, 2.0);
+  std::int64_t exact_programs = 0, rounded_programs = 0;
+  const auto exact =
+      round_allocation(RoundPolicy::max_min_fairness_perf, {{2, 1}, {2, 1}, {1, 1}, {1, 1}},
+                       {1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1}, &exact_programs);
+  const auto rounded =
+      round_allocation(RoundPolicy::max_min_fairness_perf, {{2, 1}, {off, 1}, {1, 1}, {off1, 1}},
+                       {1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1}, &rounded_programs);
+  EXPECT_EQ(rounded_programs, exact_programs);
+  for (std::size_t j = 0; j < 4; ++j)
+    for (std::size_t t = 0; t < 2; ++t)
+      EXPECT_NEAR(rounded[j][t], exact[j][t], 1e-9) << j << " " << t;
+  EXPECT_NEAR(rounded[0][0], rounded[1][0], 1e-12);  // alike jobs, alike allocations
+  EXPECT_NEAR(rounded[2][1], rounded[3][1], 1e-12);
+}
+
 Job job_of(std::int64_t id, double arrival_s, double steps, std::map<std::string, double> rate) {
   Job j;
   j.id = id;

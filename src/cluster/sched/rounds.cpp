@@ -75,8 +75,17 @@ std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
   // allocation gives each member the same, so the programs are over classes, X[k][t] the
   // class's summed time on type t (at most its n_k members' time), each member's share
   // sum_t c[k][t] X[k][t] / n_k. A continuous Gavel workload has at most 83 classes however
-  // many jobs wait, which keeps the programs small.
-  std::map<std::pair<std::vector<double>, std::int64_t>, std::size_t> class_of_key;
+  // many jobs wait, which keeps the programs small. Coefficients alike to within about
+  // 1e-9 (relative) are the same: a throughput that comes back from run time = steps /
+  // throughput differs in its last bits from job to job, and keyed exactly, a workload of
+  // 83 kinds of job made 115-127 classes (and as many water-filling levels).
+  auto key_of = [](const std::vector<double>& coefficients) {
+    std::vector<std::int64_t> key;
+    for (double v : coefficients)
+      key.push_back(v > 0 ? std::llround(std::log2(v) * 1e9) : INT64_MIN);
+    return key;
+  };
+  std::map<std::pair<std::vector<std::int64_t>, std::int64_t>, std::size_t> class_of_key;
   std::vector<std::size_t> class_of(jobs, SIZE_MAX);
   std::vector<std::size_t> members;
   std::vector<std::vector<double>> cc;  // per class: c[k][t]
@@ -84,7 +93,7 @@ std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
   for (std::size_t j = 0; j < jobs; ++j) {
     if (std::none_of(c[j].begin(), c[j].end(), [](double v) { return v > 0; }))
       continue;  // no type can run it: no share
-    auto [it, added] = class_of_key.emplace(std::pair{c[j], scale[j]}, cc.size());
+    auto [it, added] = class_of_key.emplace(std::pair{key_of(c[j]), scale[j]}, cc.size());
     if (added) {
       cc.push_back(c[j]);
       class_scale.push_back(scale[j]);
