@@ -79,6 +79,14 @@ Constraints constraints_of(const PlanOptions& o) {
   c.global_batch = o.global_batch;
   c.seq = o.seq;
   c.interleave = o.interleave;
+  c.stages = o.stages;
+  if (!o.stages.empty()) {
+    check(o.pp.has_value(), "--stages needs --pp: the stages are pp x interleave virtual stages");
+    check(static_cast<std::int64_t>(o.stages.size()) % *o.pp == 0,
+          "--stages lists " + std::to_string(o.stages.size()) + " stages, expected a multiple of --pp " +
+              std::to_string(*o.pp) + " (pp x interleave)");
+    if (!c.interleave) c.interleave = static_cast<std::int64_t>(o.stages.size()) / *o.pp;
+  }
   if (o.recompute) c.recompute = parse_recompute(*o.recompute);
   if (o.zero) {
     check(*o.zero >= 0 && *o.zero <= 3, "--zero " + std::to_string(*o.zero) + ", expected 0..3");
@@ -96,6 +104,9 @@ nlohmann::ordered_json layout_json(const Model& m, const Chip& chip, const Candi
   nlohmann::ordered_json j{{"model", m.id}, {"chip", chip.id}, {"chips", l.chips()}, {"tp", l.tp}, {"pp", l.pp},
                            {"dp", l.dp}, {"ep", l.ep}, {"cp", l.cp}, {"micro_batch", l.micro_batch},
                            {"global_batch", l.global_batch}, {"seq", l.seq}, {"interleave", l.interleave},
+                           {"stage_layers", c.estimate.step_time_s > 0 || check_layout(m, chip, l).empty()
+                                                ? nlohmann::json(stage_layers(m, l))
+                                                : nlohmann::json()},
                            {"recompute", recompute_name(l.recompute)}, {"zero", l.zero}, {"feasible", e.feasible},
                            {"reason", e.reason}};
   if (e.step_time_s > 0) {
@@ -218,6 +229,10 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   plan->add_option("--global-batch", o.global_batch, "sequences per step");
   plan->add_option("--seq", o.seq, "sequence length");
   plan->add_option("--interleave", o.interleave, "virtual pipeline stages per chip");
+  plan->add_option("--stages", o.stages,
+                   "layers per virtual pipeline stage, in order (e.g. 7,8,8,...,7: Llama 3 405B's 126 layers "
+                   "on 16 stages); default: the balanced split, the first and last stages shortest")
+      ->delimiter(',');
   plan->add_option("--recompute", o.recompute, "none | selective | full");
   plan->add_option("--zero", o.zero, "ZeRO stage 0-3 (1 = distributed optimizer)");
   plan->add_option("--layers", o.layers, "custom model: layers");
@@ -311,13 +326,14 @@ int run_plan(const PlanOptions& o) {
                  o.micro_batch.value_or(1),
                  batch,
                  o.seq.value_or(m.seq),
-                 o.interleave.value_or(1),
+                 c.interleave.value_or(1),
                  Recompute::full,
                  1,
-                 c.precision};
+                 c.precision,
+                 c.stages};
         std::string why = check_layout(m, chip, l);
         throw Error("no valid layout of " + m.id + " on " + std::to_string(*count) + " " + id + " chips" +
-                    (why.empty() ? " (check that tp divides the heads, pp the layers, and chips = tp*pp*dp*cp)" : ": " + why));
+                    (why.empty() ? " (check that tp divides the heads, pp is at most the layers, and chips = tp*pp*dp*cp)" : ": " + why));
       }
       std::size_t n = o.compare.empty() ? std::min<std::size_t>(found.size(), static_cast<std::size_t>(o.top)) : 1;
       shown.assign(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(n));

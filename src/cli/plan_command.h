@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace loom::cli {
 
@@ -14,6 +15,7 @@ struct PlanOptions {
   std::optional<std::int64_t> chips, tp, pp, dp, ep, cp, micro_batch, global_batch, seq, interleave,
       zero;
   std::optional<std::string> recompute;
+  std::vector<std::int64_t> stages;  // layers per virtual pipeline stage (empty: balanced)
   std::optional<std::int64_t> layers, hidden, heads, kv_heads, ffn, vocab, experts, top_k;
   std::optional<double> budget, deadline, price;
   int top = 10;

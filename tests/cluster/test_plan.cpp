@@ -121,8 +121,18 @@ TEST(Perf, ImpossibleLayoutsSayWhy) {
   Layout l{3, 1, 1, 1, 1, 1, 1, 8192, 1, Recompute::full, 1};
   EXPECT_NE(check_layout(m, h100, l).find("tp 3 does not divide the heads"), std::string::npos);
   l.tp = 8;
-  l.pp = 3;
-  EXPECT_NE(check_layout(m, h100, l).find("pp 3 does not divide the 80 layers"), std::string::npos);
+  l.pp = 81;
+  EXPECT_NE(check_layout(m, h100, l).find("pp 81 is more stages than the 80 layers"),
+            std::string::npos);
+  l.pp = 3;  // uneven (27, 26, 27 layers) but valid
+  EXPECT_EQ(check_layout(m, h100, l), "");
+  l.stages = {40, 40};
+  EXPECT_NE(check_layout(m, h100, l).find("stages lists 2 stages, expected pp x interleave = 3"),
+            std::string::npos);
+  l.stages = {40, 30, 20};
+  EXPECT_NE(check_layout(m, h100, l).find("stages sum to 90 layers, the model has 80"),
+            std::string::npos);
+  l.stages = {};
   l.pp = 1;
   Estimate e = estimate(m, h100, l);  // 70B on 8 chips without sharding: does not fit
   l.zero = 0;
@@ -133,6 +143,48 @@ TEST(Perf, ImpossibleLayoutsSayWhy) {
       estimate(m, c.chip("p800"), Layout{8, 1, 1, 1, 1, 1, 1, 8192, 1, Recompute::full, 1});
   EXPECT_FALSE(unknown.feasible);
   EXPECT_NE(unknown.reason.find("unknown"), std::string::npos) << unknown.reason;
+}
+
+TEST(Perf, UnevenPipelinesFollowTheirSlowestStage) {
+  Catalog c = catalog();
+  const Model& m = c.model("llama3-405b");  // 126 layers
+  const Chip& h100 = c.chip("h100-sxm");
+  // The balanced split of 126 layers on 16 stages is Llama 3's published one: the first
+  // and the last stage one layer short (7, 8 x 14, 7).
+  Layout l{8, 16, 64, 1, 1, 1, 1024, 8192, 1, Recompute::none, 1};
+  std::vector<std::int64_t> published(16, 8);
+  published.front() = published.back() = 7;
+  EXPECT_EQ(stage_layers(m, l), published);
+  // 61 layers on 16 (DeepSeek-V3): 13 stages of 4, three of 3 taken from both ends.
+  Model deep = m;
+  deep.layers = 61;
+  const std::vector<std::int64_t> split = stage_layers(deep, l);
+  EXPECT_EQ(split, (std::vector<std::int64_t>{3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 3}));
+  // Virtual stages sum onto their ranks (k % pp): 4 virtual stages on pp 2.
+  Layout v = l;
+  v.pp = 2;
+  v.interleave = 2;
+  v.stages = {10, 50, 40, 26};
+  EXPECT_EQ(stage_layers(m, v), (std::vector<std::int64_t>{50, 76}));
+  // The step follows the slowest stage. 128 layers evenly: the last stage's 8 layers and
+  // the output layer. Llama 3's split moves the output layer onto a stage one layer short,
+  // so a middle stage's 8 layers are the slowest: faster than 128 evenly, slower than 112
+  // (7 a stage, and the output layer on the last).
+  Model even = m;
+  even.layers = 128;
+  Model shorter = m;
+  shorter.layers = 112;
+  const Estimate uneven = estimate(m, h100, l), e128 = estimate(even, h100, l),
+                 e112 = estimate(shorter, h100, l);
+  EXPECT_LT(uneven.step_time_s, e128.step_time_s);
+  EXPECT_GT(uneven.step_time_s, e112.step_time_s);
+  // Given stages are honoured: all 126 layers but 15 on one stage is far slower.
+  Layout lopsided = l;
+  lopsided.stages.assign(16, 1);
+  lopsided.stages[5] = 111;
+  const Estimate slow = estimate(m, h100, lopsided);
+  EXPECT_GT(slow.step_time_s, 5 * uneven.step_time_s);
+  EXPECT_GT(slow.memory.total_gb, uneven.memory.total_gb);
 }
 
 TEST(Perf, MoreChipsGoFasterAndSlowerLinksHurt) {
@@ -208,6 +260,27 @@ TEST(Plan, ValidatesAgainstPublishedRuns) {
   std::sort(errors.begin(), errors.end());
   EXPECT_LE(errors[errors.size() / 2], 0.10);  // median |error|
   EXPECT_LE(errors.back(), 0.20);              // max |error|
+}
+
+TEST(Plan, APublishedRunMayListItsPipelineStages) {
+  const std::string dir = temp_dir("plan_stages");
+  const std::string row =
+      "  - {id: l405, source: llama3, chip: h100-sxm, chips: 8192, model: llama3-405b, tp: 8, "
+      "cp: 1, pp: 16, dp: 64, seq: 8192, sequences_per_dp_rank: 32, counts: model, "
+      "tflops_per_chip: 430, ";
+  std::ofstream(dir + "/runs.yaml") << "runs:\n"
+                                    << row << "stages: [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]}\n";
+  const std::vector<Validation> rows = validate(catalog(), dir + "/runs.yaml");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].layout.stages.size(), 16u);
+  EXPECT_EQ(rows[0].layout.interleave, 1);
+  EXPECT_GT(rows[0].predicted, 0);
+  std::ofstream(dir + "/runs.yaml") << "runs:\n" << row << "stages: [8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]}\n";
+  std::string e = error_of([&] { validate(catalog(), dir + "/runs.yaml"); });
+  EXPECT_NE(e.find("stages sum to 128 layers, the model has 126"), std::string::npos) << e;
+  std::ofstream(dir + "/runs.yaml") << "runs:\n" << row << "stages: [7, x]}\n";
+  e = error_of([&] { validate(catalog(), dir + "/runs.yaml"); });
+  EXPECT_NE(e.find("field 'stages[1]' is not a whole number of layers"), std::string::npos) << e;
 }
 
 TEST(Plan, SearchIsExhaustiveOverTheGivenFreedom) {

@@ -45,16 +45,23 @@ double param_bytes_factor(int zero, std::int64_t dp) {
   }
 }
 
-// Weights held by one chip of the first pipeline stage: its layers (experts split over
-// ep) plus the embedding, all split over tp.
-double params_per_chip(const Model& m, const Layout& l) {
-  double layers_per_stage = static_cast<double>(m.layers) / static_cast<double>(l.pp);
+// Weights held by one chip of a pipeline stage of `layers` layers (experts split over ep),
+// plus the embedding on the first stage, all split over tp.
+double params_per_chip(const Model& m, const Layout& l, double layers, bool first) {
   double dense_share = m.moe() ? static_cast<double>(m.dense_layers) / static_cast<double>(m.layers) : 1.0;
   double per_layer = m.attention_params() + dense_share * m.dense_mlp_params() +
                      (1.0 - dense_share) * static_cast<double>(m.experts + m.shared_experts) * m.expert_params() /
                          static_cast<double>(l.ep);
-  return (layers_per_stage * per_layer + static_cast<double>(m.vocab) * static_cast<double>(m.hidden)) /
-         static_cast<double>(l.tp);
+  double embedding = first ? static_cast<double>(m.vocab) * static_cast<double>(m.hidden) : 0.0;
+  return (layers * per_layer + embedding) / static_cast<double>(l.tp);
+}
+
+// The most weights any pipeline rank holds (its gradients are what data parallel reduces).
+double max_params_per_chip(const Model& m, const Layout& l, const std::vector<std::int64_t>& stages) {
+  double most = 0;
+  for (std::size_t i = 0; i < stages.size(); ++i)
+    most = std::max(most, params_per_chip(m, l, static_cast<double>(stages[i]), i == 0));
+  return most;
 }
 
 }  // namespace
@@ -95,6 +102,29 @@ double layer_forward_flops(const Model& m, double tokens, double seq) {
   return proj + attn + dense_share * dense_mlp + (1.0 - dense_share) * moe_mlp;
 }
 
+std::vector<std::int64_t> stage_layers(const Model& m, const Layout& l) {
+  const std::int64_t virtual_stages = l.pp * l.interleave;
+  std::vector<std::int64_t> per_virtual = l.stages;
+  if (per_virtual.empty()) {
+    const std::int64_t base = m.layers / virtual_stages, longer = m.layers % virtual_stages;
+    per_virtual.assign(static_cast<std::size_t>(virtual_stages), base + (longer > 0 ? 1 : 0));
+    // virtual_stages - longer stages have one layer fewer: from both ends inwards.
+    std::int64_t fewer = longer > 0 ? virtual_stages - longer : 0;
+    for (std::int64_t k = 0; fewer > 0; ++k) {
+      per_virtual[static_cast<std::size_t>(k)] -= 1;  // from the front
+      --fewer;
+      if (fewer > 0) {  // and from the back
+        per_virtual[static_cast<std::size_t>(virtual_stages - 1 - k)] -= 1;
+        --fewer;
+      }
+    }
+  }
+  std::vector<std::int64_t> per_rank(static_cast<std::size_t>(l.pp), 0);
+  for (std::size_t k = 0; k < per_virtual.size(); ++k)
+    per_rank[k % static_cast<std::size_t>(l.pp)] += per_virtual[k];
+  return per_rank;
+}
+
 std::string check_layout(const Model& m, const Chip& chip, const Layout& l) {
   auto s = [](std::int64_t v) { return std::to_string(v); };
   if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.cp < 1 || l.ep < 1 || l.micro_batch < 1 || l.interleave < 1)
@@ -102,10 +132,21 @@ std::string check_layout(const Model& m, const Chip& chip, const Layout& l) {
   if (m.heads % l.tp != 0 || m.kv_heads % l.tp != 0)
     return "tp " + s(l.tp) + " does not divide the heads (" + s(m.heads) + " query, " + s(m.kv_heads) + " kv)";
   if (m.ffn % l.tp != 0) return "tp " + s(l.tp) + " does not divide the ffn width " + s(m.ffn);
-  if (m.layers % (l.pp * l.interleave) != 0)
-    return "pp " + s(l.pp) + (l.interleave > 1 ? " x interleave " + s(l.interleave) : "") + " does not divide the " +
-           s(m.layers) + " layers";
   if (l.interleave > 1 && l.pp == 1) return "interleaving needs pp > 1";
+  if (l.pp > m.layers || l.interleave > m.layers / l.pp)
+    return "pp " + s(l.pp) + (l.interleave > 1 ? " x interleave " + s(l.interleave) : "") + " is more stages than the " +
+           s(m.layers) + " layers";
+  if (!l.stages.empty()) {
+    if (static_cast<std::int64_t>(l.stages.size()) != l.pp * l.interleave)
+      return "stages lists " + s(static_cast<std::int64_t>(l.stages.size())) + " stages, expected pp x interleave = " +
+             s(l.pp * l.interleave);
+    std::int64_t sum = 0;
+    for (std::int64_t n : l.stages) {
+      if (n < 1 || n > m.layers) return "stages: a stage of " + s(n) + " layers, expected 1.." + s(m.layers);
+      sum += n;
+    }
+    if (sum != m.layers) return "stages sum to " + s(sum) + " layers, the model has " + s(m.layers);
+  }
   if (l.seq % l.cp != 0) return "cp " + s(l.cp) + " does not divide the sequence " + s(l.seq);
   if (m.moe()) {
     if (m.experts % l.ep != 0) return "ep " + s(l.ep) + " does not divide the " + s(m.experts) + " experts";
@@ -121,8 +162,8 @@ std::string check_layout(const Model& m, const Chip& chip, const Layout& l) {
 }
 
 Memory memory_per_chip(const Model& m, const Layout& l, const Software& sw) {
-  Memory mem;
-  mem.weights_and_optimizer_gb = params_per_chip(m, l) * param_bytes_factor(l.zero, l.dp) / 1e9;
+  // The pipeline rank that needs the most: each rank's weights, optimizer and activations.
+  const std::vector<std::int64_t> stages = stage_layers(m, l);
   // Activations of the first pipeline stage, following Megatron-LM's
   // theoretical_memory_usage.py (Korthikanti et al. 2022, Table 2), bytes. Per layer and
   // micro-batch with sequence parallelism and selective recompute: s b h (18 + 4 f / h) / t,
@@ -145,16 +186,26 @@ Memory memory_per_chip(const Model& m, const Layout& l, const Software& sw) {
     case Recompute::selective: per_layer = s * b * h * linear_part; break;
     case Recompute::full: per_layer = 2.0 * s * b * h / (sw.sequence_parallel ? t : 1.0); break;
   }
-  // The first stage keeps pp micro-batches of layers/pp layers in flight: all layers' worth.
-  double act = per_layer * static_cast<double>(m.layers);
-  act += (8.0 * s * b * p + s * b * h * p) / t;  // embedding input and its dropout, pp in flight
+  // Under 1F1B, rank i keeps pp - i micro-batches of its layers in flight (at most the
+  // micro-batches there are); the first also the embedding's input and its dropout.
+  // Interleaving keeps (1 + (pp - 1) / (pp v)) times as many (Korthikanti et al.).
   double microbatches = static_cast<double>(l.global_batch) / static_cast<double>(l.dp * l.micro_batch);
-  if (l.pp > 1 && l.interleave > 1) act *= 1.0 + (p - 1.0) / (p * static_cast<double>(l.interleave));
-  if (l.pp > 1 && l.interleave == 1) act *= std::min(1.0, microbatches / p);
-  if (l.pp == 1) act += s * b * h * 4.0 * (1.0 + static_cast<double>(m.vocab) / h) / t;  // output layer and loss
-  mem.activations_gb = act / 1e9;
-  mem.total_gb = mem.weights_and_optimizer_gb + mem.activations_gb;
-  return mem;
+  Memory most;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const double in_flight = p - static_cast<double>(i);
+    double act = per_layer * static_cast<double>(stages[i]) * in_flight;
+    if (i == 0) act += (8.0 * s * b * p + s * b * h * p) / t;  // embedding input and its dropout
+    if (l.pp > 1 && l.interleave > 1) act *= 1.0 + (p - 1.0) / (p * static_cast<double>(l.interleave));
+    if (l.pp > 1 && l.interleave == 1) act *= std::min(1.0, microbatches / in_flight);
+    if (l.pp == 1) act += s * b * h * 4.0 * (1.0 + static_cast<double>(m.vocab) / h) / t;  // output layer and loss
+    Memory mem;
+    mem.weights_and_optimizer_gb =
+        params_per_chip(m, l, static_cast<double>(stages[i]), i == 0) * param_bytes_factor(l.zero, l.dp) / 1e9;
+    mem.activations_gb = act / 1e9;
+    mem.total_gb = mem.weights_and_optimizer_gb + mem.activations_gb;
+    if (i == 0 || mem.total_gb > most.total_gb) most = mem;
+  }
+  return most;
 }
 
 Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Software& sw) {
@@ -190,7 +241,10 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   const double t = static_cast<double>(l.tp), cp = static_cast<double>(l.cp);
   const double tokens_mb = static_cast<double>(l.micro_batch) * seq;  // per micro-batch, whole sequence
   const double tokens_chip = tokens_mb / cp;
-  const double layers_stage = static_cast<double>(m.layers) / static_cast<double>(l.pp);
+  // Times below are per layer on one pipeline rank, per micro-batch; the step follows the
+  // slowest rank (its layers, and the output layer on the last).
+  const double layers_stage = 1.0;
+  const std::vector<std::int64_t> stages = stage_layers(m, l);
   const double r = l.recompute == Recompute::full ? 1.0 : 0.0;
 
   // ---- compute per micro-batch on one stage --------------------------------------------
@@ -207,7 +261,8 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
                            ? attn_flops / (peak * eff) + layers_stage * score_bytes / hbm
                            : 0.0;
   double logits = 2.0 * tokens_chip * h * static_cast<double>(m.vocab) / t;
-  double t_compute_mb = (3.0 + r) * t_fwd + t_selective + 3.0 * logits / (peak * eff);
+  double t_layer_compute = (3.0 + r) * t_fwd + t_selective;  // one layer
+  double t_logits = 3.0 * logits / (peak * eff);
 
   // ---- communication per micro-batch ----------------------------------------------------
   auto link = [&](std::int64_t group_span) {
@@ -238,13 +293,31 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
     double bytes = tokens_chip * h * 2.0 / t;
     t_pp = static_cast<double>(l.interleave) * 2.0 * (bytes / (pp_bw * kLinkEfficiency) + pp_alpha);
   }
+  // The slowest rank: the last carries the output layer and the loss too.
+  std::size_t slowest = 0;
+  double slowest_s = -1;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const double rank_s = static_cast<double>(stages[i]) * (t_layer_compute + t_tp + t_cp + t_ep) +
+                          (i + 1 == stages.size() ? t_logits : 0.0);
+    if (rank_s > slowest_s) {
+      slowest_s = rank_s;
+      slowest = i;
+    }
+  }
+  const double n_layers = static_cast<double>(stages[slowest]);
+  const double t_compute_mb =
+      n_layers * t_layer_compute + (slowest + 1 == stages.size() ? t_logits : 0.0);
+  t_tp *= n_layers;
+  t_cp *= n_layers;
+  t_ep *= n_layers;
+  t_fwd *= n_layers;
   double per_mb = t_compute_mb + t_tp + t_cp + t_ep + t_pp;
 
   // ---- the step -------------------------------------------------------------------------
   double microbatches = static_cast<double>(l.global_batch) / static_cast<double>(l.dp * l.micro_batch);
   double bubble = static_cast<double>(l.pp - 1) / static_cast<double>(l.interleave) * per_mb;
   Memory mem = memory_per_chip(m, l, sw);
-  double params_chip = params_per_chip(m, l);
+  double params_chip = max_params_per_chip(m, l, stages);
   auto [dp_bw, dp_alpha] = link(l.chips());
   // ZeRO-3 gathers weights for forward and backward: 1.5x an all-reduce's volume.
   double volume = l.zero >= 3 ? 1.5 : 1.0;

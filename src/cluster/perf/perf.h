@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cluster/catalog/catalog.h"
 
@@ -29,6 +30,10 @@ struct Layout {
   Recompute recompute = Recompute::full;
   int zero = 1;                    // 0: replicated optimizer; 1: sharded optimizer; 2: + grads; 3: + weights
   Precision precision = Precision::bf16;
+  // Layers on each virtual pipeline stage, pp x interleave of them in order (virtual stage
+  // k runs on pipeline rank k % pp), as a run publishes them (Llama 3 405B: 126 layers on
+  // 16 stages, the first and the last with 7); empty: the balanced split (stage_layers).
+  std::vector<std::int64_t> stages = {};
   std::int64_t chips() const { return tp * pp * dp * cp; }
 };
 
@@ -58,7 +63,14 @@ struct Totals {
   bool energy_known = true, cost_known = true;
 };
 
-// Empty when valid, else why (TP not dividing heads, PP not dividing layers, ...).
+// The layers each pipeline rank holds (pp of them, summed over its virtual stages): the
+// layout's own split, or the balanced one: L layers over S = pp x interleave virtual
+// stages, L / S each and one more on L % S of them; the stages with one fewer are taken
+// from both ends first (the first holds the embedding, the last the output layer), as
+// Llama 3 405B's 126 layers on 16 stages (7, 8 x 14, 7). Needs a valid layout.
+std::vector<std::int64_t> stage_layers(const Model& model, const Layout& layout);
+
+// Empty when valid, else why (TP not dividing heads, fewer layers than pipeline stages, ...).
 std::string check_layout(const Model& model, const Chip& chip, const Layout& layout);
 
 Estimate estimate(const Model& model, const Chip& chip, const Layout& layout, const Software& software = {});

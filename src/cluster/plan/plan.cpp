@@ -60,7 +60,10 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
   std::vector<Candidate> out;
   SearchStats local;
   for (std::int64_t tp : either(fixed.tp, divisors(model.heads, 64))) {
-    for (std::int64_t pp : either(fixed.pp, divisors(model.layers, 1 << 20))) {
+    if (chips % tp != 0)
+      continue;
+    // Any pipeline depth that divides the chips left per tp group, up to one layer a stage.
+    for (std::int64_t pp : either(fixed.pp, divisors(chips / tp, model.layers))) {
       for (std::int64_t cp : either(fixed.cp, std::vector<std::int64_t>{1, 2, 4, 8, 16})) {
         // chips divisible by tp x pp x cp, tested one factor at a time (the product of
         // fixed degrees can overflow).
@@ -69,8 +72,15 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
         std::int64_t dp = chips / tp / pp / cp;
         if (fixed.dp && *fixed.dp != dp)
           continue;
-        for (std::int64_t v : either(fixed.interleave, pp > 1 ? divisors(model.layers / pp, 8)
-                                                              : std::vector<std::int64_t>{1})) {
+        // Virtual stages as frameworks run them: equal, or equal once the embedding and
+        // the loss count as a layer each (Megatron-Core's account_for_embedding/loss_in_
+        // pipeline_split; Llama 3 405B's 126 layers); any split when the stages are given.
+        std::vector<std::int64_t> interleaves{1};
+        for (std::int64_t v = 2; pp > 1 && v <= 8 && pp * v <= model.layers; ++v)
+          if (model.layers % (pp * v) == 0 || (model.layers + 2) % (pp * v) == 0 ||
+              !fixed.stages.empty())
+            interleaves.push_back(v);
+        for (std::int64_t v : either(fixed.interleave, interleaves)) {
           for (std::int64_t ep :
                either(fixed.ep, model.moe() ? divisors(std::min(model.experts, dp), 1 << 20)
                                             : std::vector<std::int64_t>{1})) {
@@ -87,7 +97,8 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
                                                               Recompute::none, Recompute::selective,
                                                               Recompute::full})) {
                 for (int zero : either(fixed.zero, std::vector<int>{0, 1, 2, 3})) {
-                  Layout l{tp, pp, dp, ep, cp, b, batch, seq, v, rc, zero, fixed.precision};
+                  Layout l{tp, pp, dp, ep, cp, b, batch, seq, v, rc, zero, fixed.precision,
+                           fixed.stages};
                   if (!check_layout(model, chip, l).empty())
                     continue;
                   Candidate c{l, estimate(model, chip, l, software)};
@@ -254,14 +265,36 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
       c.enforce_memory = false;  // the run happened, so it fit
       std::string source = text(where, "source");
       Software sw = stacks.count(source) ? stacks[source] : Software{};
-      // Uneven pipelines (Llama 3 405B: 126 layers on 16 stages) are modelled with the
-      // layer count rounded to the nearest multiple of pp, keeping the per-stage average.
-      Model modelled = model;
-      if (modelled.layers % *c.pp != 0)
-        modelled.layers =
-            std::max<std::int64_t>(*c.pp, (modelled.layers + *c.pp / 2) / *c.pp * *c.pp);
-      std::vector<Candidate> found = search(modelled, chip, chips, c, sw);
-      check(!found.empty(), where + ": no valid layout matches the published one");
+      // Uneven pipelines (Llama 3 405B: 126 layers on 16 stages) as published: the run's
+      // `stages` (layers per virtual stage) when it lists them, else the balanced split.
+      if (run["stages"]) {
+        check(run["stages"].IsSequence(),
+              where + ": field 'stages' must be a list of layer counts, one per pipeline stage");
+        for (std::size_t k = 0; k < run["stages"].size(); ++k) {
+          const std::string field = "stages[" + std::to_string(k) + "]";
+          std::int64_t n = 0;
+          try {
+            n = run["stages"][k].as<std::int64_t>();
+          } catch (const YAML::Exception&) {
+            throw Error(where + ": field '" + field + "' is not a whole number of layers");
+          }
+          check(n >= 1 && n <= model.layers, where + ": field '" + field + "' is " +
+                                                 std::to_string(n) + ", expected 1.." +
+                                                 std::to_string(model.layers) + " layers");
+          c.stages.push_back(n);
+        }
+        if (!c.interleave)
+          c.interleave = static_cast<std::int64_t>(c.stages.size()) / *c.pp;
+      }
+      std::vector<Candidate> found = search(model, chip, chips, c, sw);
+      if (found.empty()) {  // name the rule the published layout breaks, when one does
+        Layout published{c.tp.value_or(1), *c.pp, dp, c.ep.value_or(1), c.cp.value_or(1), 1,
+                         *c.global_batch, c.seq.value_or(model.seq), c.interleave.value_or(1),
+                         Recompute::full, 1, c.precision, c.stages};
+        const std::string why = check_layout(model, chip, published);
+        throw Error(where + ": no valid layout matches the published one" +
+                    (why.empty() ? "" : ": " + why));
+      }
       const Candidate& best = found.front();
       check(best.estimate.step_time_s > 0,
             where + ": the performance model cannot time the published layout: " +

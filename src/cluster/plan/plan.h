@@ -19,6 +19,8 @@ struct Constraints {
   std::optional<Recompute> recompute;
   std::optional<int> zero;
   Precision precision = Precision::bf16;
+  // Layers per virtual pipeline stage, as published (Layout::stages); empty: balanced.
+  std::vector<std::int64_t> stages;
   double default_batch_tokens = 4.0 * 1024 * 1024;  // global batch (tokens) when none is given
   // false: rank layouts that fail only the memory check as if they fit (validation of
   // runs that are known to have fit; the memory estimate is still reported).
@@ -35,7 +37,8 @@ struct SearchStats {
 };
 
 // Every valid layout on `chips` chips, feasible first, fastest first. Exhaustive over
-// tp (divisors of the heads), pp x interleave (divisors of the layers), cp, ep,
+// tp (divisors of the heads), pp (divisors of the chips per tp group, at most the layers;
+// stages need not hold equal layer counts: stage_layers), interleave (1-8), cp, ep,
 // micro-batch, recompute and ZeRO stage; dp follows from the chip count.
 std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t chips, const Constraints& fixed,
                               const Software& software = {}, SearchStats* stats = nullptr);
