@@ -48,6 +48,10 @@ void add_fleet_rounds_command(CLI::App& fleet, FleetRoundsOptions& o) {
                 "stop a run as saturated when more jobs than this wait at once")
       ->check(CLI::Range(1, 100000000));
   c->add_flag("--json", o.json, "one JSON object per policy and seed, then one per policy");
+  c->add_option("--solver", o.solver,
+                "max-min policies: water_filling (the lexicographic max-min fair allocation) "
+                "or interior_point (Gavel's one program per allocation, ended inside its optima)")
+      ->check(CLI::IsMember({"water_filling", "interior_point"}));
   c->add_flag("--strict-throughputs", o.strict_throughputs,
               "--gavel: refuse jobs whose run times would be extrapolated (scale factors the "
               "throughput table lacks)");
@@ -99,6 +103,8 @@ int run_fleet_rounds(const FleetRoundsOptions& o) {
   const GavelThroughputs table = GavelThroughputs::load(table_path);
   RoundOptions options;
   options.max_active_jobs = o.max_active_jobs;
+  options.solver =
+      o.solver == "interior_point" ? MaxMinSolver::interior_point : MaxMinSolver::water_filling;
   if (!o.window.empty()) {
     std::tie(options.window_begin, options.window_end) = parse_window(o.window);
   } else if (o.jobs_per_hour > 0) {

@@ -20,6 +20,7 @@ struct FleetRoundsOptions {
   bool json = false;
   bool strict_throughputs = false;  // --gavel: refuse extrapolated run times
   bool sensitivity = false;         // also +/-20% throughputs, extrapolated jobs left out
+  std::string solver = "water_filling";  // which max-min optimum (MaxMinSolver)
   CLI::App* command = nullptr;
 };
 

@@ -47,6 +47,25 @@ TEST(LinearProgram, AMaxMinObjectiveIsAVariableBelowEveryTerm) {
   EXPECT_NEAR((*solution)[b], 2, 1e-9);
 }
 
+TEST(LinearProgram, TheInteriorPointMethodEndsInsideTheSetOfOptima) {
+  // max z  s.t.  z <= 2a,  z <= b,  a, b in [0, 1]: z = 1 at b = 1 and any a in [0.5, 1].
+  // The simplex ends at a vertex (a = 0.5 or 1); the interior-point method inside.
+  LinearProgram lp;
+  const std::size_t z = lp.add_variable(0, LinearProgram::kInf, 1);
+  const std::size_t a = lp.add_variable(0, 1, 0);
+  const std::size_t b = lp.add_variable(0, 1, 0);
+  lp.add_row({{a, 2}, {z, -1}}, 0, LinearProgram::kInf);
+  lp.add_row({{b, 1}, {z, -1}}, 0, LinearProgram::kInf);
+  const auto inside = lp.maximize_interior();
+  ASSERT_TRUE(inside);
+  EXPECT_NEAR((*inside)[z], 1, 1e-6);
+  EXPECT_GT((*inside)[a], 0.55);
+  EXPECT_LT((*inside)[a], 0.95);
+  const auto vertex = lp.maximize();
+  ASSERT_TRUE(vertex);
+  EXPECT_TRUE(std::abs((*vertex)[a] - 0.5) < 1e-9 || std::abs((*vertex)[a] - 1) < 1e-9);
+}
+
 TEST(LinearProgram, InfeasibleAndUnboundedProgramsHaveNoSolution) {
   LinearProgram infeasible;
   const std::size_t x = infeasible.add_variable(0, 1, 1);
@@ -189,6 +208,30 @@ TEST(RoundAllocation, TheHeterogeneityAwarePolicyGivesEachJobTheTypeItGainsMostO
       round_allocation(RoundPolicy::max_min_fairness, {{2, 1}, {1, 1}}, {1, 1}, {1, 1}, {1, 1});
   for (const auto& job : blind)
     EXPECT_NEAR(job[0] + job[1], 1, 1e-9);
+}
+
+TEST(RoundAllocation, WaterFillingGivesTheRestMoreWhereGavelsProgramStopsAtTheLeast) {
+  // Two types of one chip; job 0 (weight 1) and job 1 (weight 0.5: twice the share per
+  // unit of time) run on both. Job 0's share is at most 1, its whole time; the least
+  // share is therefore 1, and job 1 needs only half its time for it. Water-filling then
+  // gives job 1 all the time left: share 2. Gavel's one program stops at the least
+  // share, and its interior-point solution leaves job 1 between 1 and 2.
+  const std::vector<std::vector<double>> rate{{1, 1}, {1, 1}};
+  const auto filled = round_allocation(RoundPolicy::max_min_fairness, rate, {1, 1}, {1, 0.5},
+                                       {1, 1}, nullptr, MaxMinSolver::water_filling);
+  const auto inside = round_allocation(RoundPolicy::max_min_fairness, rate, {1, 1}, {1, 0.5},
+                                       {1, 1}, nullptr, MaxMinSolver::interior_point);
+  auto share = [](const std::vector<std::vector<double>>& x, std::size_t j, double weight) {
+    return (x[j][0] + x[j][1]) / weight;
+  };
+  EXPECT_NEAR(share(filled, 0, 1), 1, 1e-6);
+  EXPECT_NEAR(share(filled, 1, 0.5), 2, 1e-6);
+  EXPECT_NEAR(share(inside, 0, 1), 1, 1e-6);
+  EXPECT_GT(share(inside, 1, 0.5), 1.05);
+  EXPECT_LT(share(inside, 1, 0.5), 1.95);
+  for (const auto* x : {&filled, &inside})  // never more than a chip of either type
+    for (std::size_t t = 0; t < 2; ++t)
+      EXPECT_LE((*x)[0][t] + (*x)[1][t], 1 + 1e-6);
 }
 
 TEST(RoundAllocation, JobsAlikeUpToRoundingAreOneClass) {

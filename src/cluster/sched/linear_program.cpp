@@ -115,6 +115,33 @@ std::optional<std::vector<double>> LinearProgram::maximize() {
   return x;
 }
 
+std::optional<std::vector<double>> LinearProgram::maximize_interior() {
+  glp_iptcp options;
+  glp_init_iptcp(&options);
+  options.msg_lev = GLP_MSG_OFF;
+  // The method is sensitive to badly scaled rows (GLPK scales only for the simplex);
+  // glp_scale_prob reports on the terminal whatever msg_lev says, so that is off meanwhile.
+  const int terminal = glp_term_out(GLP_OFF);
+  glp_scale_prob(problem_->lp, GLP_SF_AUTO);
+  glp_term_out(terminal);
+  const int status = glp_interior(problem_->lp, &options);
+  if (status == GLP_EFAIL || status == GLP_ENOCVG || status == GLP_EOBJLL || status == GLP_EOBJUL ||
+      status == GLP_EITLIM || status == GLP_EINSTAB)
+    return std::nullopt;  // no optimum found (infeasible, unbounded or numerically stuck)
+  check(status == 0, "linear program: GLPK's interior-point method failed (code " +
+                         std::to_string(status) + ") on " + std::to_string(variables_) +
+                         " variables and " + std::to_string(rows_) + " rows");
+  if (glp_ipt_status(problem_->lp) != GLP_OPT)
+    return std::nullopt;
+  std::vector<double> x(variables_);
+  for (std::size_t i = 0; i < variables_; ++i)
+    x[i] = glp_ipt_col_prim(problem_->lp, static_cast<int>(i) + 1);
+  duals_.resize(rows_);
+  for (std::size_t i = 0; i < rows_; ++i)
+    duals_[i] = glp_ipt_row_dual(problem_->lp, static_cast<int>(i) + 1);
+  return x;
+}
+
 double LinearProgram::dual(std::size_t row) const {
   check(row < duals_.size(),
         "linear program: no dual value for row " + std::to_string(row) + " (solve first)");

@@ -37,6 +37,10 @@ class LinearProgram {
   // The values of the variables at a maximum of the objective; nullopt when the program
   // is infeasible or unbounded. Throws loom::Error when the solver fails otherwise.
   std::optional<std::vector<double>> maximize();
+  // The same by GLPK's primal-dual interior-point method, without a crossover to a vertex:
+  // where the maximum is not unique, a point inside the set of maxima (near its centre),
+  // as interior-point solvers such as ECOS return.
+  std::optional<std::vector<double>> maximize_interior();
   // After a maximize() that found a solution: the dual value (shadow price) of a row, how
   // much the objective would grow per unit the row's binding bound is relaxed.
   double dual(std::size_t row) const;

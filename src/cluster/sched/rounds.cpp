@@ -49,7 +49,7 @@ std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
                                                   const std::vector<std::int64_t>& scale,
                                                   const std::vector<double>& weight,
                                                   const std::vector<std::int64_t>& chips,
-                                                  std::int64_t* programs) {
+                                                  std::int64_t* programs, MaxMinSolver solver) {
   const std::size_t jobs = rate.size(), types = chips.size();
   std::vector<std::vector<double>> x(jobs, std::vector<double>(types, 0.0));
   if (jobs == 0)
@@ -140,6 +140,18 @@ std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
   std::vector<std::vector<double>> X(classes, std::vector<double>(types, 0.0));
   std::size_t unsettled = classes;
   for (int round = 0; unsettled > 0; ++round) {
+    if (solver == MaxMinSolver::interior_point) {  // one program, ended inside its optima
+      if (programs != nullptr)
+        ++*programs;
+      const std::optional<std::vector<double>> solution = lp.maximize_interior();
+      check(solution.has_value(),
+            "round-based scheduling: the interior-point method found no allocation");
+      for (std::size_t k = 0; k < classes; ++k)
+        for (std::size_t t = 0; t < types; ++t)
+          if (var[k][t] != SIZE_MAX)
+            X[k][t] = std::max((*solution)[var[k][t]], 0.0);
+      break;
+    }
     std::optional<std::vector<double>> solution = lp.maximize();
     if (programs != nullptr)
       ++*programs;
@@ -421,7 +433,7 @@ RoundReport simulate_rounds(const Fleet& fleet, const JobSource& source, RoundPo
           ids.push_back(a.job.id);
         x = fifo->allocate(ids, rate, scale, report.types, chips);
       } else {
-        x = round_allocation(policy, rate, scale, weight, chips, &report.programs);
+        x = round_allocation(policy, rate, scale, weight, chips, &report.programs, o.solver);
       }
       for (std::size_t j = 0; j < active.size(); ++j) {
         active[j].share = x[j];

@@ -30,8 +30,9 @@
 // the jobs that cannot get more (non-zero duals), maximise the least share of the rest,
 // and so on. Gavel solves one program with an interior-point solver (ECOS) and takes the
 // point it ends at; the jobs that are not the bottleneck get whatever that point gives
-// them. This is the one deliberate difference from Gavel, and it moves the figures
-// (docs/fleet.md, bench/RESULTS.md).
+// them. RoundOptions::solver = interior_point does that instead (one program, ended
+// inside its optima by GLPK's interior-point method), and reproduces Gavel's figures
+// where water-filling does not (bench/RESULTS.md, docs/fleet.md).
 #pragma once
 
 #include <cstdint>
@@ -48,6 +49,14 @@
 namespace loom::cluster {
 
 enum class RoundPolicy { max_min_fairness, max_min_fairness_perf, fifo, fifo_perf };
+
+// Which of the max-min optima the max-min policies take (rounds.h's header comment):
+//   water_filling   the lexicographic max-min fair allocation (Loom's default), over
+//                   classes of alike jobs, by simplex;
+//   interior_point  Gavel's own way: one program over every job (no classes), maximising
+//                   the least share, solved by an interior-point method without crossover
+//                   (GLPK's, where Gavel uses ECOS), taking the point it ends at.
+enum class MaxMinSolver { water_filling, interior_point };
 std::optional<RoundPolicy> parse_round_policy(const std::string& text);  // nullopt: not one
 const char* round_policy_name(RoundPolicy policy);
 
@@ -58,6 +67,7 @@ struct RoundOptions {
   std::int64_t window_begin = 0;  // JCT over the jobs with ids in [begin, end): Gavel
   std::int64_t window_end = -1;   // measures 4000-5000 of a continuous stream; -1: all
   std::int64_t max_active_jobs = 20000;  // more waiting at once: the run stops, saturated
+  MaxMinSolver solver = MaxMinSolver::water_filling;
 };
 
 struct RoundReport {
@@ -87,12 +97,11 @@ RoundReport simulate_rounds(const Fleet& fleet, const JobSource& jobs, RoundPoli
 // The allocation `policy` gives these jobs on chip types with `chips` chips each: X[j][t].
 // `rate[j][t]`: job j's throughput on type t (0: cannot run there); `scale[j]` its chips,
 // `weight[j]` its priority weight. Exposed for tests.
-std::vector<std::vector<double>> round_allocation(RoundPolicy policy,
-                                                  const std::vector<std::vector<double>>& rate,
-                                                  const std::vector<std::int64_t>& scale,
-                                                  const std::vector<double>& weight,
-                                                  const std::vector<std::int64_t>& chips,
-                                                  std::int64_t* programs = nullptr);
+std::vector<std::vector<double>> round_allocation(
+    RoundPolicy policy, const std::vector<std::vector<double>>& rate,
+    const std::vector<std::int64_t>& scale, const std::vector<double>& weight,
+    const std::vector<std::int64_t>& chips, std::int64_t* programs = nullptr,
+    MaxMinSolver solver = MaxMinSolver::water_filling);
 
 // Gavel's FIFO allocation (policies/fifo.py), as Gavel's code runs it, because its FIFO
 // figure was drawn by that code. Jobs are taken in id (arrival) order; each allocated job
