@@ -228,33 +228,33 @@ std::vector<std::vector<double>> FifoAllocator::allocate(
     allocation_.erase(id);
   }
   // The types with free chips, by name.
-  std::vector<std::size_t> open;
+  std::vector<std::size_t> with_free;
   for (std::size_t t = 0; t < types; ++t)
     if (available[t] > 0)
-      open.push_back(t);
-  std::sort(open.begin(), open.end(),
+      with_free.push_back(t);
+  std::sort(with_free.begin(), with_free.end(),
             [&](std::size_t a, std::size_t b) { return type_names[a] < type_names[b]; });
-  while (!queue.empty() && !open.empty()) {
+  while (!queue.empty() && !with_free.empty()) {
     const std::int64_t id = queue.front();
     queue.pop_front();
     const std::size_t j = index_of.at(id);
-    std::vector<std::size_t> fitting;  // positions in `open` with room for the job
-    for (std::size_t i = 0; i < open.size(); ++i)
-      if (available[open[i]] >= scale[j])
+    std::vector<std::size_t> fitting;  // positions in `with_free` with room for the job
+    for (std::size_t i = 0; i < with_free.size(); ++i)
+      if (available[with_free[i]] >= scale[j])
         fitting.push_back(i);
     if (fitting.empty())
       break;  // first come, first served: no later job jumps ahead
     std::size_t pick = 0, type = 0;
     if (!performance_aware_) {
       pick = rng_.randbelow(static_cast<std::uint32_t>(fitting.size()));
-      type = open.back();  // Gavel's code: see rounds.h
+      type = with_free.back();  // Gavel's code: see rounds.h
     } else {
       double best = -1;
       for (std::size_t i = 0; i < fitting.size(); ++i)
-        if (rate[j][open[fitting[i]]] > best) {
-          best = rate[j][open[fitting[i]]];
+        if (rate[j][with_free[fitting[i]]] > best) {
+          best = rate[j][with_free[fitting[i]]];
           pick = i;
-          type = open[fitting[i]];
+          type = with_free[fitting[i]];
         }
     }
     if (!(rate[j][type] > 0))
@@ -262,7 +262,7 @@ std::vector<std::vector<double>> FifoAllocator::allocate(
     allocation_[id] = {type, scale[j]};
     available[type] -= scale[j];
     if (available[type] == 0)
-      open.erase(open.begin() + static_cast<std::ptrdiff_t>(fitting[pick]));
+      with_free.erase(with_free.begin() + static_cast<std::ptrdiff_t>(fitting[pick]));
   }
   std::vector<std::vector<double>> x(ids.size(), std::vector<double>(types, 0.0));
   for (const auto& [id, held_type] : allocation_)
