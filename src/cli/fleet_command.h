@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace loom::cli {
 
@@ -17,6 +18,7 @@ struct FleetOptions {
   std::int64_t synthetic = 0;
   double load = 0.8;
   std::uint64_t seed = 1;
+  std::vector<std::uint64_t> seeds;  // more than one: also the mean JCT over them, with an interval
   std::string policy = "all";
   std::string catalog;
   bool json = false;

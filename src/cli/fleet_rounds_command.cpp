@@ -1,5 +1,7 @@
 #include "cli/fleet_rounds_command.h"
 
+#include "cli/mean_interval.h"
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -74,16 +76,6 @@ std::pair<std::int64_t, std::int64_t> parse_window(const std::string& text) {
   const std::int64_t first = number(text.substr(0, colon)), end = number(text.substr(colon + 1));
   check(end > first, "--window '" + text + "': END must be above FIRST");
   return {first, end};
-}
-
-// Student's t for a two-sided 95% interval with n - 1 degrees of freedom (n <= 31; the
-// normal 1.96 beyond).
-double t95(std::size_t n) {
-  static const double table[] = {0,     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365,
-                                 2.306, 2.262,  2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-                                 2.120, 2.110,  2.101, 2.093, 2.086, 2.080, 2.074, 2.069,
-                                 2.064, 2.060,  2.056, 2.052, 2.048, 2.045, 2.042};
-  return n - 1 < std::size(table) ? table[n - 1] : 1.96;
 }
 
 }  // namespace
@@ -192,14 +184,9 @@ int run_fleet_rounds(const FleetRoundsOptions& o) {
     Summary s;
     if (saturated || means.empty())
       return s;
-    double mean = 0, var = 0;
-    for (double m : means)
-      mean += m / static_cast<double>(means.size());
-    for (double m : means)
-      var += means.size() > 1 ? (m - mean) * (m - mean) / static_cast<double>(means.size() - 1) : 0;
-    s.mean = mean;
-    if (means.size() > 1)
-      s.half = t95(means.size()) * std::sqrt(var / static_cast<double>(means.size()));
+    const MeanInterval m = mean_interval(means);
+    s.mean = m.mean;
+    s.half = m.half;
     return s;
   };
   auto over_seeds = [&](RoundPolicy policy, double speed, bool measured_only) {

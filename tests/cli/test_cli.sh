@@ -93,6 +93,9 @@ expect_error "'A3C' on 4 workers: data/traces/gavel/simulation_throughputs.json 
 "$loom" fleet rounds --fleet v100:4,k80:4 --gavel data/traces/gavel/msr_seed0/b436b2.trace --policy max_min_fairness_perf \
   --solver interior_point --json | tail -1 | grep -q '"mean_jct_h":[0-9]' \
   || { echo "FAIL: fleet rounds --solver interior_point"; failures=$((failures + 1)); }
+"$loom" fleet simulate --fleet v100:2x4,k80:2x4 --gavel data/traces/gavel/msr_seed0/b436b2.trace --policy backfill \
+  --seeds 1 2 3 --json | tail -1 | grep -q '"ci95_h":[0-9]' \
+  || { echo "FAIL: fleet simulate --seeds"; failures=$((failures + 1)); }
 "$loom" fleet simulate --alibaba data/traces/alibaba-pai-gpu-v2023/openb_pod_list_gpuspec33.csv --policy backfill --json \
   | grep -q '"finished":6203' || { echo "FAIL: fleet simulate --alibaba"; failures=$((failures + 1)); }
 expect_error "the node list is the fleet; drop --fleet" fleet simulate --fleet v100:2x4 \
