@@ -16,6 +16,7 @@ HARNESSES = {
     "fleet": (4096, ["fleet"]),
     "training_jobs": (4096, ["training_jobs"]),
     "gavel_trace": (8192, ["gavel"]),
+    "alibaba": (8192, ["alibaba"]),
     "catalog": (32768, ["catalog", "plan_runs"]),
     "idx": (16384, ["idx"]),
     "text": (8192, ["text"]),
@@ -27,6 +28,7 @@ HARNESSES = {
 PARTS = {
     "catalog": ["chips.yaml", "models.yaml", "systems.yaml", "published-runs.yaml", "software.yaml"],
     "idx": ["NAME-images.idx", "NAME-labels.idx"],
+    "alibaba": ["NAME-pods.csv", "NAME-nodes.csv"],
 }
 
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -206,6 +207,30 @@ TEST(Alibaba, BadRowsAreRefusedByFileLineFieldAndValue) {
   ASSERT_EQ(t.jobs.size(), 1u);
   EXPECT_EQ(t.jobs[0].seconds_on.at("T4"), 8);
   EXPECT_EQ(t.jobs[0].milli, 500);
+}
+
+// Every hostile pod list kept in tests/fixtures/fuzz/alibaba (NAME-pods.csv, with
+// NAME-nodes.csv or else the bundled node list) is refused with an error naming its file.
+TEST(Alibaba, FuzzFixturesGiveNamedErrors) {
+  const std::vector<std::string> inputs = fuzz_inputs("alibaba");
+  std::size_t pod_lists = 0;
+  for (const std::string& path : inputs) {
+    if (!path.ends_with("-pods.csv"))
+      continue;
+    ++pod_lists;
+    std::string nodes = path.substr(0, path.size() - 9) + "-nodes.csv";
+    if (!std::filesystem::exists(nodes))
+      nodes = source_dir() + kTrace + "openb_node_list_gpu_node.csv";
+    try {
+      load_alibaba_trace(path, nodes);
+      ADD_FAILURE() << path << " loaded";
+    } catch (const loom::Error& e) {
+      const std::string what = e.what();  // names the pod list, or the node list at fault
+      EXPECT_TRUE(what.find(path) != std::string::npos || what.find(nodes) != std::string::npos)
+          << what;
+    }
+  }
+  EXPECT_GE(pod_lists, 3u);
 }
 
 }  // namespace

@@ -143,6 +143,8 @@ double ThroughputCache::tokens_per_s(const Model& model, const Chip& chip, std::
   fixed_key += std::to_string(fixed.recompute ? static_cast<int>(*fixed.recompute) : -1) + "/" +
                std::to_string(static_cast<int>(fixed.precision)) + "/" +
                std::to_string(fixed.default_batch_tokens) + "/" + (fixed.enforce_memory ? "m" : "");
+  for (std::int64_t layers : fixed.stages)  // the pipeline split, when given
+    fixed_key += "/" + std::to_string(layers);
   auto key = std::make_tuple(model.id, chip.id, chips, fixed_key);
   if (auto it = cache_.find(key); it != cache_.end())
     return it->second;
