@@ -241,24 +241,23 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   const double t = static_cast<double>(l.tp), cp = static_cast<double>(l.cp);
   const double tokens_mb = static_cast<double>(l.micro_batch) * seq;  // per micro-batch, whole sequence
   const double tokens_chip = tokens_mb / cp;
-  // Times below are per layer on one pipeline rank, per micro-batch; the step follows the
-  // slowest rank (its layers, and the output layer on the last).
-  const double layers_stage = 1.0;
+  // Times below are per layer and micro-batch until the slowest pipeline rank is known
+  // (its layers, and the output layer on the last); then per micro-batch on that rank.
   const std::vector<std::int64_t> stages = stage_layers(m, l);
   const double r = l.recompute == Recompute::full ? 1.0 : 0.0;
 
   // ---- compute per micro-batch on one stage --------------------------------------------
   double x = tokens_chip * h / t;
   double eff = *chip.gemm_efficiency.value * x / (x + kGemmHalf);
-  double fwd_flops = layer_forward_flops(m, tokens_mb, seq) / (t * cp) * layers_stage;
-  double attn_flops = 4.0 * tokens_mb * seq * h / (t * cp) * layers_stage;
+  double fwd_flops = layer_forward_flops(m, tokens_mb, seq) / (t * cp);
+  double attn_flops = 4.0 * tokens_mb * seq * h / (t * cp);
   double t_gemm = fwd_flops / (peak * eff);
   double act_bytes = tokens_chip * h * kActivationPasses * 2.0 / (sw.sequence_parallel ? t : 1.0);
   double score_bytes = sw.flash_attention ? 0.0 : static_cast<double>(l.micro_batch) * (m.heads / t) * (seq / cp) * seq * kScorePasses * 2.0;
-  double t_mem = layers_stage * (act_bytes + score_bytes) / hbm;
+  double t_mem = (act_bytes + score_bytes) / hbm;
   double t_fwd = t_gemm + t_mem;
   double t_selective = l.recompute == Recompute::selective
-                           ? attn_flops / (peak * eff) + layers_stage * score_bytes / hbm
+                           ? attn_flops / (peak * eff) + score_bytes / hbm
                            : 0.0;
   double logits = 2.0 * tokens_chip * h * static_cast<double>(m.vocab) / t;
   double t_layer_compute = (3.0 + r) * t_fwd + t_selective;  // one layer
@@ -271,12 +270,12 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   };
   auto [tp_bw, tp_alpha] = link(l.tp);
   double tp_bytes = tokens_chip * h * 2.0;
-  double t_tp = layers_stage * (4.0 + 2.0 * r) * ring_allreduce(tp_bytes, l.tp, tp_bw, tp_alpha);
+  double t_tp = (4.0 + 2.0 * r) * ring_allreduce(tp_bytes, l.tp, tp_bw, tp_alpha);
   double t_cp = 0.0;
   if (l.cp > 1) {  // ring attention: K and V blocks travel around the cp ring, hidden under attention
     auto [cp_bw, cp_alpha] = link(l.tp * l.cp);
     double kv_bytes = 2.0 * tokens_chip * h * (static_cast<double>(m.kv_heads) / m.heads) / t * 2.0;
-    double comm = layers_stage * (3.0 + r) * (static_cast<double>(l.cp - 1) * (kv_bytes / (cp_bw * kLinkEfficiency) + cp_alpha));
+    double comm = (3.0 + r) * (static_cast<double>(l.cp - 1) * (kv_bytes / (cp_bw * kLinkEfficiency) + cp_alpha));
     t_cp = std::max(0.0, comm - (3.0 + r) * attn_flops / (peak * eff));
   }
   double t_ep = 0.0;
@@ -284,7 +283,7 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
     auto [ep_bw, ep_alpha] = link(l.tp * l.ep);
     double moe_share = static_cast<double>(m.moe_layers()) / static_cast<double>(m.layers);
     double bytes = tokens_chip * h * static_cast<double>(m.top_k) * 2.0 * static_cast<double>(l.ep - 1) / static_cast<double>(l.ep);
-    t_ep = layers_stage * moe_share * 2.0 * (2.0 + r) * (bytes / (ep_bw * kLinkEfficiency) + ep_alpha);
+    t_ep = moe_share * 2.0 * (2.0 + r) * (bytes / (ep_bw * kLinkEfficiency) + ep_alpha);
   }
   double t_pp = 0.0;
   if (l.pp > 1) {

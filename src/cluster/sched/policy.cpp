@@ -56,14 +56,16 @@ std::uint64_t mix(std::uint64_t x) {
 std::vector<int> tie_break_order(std::vector<int> pools, std::span<const int> group_of,
                                  std::uint64_t seed, std::int64_t job_id) {
   const std::uint64_t job = mix(seed ^ mix(static_cast<std::uint64_t>(job_id)));
-  auto rank = [&](int pool) {
+  // Each pool's rank computed once (a sort asks for it many times): (rank, pool) pairs.
+  std::vector<std::pair<std::uint64_t, int>> ranked;
+  ranked.reserve(pools.size());
+  for (int pool : pools) {
     const int group = group_of.empty() ? pool : group_of[static_cast<std::size_t>(pool)];
-    return mix(job ^ static_cast<std::uint64_t>(group));
-  };
-  std::sort(pools.begin(), pools.end(), [&](int a, int b) {
-    const std::uint64_t ra = rank(a), rb = rank(b);
-    return ra != rb ? ra < rb : a < b;
-  });
+    ranked.push_back({mix(job ^ static_cast<std::uint64_t>(group)), pool});
+  }
+  std::sort(ranked.begin(), ranked.end());
+  for (std::size_t i = 0; i < pools.size(); ++i)
+    pools[i] = ranked[i].second;
   return pools;
 }
 

@@ -18,6 +18,7 @@
 #include <functional>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "cluster/service/attempts.h"
 #include "cluster/service/model_speed.h"
@@ -399,9 +400,12 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
   // Per pass, what is known of each model on each pool (strict, and allowed to fall back):
   // one store read each, whatever the number of jobs of that model.
   auto& routes = q.routes;
+  std::lock_guard pool_order_lock(pool_order_mutex_);
+  std::unordered_set<std::int64_t> queued;
   for (const JobRecord& j : q.jobs) {
     if (j.state != "queued" || j.cancel_requested)
       continue;
+    queued.insert(j.id);
     WaitingJob w;
     w.job = static_cast<std::size_t>(j.id);
     w.priority = j.spec->priority;
@@ -417,8 +421,14 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
         named.push_back(it->second);
     // A job that names no pools considers them in its seeded order (policy.h), as the
     // simulator does with seed 0.
-    const std::vector<int> acceptable =
-        j.spec->pools.empty() ? cluster::tie_break_order(every_pool, {}, 0, j.id) : named;
+    const std::vector<int>* acceptable_order = &named;
+    if (j.spec->pools.empty()) {
+      auto [order, added] = pool_order_.try_emplace(j.id);
+      if (added)
+        order->second = cluster::tie_break_order(every_pool, {}, 0, j.id);
+      acceptable_order = &order->second;
+    }
+    const std::vector<int>& acceptable = *acceptable_order;
     const std::string& model_key = j.spec->model_key();
     auto cached = routes.find(model_key);
     if (cached == routes.end())
@@ -472,6 +482,7 @@ Service::Queue Service::waiting_jobs(double now, bool record_reasons) {
     q.record_of.push_back(&j);
     q.routes_of.push_back(&known);
   }
+  std::erase_if(pool_order_, [&](const auto& entry) { return !queued.contains(entry.first); });
   return q;
 }
 
