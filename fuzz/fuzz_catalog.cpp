@@ -1,10 +1,10 @@
 // Readers: cluster::Catalog::load (a catalog folder: chips.yaml, models.yaml and the
 // optional systems.yaml) and cluster::validate (a published-runs file -- the calibration
-// runs, catalog/calibration/published-runs.yaml -- with the optional software.yaml
+// runs, catalog/calibration/calibration-runs.yaml -- with the optional software.yaml
 // beside it).
 //
 // One input holds up to five files, separated by kFileSeparator (fuzz_common.h), in this
-// order: chips.yaml, models.yaml, systems.yaml, published-runs.yaml, software.yaml. An
+// order: chips.yaml, models.yaml, systems.yaml, calibration-runs.yaml, software.yaml. An
 // optional file that is absent or empty is not written. The catalog is loaded from the
 // first three, then asked what the planner asks of it (each system's chip, each chip's
 // scale-up domain, each model's parameter counts). The runs file, when present, is
@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const loom::Error&) {
   }
   if (parts.size() > 3 && !parts[3].empty()) {
-    const std::string runs = loom::fuzz::write_scratch("runs/published-runs.yaml", parts[3]);
+    const std::string runs = loom::fuzz::write_scratch("runs/calibration-runs.yaml", parts[3]);
     write_or_remove("runs/software.yaml", parts, 4);
     try {
       (void)loom::cluster::validate(*repo_catalog, runs);

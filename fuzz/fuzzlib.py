@@ -26,7 +26,7 @@ HARNESSES = {
 
 # The file names of a multi-file input's parts, in order (fuzz/unpack).
 PARTS = {
-    "catalog": ["chips.yaml", "models.yaml", "systems.yaml", "published-runs.yaml", "software.yaml"],
+    "catalog": ["chips.yaml", "models.yaml", "systems.yaml", "calibration-runs.yaml", "software.yaml"],
     "idx": ["NAME-images.idx", "NAME-labels.idx"],
     "alibaba": ["NAME-pods.csv", "NAME-nodes.csv"],
 }

@@ -150,25 +150,31 @@ void print_row(const Chip& chip, const Candidate& c, double tokens, std::optiona
 int run_validate(const Catalog& catalog, const PlanOptions& o) {
   std::vector<Validation> rows = validate(catalog, o.validate);
   std::vector<double> errors;
-  if (!o.json) std::printf("%-22s %-10s %-8s %10s %10s %8s  layout\n", "run", "chip", "counts", "published", "predicted", "error");
+  if (!o.json)
+    std::printf("%-30s %-10s %-13s %10s %10s %8s  layout\n", "run", "chip", "metric", "published", "predicted", "error");
+  std::size_t known_fit_misses = 0;
   for (const Validation& v : rows) {
     errors.push_back(std::abs(v.error));
+    known_fit_misses += v.known_fit && !v.fits;
     const Layout& l = v.layout;
     if (o.json) {
-      std::printf("%s\n", nlohmann::ordered_json{{"id", v.id}, {"chip", v.chip}, {"counts", v.counts},
-                                                 {"published_tflops_per_chip", v.published},
-                                                 {"predicted_tflops_per_chip", v.predicted}, {"error", v.error},
+      std::printf("%s\n", nlohmann::ordered_json{{"id", v.id}, {"set", v.set}, {"chip", v.chip}, {"metric", v.metric},
+                                                 {"counts", v.counts}, {"published", v.published},
+                                                 {"predicted", v.predicted}, {"error", v.error},
                                                  {"micro_batch", l.micro_batch}, {"interleave", l.interleave},
-                                                 {"recompute", recompute_name(l.recompute)},
-                                                 {"memory_per_chip_gb", v.memory_gb}}
+                                                 {"recompute", recompute_name(l.recompute)}, {"zero", l.zero},
+                                                 {"memory_per_chip_gb", v.memory_gb}, {"capacity_gb", v.capacity_gb},
+                                                 {"fits", v.fits}, {"known_fit", v.known_fit},
+                                                 {"memory", v.memory_reason}}
                                   .dump()
                                   .c_str());
     } else {
-      std::printf("%-22s %-10s %-8s %10.1f %10.1f %+7.1f%%  tp%lld pp%lld dp%lld mb%lld v%lld %s, %.0f GB/chip%s\n",
-                  v.id.c_str(), v.chip.c_str(), v.counts.c_str(), v.published, v.predicted, 100 * v.error,
+      std::printf("%-30s %-10s %-13s %10.1f %10.1f %+7.1f%%  tp%lld pp%lld dp%lld ep%lld cp%lld mb%lld v%lld %s z%d, %.0f of %.0f GB%s\n",
+                  v.id.c_str(), v.chip.c_str(), v.metric.c_str(), v.published, v.predicted, 100 * v.error,
                   static_cast<long long>(l.tp), static_cast<long long>(l.pp), static_cast<long long>(l.dp),
-                  static_cast<long long>(l.micro_batch), static_cast<long long>(l.interleave), recompute_name(l.recompute),
-                  v.memory_gb, v.memory_gb > v.hbm_gb ? " (over HBM by the memory model)" : "");
+                  static_cast<long long>(l.ep), static_cast<long long>(l.cp), static_cast<long long>(l.micro_batch),
+                  static_cast<long long>(l.interleave), recompute_name(l.recompute), l.zero, v.memory_gb, v.capacity_gb,
+                  v.fits ? "" : (v.known_fit ? " (DOES NOT FIT, but ran)" : " (does not fit)"));
     }
   }
   std::sort(errors.begin(), errors.end());
@@ -176,9 +182,15 @@ int run_validate(const Catalog& catalog, const PlanOptions& o) {
                                                           : 0.5 * (errors[errors.size() / 2 - 1] + errors[errors.size() / 2]));
   double worst = errors.empty() ? 0 : errors.back();
   if (o.json) {
-    std::printf("%s\n", nlohmann::ordered_json{{"runs", rows.size()}, {"median_abs_error", median}, {"max_abs_error", worst}}.dump().c_str());
+    std::printf("%s\n", nlohmann::ordered_json{{"set", rows.empty() ? "" : rows.front().set}, {"runs", rows.size()},
+                                               {"median_abs_error", median}, {"max_abs_error", worst},
+                                               {"known_fit_misses", known_fit_misses}}
+                            .dump()
+                            .c_str());
   } else {
-    std::printf("%zu runs: median |error| %.1f%%, max |error| %.1f%%\n", rows.size(), 100 * median, 100 * worst);
+    std::printf("%s: %zu runs: median |error| %.1f%%, max |error| %.1f%%; %zu known to have fit predicted not to\n",
+                rows.empty() ? "runs" : rows.front().set.c_str(), rows.size(), 100 * median, 100 * worst,
+                known_fit_misses);
   }
   // With limits, a model that drifted from the published runs fails (exit 1), so a test
   // of `plan --validate` checks the calibration, not only that the command runs.

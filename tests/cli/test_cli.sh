@@ -50,9 +50,9 @@ expect_error "count '99999999999999999999' is not a positive integer" plan --mod
 printf 'runs:\n  - {id: zero, source: x, chip: a100-80gb, chips: 32, heads: 24, hidden: 2304, layers: 24, tp: 0, pp: 1, global_batch: 512, seq: 2048, vocab: 51200, counts: hardware, tflops_per_chip: 137}\n' > "$dir/runs0.yaml"
 expect_error "runs0.yaml: run 'zero': field 'tp' is 0, expected a whole number in 1..32" plan --validate "$dir/runs0.yaml"
 # plan --validate fails when the errors exceed the limits given (and passes within them).
-runs=catalog/calibration/published-runs.yaml
-expect_error "published-runs.yaml: max |error| 4.0% exceeds --max-error 1 by" plan --validate "$runs" --max-error 1
-expect_error "median |error| 2.5% exceeds --max-median-error 0.5 by" plan --validate "$runs" --max-median-error 0.5 --max-error 50
+runs=catalog/calibration/calibration-runs.yaml
+expect_error "calibration-runs.yaml: max |error| 4.0% exceeds --max-error 1 by" plan --validate "$runs" --max-error 1
+expect_error "median |error| 2.1% exceeds --max-median-error 0.5 by" plan --validate "$runs" --max-median-error 0.5 --max-error 50
 "$loom" plan --validate "$runs" --max-median-error 4 --max-error 5 > /dev/null \
   || { echo "FAIL: plan --validate within its limits"; failures=$((failures + 1)); }
 expect_error "--max-error: Value -1 not in range" plan --validate "$runs" --max-error -1

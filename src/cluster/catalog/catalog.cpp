@@ -76,6 +76,17 @@ Figure figure(const YAML::Node& entry, const std::string& field, const std::stri
   f.value = number(n["value"], at);
   check(std::isfinite(*f.value), at + ": value " + value + " is not a finite number");
   check(*f.value >= 0, at + ": value " + value + " is negative");
+  // An estimate's bounds: both or neither, low <= value <= high.
+  check(static_cast<bool>(n["low"]) == static_cast<bool>(n["high"]),
+        at + ": give both low and high, or neither");
+  if (n["low"]) {
+    f.low = number(n["low"], at + ": low");
+    f.high = number(n["high"], at + ": high");
+    check(std::isfinite(*f.low) && std::isfinite(*f.high) && *f.low >= 0 && *f.low <= *f.value &&
+              *f.value <= *f.high,
+          at + ": expected 0 <= low <= value <= high, got low " + n["low"].Scalar() + ", value " + value +
+              ", high " + n["high"].Scalar());
+  }
   return f;
 }
 
@@ -108,10 +119,17 @@ std::int64_t integer(const YAML::Node& entry, const std::string& field, const st
 Model parse_model(const YAML::Node& m, const std::string& file, std::size_t index) {
   std::string where = file + ": models[" + std::to_string(index) + "]";
   check(m.IsMap() && m["id"], where + " needs an id");
-  Model model;
-  model.id = text(m, "id", where);
-  where = file + ": model '" + model.id + "'";
+  const std::string id = text(m, "id", where);
+  Model model = model_from_yaml(m, file + ": model '" + id + "'");
+  model.id = id;
   model.source = m["source"] ? text(m, "source", where) : "";
+  return model;
+}
+
+}  // namespace
+
+Model model_from_yaml(const YAML::Node& m, const std::string& where) {
+  Model model;
   model.layers = integer(m, "layers", where, true);
   model.hidden = integer(m, "hidden", where, true);
   model.heads = integer(m, "heads", where, true);
@@ -125,15 +143,40 @@ Model parse_model(const YAML::Node& m, const std::string& file, std::size_t inde
   model.shared_experts = integer(m, "shared_experts", where, false);
   model.expert_ffn = integer(m, "expert_ffn", where, false, model.ffn);
   model.dense_layers = integer(m, "dense_layers", where, false);
+  model.dropout = flag(m, "dropout", where);
+  model.q_lora_rank = integer(m, "q_lora_rank", where, false);
+  model.kv_lora_rank = integer(m, "kv_lora_rank", where, false);
+  model.qk_nope_dim = integer(m, "qk_nope_dim", where, false);
+  model.qk_rope_dim = integer(m, "qk_rope_dim", where, false);
+  model.v_head_dim = integer(m, "v_head_dim", where, false);
+  model.mtp_layers = integer(m, "mtp_layers", where, false);
+  model.route_nodes = integer(m, "route_nodes", where, false);
+  model.head_dim = integer(m, "head_dim", where, false);
   model.validate(where);
   return model;
 }
 
-}  // namespace
-
 double Model::attention_params() const {
   double h = static_cast<double>(hidden);
-  return h * h * 2.0 + 2.0 * h * h * static_cast<double>(kv_heads) / static_cast<double>(heads);
+  if (mla()) {
+    // q: h -> q_lora -> heads x (nope + rope) (or h -> that directly without a q latent);
+    // kv: h -> kv_lora + rope (the shared rope key), kv_lora -> heads x (nope + v); out: heads x v -> h.
+    double a = static_cast<double>(heads), q_lora = static_cast<double>(q_lora_rank);
+    double kv_lora = static_cast<double>(kv_lora_rank), qk = qk_width(), v = v_width();
+    double q = q_lora > 0 ? h * q_lora + q_lora * qk : h * qk;
+    double kv = h * (kv_lora + static_cast<double>(qk_rope_dim)) +
+                kv_lora * a * static_cast<double>(qk_nope_dim + v_head_dim);
+    return q + kv + v * h;
+  }
+  // q and out: h x (heads x head dim); k and v: h x (kv heads x head dim).
+  const double d = static_cast<double>(head_width());
+  return 2.0 * h * static_cast<double>(heads) * d + 2.0 * h * static_cast<double>(kv_heads) * d;
+}
+double Model::qk_width() const {
+  return mla() ? static_cast<double>(heads * (qk_nope_dim + qk_rope_dim)) : static_cast<double>(heads * head_width());
+}
+double Model::v_width() const {
+  return mla() ? static_cast<double>(heads * v_head_dim) : static_cast<double>(heads * head_width());
 }
 double Model::dense_mlp_params() const {
   return (gated ? 3.0 : 2.0) * static_cast<double>(hidden) * static_cast<double>(ffn);
@@ -178,6 +221,10 @@ void Model::validate(const std::string& where) const {
           where + ": top_k " + std::to_string(top_k) + " must be in 1.." + std::to_string(experts));
     check(dense_layers < layers, where + ": dense_layers must be fewer than layers");
   }
+  if (kv_lora_rank > 0)
+    check(qk_nope_dim > 0 && qk_rope_dim > 0 && v_head_dim > 0,
+          where + ": multi-head latent attention (kv_lora_rank " + std::to_string(kv_lora_rank) +
+              ") needs qk_nope_dim, qk_rope_dim and v_head_dim > 0");
 }
 
 Catalog Catalog::load(const std::string& dir) {
@@ -335,14 +382,14 @@ void apply_device_profile(Chip& chip, const std::string& path, const std::string
   check(peak.known(), path + ": the catalog has no " + dtype + " peak for " + chip.id +
                           " to relate the profile to");
   chip.gemm_efficiency =
-      Figure{std::min(1.0, best / *peak.value), false, "device profile " + path, "measured"};
+      Figure{std::min(1.0, best / *peak.value), {}, {}, false, "device profile " + path, "measured"};
   if (j.contains("memory_bandwidth_gbs")) {
     check(j["memory_bandwidth_gbs"].is_number() && j["memory_bandwidth_gbs"].get<double>() > 0,
           path + ": field 'memory_bandwidth_gbs': value " + j["memory_bandwidth_gbs"].dump() +
               " is not a positive number");
     // The perf model multiplies the HBM figure by its achieved-fraction constant (0.8); a
     // measured figure is already achieved, so it is stored divided by that fraction.
-    chip.hbm_tbps = Figure{j["memory_bandwidth_gbs"].get<double>() / 1000.0 / 0.8, false,
+    chip.hbm_tbps = Figure{j["memory_bandwidth_gbs"].get<double>() / 1000.0 / 0.8, {}, {}, false,
                            "device profile " + path, "measured"};
   }
 }

@@ -15,11 +15,14 @@ namespace loom::cluster {
 
 // A published figure: its value (absent when `unknown`), whether the chip lacks the
 // feature altogether, where it comes from and how sure that is.
+// An estimated figure also carries the bounds its sources allow (low <= value <= high).
 struct Figure {
   std::optional<double> value;
+  std::optional<double> low, high;  // an estimate's stated bounds; absent for published figures
   bool unsupported = false;
   std::string source, confidence;
   bool known() const { return value.has_value(); }
+  bool ranged() const { return low.has_value() && high.has_value(); }
 };
 
 struct Chip {
@@ -37,18 +40,35 @@ struct System {
 struct Model {
   std::string id, source;
   std::int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 2048;
-  bool gated = false;  // SwiGLU MLP: three matrices instead of two
+  bool gated = false;    // SwiGLU MLP: three matrices instead of two
+  bool dropout = false;  // dropout after attention and MLP (GPT-3, Megatron 2021; not Llama): masks kept for backward
   std::int64_t experts = 0, top_k = 0, shared_experts = 0, expert_ffn = 0, dense_layers = 0;  // MoE
+  // Multi-head latent attention (DeepSeek-V2/V3): queries and keys/values pass through
+  // low-rank latents; 0 for kv_lora_rank means ordinary multi-head (or grouped) attention.
+  std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
+  std::int64_t head_dim = 0;     // per attention head; 0: hidden / heads (Qwen3: 128 with hidden 4096, 64 heads)
+  std::int64_t route_nodes = 0;  // node-limited routing: a token reaches experts on at most this many nodes (0: any)
+  std::int64_t mtp_layers = 0;  // multi-token prediction modules (DeepSeek-V3: 1), each a layer + an output head
 
   bool moe() const { return experts > 0; }
+  bool mla() const { return kv_lora_rank > 0; }
+  std::int64_t head_width() const { return head_dim > 0 ? head_dim : hidden / heads; }
   std::int64_t moe_layers() const { return moe() ? layers - dense_layers : 0; }
-  double attention_params() const;  // per layer: q, k, v, o projections
+  double attention_params() const;  // per layer: q, k, v, o projections (MLA: its down and up projections)
+  // Per token and layer: the widths of the attention core's operands, in elements:
+  // query/key width (heads x head dim; MLA: heads x (nope + rope)) and value width.
+  double qk_width() const;
+  double v_width() const;
   double dense_mlp_params() const;
   double expert_params() const;  // one expert
   double total_params() const;   // every weight, embedding included once (tied head)
   double active_params() const;  // weights a token passes through
   void validate(const std::string& where) const;
 };
+
+// A model's shape from a YAML mapping (a models.yaml entry, or a published run that gives
+// its model inline); id and source are left to the caller. Throws naming `where` and the field.
+Model model_from_yaml(const YAML::Node& entry, const std::string& where);
 
 class Catalog {
  public:

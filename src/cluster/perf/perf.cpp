@@ -33,27 +33,33 @@ double ring_allreduce(double bytes, std::int64_t n, double bw, double alpha) {
   return 2.0 * frac * bytes / (bw * kLinkEfficiency) + 2.0 * static_cast<double>(n - 1) * alpha;
 }
 
-double param_bytes_factor(int zero, std::int64_t dp) {
-  // bf16 weights (2) + fp32 gradients (4) + fp32 master weights and Adam moments (12),
-  // as Megatron's theoretical memory formula; ZeRO shards them across data parallel.
-  double d = static_cast<double>(dp);
-  switch (zero) {
-    case 0: return 18.0;
-    case 1: return 6.0 + 12.0 / d;
-    case 2: return 2.0 + 16.0 / d;
-    default: return 18.0 / d;
-  }
+// Bytes per parameter of weights, gradients and optimizer: bf16 weights (2), fp32
+// gradients (4), fp32 master weights and Adam moments (12), as Megatron's theoretical
+// memory formula; ZeRO stage 1 shards the optimizer over data parallel, 2 the gradients
+// too, 3 the weights too.
+struct ParamBytes {
+  double weights, gradients, optimizer;
+  double total() const { return weights + gradients + optimizer; }
+};
+ParamBytes param_bytes(int zero, std::int64_t dp) {
+  const double d = static_cast<double>(dp);
+  return {zero >= 3 ? 2.0 / d : 2.0, zero >= 2 ? 4.0 / d : 4.0, zero >= 1 ? 12.0 / d : 12.0};
 }
+double param_bytes_factor(int zero, std::int64_t dp) { return param_bytes(zero, dp).total(); }
 
 // Weights held by one chip of a pipeline stage of `layers` layers (experts split over ep),
 // plus the embedding on the first stage, all split over tp.
+// The tensor-parallel width of each expert: tp when experts shard across data parallel,
+// 1 when they are folded over tp x cp x dp (ep does not divide dp).
+std::int64_t expert_tp(const Layout& l) { return l.dp % l.ep == 0 ? l.tp : 1; }
+
 double params_per_chip(const Model& m, const Layout& l, double layers, bool first) {
   double dense_share = m.moe() ? static_cast<double>(m.dense_layers) / static_cast<double>(m.layers) : 1.0;
-  double per_layer = m.attention_params() + dense_share * m.dense_mlp_params() +
-                     (1.0 - dense_share) * static_cast<double>(m.experts + m.shared_experts) * m.expert_params() /
-                         static_cast<double>(l.ep);
+  double per_layer = m.attention_params() + dense_share * m.dense_mlp_params();
+  double experts = (1.0 - dense_share) * static_cast<double>(m.experts + m.shared_experts) * m.expert_params() /
+                   static_cast<double>(l.ep * expert_tp(l));
   double embedding = first ? static_cast<double>(m.vocab) * static_cast<double>(m.hidden) : 0.0;
-  return (layers * per_layer + embedding) / static_cast<double>(l.tp);
+  return (layers * per_layer + embedding) / static_cast<double>(l.tp) + layers * experts;
 }
 
 // The most weights any pipeline rank holds (its gradients are what data parallel reduces).
@@ -63,6 +69,61 @@ double max_params_per_chip(const Model& m, const Layout& l, const std::vector<st
     most = std::max(most, params_per_chip(m, l, static_cast<double>(stages[i]), i == 0));
   return most;
 }
+
+// Bytes of activations one token leaves per layer for the backward pass, on one chip of
+// the TP group; the tensors of Korthikanti et al. 2022 (Table 2) counted one by one so that
+// grouped KV heads, SwiGLU, latent attention, experts and the absence of dropout show:
+// 2-byte elements, 1-byte dropout masks.
+double activation_bytes_per_token(const Model& m, const Layout& l, const Software& sw) {
+  const double h = static_cast<double>(m.hidden), t = static_cast<double>(l.tp);
+  const double drop = m.dropout ? 1.0 : 0.0;
+  if (l.recompute == Recompute::full)  // only the layer's input
+    return 2.0 * h / (sw.sequence_parallel ? t : 1.0);
+  // Whole-width tensors: the two norms' inputs, the attention's and the MLP's inputs (the
+  // norms' outputs), the two dropout masks. Sequence parallelism splits them across TP.
+  const double whole = 4.0 * h + 2.0 * h + 2.0 * h + 2.0 * drop * h;
+  // Head- or column-split tensors. Attention: Q, K, V and the core's output (the output
+  // projection's input); latent attention keeps its latents too.
+  double attention = 0;
+  if (m.mla()) {
+    attention = 2.0 * static_cast<double>(m.q_lora_rank + m.kv_lora_rank + m.qk_rope_dim) +
+                2.0 * m.qk_width() * 2.0 + 2.0 * m.v_width() * 2.0;
+  } else {
+    const double kv = m.qk_width() * static_cast<double>(m.kv_heads) / static_cast<double>(m.heads);
+    attention = 2.0 * m.qk_width() + 2.0 * 2.0 * kv + 2.0 * m.v_width();
+  }
+  // Materialised scores: softmax input and output (2 bytes each) and their dropout mask,
+  // 5 a s per token; selective recomputation drops them (its whole point).
+  if (!sw.flash_attention && l.recompute == Recompute::none)
+    attention += 5.0 * static_cast<double>(m.heads) * static_cast<double>(l.seq);
+  // MLP: the activation's input and the down projection's input (GELU: 2f + 2f; SwiGLU:
+  // gate 2f, up 2f, product 2f).
+  auto mlp = [&](double width) { return (m.gated ? 6.0 : 4.0) * width; };
+  double mlp_bytes = mlp(static_cast<double>(m.ffn));
+  if (m.moe()) {
+    // Each routed copy keeps its permuted input and its output for the weighted combine;
+    // the busiest rank holds moe_imbalance times the mean.
+    const double routed = static_cast<double>(m.top_k) * sw.moe_imbalance *
+                          (2.0 * h + mlp(static_cast<double>(m.expert_ffn)) + 2.0 * h);
+    const double shared = static_cast<double>(m.shared_experts) * mlp(static_cast<double>(m.expert_ffn));
+    const double dense_share = static_cast<double>(m.dense_layers) / static_cast<double>(m.layers);
+    mlp_bytes = dense_share * mlp_bytes + (1.0 - dense_share) * (routed + shared);
+  }
+  const double split = attention + mlp_bytes;
+  return sw.sequence_parallel ? (whole + split) / t : whole + split / t;
+}
+
+// Memory outside the model's own tensors: the CUDA context and the communication
+// libraries' buffers (about 0.5 and 1 GB on H100-class chips), and what the caching
+// allocator loses to fragmentation. The runs known to have fit bound the latter: Llama 3
+// 405B at its published layout needs 84.4 of the H100's 85.9 GB by this model, so more
+// than about 2% would contradict a run that happened; 1% is used (docs/architecture.md).
+constexpr double kRuntimeReserveGb = 1.5;
+constexpr double kFragmentation = 0.01;
+
+// One chip's compute rate: while communication kernels overlap compute they hold a share
+// of its units.
+double compute_share(const Software& sw) { return 1.0 - std::clamp(sw.comm_sm_fraction, 0.0, 0.9); }
 
 }  // namespace
 
@@ -90,16 +151,55 @@ const char* recompute_name(Recompute r) {
   return "?";
 }
 
+double attention_core_flops(const Model& m, double tokens, double seq) {
+  return 2.0 * tokens * seq * (m.qk_width() + m.v_width());
+}
+
 double layer_forward_flops(const Model& m, double tokens, double seq) {
   double h = static_cast<double>(m.hidden);
   double proj = 2.0 * tokens * m.attention_params();
-  double attn = 4.0 * tokens * seq * h;
+  double attn = attention_core_flops(m, tokens, seq);
   double dense_mlp = 2.0 * tokens * m.dense_mlp_params();
   if (!m.moe()) return proj + attn + dense_mlp;
   double moe_mlp = 2.0 * tokens * (static_cast<double>(m.top_k + m.shared_experts) * m.expert_params() +
                                    h * static_cast<double>(m.experts));  // + router
   double dense_share = static_cast<double>(m.dense_layers) / static_cast<double>(m.layers);
   return proj + attn + dense_share * dense_mlp + (1.0 - dense_share) * moe_mlp;
+}
+
+AllToAllBytes moe_dispatch_bytes(const Model& m, const Layout& l, std::int64_t domain, double bytes_per_element) {
+  AllToAllBytes out;
+  if (!m.moe() || l.ep <= 1) return out;
+  const double h = static_cast<double>(m.hidden), k = static_cast<double>(m.top_k);
+  const std::int64_t etp = expert_tp(l);
+  const double group = static_cast<double>(etp * l.ep);
+  const double per_node = static_cast<double>(std::min<std::int64_t>(domain, etp * l.ep));
+  const double nodes = std::ceil(group / per_node);
+  // Each token's hidden state goes to its k experts' ranks (its TP slice to each, but the
+  // TP group sends the whole state once between them); a copy to the token's own rank
+  // stays. Experts are spread evenly, so a copy lands on a given rank with chance 1/ep.
+  const double ep = static_cast<double>(l.ep);
+  // Per chip: tp-sliced hidden states (experts split over tp), or whole states of the
+  // chip's 1/tp share of the tokens (folded): h / tp bytes per token of the micro-batch.
+  const double row = h * bytes_per_element / static_cast<double>(l.tp);
+  if (nodes <= 1.0) {
+    out.scale_up = k * (ep - 1.0) / ep * row;
+    return out;
+  }
+  if (m.route_nodes > 0) {
+    // Node-limited routing (DeepSeek-V3 sec. 3.2.2): the k experts sit on at most
+    // route_nodes nodes; the token crosses the fabric once per remote node among the ones
+    // it reaches (expected distinct nodes of k draws over `nodes`, capped) and is fanned
+    // out over the scale-up links inside each.
+    const double distinct = std::min(static_cast<double>(m.route_nodes), nodes * (1.0 - std::pow(1.0 - 1.0 / nodes, k)));
+    out.scale_out = distinct * (nodes - 1.0) / nodes * row;
+    out.scale_up = k * (per_node - 1.0) / per_node * row;
+  } else {
+    // Every copy bound for another node crosses the fabric on its own.
+    out.scale_out = k * (nodes - 1.0) / nodes * row;
+    out.scale_up = k * (per_node - 1.0) / group * row;
+  }
+  return out;
 }
 
 std::vector<std::int64_t> stage_layers(const Model& m, const Layout& l) {
@@ -133,7 +233,9 @@ std::string check_layout(const Model& m, const Chip& chip, const Layout& l) {
     return "tp " + s(l.tp) + " does not divide the heads (" + s(m.heads) + " query, " + s(m.kv_heads) + " kv)";
   if (m.ffn % l.tp != 0) return "tp " + s(l.tp) + " does not divide the ffn width " + s(m.ffn);
   if (l.interleave > 1 && l.pp == 1) return "interleaving needs pp > 1";
-  if (l.pp > m.layers || l.interleave > m.layers / l.pp)
+  // A virtual stage may hold the embedding or the loss alone (Megatron-Core's
+  // account_for_embedding/loss_in_pipeline_split): at most layers + 2 of them.
+  if (l.pp > m.layers || l.pp * l.interleave > m.layers + 2)
     return "pp " + s(l.pp) + (l.interleave > 1 ? " x interleave " + s(l.interleave) : "") + " is more stages than the " +
            s(m.layers) + " layers";
   if (!l.stages.empty()) {
@@ -150,7 +252,11 @@ std::string check_layout(const Model& m, const Chip& chip, const Layout& l) {
   if (l.seq % l.cp != 0) return "cp " + s(l.cp) + " does not divide the sequence " + s(l.seq);
   if (m.moe()) {
     if (m.experts % l.ep != 0) return "ep " + s(l.ep) + " does not divide the " + s(m.experts) + " experts";
-    if (l.dp % l.ep != 0) return "ep " + s(l.ep) + " must divide dp " + s(l.dp) + " (experts shard across data parallel)";
+    // Experts shard across data parallel (each expert then split over tp), or, folded
+    // (Megatron-Core's MoE parallel folding, expert tp 1), across tp x cp x dp.
+    if (l.dp % l.ep != 0 && (l.tp * l.cp * l.dp) % l.ep != 0)
+      return "ep " + s(l.ep) + " must divide dp " + s(l.dp) + " (experts shard across data parallel) or tp x cp x dp " +
+             s(l.tp * l.cp * l.dp) + " (folded)";
   } else if (l.ep != 1) {
     return "ep " + s(l.ep) + " needs a mixture-of-experts model";
   }
@@ -161,51 +267,55 @@ std::string check_layout(const Model& m, const Chip& chip, const Layout& l) {
   return "";
 }
 
-Memory memory_per_chip(const Model& m, const Layout& l, const Software& sw) {
+Memory memory_per_chip(const Model& m, const Layout& l, const Software& sw, double hbm_gib) {
   // The pipeline rank that needs the most: each rank's weights, optimizer and activations.
   const std::vector<std::int64_t> stages = stage_layers(m, l);
-  // Activations of the first pipeline stage, following Megatron-LM's
-  // theoretical_memory_usage.py (Korthikanti et al. 2022, Table 2), bytes. Per layer and
-  // micro-batch with sequence parallelism and selective recompute: s b h (18 + 4 f / h) / t,
-  // with f the MLP width a token passes through (k experts for MoE layers; x1.5 for SwiGLU's
-  // extra matrix). Without sequence parallelism 10 s b h of it is not split across t;
-  // materialised attention scores add 5 a s / h; full recompute keeps only the layer input.
   const double s = static_cast<double>(l.seq) / static_cast<double>(l.cp);
   const double b = static_cast<double>(l.micro_batch), h = static_cast<double>(m.hidden);
   const double t = static_cast<double>(l.tp), p = static_cast<double>(l.pp);
-  double dense_share = m.moe() ? static_cast<double>(m.dense_layers) / static_cast<double>(m.layers) : 1.0;
-  double mlp_width = dense_share * static_cast<double>(m.ffn) +
-                     (1.0 - dense_share) * static_cast<double>(m.top_k + m.shared_experts) * static_cast<double>(m.expert_ffn);
-  if (m.gated) mlp_width *= 1.5;
-  double shardable = 18.0 + 4.0 * mlp_width / h;
-  double linear_part = sw.sequence_parallel ? shardable / t : 10.0 + (shardable - 10.0) / t;
-  double score_part = sw.flash_attention ? 0.0 : 5.0 * static_cast<double>(m.heads) * static_cast<double>(l.seq) / (h * t);
-  double per_layer = 0;
-  switch (l.recompute) {
-    case Recompute::none: per_layer = s * b * h * (linear_part + score_part); break;
-    case Recompute::selective: per_layer = s * b * h * linear_part; break;
-    case Recompute::full: per_layer = 2.0 * s * b * h / (sw.sequence_parallel ? t : 1.0); break;
-  }
+  const double per_layer = s * b * activation_bytes_per_token(m, l, sw);  // one micro-batch
+  const ParamBytes bytes = param_bytes(l.zero, l.dp);
   // Under 1F1B, rank i keeps pp - i micro-batches of its layers in flight (at most the
-  // micro-batches there are); the first also the embedding's input and its dropout.
-  // Interleaving keeps (1 + (pp - 1) / (pp v)) times as many (Korthikanti et al.).
-  double microbatches = static_cast<double>(l.global_batch) / static_cast<double>(l.dp * l.micro_batch);
+  // micro-batches there are). Interleaving keeps (1 + (pp - 1) / (pp v)) times as many on
+  // the first rank (Korthikanti et al.); DualPipe pp + 1 on every rank, and two stages'
+  // weights and gradients (the two directions; one optimizer state serves both copies).
+  const double microbatches = static_cast<double>(l.global_batch) / static_cast<double>(l.dp * l.micro_batch);
+  const bool dualpipe = sw.dualpipe && l.pp > 1;
   Memory most;
   for (std::size_t i = 0; i < stages.size(); ++i) {
-    const double in_flight = p - static_cast<double>(i);
+    const double in_flight = dualpipe ? p + 1.0 : p - static_cast<double>(i);
     double act = per_layer * static_cast<double>(stages[i]) * in_flight;
     if (i == 0) act += (8.0 * s * b * p + s * b * h * p) / t;  // embedding input and its dropout
     if (l.pp > 1 && l.interleave > 1) act *= 1.0 + (p - 1.0) / (p * static_cast<double>(l.interleave));
-    if (l.pp > 1 && l.interleave == 1) act *= std::min(1.0, microbatches / in_flight);
-    if (l.pp == 1) act += s * b * h * 4.0 * (1.0 + static_cast<double>(m.vocab) / h) / t;  // output layer and loss
+    if (l.pp > 1 && l.interleave == 1 && !dualpipe) act *= std::min(1.0, microbatches / in_flight);
+    if (i + 1 == stages.size())  // the output layer's input and its fp32 logits (Megatron's formula)
+      act += s * b * h * 4.0 * (1.0 + static_cast<double>(m.vocab) / h) / t * static_cast<double>(1 + m.mtp_layers);
+    const double params = params_per_chip(m, l, static_cast<double>(stages[i]), i == 0);
+    const double copies = dualpipe ? 2.0 : 1.0;
     Memory mem;
-    mem.weights_and_optimizer_gb =
-        params_per_chip(m, l, static_cast<double>(stages[i]), i == 0) * param_bytes_factor(l.zero, l.dp) / 1e9;
+    mem.rank = static_cast<std::int64_t>(i);
+    mem.weights_gb = copies * params * bytes.weights / 1e9;
+    mem.gradients_gb = copies * params * bytes.gradients / 1e9;
+    mem.optimizer_gb = params * bytes.optimizer / 1e9;
+    mem.weights_and_optimizer_gb = mem.weights_gb + mem.gradients_gb + mem.optimizer_gb;
     mem.activations_gb = act / 1e9;
-    mem.total_gb = mem.weights_and_optimizer_gb + mem.activations_gb;
+    mem.reserve_gb = kRuntimeReserveGb + kFragmentation * (mem.weights_and_optimizer_gb + mem.activations_gb);
+    mem.total_gb = mem.weights_and_optimizer_gb + mem.activations_gb + mem.reserve_gb;
     if (i == 0 || mem.total_gb > most.total_gb) most = mem;
   }
+  // HBM sizes are binary: an "80 GB" H100 holds 80 GiB, 85.9e9 bytes.
+  most.capacity_gb = hbm_gib * 1.073741824;
   return most;
+}
+
+std::string describe_memory(const Memory& m, const std::string& chip_id) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "needs %.1f GB per chip on pipeline rank %lld (weights %.1f, gradients %.1f, optimizer %.1f, "
+                "activations %.1f, runtime and fragmentation %.1f); %s holds %.1f GB",
+                m.total_gb, static_cast<long long>(m.rank), m.weights_gb, m.gradients_gb, m.optimizer_gb,
+                m.activations_gb, m.reserve_gb, chip_id.c_str(), m.capacity_gb);
+  return buf;
 }
 
 Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Software& sw) {
@@ -232,8 +342,18 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   need(chip.gemm_efficiency, "gemm_efficiency");
   if (!e.feasible) return e;
 
-  // GEMMs run at the precision's peak; MFU is reported against the same peak.
+  if (sw.dualpipe && l.pp > 1 && (l.pp % 2 != 0 || l.interleave != 1)) {
+    e.feasible = false;
+    e.reason = "DualPipe needs an even pp and no interleaving (it splits each rank's layers into two chunks itself)";
+    return e;
+  }
+
+  // GEMMs run at the precision's peak; MFU is reported against the same peak. The
+  // attention core (Q K^T, softmax, the sum over V) stays in bf16 under fp8 training, as
+  // Transformer Engine and DeepSeek-V3 (sec. 3.3.1) keep it; a chip without a bf16 figure
+  // runs it at the fp8 rate.
   const double peak = *peak_figure.value * 1e12;
+  const double attention_peak = chip.bf16_tflops.known() ? *chip.bf16_tflops.value * 1e12 : peak;
   const double hbm = *chip.hbm_tbps.value * 1e12 * kMemoryEfficiency;
   const Links links{*chip.scaleup_gbps.value * 1e9, *chip.scaleout_gbits.value / 8.0 * 1e9,
                     scaleup_domain_chips(chip)};
@@ -245,23 +365,39 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   // (its layers, and the output layer on the last); then per micro-batch on that rank.
   const std::vector<std::int64_t> stages = stage_layers(m, l);
   const double r = l.recompute == Recompute::full ? 1.0 : 0.0;
+  const double dense_share = m.moe() ? static_cast<double>(m.dense_layers) / static_cast<double>(m.layers) : 1.0;
 
   // ---- compute per micro-batch on one stage --------------------------------------------
   double x = tokens_chip * h / t;
   double eff = *chip.gemm_efficiency.value * x / (x + kGemmHalf);
-  double fwd_flops = layer_forward_flops(m, tokens_mb, seq) / (t * cp);
-  double attn_flops = 4.0 * tokens_mb * seq * h / (t * cp);
-  double t_gemm = fwd_flops / (peak * eff);
+  double attn_flops = attention_core_flops(m, tokens_mb, seq) / (t * cp);
+  double gemm_flops = layer_forward_flops(m, tokens_mb, seq) / (t * cp) - attn_flops;
+  // The busiest expert rank computes moe_imbalance times its share of the routed tokens.
+  if (m.moe())
+    gemm_flops += (sw.moe_imbalance - 1.0) * (1.0 - dense_share) * 2.0 * tokens_chip *
+                  static_cast<double>(m.top_k) * m.expert_params() / t;
+  double t_attention = attn_flops / (attention_peak * eff);
+  double t_gemm = gemm_flops / (peak * eff) + t_attention;
   double act_bytes = tokens_chip * h * kActivationPasses * 2.0 / (sw.sequence_parallel ? t : 1.0);
   double score_bytes = sw.flash_attention ? 0.0 : static_cast<double>(l.micro_batch) * (m.heads / t) * (seq / cp) * seq * kScorePasses * 2.0;
-  double t_mem = (act_bytes + score_bytes) / hbm;
-  double t_fwd = t_gemm + t_mem;
+  // fp8 GEMMs read quantised copies of their inputs: each input element of the four GEMM
+  // groups (QKV, output projection, MLP up and down) is read in bf16 and written in fp8,
+  // once for the forward GEMM and once each for the two backward ones (3 x 3 bytes).
+  double fp8_cast_bytes = 0;
+  if (l.precision == Precision::fp8) {
+    double mlp_width = dense_share * static_cast<double>(m.ffn) +
+                       (1.0 - dense_share) * static_cast<double>(m.top_k + m.shared_experts) * static_cast<double>(m.expert_ffn);
+    double routed_inputs = m.moe() ? (1.0 - dense_share) * static_cast<double>(m.top_k + m.shared_experts - 1) * h : 0.0;
+    fp8_cast_bytes = tokens_chip * (h + m.v_width() + h + routed_inputs + mlp_width) / t * 9.0;
+  }
+  double t_mem = (act_bytes + score_bytes + fp8_cast_bytes) / hbm;
+  double t_fwd = (t_gemm + t_mem) / compute_share(sw);
   double t_selective = l.recompute == Recompute::selective
-                           ? attn_flops / (peak * eff) + score_bytes / hbm
+                           ? (t_attention + score_bytes / hbm) / compute_share(sw)
                            : 0.0;
   double logits = 2.0 * tokens_chip * h * static_cast<double>(m.vocab) / t;
   double t_layer_compute = (3.0 + r) * t_fwd + t_selective;  // one layer
-  double t_logits = 3.0 * logits / (peak * eff);
+  double t_logits = 3.0 * logits / (peak * eff) / compute_share(sw);
 
   // ---- communication per micro-batch ----------------------------------------------------
   auto link = [&](std::int64_t group_span) {
@@ -276,14 +412,26 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
     auto [cp_bw, cp_alpha] = link(l.tp * l.cp);
     double kv_bytes = 2.0 * tokens_chip * h * (static_cast<double>(m.kv_heads) / m.heads) / t * 2.0;
     double comm = (3.0 + r) * (static_cast<double>(l.cp - 1) * (kv_bytes / (cp_bw * kLinkEfficiency) + cp_alpha));
-    t_cp = std::max(0.0, comm - (3.0 + r) * attn_flops / (peak * eff));
+    t_cp = std::max(0.0, comm - (3.0 + r) * t_attention);
   }
   double t_ep = 0.0;
-  if (m.moe() && l.ep > 1) {  // dispatch and combine all-to-alls, forward and backward
-    auto [ep_bw, ep_alpha] = link(l.tp * l.ep);
-    double moe_share = static_cast<double>(m.moe_layers()) / static_cast<double>(m.layers);
-    double bytes = tokens_chip * h * static_cast<double>(m.top_k) * 2.0 * static_cast<double>(l.ep - 1) / static_cast<double>(l.ep);
-    t_ep = moe_share * 2.0 * (2.0 + r) * (bytes / (ep_bw * kLinkEfficiency) + ep_alpha);
+  if (m.moe() && l.ep > 1) {
+    // Per MoE layer: forward dispatch (fp8 under fp8 training, with one fp32 scale per 128
+    // elements as DeepSeek-V3 sec. 3.3.2) and combine (bf16); backward the two reversed,
+    // in bf16; full recomputation repeats the forward pair. Scale-up and scale-out links
+    // carry their shares at once.
+    const double moe_share = static_cast<double>(m.moe_layers()) / static_cast<double>(m.layers);
+    const double dispatch_element = l.precision == Precision::fp8 ? 1.0 + 4.0 / 128.0 : 2.0;
+    auto phase = [&](double element_bytes) {
+      AllToAllBytes per_token = moe_dispatch_bytes(m, l, links.domain, element_bytes);
+      double out = tokens_chip * per_token.scale_out / (links.out_bytes_s * kLinkEfficiency);
+      double up = tokens_chip * per_token.scale_up / (links.up_bytes_s * kLinkEfficiency);
+      return std::max(out, up) + (per_token.scale_out > 0 ? kScaleOutLatency : kScaleUpLatency);
+    };
+    double per_layer = (1.0 + r) * (phase(dispatch_element) + phase(2.0)) + 2.0 * phase(2.0);
+    // Overlapped: the all-to-all runs under another micro-batch's compute of the layer;
+    // only what outlasts it waits.
+    t_ep = moe_share * (sw.overlap_ep ? std::max(0.0, per_layer - t_layer_compute) : per_layer);
   }
   double t_pp = 0.0;
   if (l.pp > 1) {
@@ -292,20 +440,23 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
     double bytes = tokens_chip * h * 2.0 / t;
     t_pp = static_cast<double>(l.interleave) * 2.0 * (bytes / (pp_bw * kLinkEfficiency) + pp_alpha);
   }
-  // The slowest rank: the last carries the output layer and the loss too.
+  // The last rank carries the output layer and the loss, and each multi-token-prediction
+  // module (a layer and another output layer, DeepSeek-V3 sec. 2.2).
+  const double mtp = static_cast<double>(m.mtp_layers);
+  const double t_head = (1.0 + mtp) * t_logits + mtp * (t_layer_compute + t_tp + t_cp + t_ep);
   std::size_t slowest = 0;
   double slowest_s = -1;
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const double rank_s = static_cast<double>(stages[i]) * (t_layer_compute + t_tp + t_cp + t_ep) +
-                          (i + 1 == stages.size() ? t_logits : 0.0);
+                          (i + 1 == stages.size() ? t_head : 0.0);
     if (rank_s > slowest_s) {
       slowest_s = rank_s;
       slowest = i;
     }
   }
-  const double n_layers = static_cast<double>(stages[slowest]);
-  const double t_compute_mb =
-      n_layers * t_layer_compute + (slowest + 1 == stages.size() ? t_logits : 0.0);
+  const bool last = slowest + 1 == stages.size();
+  const double n_layers = static_cast<double>(stages[slowest]) + (last ? mtp : 0.0);
+  const double t_compute_mb = n_layers * t_layer_compute + (last ? (1.0 + mtp) * t_logits : 0.0);
   t_tp *= n_layers;
   t_cp *= n_layers;
   t_ep *= n_layers;
@@ -315,7 +466,14 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   // ---- the step -------------------------------------------------------------------------
   double microbatches = static_cast<double>(l.global_batch) / static_cast<double>(l.dp * l.micro_batch);
   double bubble = static_cast<double>(l.pp - 1) / static_cast<double>(l.interleave) * per_mb;
-  Memory mem = memory_per_chip(m, l, sw);
+  if (sw.dualpipe && l.pp > 1) {
+    // DualPipe (DeepSeek-V3 Table 2): (pp/2 - 1)(F&B + B - 3W), with a micro-batch's
+    // forward F, full backward B = 2F (+ F recomputed), weight-gradient part W = F and an
+    // overlapped forward-and-backward pair F&B = F + B.
+    const double f = per_mb / (3.0 + r);
+    bubble = std::max(0.0, static_cast<double>(l.pp) / 2.0 - 1.0) * (2.0 + 2.0 * r) * f;
+  }
+  Memory mem = memory_per_chip(m, l, sw, *chip.hbm_gb.value);
   double params_chip = max_params_per_chip(m, l, stages);
   auto [dp_bw, dp_alpha] = link(l.chips());
   // ZeRO-3 gathers weights for forward and backward: 1.5x an all-reduce's volume.
@@ -334,9 +492,14 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   double layer_fwd = layer_forward_flops(m, tokens_step, seq) * static_cast<double>(m.layers);
   double logits_fwd = 2.0 * tokens_step * h * static_cast<double>(m.vocab);
   e.model_flops = 3.0 * (layer_fwd + logits_fwd);
-  double recompute_flops = l.recompute == Recompute::full
-                               ? layer_fwd
-                               : (l.recompute == Recompute::selective ? 4.0 * tokens_step * seq * h * static_cast<double>(m.layers) : 0.0);
+  if (m.mtp_layers > 0)  // each prediction module: one more layer and output layer per token
+    e.model_flops += 3.0 * mtp * (layer_forward_flops(m, tokens_step, seq) + logits_fwd);
+  double recompute_flops =
+      l.recompute == Recompute::full
+          ? layer_fwd
+          : (l.recompute == Recompute::selective
+                 ? attention_core_flops(m, tokens_step, seq) * static_cast<double>(m.layers)
+                 : 0.0);
   e.hardware_flops = e.model_flops + recompute_flops;
   double chips = static_cast<double>(l.chips());
   e.tflops_per_chip = e.model_flops / e.step_time_s / chips / 1e12;
@@ -344,12 +507,9 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   e.mfu = e.model_flops / e.step_time_s / chips / peak;
   e.tokens_per_s = tokens_step / e.step_time_s;
   e.memory = mem;
-  if (mem.total_gb > *chip.hbm_gb.value) {
+  if (mem.total_gb > mem.capacity_gb) {
     e.feasible = false;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "needs %.1f GB per chip (%.1f weights and optimizer, %.1f activations), %s has %.0f GB",
-                  mem.total_gb, mem.weights_and_optimizer_gb, mem.activations_gb, chip.id.c_str(), *chip.hbm_gb.value);
-    e.reason = buf;
+    e.reason = describe_memory(mem, chip.id);
   }
   return e;
 }

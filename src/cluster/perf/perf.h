@@ -42,11 +42,33 @@ struct Software {
   bool flash_attention = true;    // attention scores never materialised
   bool sequence_parallel = true;  // norms and dropout sharded across the TP group
   bool overlap_dp = true;         // gradient reduction overlapped with the backward pass
+  // MoE: the expert all-to-all runs while another micro-batch computes (DualPipe's paired
+  // forward and backward chunks; Megatron-Core's 1F1B all-to-all overlap), so only what
+  // outlasts that compute is exposed. Off: every byte waits (the 2023-era dispatchers).
+  bool overlap_ep = false;
+  // Share of the chip's compute units that communication kernels hold while they overlap
+  // compute (DeepSeek-V3 sec. 3.2.2: 20 of the H800's 132 SMs); compute runs on the rest.
+  double comm_sm_fraction = 0;
+  // DeepSeek's DualPipe: micro-batches fed from both ends of the pipeline, bubble
+  // (pp/2 - 1)(F&B + B - 3W) instead of 1F1B's (pp - 1)(F + B), two copies of each stage's
+  // weights, pp + 1 micro-batches of activations in flight (DeepSeek-V3, Table 2).
+  bool dualpipe = false;
+  // Tokens on the busiest expert rank over the mean (1: perfectly balanced routing).
+  double moe_imbalance = 1.0;
 };
 
+// Memory per chip by component, GB (1e9 bytes).
 struct Memory {
-  double weights_and_optimizer_gb = 0, activations_gb = 0, total_gb = 0;
+  double weights_gb = 0, gradients_gb = 0, optimizer_gb = 0, activations_gb = 0;
+  double weights_and_optimizer_gb = 0;  // weights + gradients + optimizer
+  double reserve_gb = 0;     // CUDA context, communication buffers, allocator fragmentation
+  double total_gb = 0;       // everything above
+  double capacity_gb = 0;    // what the chip's HBM holds (its GiB as GB)
+  std::int64_t rank = 0;     // the pipeline rank that needs the most
 };
+
+// "needs 90.1 GB on pipeline rank 0: weights 6.3, gradients 0.4, ..." for an infeasible plan.
+std::string describe_memory(const Memory& m, const std::string& chip_id);
 
 struct Estimate {
   bool feasible = true;
@@ -74,12 +96,27 @@ std::vector<std::int64_t> stage_layers(const Model& model, const Layout& layout)
 std::string check_layout(const Model& model, const Chip& chip, const Layout& layout);
 
 Estimate estimate(const Model& model, const Chip& chip, const Layout& layout, const Software& software = {});
-Memory memory_per_chip(const Model& model, const Layout& layout, const Software& software = {});
+// The pipeline rank needing the most memory; capacity_gb is filled when hbm_gib > 0.
+Memory memory_per_chip(const Model& model, const Layout& layout, const Software& software = {},
+                       double hbm_gib = 0);
 Totals totals(const Estimate& e, const Chip& chip, const Layout& layout, double tokens, double price_override = -1);
 
 // Forward FLOPs of one transformer layer (average over dense and MoE layers) for
 // `tokens` tokens of sequences of length `seq`; attention counted over the full s x s
 // scores, as Megatron does.
 double layer_forward_flops(const Model& model, double tokens, double seq);
+// The attention core's part of it (Q K^T and the weighted sum of V): 2 s (qk + v) per token.
+double attention_core_flops(const Model& model, double tokens, double seq);
+
+// Bytes one token sends per MoE layer and direction of the dispatch all-to-all, over the
+// scale-out fabric and within the scale-up domain, for an expert group of tp x ep chips
+// with `domain` chips per scale-up domain. With node-limited routing (route_nodes > 0, as
+// DeepSeek-V3's 4) a token crosses the fabric once per distinct remote node and is fanned
+// out to its experts inside the node; otherwise every copy to a remote chip crosses.
+struct AllToAllBytes {
+  double scale_out = 0, scale_up = 0;
+};
+AllToAllBytes moe_dispatch_bytes(const Model& model, const Layout& layout, std::int64_t domain,
+                                 double bytes_per_element);
 
 }  // namespace loom::cluster

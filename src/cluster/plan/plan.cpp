@@ -76,7 +76,7 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
         // the loss count as a layer each (Megatron-Core's account_for_embedding/loss_in_
         // pipeline_split; Llama 3 405B's 126 layers); any split when the stages are given.
         std::vector<std::int64_t> interleaves{1};
-        for (std::int64_t v = 2; pp > 1 && v <= 8 && pp * v <= model.layers; ++v)
+        for (std::int64_t v = 2; pp > 1 && v <= 8 && pp * v <= model.layers + 2; ++v)
           if (model.layers % (pp * v) == 0 || (model.layers + 2) % (pp * v) == 0 ||
               !fixed.stages.empty())
             interleaves.push_back(v);
@@ -155,33 +155,67 @@ double ThroughputCache::tokens_per_s(const Model& model, const Chip& chip, std::
   return best;
 }
 
+std::map<std::string, Software> read_software(const std::string& software_path) {
+  std::map<std::string, Software> stacks;
+  const YAML::Node sw = read_yaml_file(software_path)["software"];
+  check(!sw || sw.IsMap(), software_path + ": field 'software' must be a mapping of stacks");
+  for (const auto& item : sw) {
+    check(item.first.IsScalar(), software_path + ": a software stack's name must be a single value");
+    const std::string name = item.first.Scalar();
+    const std::string where = software_path + ": software '" + name + "'";
+    check(item.second.IsMap(), where + " must be a mapping of flags");
+    auto flag = [&](const char* field, bool fallback, bool required) {
+      const YAML::Node v = item.second[field];
+      if (!v.IsDefined()) {
+        check(!required, where + ": field '" + field + "' is missing (true or false)");
+        return fallback;
+      }
+      check(v.IsScalar() && (v.Scalar() == "true" || v.Scalar() == "false"),
+            where + ": field '" + field + "' must be true or false");
+      return v.Scalar() == "true";
+    };
+    auto fraction = [&](const char* field, double fallback, double lo, double hi) {
+      const YAML::Node v = item.second[field];
+      if (!v.IsDefined()) return fallback;
+      double x = 0;
+      try {
+        x = v.as<double>();
+      } catch (const YAML::Exception&) {
+        throw Error(where + ": field '" + field + "' is '" + (v.IsScalar() ? v.Scalar() : "(not a scalar)") +
+                    "', expected a number");
+      }
+      check(std::isfinite(x) && x >= lo && x <= hi, where + ": field '" + field + "' is " + v.Scalar() +
+                                                         ", expected " + std::to_string(lo) + ".." +
+                                                         std::to_string(hi));
+      return x;
+    };
+    Software s;
+    s.flash_attention = flag("flash_attention", true, true);
+    s.sequence_parallel = flag("sequence_parallel", true, true);
+    s.overlap_dp = flag("overlap_dp", true, true);
+    s.overlap_ep = flag("overlap_ep", false, false);
+    s.dualpipe = flag("dualpipe", false, false);
+    s.comm_sm_fraction = fraction("comm_sm_fraction", 0.0, 0.0, 0.9);
+    s.moe_imbalance = fraction("moe_imbalance", 1.0, 1.0, 100.0);
+    stacks[name] = s;
+  }
+  return stacks;
+}
+
 std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path) {
   return with_yaml_errors(runs_path, [&] {
     const YAML::Node root = read_yaml_file(runs_path);
     check(root["runs"] && root["runs"].IsSequence(), runs_path + ": expected a 'runs' list");
+    const std::string set = root["set"] && root["set"].IsScalar() ? root["set"].Scalar() : "runs";
+    // The stacks beside the file, else the calibration folder's (the validation folder
+    // shares them).
     std::map<std::string, Software> stacks;
-    std::string software_path =
-        (std::filesystem::path(runs_path).parent_path() / "software.yaml").string();
-    if (std::error_code ec; std::filesystem::exists(software_path, ec)) {
-      const YAML::Node sw = read_yaml_file(software_path)["software"];
-      check(!sw || sw.IsMap(), software_path + ": field 'software' must be a mapping of stacks");
-      for (const auto& item : sw) {
-        check(item.first.IsScalar(),
-              software_path + ": a software stack's name must be a single value");
-        const std::string name = item.first.Scalar();
-        const std::string where = software_path + ": software '" + name + "'";
-        check(item.second.IsMap(), where + " must be a mapping of flags");
-        auto flag = [&](const char* field) {
-          const YAML::Node v = item.second[field];
-          check(v.IsDefined() && v.IsScalar() && (v.Scalar() == "true" || v.Scalar() == "false"),
-                where + ": field '" + field + "' must be true or false");
-          return v.Scalar() == "true";
-        };
-        Software s;
-        s.flash_attention = flag("flash_attention");
-        s.sequence_parallel = flag("sequence_parallel");
-        s.overlap_dp = flag("overlap_dp");
-        stacks[name] = s;
+    const std::filesystem::path folder = std::filesystem::path(runs_path).parent_path();
+    for (const std::filesystem::path& candidate :
+         {folder / "software.yaml", folder.parent_path() / "calibration" / "software.yaml"}) {
+      if (std::error_code ec; std::filesystem::exists(candidate, ec)) {
+        stacks = read_software(candidate.string());
+        break;
       }
     }
     std::vector<Validation> out;
@@ -211,6 +245,17 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
         }
         return whole_number(number, lo, hi, where + ": field '" + field + "'");
       };
+      auto positive = [&](const char* field) {
+        double v = 0;
+        try {
+          v = run[field].as<double>();
+        } catch (const YAML::Exception&) {
+          throw Error(where + ": field '" + field + "' is '" + text(where, field) + "', expected a number");
+        }
+        check(std::isfinite(v) && v > 0,
+              where + ": field '" + field + "' is " + text(where, field) + ", expected a positive number");
+        return v;
+      };
       // Catalog look-ups name the unknown id; the file and run are added here.
       auto in_run = [&](const char* field, auto lookup) -> decltype(lookup()) {
         try {
@@ -220,7 +265,9 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
         }
       };
       std::string chip_id = text(where, "chip");
-      const Chip& chip = in_run("chip", [&]() -> const Chip& { return catalog.chip(chip_id); });
+      Chip chip = in_run("chip", [&]() -> Chip {
+        return run["system"] ? catalog.chip_in_system(text(where, "system")) : catalog.chip(chip_id);
+      });
       check(chip.hbm_gb.known(), where + ": chip '" + chip_id + "' has no hbm_gb figure (" +
                                      (chip.hbm_gb.unsupported ? "unsupported" : "unknown") +
                                      "), which the validation reports against");
@@ -229,21 +276,19 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
         const std::string model_id = text(where, "model");
         model = in_run("model", [&]() -> const Model& { return catalog.model(model_id); });
       } else {
+        model = model_from_yaml(run, where);
         model.id = id;
-        model.layers = count("layers", 1, kMaxSize);
-        model.hidden = count("hidden", 1, kMaxSize);
-        model.heads = count("heads", 1, kMaxSize);
-        model.kv_heads = model.heads;
-        model.ffn = 4 * model.hidden;
-        model.vocab = count("vocab", 1, kMaxSize);
-        model.validate(where);
       }
       const std::int64_t chips = count("chips", 1, kMaxChips);
       Constraints c;
       c.tp = count("tp", 1, chips);
       c.pp = count("pp", 1, chips);
       c.cp = run["cp"] ? count("cp", 1, chips) : 1;
+      if (run["ep"]) c.ep = count("ep", 1, chips);
       c.seq = count("seq", 1, kMaxSize);
+      if (run["micro_batch"]) c.micro_batch = count("micro_batch", 1, kMaxSize);
+      if (run["interleave"]) c.interleave = count("interleave", 1, kMaxSize);
+      if (run["precision"]) c.precision = parse_precision(text(where, "precision"));
       std::int64_t dp = 0;
       if (run["dp"]) {
         dp = count("dp", 1, chips);
@@ -263,10 +308,12 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
                                          where + ": dp x sequences_per_dp_rank");
       if (run["recompute"])
         c.recompute = parse_recompute(text(where, "recompute"));
-      c.zero = 1;
-      c.enforce_memory = false;  // the run happened, so it fit
-      std::string source = text(where, "source");
-      Software sw = stacks.count(source) ? stacks[source] : Software{};
+      c.zero = run["zero"] ? static_cast<int>(count("zero", 0, 3)) : 1;
+      const std::string source = text(where, "source");
+      const std::string stack = run["software"] ? text(where, "software") : source;
+      check(!run["software"] || stacks.count(stack),
+            where + ": field 'software' names stack '" + stack + "', which software.yaml does not define");
+      Software sw = stacks.count(stack) ? stacks[stack] : Software{};
       // Uneven pipelines (Llama 3 405B: 126 layers on 16 stages) as published: the run's
       // `stages` (layers per virtual stage) when it lists them, else the balanced split.
       if (run["stages"]) {
@@ -288,43 +335,59 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
         if (!c.interleave)
           c.interleave = static_cast<std::int64_t>(c.stages.size()) / *c.pp;
       }
+      // The fastest layout that fits; a run that happened fit, so when none does the
+      // fastest is still timed and the miss reported.
+      c.enforce_memory = true;
       std::vector<Candidate> found = search(model, chip, chips, c, sw);
-      if (found.empty()) {  // name the rule the published layout breaks, when one does
-        Layout published{c.tp.value_or(1), *c.pp, dp, c.ep.value_or(1), c.cp.value_or(1), 1,
-                         *c.global_batch, c.seq.value_or(model.seq), c.interleave.value_or(1),
-                         Recompute::full, 1, c.precision, c.stages};
-        const std::string why = check_layout(model, chip, published);
-        throw Error(where + ": no valid layout matches the published one" +
-                    (why.empty() ? "" : ": " + why));
+      const Candidate* best = nullptr;
+      for (const Candidate& candidate : found)
+        if (candidate.estimate.step_time_s > 0) {
+          best = &candidate;
+          break;
+        }
+      if (!best) {  // name the rule the published layout breaks, when one does
+        Layout published{c.tp.value_or(1), *c.pp, dp, c.ep.value_or(1), c.cp.value_or(1),
+                         c.micro_batch.value_or(1), *c.global_batch, c.seq.value_or(model.seq),
+                         c.interleave.value_or(1), c.recompute.value_or(Recompute::full), *c.zero,
+                         c.precision, c.stages};
+        std::string why = check_layout(model, chip, published);
+        if (why.empty() && !found.empty()) why = found.front().estimate.reason;
+        throw Error(where + ": no valid layout matches the published one" + (why.empty() ? "" : ": " + why));
       }
-      const Candidate& best = found.front();
-      check(best.estimate.step_time_s > 0,
-            where + ": the performance model cannot time the published layout: " +
-                best.estimate.reason);
       Validation v;
       v.id = id;
       v.chip = chip_id;
-      v.counts = text(where, "counts");
-      v.published = [&] {
-        try {
-          return run["tflops_per_chip"].as<double>();
-        } catch (const YAML::Exception&) {
-          throw Error(where + ": field 'tflops_per_chip' is '" + text(where, "tflops_per_chip") +
-                      "', expected a number");
-        }
-      }();
-      check(std::isfinite(v.published) && v.published > 0, where + ": field 'tflops_per_chip' is " +
-                                                               text(where, "tflops_per_chip") +
-                                                               ", expected a positive number");
-      // Count FLOPs the way the source does (recomputation included or not).
-      const Layout& l = best.layout;
-      const Estimate& e = best.estimate;
-      double flops = v.counts == "hardware" ? e.hardware_flops : e.model_flops;
-      v.predicted = flops / e.step_time_s / static_cast<double>(l.chips()) / 1e12;
+      v.set = set;
+      v.known_fit = run["known_fit"] && text(where, "known_fit") == "true";
+      const Layout& l = best->layout;
+      const Estimate& e = best->estimate;
+      const double tokens_per_chip = e.tokens_per_s / static_cast<double>(l.chips());
+      if (run["tokens_per_s_per_chip"] || run["iter_time_s"] || run["gpu_hours_per_trillion_tokens"]) {
+        v.metric = "tokens/s/chip";
+        v.counts = "tokens";
+        const double tokens_step = static_cast<double>(l.global_batch) * static_cast<double>(l.seq);
+        v.published = run["tokens_per_s_per_chip"] ? positive("tokens_per_s_per_chip")
+                      : run["iter_time_s"]
+                          ? tokens_step / positive("iter_time_s") / static_cast<double>(chips)
+                          : 1e12 / (positive("gpu_hours_per_trillion_tokens") * 3600.0);
+        v.predicted = tokens_per_chip;
+      } else {
+        v.metric = "TFLOP/s/chip";
+        v.counts = text(where, "counts");
+        check(v.counts == "hardware" || v.counts == "model",
+              where + ": field 'counts' is '" + v.counts + "', expected hardware or model");
+        v.published = run["tflops_per_chip"] ? positive("tflops_per_chip")
+                                             : positive("mfu") * positive("peak_tflops");
+        // Count FLOPs the way the source does (recomputation included or not).
+        const double flops = v.counts == "hardware" ? e.hardware_flops : e.model_flops;
+        v.predicted = flops / e.step_time_s / static_cast<double>(l.chips()) / 1e12;
+      }
       v.error = (v.predicted - v.published) / v.published;
       v.layout = l;
       v.memory_gb = e.memory.total_gb;
-      v.hbm_gb = *chip.hbm_gb.value;
+      v.capacity_gb = e.memory.capacity_gb;
+      v.fits = e.feasible;
+      if (!v.fits) v.memory_reason = e.reason;
       out.push_back(v);
     }
     return out;

@@ -54,17 +54,31 @@ class ThroughputCache {
   std::map<std::tuple<std::string, std::string, std::int64_t, std::string>, double> cache_;
 };
 
-// A published run and the model's prediction of it.
+// A published run and the model's prediction of it. Runs publish throughput as tokens/s
+// per chip, an iteration time, GPU-hours per trillion tokens (all compared as tokens/s
+// per chip: no FLOP-counting convention enters) or TFLOP/s per chip (counted as the
+// source counts: recomputation included or not; an MFU with the peak it assumes is
+// converted to that).
 struct Validation {
-  std::string id, chip, counts;  // counts: hardware | model
-  double published = 0, predicted = 0, error = 0;  // TFLOP/s per chip; error = (pred - pub) / pub
-  double memory_gb = 0, hbm_gb = 0;                // the model's memory estimate for the layout
+  std::string id, chip, counts;  // counts: hardware | model | tokens
+  std::string metric;            // "tokens/s/chip" or "TFLOP/s/chip"
+  std::string set;               // the file's `set:` (calibration, validation)
+  double published = 0, predicted = 0, error = 0;  // in `metric`; error = (pred - pub) / pub
+  double memory_gb = 0, capacity_gb = 0;            // the model's memory estimate and what the chip holds
+  bool fits = true;        // some layout matching the published one fits in memory
+  bool known_fit = false;  // the file lists the run as having run (so it must fit)
+  std::string memory_reason;  // when it does not fit: the memory by component
   Layout layout;
 };
 
-// Reads a published-runs file (catalog/calibration/published-runs.yaml format) and the
-// software facts beside it (software.yaml), predicts each run with its layout fixed and
-// the unpublished parts (micro-batch, interleaving) searched.
+// The software stacks (software.yaml beside a runs file): name -> facts.
+std::map<std::string, Software> read_software(const std::string& path);
+
+// Reads a published-runs file (catalog/calibration/*.yaml, catalog/validation/*.yaml) and
+// the software facts beside it (software.yaml, or the calibration folder's), predicts each
+// run with its published layout fixed and the unpublished parts (micro-batch, interleaving,
+// recomputation where not given) searched: the fastest layout that fits in memory, else
+// the fastest one, reported as not fitting.
 std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path);
 
 }  // namespace loom::cluster
