@@ -301,6 +301,7 @@ int run_plan(const PlanOptions& o) {
                                    std::to_string(o.cp.value_or(1)) + " = " + std::to_string(product));
   }
   if (!o.json) print_table_header();
+  std::vector<Chip> compared;
   for (const std::string& entry : chip_ids) {
     // "id" or "id:count" (a per-chip count, e.g. 910c:100000,b200:36000).
     std::string id = entry;
@@ -374,8 +375,52 @@ int run_plan(const PlanOptions& o) {
       }
     }
     for (const Candidate& cand : shown) {
-      if (o.json) std::printf("%s\n", layout_json(m, chip, cand, tokens, o.price).dump().c_str());
-      else print_row(chip, cand, tokens, o.price);
+      // On a chip with estimated figures the answer is a range: the same layout with every
+      // estimate at the bound that makes it slowest and at the one that makes it fastest.
+      std::optional<std::pair<Estimate, Estimate>> range;
+      if (has_estimates(chip) && cand.estimate.step_time_s > 0)
+        range = std::pair{estimate(m, chip_at_bounds(chip, false), cand.layout),
+                          estimate(m, chip_at_bounds(chip, true), cand.layout)};
+      if (o.json) {
+        nlohmann::ordered_json j = layout_json(m, chip, cand, tokens, o.price);
+        if (range) {
+          Totals slow = totals(range->first, chip_at_bounds(chip, false), cand.layout, tokens, o.price.value_or(-1));
+          Totals fast = totals(range->second, chip_at_bounds(chip, true), cand.layout, tokens, o.price.value_or(-1));
+          j["range"] = {{"tokens_per_s", {range->first.tokens_per_s, range->second.tokens_per_s}},
+                        {"days", {fast.days, slow.days}},
+                        {"rests_on", "estimated chip figures at their catalog bounds"}};
+        }
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        print_row(chip, cand, tokens, o.price);
+        if (range) {
+          Totals slow = totals(range->first, chip_at_bounds(chip, false), cand.layout, tokens, o.price.value_or(-1));
+          Totals fast = totals(range->second, chip_at_bounds(chip, true), cand.layout, tokens, o.price.value_or(-1));
+          std::printf("%-10s   range from estimated figures: %.0f..%.0f tok/s, %.1f..%.1f days\n", "",
+                      range->first.tokens_per_s, range->second.tokens_per_s, fast.days, slow.days);
+        }
+      }
+    }
+    if (!o.compare.empty()) compared.push_back(chip);
+  }
+  // --compare: where every figure behind the comparison comes from.
+  if (!o.json && !compared.empty()) {
+    std::printf("\nchip figures (value [low..high] source, confidence):\n");
+    for (const Chip& chip : compared) {
+      std::printf("  %s (%s)\n", chip.id.c_str(), chip.name.c_str());
+      const std::pair<const char*, const Figure*> figures[] = {
+          {"bf16_tflops", &chip.bf16_tflops},       {"fp8_tflops", &chip.fp8_tflops},
+          {"hbm_gb", &chip.hbm_gb},                 {"hbm_tbps", &chip.hbm_tbps},
+          {"scaleup_gbps", &chip.scaleup_gbps},     {"scaleup_domain", &chip.scaleup_domain},
+          {"scaleout_gbits", &chip.scaleout_gbits}, {"tdp_w", &chip.tdp_w},
+          {"price_per_hour", &chip.price_per_hour}, {"gemm_efficiency", &chip.gemm_efficiency}};
+      for (const auto& [name, f] : figures) {
+        char value[64];
+        if (!f->known()) std::snprintf(value, sizeof value, "%s", f->unsupported ? "unsupported" : "unknown");
+        else if (f->ranged()) std::snprintf(value, sizeof value, "%g [%g..%g]", *f->value, *f->low, *f->high);
+        else std::snprintf(value, sizeof value, "%g", *f->value);
+        std::printf("    %-16s %-20s %s, %s\n", name, value, f->source.c_str(), f->confidence.c_str());
+      }
     }
   }
   return 0;

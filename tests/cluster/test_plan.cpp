@@ -525,5 +525,44 @@ TEST(Plan, FuzzFixturesGiveNamedErrors) {
   }
 }
 
+// A chip with estimated figures is planned as a range: the same layout with every estimate
+// at its slow bound and at its fast bound brackets the point estimate.
+TEST(Plan, EstimatedChipFiguresGiveARange) {
+  Catalog c = catalog();
+  const Chip& ascend = c.chip("910b");
+  ASSERT_TRUE(has_estimates(ascend));
+  EXPECT_FALSE(has_estimates(c.chip("h100-sxm")));
+  EXPECT_EQ(*chip_at_bounds(ascend, false).bf16_tflops.value, *ascend.bf16_tflops.low);
+  EXPECT_EQ(*chip_at_bounds(ascend, true).bf16_tflops.value, *ascend.bf16_tflops.high);
+  const Model& m = c.model("llama3-70b");
+  std::vector<Candidate> found = search(m, ascend, 256, {});
+  ASSERT_FALSE(found.empty());
+  ASSERT_TRUE(found.front().estimate.feasible);
+  const Layout& l = found.front().layout;
+  const double slow = estimate(m, chip_at_bounds(ascend, false), l).tokens_per_s;
+  const double fast = estimate(m, chip_at_bounds(ascend, true), l).tokens_per_s;
+  EXPECT_LT(slow, found.front().estimate.tokens_per_s);
+  EXPECT_GT(fast, found.front().estimate.tokens_per_s);
+}
+
+// Bounds that do not bracket the value, or only one of them, are refused by name.
+TEST(Plan, EstimateBoundsAreChecked) {
+  const std::string dir = temp_dir("bounds");
+  std::ofstream(dir + "/models.yaml") << "models: []\n";
+  std::string chip = one_chip("8");
+  std::string bad = chip;
+  bad.replace(bad.find("hbm_gb: {value: 80,"), 19, "hbm_gb: {value: 80, low: 90, high: 100,");
+  std::ofstream(dir + "/chips.yaml") << bad;
+  std::string e = error_of([&] { Catalog::load(dir); });
+  EXPECT_NE(e.find("field 'hbm_gb': expected 0 <= low <= value <= high, got low 90, value 80, high 100"),
+            std::string::npos)
+      << e;
+  bad = chip;
+  bad.replace(bad.find("hbm_gb: {value: 80,"), 19, "hbm_gb: {value: 80, low: 70,");
+  std::ofstream(dir + "/chips.yaml") << bad;
+  e = error_of([&] { Catalog::load(dir); });
+  EXPECT_NE(e.find("field 'hbm_gb': give both low and high, or neither"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace loom::testing

@@ -514,6 +514,25 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   return e;
 }
 
+bool has_estimates(const Chip& chip) {
+  for (const Figure* f : {&chip.bf16_tflops, &chip.fp8_tflops, &chip.hbm_tbps, &chip.scaleup_gbps, &chip.scaleout_gbits,
+                          &chip.tdp_w, &chip.gemm_efficiency})
+    if (f->ranged()) return true;
+  return false;
+}
+
+Chip chip_at_bounds(const Chip& chip, bool optimistic) {
+  Chip out = chip;
+  auto at = [&](Figure& f, bool high) {
+    if (f.ranged()) f.value = high ? f.high : f.low;
+  };
+  for (Figure* f : {&out.bf16_tflops, &out.fp8_tflops, &out.hbm_tbps, &out.scaleup_gbps, &out.scaleout_gbits,
+                    &out.gemm_efficiency})
+    at(*f, optimistic);
+  at(out.tdp_w, !optimistic);  // the fast end draws the least power
+  return out;
+}
+
 Totals totals(const Estimate& e, const Chip& chip, const Layout& l, double tokens, double price_override) {
   Totals t;
   double tokens_step = static_cast<double>(l.global_batch) * static_cast<double>(l.seq);

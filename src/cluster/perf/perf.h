@@ -101,6 +101,12 @@ Memory memory_per_chip(const Model& model, const Layout& layout, const Software&
                        double hbm_gib = 0);
 Totals totals(const Estimate& e, const Chip& chip, const Layout& layout, double tokens, double price_override = -1);
 
+// The chip with every estimated figure (one with low/high bounds) at the bound that makes
+// training fastest (`optimistic`: the high peak and bandwidths, the low power) or slowest.
+// A plan on a chip with estimates is given as the range between the two.
+Chip chip_at_bounds(const Chip& chip, bool optimistic);
+bool has_estimates(const Chip& chip);
+
 // Forward FLOPs of one transformer layer (average over dense and MoE layers) for
 // `tokens` tokens of sequences of length `seq`; attention counted over the full s x s
 // scores, as Megatron does.
