@@ -275,7 +275,8 @@ std::string sha256_hex_of_file(const std::string& path) {
   std::string out;
   if (FILE* pipe = popen(("sha256sum '" + path + "'").c_str(), "r")) {
     char buf[128];
-    if (std::fgets(buf, sizeof buf, pipe)) out = buf;
+    if (std::fgets(buf, sizeof buf, pipe))
+      out = buf;
     pclose(pipe);
   }
   return out.substr(0, out.find(' '));
@@ -290,10 +291,12 @@ TEST(Plan, TheValidationSetIsFrozen) {
   ASSERT_TRUE(sums >> recorded >> name);
   EXPECT_EQ(name, "validation-runs.yaml");
   EXPECT_EQ(sha256_hex_of_file(dir + "/" + name), recorded)
-      << "catalog/validation/validation-runs.yaml changed: a frozen set changes only with its checksum";
+      << "catalog/validation/validation-runs.yaml changed: a frozen set changes only with its "
+         "checksum";
   // And it shares no run with the calibration set.
   std::set<std::string> calibration;
-  for (const Validation& v : validate(catalog(), source_dir() + "/catalog/calibration/calibration-runs.yaml"))
+  for (const Validation& v :
+       validate(catalog(), source_dir() + "/catalog/calibration/calibration-runs.yaml"))
     calibration.insert(v.id);
   const std::vector<Validation> rows = validate(catalog(), dir + "/" + name);
   EXPECT_GE(rows.size(), 20u);
@@ -312,7 +315,8 @@ TEST(Plan, RunsKnownToHaveFitArePredictedToFit) {
        "32K sequences on 910B: 81 GB predicted against 69; MindSpeed's memory savings "
        "(activation-function recomputation, fused kernels) are not modelled"},
   };
-  for (const char* file : {"/catalog/calibration/calibration-runs.yaml", "/catalog/validation/validation-runs.yaml"}) {
+  for (const char* file :
+       {"/catalog/calibration/calibration-runs.yaml", "/catalog/validation/validation-runs.yaml"}) {
     for (const Validation& v : validate(catalog(), source_dir() + file)) {
       if (!v.known_fit)
         continue;
@@ -327,14 +331,17 @@ TEST(Plan, APublishedRunMayListItsPipelineStages) {
       "  - {id: l405, source: llama3, chip: h100-sxm, chips: 8192, model: llama3-405b, tp: 8, "
       "cp: 1, pp: 16, dp: 64, seq: 8192, sequences_per_dp_rank: 32, counts: model, "
       "tflops_per_chip: 430, ";
-  std::ofstream(dir + "/runs.yaml") << "runs:\n"
-                                    << row << "stages: [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]}\n";
+  std::ofstream(dir + "/runs.yaml")
+      << "runs:\n"
+      << row << "stages: [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]}\n";
   const std::vector<Validation> rows = validate(catalog(), dir + "/runs.yaml");
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0].layout.stages.size(), 16u);
   EXPECT_EQ(rows[0].layout.interleave, 1);
   EXPECT_GT(rows[0].predicted, 0);
-  std::ofstream(dir + "/runs.yaml") << "runs:\n" << row << "stages: [8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]}\n";
+  std::ofstream(dir + "/runs.yaml")
+      << "runs:\n"
+      << row << "stages: [8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]}\n";
   std::string e = error_of([&] { validate(catalog(), dir + "/runs.yaml"); });
   EXPECT_NE(e.find("stages sum to 128 layers, the model has 126"), std::string::npos) << e;
   std::ofstream(dir + "/runs.yaml") << "runs:\n" << row << "stages: [7, x]}\n";
@@ -500,8 +507,9 @@ TEST(Plan, PublishedRunFilesWithBadNumbersAreNamed) {
   // software.yaml beside the runs file: a missing flag was a yaml-cpp exception.
   std::ofstream(dir + "/software.yaml") << "software:\n  x: {flash_attention: true}\n";
   e = validate_error("sw.yaml", "id: sw, tp: 1, pp: 1, " + base);
-  EXPECT_NE(e.find("software.yaml: software 'x': field 'sequence_parallel' is missing (true or false)"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("software.yaml: software 'x': field 'sequence_parallel' is missing (true or false)"),
+      std::string::npos)
       << e;
 }
 
@@ -554,8 +562,9 @@ TEST(Plan, EstimateBoundsAreChecked) {
   bad.replace(bad.find("hbm_gb: {value: 80,"), 19, "hbm_gb: {value: 80, low: 90, high: 100,");
   std::ofstream(dir + "/chips.yaml") << bad;
   std::string e = error_of([&] { Catalog::load(dir); });
-  EXPECT_NE(e.find("field 'hbm_gb': expected 0 <= low <= value <= high, got low 90, value 80, high 100"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("field 'hbm_gb': expected 0 <= low <= value <= high, got low 90, value 80, high 100"),
+      std::string::npos)
       << e;
   bad = chip;
   bad.replace(bad.find("hbm_gb: {value: 80,"), 19, "hbm_gb: {value: 80, low: 70,");

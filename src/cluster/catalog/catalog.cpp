@@ -84,8 +84,8 @@ Figure figure(const YAML::Node& entry, const std::string& field, const std::stri
     f.high = number(n["high"], at + ": high");
     check(std::isfinite(*f.low) && std::isfinite(*f.high) && *f.low >= 0 && *f.low <= *f.value &&
               *f.value <= *f.high,
-          at + ": expected 0 <= low <= value <= high, got low " + n["low"].Scalar() + ", value " + value +
-              ", high " + n["high"].Scalar());
+          at + ": expected 0 <= low <= value <= high, got low " + n["low"].Scalar() + ", value " +
+              value + ", high " + n["high"].Scalar());
   }
   return f;
 }
@@ -160,7 +160,8 @@ double Model::attention_params() const {
   double h = static_cast<double>(hidden);
   if (mla()) {
     // q: h -> q_lora -> heads x (nope + rope) (or h -> that directly without a q latent);
-    // kv: h -> kv_lora + rope (the shared rope key), kv_lora -> heads x (nope + v); out: heads x v -> h.
+    // kv: h -> kv_lora + rope (the shared rope key), kv_lora -> heads x (nope + v); out: heads x v
+    // -> h.
     double a = static_cast<double>(heads), q_lora = static_cast<double>(q_lora_rank);
     double kv_lora = static_cast<double>(kv_lora_rank), qk = qk_width(), v = v_width();
     double q = q_lora > 0 ? h * q_lora + q_lora * qk : h * qk;
@@ -173,10 +174,12 @@ double Model::attention_params() const {
   return 2.0 * h * static_cast<double>(heads) * d + 2.0 * h * static_cast<double>(kv_heads) * d;
 }
 double Model::qk_width() const {
-  return mla() ? static_cast<double>(heads * (qk_nope_dim + qk_rope_dim)) : static_cast<double>(heads * head_width());
+  return mla() ? static_cast<double>(heads * (qk_nope_dim + qk_rope_dim))
+               : static_cast<double>(heads * head_width());
 }
 double Model::v_width() const {
-  return mla() ? static_cast<double>(heads * v_head_dim) : static_cast<double>(heads * head_width());
+  return mla() ? static_cast<double>(heads * v_head_dim)
+               : static_cast<double>(heads * head_width());
 }
 double Model::dense_mlp_params() const {
   return (gated ? 3.0 : 2.0) * static_cast<double>(hidden) * static_cast<double>(ffn);
@@ -381,16 +384,20 @@ void apply_device_profile(Chip& chip, const std::string& path, const std::string
   const Figure& peak = dtype == "fp8" ? chip.fp8_tflops : chip.bf16_tflops;
   check(peak.known(), path + ": the catalog has no " + dtype + " peak for " + chip.id +
                           " to relate the profile to");
-  chip.gemm_efficiency =
-      Figure{std::min(1.0, best / *peak.value), {}, {}, false, "device profile " + path, "measured"};
+  chip.gemm_efficiency = Figure{std::min(1.0, best / *peak.value), {},        {}, false,
+                                "device profile " + path,          "measured"};
   if (j.contains("memory_bandwidth_gbs")) {
     check(j["memory_bandwidth_gbs"].is_number() && j["memory_bandwidth_gbs"].get<double>() > 0,
           path + ": field 'memory_bandwidth_gbs': value " + j["memory_bandwidth_gbs"].dump() +
               " is not a positive number");
     // The perf model multiplies the HBM figure by its achieved-fraction constant (0.8); a
     // measured figure is already achieved, so it is stored divided by that fraction.
-    chip.hbm_tbps = Figure{j["memory_bandwidth_gbs"].get<double>() / 1000.0 / 0.8, {}, {}, false,
-                           "device profile " + path, "measured"};
+    chip.hbm_tbps = Figure{j["memory_bandwidth_gbs"].get<double>() / 1000.0 / 0.8,
+                           {},
+                           {},
+                           false,
+                           "device profile " + path,
+                           "measured"};
   }
 }
 

@@ -41,20 +41,25 @@ struct Model {
   std::string id, source;
   std::int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 2048;
   bool gated = false;    // SwiGLU MLP: three matrices instead of two
-  bool dropout = false;  // dropout after attention and MLP (GPT-3, Megatron 2021; not Llama): masks kept for backward
+  bool dropout = false;  // dropout after attention and MLP (GPT-3, Megatron 2021; not Llama): masks
+                         // kept for backward
   std::int64_t experts = 0, top_k = 0, shared_experts = 0, expert_ffn = 0, dense_layers = 0;  // MoE
   // Multi-head latent attention (DeepSeek-V2/V3): queries and keys/values pass through
   // low-rank latents; 0 for kv_lora_rank means ordinary multi-head (or grouped) attention.
   std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
-  std::int64_t head_dim = 0;     // per attention head; 0: hidden / heads (Qwen3: 128 with hidden 4096, 64 heads)
-  std::int64_t route_nodes = 0;  // node-limited routing: a token reaches experts on at most this many nodes (0: any)
-  std::int64_t mtp_layers = 0;  // multi-token prediction modules (DeepSeek-V3: 1), each a layer + an output head
+  std::int64_t head_dim =
+      0;  // per attention head; 0: hidden / heads (Qwen3: 128 with hidden 4096, 64 heads)
+  std::int64_t route_nodes =
+      0;  // node-limited routing: a token reaches experts on at most this many nodes (0: any)
+  std::int64_t mtp_layers =
+      0;  // multi-token prediction modules (DeepSeek-V3: 1), each a layer + an output head
 
   bool moe() const { return experts > 0; }
   bool mla() const { return kv_lora_rank > 0; }
   std::int64_t head_width() const { return head_dim > 0 ? head_dim : hidden / heads; }
   std::int64_t moe_layers() const { return moe() ? layers - dense_layers : 0; }
-  double attention_params() const;  // per layer: q, k, v, o projections (MLA: its down and up projections)
+  double attention_params()
+      const;  // per layer: q, k, v, o projections (MLA: its down and up projections)
   // Per token and layer: the widths of the attention core's operands, in elements:
   // query/key width (heads x head dim; MLA: heads x (nope + rope)) and value width.
   double qk_width() const;

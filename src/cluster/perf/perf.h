@@ -23,12 +23,12 @@ const char* recompute_name(Recompute r);
 
 struct Layout {
   std::int64_t tp = 1, pp = 1, dp = 1, ep = 1, cp = 1;
-  std::int64_t micro_batch = 1;    // sequences per micro-batch
-  std::int64_t global_batch = 1;   // sequences per optimizer step
+  std::int64_t micro_batch = 1;   // sequences per micro-batch
+  std::int64_t global_batch = 1;  // sequences per optimizer step
   std::int64_t seq = 2048;
-  std::int64_t interleave = 1;     // virtual pipeline stages per chip (1: plain 1F1B)
+  std::int64_t interleave = 1;  // virtual pipeline stages per chip (1: plain 1F1B)
   Recompute recompute = Recompute::full;
-  int zero = 1;                    // 0: replicated optimizer; 1: sharded optimizer; 2: + grads; 3: + weights
+  int zero = 1;  // 0: replicated optimizer; 1: sharded optimizer; 2: + grads; 3: + weights
   Precision precision = Precision::bf16;
   // Layers on each virtual pipeline stage, pp x interleave of them in order (virtual stage
   // k runs on pipeline rank k % pp), as a run publishes them (Llama 3 405B: 126 layers on
@@ -61,10 +61,10 @@ struct Software {
 struct Memory {
   double weights_gb = 0, gradients_gb = 0, optimizer_gb = 0, activations_gb = 0;
   double weights_and_optimizer_gb = 0;  // weights + gradients + optimizer
-  double reserve_gb = 0;     // CUDA context, communication buffers, allocator fragmentation
-  double total_gb = 0;       // everything above
-  double capacity_gb = 0;    // what the chip's HBM holds (its GiB as GB)
-  std::int64_t rank = 0;     // the pipeline rank that needs the most
+  double reserve_gb = 0;   // CUDA context, communication buffers, allocator fragmentation
+  double total_gb = 0;     // everything above
+  double capacity_gb = 0;  // what the chip's HBM holds (its GiB as GB)
+  std::int64_t rank = 0;   // the pipeline rank that needs the most
 };
 
 // "needs 90.1 GB on pipeline rank 0: weights 6.3, gradients 0.4, ..." for an infeasible plan.
@@ -72,7 +72,7 @@ std::string describe_memory(const Memory& m, const std::string& chip_id);
 
 struct Estimate {
   bool feasible = true;
-  std::string reason;            // why infeasible, or which figure is unknown
+  std::string reason;  // why infeasible, or which figure is unknown
   double step_time_s = 0, compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
   double model_flops = 0, hardware_flops = 0;  // per step, whole job
   double mfu = 0, tflops_per_chip = 0, hw_tflops_per_chip = 0, tokens_per_s = 0;
@@ -95,11 +95,13 @@ std::vector<std::int64_t> stage_layers(const Model& model, const Layout& layout)
 // Empty when valid, else why (TP not dividing heads, fewer layers than pipeline stages, ...).
 std::string check_layout(const Model& model, const Chip& chip, const Layout& layout);
 
-Estimate estimate(const Model& model, const Chip& chip, const Layout& layout, const Software& software = {});
+Estimate estimate(const Model& model, const Chip& chip, const Layout& layout,
+                  const Software& software = {});
 // The pipeline rank needing the most memory; capacity_gb is filled when hbm_gib > 0.
 Memory memory_per_chip(const Model& model, const Layout& layout, const Software& software = {},
                        double hbm_gib = 0);
-Totals totals(const Estimate& e, const Chip& chip, const Layout& layout, double tokens, double price_override = -1);
+Totals totals(const Estimate& e, const Chip& chip, const Layout& layout, double tokens,
+              double price_override = -1);
 
 // The chip with every estimated figure (one with low/high bounds) at the bound that makes
 // training fastest (`optimistic`: the high peak and bandwidths, the low power) or slowest.

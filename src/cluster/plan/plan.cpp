@@ -97,7 +97,7 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
                                                               Recompute::none, Recompute::selective,
                                                               Recompute::full})) {
                 for (int zero : either(fixed.zero, std::vector<int>{0, 1, 2, 3})) {
-                  Layout l{tp, pp, dp, ep, cp, b, batch, seq, v, rc, zero, fixed.precision,
+                  Layout l{tp,          pp, dp, ep, cp, b, batch, seq, v, rc, zero, fixed.precision,
                            fixed.stages};
                   if (!check_layout(model, chip, l).empty())
                     continue;
@@ -160,7 +160,8 @@ std::map<std::string, Software> read_software(const std::string& software_path) 
   const YAML::Node sw = read_yaml_file(software_path)["software"];
   check(!sw || sw.IsMap(), software_path + ": field 'software' must be a mapping of stacks");
   for (const auto& item : sw) {
-    check(item.first.IsScalar(), software_path + ": a software stack's name must be a single value");
+    check(item.first.IsScalar(),
+          software_path + ": a software stack's name must be a single value");
     const std::string name = item.first.Scalar();
     const std::string where = software_path + ": software '" + name + "'";
     check(item.second.IsMap(), where + " must be a mapping of flags");
@@ -176,17 +177,18 @@ std::map<std::string, Software> read_software(const std::string& software_path) 
     };
     auto fraction = [&](const char* field, double fallback, double lo, double hi) {
       const YAML::Node v = item.second[field];
-      if (!v.IsDefined()) return fallback;
+      if (!v.IsDefined())
+        return fallback;
       double x = 0;
       try {
         x = v.as<double>();
       } catch (const YAML::Exception&) {
-        throw Error(where + ": field '" + field + "' is '" + (v.IsScalar() ? v.Scalar() : "(not a scalar)") +
-                    "', expected a number");
+        throw Error(where + ": field '" + field + "' is '" +
+                    (v.IsScalar() ? v.Scalar() : "(not a scalar)") + "', expected a number");
       }
-      check(std::isfinite(x) && x >= lo && x <= hi, where + ": field '" + field + "' is " + v.Scalar() +
-                                                         ", expected " + std::to_string(lo) + ".." +
-                                                         std::to_string(hi));
+      check(std::isfinite(x) && x >= lo && x <= hi,
+            where + ": field '" + field + "' is " + v.Scalar() + ", expected " +
+                std::to_string(lo) + ".." + std::to_string(hi));
       return x;
     };
     Software s;
@@ -250,10 +252,11 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
         try {
           v = run[field].as<double>();
         } catch (const YAML::Exception&) {
-          throw Error(where + ": field '" + field + "' is '" + text(where, field) + "', expected a number");
+          throw Error(where + ": field '" + field + "' is '" + text(where, field) +
+                      "', expected a number");
         }
-        check(std::isfinite(v) && v > 0,
-              where + ": field '" + field + "' is " + text(where, field) + ", expected a positive number");
+        check(std::isfinite(v) && v > 0, where + ": field '" + field + "' is " +
+                                             text(where, field) + ", expected a positive number");
         return v;
       };
       // Catalog look-ups name the unknown id; the file and run are added here.
@@ -266,7 +269,8 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
       };
       std::string chip_id = text(where, "chip");
       Chip chip = in_run("chip", [&]() -> Chip {
-        return run["system"] ? catalog.chip_in_system(text(where, "system")) : catalog.chip(chip_id);
+        return run["system"] ? catalog.chip_in_system(text(where, "system"))
+                             : catalog.chip(chip_id);
       });
       check(chip.hbm_gb.known(), where + ": chip '" + chip_id + "' has no hbm_gb figure (" +
                                      (chip.hbm_gb.unsupported ? "unsupported" : "unknown") +
@@ -284,11 +288,15 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
       c.tp = count("tp", 1, chips);
       c.pp = count("pp", 1, chips);
       c.cp = run["cp"] ? count("cp", 1, chips) : 1;
-      if (run["ep"]) c.ep = count("ep", 1, chips);
+      if (run["ep"])
+        c.ep = count("ep", 1, chips);
       c.seq = count("seq", 1, kMaxSize);
-      if (run["micro_batch"]) c.micro_batch = count("micro_batch", 1, kMaxSize);
-      if (run["interleave"]) c.interleave = count("interleave", 1, kMaxSize);
-      if (run["precision"]) c.precision = parse_precision(text(where, "precision"));
+      if (run["micro_batch"])
+        c.micro_batch = count("micro_batch", 1, kMaxSize);
+      if (run["interleave"])
+        c.interleave = count("interleave", 1, kMaxSize);
+      if (run["precision"])
+        c.precision = parse_precision(text(where, "precision"));
       std::int64_t dp = 0;
       if (run["dp"]) {
         dp = count("dp", 1, chips);
@@ -311,8 +319,9 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
       c.zero = run["zero"] ? static_cast<int>(count("zero", 0, 3)) : 1;
       const std::string source = text(where, "source");
       const std::string stack = run["software"] ? text(where, "software") : source;
-      check(!run["software"] || stacks.count(stack),
-            where + ": field 'software' names stack '" + stack + "', which software.yaml does not define");
+      check(!run["software"] || stacks.count(stack), where + ": field 'software' names stack '" +
+                                                         stack +
+                                                         "', which software.yaml does not define");
       Software sw = stacks.count(stack) ? stacks[stack] : Software{};
       // Uneven pipelines (Llama 3 405B: 126 layers on 16 stages) as published: the run's
       // `stages` (layers per virtual stage) when it lists them, else the balanced split.
@@ -346,13 +355,24 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
           break;
         }
       if (!best) {  // name the rule the published layout breaks, when one does
-        Layout published{c.tp.value_or(1), *c.pp, dp, c.ep.value_or(1), c.cp.value_or(1),
-                         c.micro_batch.value_or(1), *c.global_batch, c.seq.value_or(model.seq),
-                         c.interleave.value_or(1), c.recompute.value_or(Recompute::full), *c.zero,
-                         c.precision, c.stages};
+        Layout published{c.tp.value_or(1),
+                         *c.pp,
+                         dp,
+                         c.ep.value_or(1),
+                         c.cp.value_or(1),
+                         c.micro_batch.value_or(1),
+                         *c.global_batch,
+                         c.seq.value_or(model.seq),
+                         c.interleave.value_or(1),
+                         c.recompute.value_or(Recompute::full),
+                         *c.zero,
+                         c.precision,
+                         c.stages};
         std::string why = check_layout(model, chip, published);
-        if (why.empty() && !found.empty()) why = found.front().estimate.reason;
-        throw Error(where + ": no valid layout matches the published one" + (why.empty() ? "" : ": " + why));
+        if (why.empty() && !found.empty())
+          why = found.front().estimate.reason;
+        throw Error(where + ": no valid layout matches the published one" +
+                    (why.empty() ? "" : ": " + why));
       }
       Validation v;
       v.id = id;
@@ -362,7 +382,8 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
       const Layout& l = best->layout;
       const Estimate& e = best->estimate;
       const double tokens_per_chip = e.tokens_per_s / static_cast<double>(l.chips());
-      if (run["tokens_per_s_per_chip"] || run["iter_time_s"] || run["gpu_hours_per_trillion_tokens"]) {
+      if (run["tokens_per_s_per_chip"] || run["iter_time_s"] ||
+          run["gpu_hours_per_trillion_tokens"]) {
         v.metric = "tokens/s/chip";
         v.counts = "tokens";
         const double tokens_step = static_cast<double>(l.global_batch) * static_cast<double>(l.seq);
@@ -387,7 +408,8 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
       v.memory_gb = e.memory.total_gb;
       v.capacity_gb = e.memory.capacity_gb;
       v.fits = e.feasible;
-      if (!v.fits) v.memory_reason = e.reason;
+      if (!v.fits)
+        v.memory_reason = e.reason;
       out.push_back(v);
     }
     return out;

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cluster/perf/perf.h"
@@ -40,14 +40,16 @@ struct SearchStats {
 // tp (divisors of the heads), pp (divisors of the chips per tp group, at most the layers;
 // stages need not hold equal layer counts: stage_layers), interleave (1-8), cp, ep,
 // micro-batch, recompute and ZeRO stage; dp follows from the chip count.
-std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t chips, const Constraints& fixed,
-                              const Software& software = {}, SearchStats* stats = nullptr);
+std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t chips,
+                              const Constraints& fixed, const Software& software = {},
+                              SearchStats* stats = nullptr);
 
 // Tokens/s of the best feasible layout of (model, chip, chips), 0 when none fits;
 // memoised, for schedulers that ask the same questions many times a second.
 class ThroughputCache {
  public:
-  double tokens_per_s(const Model& model, const Chip& chip, std::int64_t chips, const Constraints& fixed = {});
+  double tokens_per_s(const Model& model, const Chip& chip, std::int64_t chips,
+                      const Constraints& fixed = {});
   std::size_t size() const { return cache_.size(); }
 
  private:
@@ -60,14 +62,14 @@ class ThroughputCache {
 // source counts: recomputation included or not; an MFU with the peak it assumes is
 // converted to that).
 struct Validation {
-  std::string id, chip, counts;  // counts: hardware | model | tokens
-  std::string metric;            // "tokens/s/chip" or "TFLOP/s/chip"
-  std::string set;               // the file's `set:` (calibration, validation)
+  std::string id, chip, counts;                    // counts: hardware | model | tokens
+  std::string metric;                              // "tokens/s/chip" or "TFLOP/s/chip"
+  std::string set;                                 // the file's `set:` (calibration, validation)
   double published = 0, predicted = 0, error = 0;  // in `metric`; error = (pred - pub) / pub
-  double memory_gb = 0, capacity_gb = 0;            // the model's memory estimate and what the chip holds
-  bool fits = true;        // some layout matching the published one fits in memory
-  bool known_fit = false;  // the file lists the run as having run (so it must fit)
-  std::string memory_reason;  // when it does not fit: the memory by component
+  double memory_gb = 0, capacity_gb = 0;  // the model's memory estimate and what the chip holds
+  bool fits = true;                       // some layout matching the published one fits in memory
+  bool known_fit = false;                 // the file lists the run as having run (so it must fit)
+  std::string memory_reason;              // when it does not fit: the memory by component
   Layout layout;
 };
 
