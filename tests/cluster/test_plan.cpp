@@ -533,6 +533,26 @@ TEST(Plan, FuzzFixturesGiveNamedErrors) {
   }
 }
 
+// A stack without selective recomputation (2021 Megatron) is never planned with it.
+TEST(Plan, TheSearchOffersOnlyTheRecomputationTheStackHas) {
+  Catalog c = catalog();
+  Software old_stack;
+  old_stack.selective_recompute = false;
+  std::vector<Candidate> found =
+      search(c.model("megatron-18.4b"), c.chip("a100-80gb"), 256, {}, old_stack);
+  ASSERT_FALSE(found.empty());
+  bool full_seen = false;
+  for (const Candidate& cand : found) {
+    EXPECT_NE(cand.layout.recompute, Recompute::selective);
+    full_seen = full_seen || cand.layout.recompute == Recompute::full;
+  }
+  EXPECT_TRUE(full_seen);
+  bool selective_seen = false;
+  for (const Candidate& cand : search(c.model("megatron-18.4b"), c.chip("a100-80gb"), 256, {}))
+    selective_seen = selective_seen || cand.layout.recompute == Recompute::selective;
+  EXPECT_TRUE(selective_seen);
+}
+
 // A chip with estimated figures is planned as a range: the same layout with every estimate
 // at its slow bound and at its fast bound brackets the point estimate.
 TEST(Plan, EstimatedChipFiguresGiveARange) {

@@ -42,6 +42,9 @@ struct Software {
   bool flash_attention = true;    // attention scores never materialised
   bool sequence_parallel = true;  // norms and dropout sharded across the TP group
   bool overlap_dp = true;         // gradient reduction overlapped with the backward pass
+  // Selective recomputation (Korthikanti et al. 2022) exists in the stack: 2021-era
+  // Megatron and Megatron-DeepSpeed offered full recomputation or none.
+  bool selective_recompute = true;
   // MoE: the expert all-to-all runs while another micro-batch computes (DualPipe's paired
   // forward and backward chunks; Megatron-Core's 1F1B all-to-all overlap), so only what
   // outlasts that compute is exposed. Off: every byte waits (the 2023-era dispatchers).

@@ -96,6 +96,8 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
               for (Recompute rc : either(fixed.recompute, std::vector<Recompute>{
                                                               Recompute::none, Recompute::selective,
                                                               Recompute::full})) {
+                if (rc == Recompute::selective && !software.selective_recompute && !fixed.recompute)
+                  continue;  // the stack has no selective recomputation
                 for (int zero : either(fixed.zero, std::vector<int>{0, 1, 2, 3})) {
                   Layout l{tp,          pp, dp, ep, cp, b, batch, seq, v, rc, zero, fixed.precision,
                            fixed.stages};
@@ -196,6 +198,7 @@ std::map<std::string, Software> read_software(const std::string& software_path) 
     s.sequence_parallel = flag("sequence_parallel", true, true);
     s.overlap_dp = flag("overlap_dp", true, true);
     s.overlap_ep = flag("overlap_ep", false, false);
+    s.selective_recompute = flag("selective_recompute", true, false);
     s.dualpipe = flag("dualpipe", false, false);
     s.comm_sm_fraction = fraction("comm_sm_fraction", 0.0, 0.0, 0.9);
     s.moe_imbalance = fraction("moe_imbalance", 1.0, 1.0, 100.0);
