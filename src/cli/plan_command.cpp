@@ -377,28 +377,32 @@ int run_plan(const PlanOptions& o) {
     for (const Candidate& cand : shown) {
       // On a chip with estimated figures the answer is a range: the same layout with every
       // estimate at the bound that makes it slowest and at the one that makes it fastest.
-      std::optional<std::pair<Estimate, Estimate>> range;
-      if (has_estimates(chip) && cand.estimate.step_time_s > 0)
-        range = std::pair{estimate(m, chip_at_bounds(chip, false), cand.layout),
-                          estimate(m, chip_at_bounds(chip, true), cand.layout)};
+      struct Bound {
+        Estimate estimate;
+        Totals totals;
+      };
+      std::optional<std::pair<Bound, Bound>> range;
+      if (has_estimates(chip) && cand.estimate.step_time_s > 0) {
+        auto at = [&](bool optimistic) {
+          const Chip bounded = chip_at_bounds(chip, optimistic);
+          Estimate e = estimate(m, bounded, cand.layout);
+          return Bound{e, totals(e, bounded, cand.layout, tokens, o.price.value_or(-1))};
+        };
+        range = std::pair{at(false), at(true)};
+      }
       if (o.json) {
         nlohmann::ordered_json j = layout_json(m, chip, cand, tokens, o.price);
-        if (range) {
-          Totals slow = totals(range->first, chip_at_bounds(chip, false), cand.layout, tokens, o.price.value_or(-1));
-          Totals fast = totals(range->second, chip_at_bounds(chip, true), cand.layout, tokens, o.price.value_or(-1));
-          j["range"] = {{"tokens_per_s", {range->first.tokens_per_s, range->second.tokens_per_s}},
-                        {"days", {fast.days, slow.days}},
+        if (range)
+          j["range"] = {{"tokens_per_s", {range->first.estimate.tokens_per_s, range->second.estimate.tokens_per_s}},
+                        {"days", {range->second.totals.days, range->first.totals.days}},
                         {"rests_on", "estimated chip figures at their catalog bounds"}};
-        }
         std::printf("%s\n", j.dump().c_str());
       } else {
         print_row(chip, cand, tokens, o.price);
-        if (range) {
-          Totals slow = totals(range->first, chip_at_bounds(chip, false), cand.layout, tokens, o.price.value_or(-1));
-          Totals fast = totals(range->second, chip_at_bounds(chip, true), cand.layout, tokens, o.price.value_or(-1));
+        if (range)
           std::printf("%-10s   range from estimated figures: %.0f..%.0f tok/s, %.1f..%.1f days\n", "",
-                      range->first.tokens_per_s, range->second.tokens_per_s, fast.days, slow.days);
-        }
+                      range->first.estimate.tokens_per_s, range->second.estimate.tokens_per_s,
+                      range->second.totals.days, range->first.totals.days);
       }
     }
     if (!o.compare.empty()) compared.push_back(chip);

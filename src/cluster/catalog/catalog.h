@@ -58,6 +58,10 @@ struct Model {
   bool mla() const { return kv_lora_rank > 0; }
   std::int64_t head_width() const { return head_dim > 0 ? head_dim : hidden / heads; }
   std::int64_t moe_layers() const { return moe() ? layers - dense_layers : 0; }
+  // The share of layers with a dense MLP (1 for a dense model).
+  double dense_share() const {
+    return moe() ? static_cast<double>(dense_layers) / static_cast<double>(layers) : 1.0;
+  }
   double attention_params()
       const;  // per layer: q, k, v, o projections (MLA: its down and up projections)
   // Per token and layer: the widths of the attention core's operands, in elements:

@@ -45,7 +45,6 @@ ParamBytes param_bytes(int zero, std::int64_t dp) {
   const double d = static_cast<double>(dp);
   return {zero >= 3 ? 2.0 / d : 2.0, zero >= 2 ? 4.0 / d : 4.0, zero >= 1 ? 12.0 / d : 12.0};
 }
-double param_bytes_factor(int zero, std::int64_t dp) { return param_bytes(zero, dp).total(); }
 
 // Weights held by one chip of a pipeline stage of `layers` layers (experts split over ep),
 // plus the embedding on the first stage, all split over tp.
@@ -54,7 +53,7 @@ double param_bytes_factor(int zero, std::int64_t dp) { return param_bytes(zero, 
 std::int64_t expert_tp(const Layout& l) { return l.dp % l.ep == 0 ? l.tp : 1; }
 
 double params_per_chip(const Model& m, const Layout& l, double layers, bool first) {
-  double dense_share = m.moe() ? static_cast<double>(m.dense_layers) / static_cast<double>(m.layers) : 1.0;
+  const double dense_share = m.dense_share();
   double per_layer = m.attention_params() + dense_share * m.dense_mlp_params();
   double experts = (1.0 - dense_share) * static_cast<double>(m.experts + m.shared_experts) * m.expert_params() /
                    static_cast<double>(l.ep * expert_tp(l));
@@ -106,7 +105,7 @@ double activation_bytes_per_token(const Model& m, const Layout& l, const Softwar
     const double routed = static_cast<double>(m.top_k) * sw.moe_imbalance *
                           (2.0 * h + mlp(static_cast<double>(m.expert_ffn)) + 2.0 * h);
     const double shared = static_cast<double>(m.shared_experts) * mlp(static_cast<double>(m.expert_ffn));
-    const double dense_share = static_cast<double>(m.dense_layers) / static_cast<double>(m.layers);
+    const double dense_share = m.dense_share();
     mlp_bytes = dense_share * mlp_bytes + (1.0 - dense_share) * (routed + shared);
   }
   const double split = attention + mlp_bytes;
@@ -163,7 +162,7 @@ double layer_forward_flops(const Model& m, double tokens, double seq) {
   if (!m.moe()) return proj + attn + dense_mlp;
   double moe_mlp = 2.0 * tokens * (static_cast<double>(m.top_k + m.shared_experts) * m.expert_params() +
                                    h * static_cast<double>(m.experts));  // + router
-  double dense_share = static_cast<double>(m.dense_layers) / static_cast<double>(m.layers);
+  const double dense_share = m.dense_share();
   return proj + attn + dense_share * dense_mlp + (1.0 - dense_share) * moe_mlp;
 }
 
@@ -365,7 +364,7 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   // (its layers, and the output layer on the last); then per micro-batch on that rank.
   const std::vector<std::int64_t> stages = stage_layers(m, l);
   const double r = l.recompute == Recompute::full ? 1.0 : 0.0;
-  const double dense_share = m.moe() ? static_cast<double>(m.dense_layers) / static_cast<double>(m.layers) : 1.0;
+  const double dense_share = m.dense_share();
 
   // ---- compute per micro-batch on one stage --------------------------------------------
   double x = tokens_chip * h / t;
@@ -428,7 +427,8 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
       double up = tokens_chip * per_token.scale_up / (links.up_bytes_s * kLinkEfficiency);
       return std::max(out, up) + (per_token.scale_out > 0 ? kScaleOutLatency : kScaleUpLatency);
     };
-    double per_layer = (1.0 + r) * (phase(dispatch_element) + phase(2.0)) + 2.0 * phase(2.0);
+    const double bf16_phase = phase(2.0);
+    double per_layer = (1.0 + r) * (phase(dispatch_element) + bf16_phase) + 2.0 * bf16_phase;
     // Overlapped: the all-to-all runs under another micro-batch's compute of the layer;
     // only what outlasts it waits.
     t_ep = moe_share * (sw.overlap_ep ? std::max(0.0, per_layer - t_layer_compute) : per_layer);
@@ -481,7 +481,7 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   double t_dp = volume * ring_allreduce(params_chip * 2.0, l.dp * l.cp, dp_bw, dp_alpha);
   double backward_total = microbatches * 2.0 * t_fwd;
   double dp_exposed = sw.overlap_dp ? std::max(0.0, t_dp - backward_total) : t_dp;
-  double t_optimizer = params_chip * param_bytes_factor(l.zero, l.dp) * 2.0 / hbm;  // read + write states
+  double t_optimizer = params_chip * param_bytes(l.zero, l.dp).total() * 2.0 / hbm;  // read + write states
 
   e.compute_s = microbatches * t_compute_mb + t_optimizer;
   e.exposed_comm_s = microbatches * (t_tp + t_cp + t_ep + t_pp) + dp_exposed;
