@@ -52,6 +52,11 @@ expect_error "runs0.yaml: run 'zero': field 'tp' is 0, expected a whole number i
 # plan --validate fails when the errors exceed the limits given (and passes within them).
 runs=catalog/calibration/calibration-runs.yaml
 expect_error "calibration-runs.yaml: max |error| 4.0% exceeds --max-error 1 by" plan --validate "$runs" --max-error 1
+# A chip with estimated figures is planned as a range, and --compare names every figure's source.
+compared=$("$loom" plan --model llama3-405b --compare 910b:16384,b200:8192 --tokens 15T 2>&1)
+for needle in "range from estimated figures:" "bf16_tflops      376 [313..414]" "NVIDIA HGX B200 specifications"; do
+  if [[ "$compared" != *"$needle"* ]]; then echo "FAIL: '$needle' not in plan --compare output"; failures=$((failures + 1)); fi
+done
 expect_error "median |error| 2.1% exceeds --max-median-error 0.5 by" plan --validate "$runs" --max-median-error 0.5 --max-error 50
 "$loom" plan --validate "$runs" --max-median-error 4 --max-error 5 > /dev/null \
   || { echo "FAIL: plan --validate within its limits"; failures=$((failures + 1)); }

@@ -474,6 +474,11 @@ TEST(Plan, PublishedRunFilesWithBadNumbersAreNamed) {
             std::string::npos)
       << e;
   // Fractions and huge numbers were yaml-cpp exceptions: "internal error".
+  e = validate_error("fit.yaml", "id: fit, tp: 1, pp: 1, known_fit: yes please, " + base);
+  EXPECT_NE(
+      e.find("fit.yaml: run 'fit': field 'known_fit' is 'yes please', expected true or false"),
+      std::string::npos)
+      << e;
   e = validate_error("frac.yaml", "id: frac, tp: 2.5, pp: 1, " + base);
   EXPECT_NE(e.find("run 'frac': field 'tp' is 2.5, expected a whole number in 1..32"),
             std::string::npos)

@@ -211,7 +211,9 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
   return with_yaml_errors(runs_path, [&] {
     const YAML::Node root = read_yaml_file(runs_path);
     check(root["runs"] && root["runs"].IsSequence(), runs_path + ": expected a 'runs' list");
-    const std::string set = root["set"] && root["set"].IsScalar() ? root["set"].Scalar() : "runs";
+    check(!root["set"] || root["set"].IsScalar(),
+          runs_path + ": field 'set' must be a single name (calibration, validation)");
+    const std::string set = root["set"] ? root["set"].Scalar() : "runs";
     // The stacks beside the file, else the calibration folder's (the validation folder
     // shares them).
     std::map<std::string, Software> stacks;
@@ -381,7 +383,12 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
       v.id = id;
       v.chip = chip_id;
       v.set = set;
-      v.known_fit = run["known_fit"] && text(where, "known_fit") == "true";
+      if (run["known_fit"]) {
+        const std::string known = text(where, "known_fit");
+        check(known == "true" || known == "false",
+              where + ": field 'known_fit' is '" + known + "', expected true or false");
+        v.known_fit = known == "true";
+      }
       const Layout& l = best->layout;
       const Estimate& e = best->estimate;
       const double tokens_per_chip = e.tokens_per_s / static_cast<double>(l.chips());
