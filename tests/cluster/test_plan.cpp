@@ -558,6 +558,48 @@ TEST(Plan, TheSearchOffersOnlyTheRecomputationTheStackHas) {
   EXPECT_TRUE(selective_seen);
 }
 
+// The all-to-all's bytes per token, worked by hand for DeepSeek-V3's hidden 7168 and
+// top-8 with 1-byte elements: ep 64 over 8 nodes of 8 GPUs.
+TEST(Perf, MoeDispatchBytesFollowNodeLimitedRouting) {
+  Model m = catalog().model("deepseek-v3");
+  Layout l{1, 16, 128, 64, 1, 1, 15360, 4096, 1, Recompute::none, 1};
+  // Node-limited (4 nodes): the expected distinct nodes of 8 draws over 8 is 5.25, capped
+  // at 4, 7/8 of them remote: 3.5 crossings of 7168 bytes; inside the node all 8 copies
+  // but the local chip's 1/8.
+  AllToAllBytes limited = moe_dispatch_bytes(m, l, 8, 1.0);
+  EXPECT_DOUBLE_EQ(limited.scale_out, 3.5 * 7168);
+  EXPECT_DOUBLE_EQ(limited.scale_up, 8 * 7.0 / 8 * 7168);
+  // Unlimited: each of the 8 copies crosses when its node is remote (7/8).
+  m.route_nodes = 0;
+  AllToAllBytes each = moe_dispatch_bytes(m, l, 8, 1.0);
+  EXPECT_DOUBLE_EQ(each.scale_out, 8 * 7.0 / 8 * 7168);
+  // Within one node (ep 8): no fabric, 7 of 8 copies over the scale-up links.
+  l.ep = 8;
+  AllToAllBytes inside = moe_dispatch_bytes(m, l, 8, 1.0);
+  EXPECT_DOUBLE_EQ(inside.scale_out, 0.0);
+  EXPECT_DOUBLE_EQ(inside.scale_up, 8 * 7.0 / 8 * 7168);
+}
+
+// DualPipe's bubble is (pp/2 - 1)(F&B + B - 3W) = (pp/2 - 1) 2F against 1F1B's (pp - 1) 3F:
+// 14/45 of it at pp 16 without recomputation, the rest of the step unchanged.
+TEST(Perf, DualPipeShrinksTheBubbleAsDeepSeekStates) {
+  Catalog c = catalog();
+  const Model& m = c.model("deepseek-v3");
+  const Chip chip = c.chip_in_system("hgx-h800-ib");
+  Layout l{1, 16, 128, 64, 1, 1, 15360, 4096, 1, Recompute::none, 1, Precision::fp8};
+  Software one_f_one_b, dualpipe;
+  dualpipe.dualpipe = true;
+  const Estimate plain = estimate(m, chip, l, one_f_one_b), dual = estimate(m, chip, l, dualpipe);
+  ASSERT_GT(plain.bubble_s, 0);
+  EXPECT_NEAR(dual.bubble_s / plain.bubble_s, 14.0 / 45.0, 1e-9);
+  EXPECT_DOUBLE_EQ(dual.compute_s, plain.compute_s);
+  // Two stages of weights per rank.
+  EXPECT_GT(dual.memory.weights_gb, 1.9 * plain.memory.weights_gb);
+  l.pp = 3;  // an odd pp is refused by name
+  EXPECT_NE(estimate(m, chip, l, dualpipe).reason.find("DualPipe needs an even pp"),
+            std::string::npos);
+}
+
 // A chip with estimated figures is planned as a range: the same layout with every estimate
 // at its slow bound and at its fast bound brackets the point estimate.
 TEST(Plan, EstimatedChipFiguresGiveARange) {
