@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 
+#include "core/fused_elementwise.h"
 #include "core/op_catalog.h"
 
 namespace loom {
@@ -151,6 +152,33 @@ std::vector<Tensor> layer_norm(OpRunner& r, std::span<const Tensor> in, const At
   return {y, mean.reshape(rows), rstd.reshape(rows)};
 }
 
+// The chain run step by step as the ops it was made of (what the graph ran before fusion).
+// Broadcasting ops take their operands as they are; the other two-operand ops (the
+// *_backward pairs) need equal shapes, so an operand of another shape is expanded first.
+std::vector<Tensor> fused_elementwise(OpRunner& r, std::span<const Tensor> in, const Attrs& a) {
+  Ops o{r};
+  const ElementwiseProgram& program = *a.program;
+  Attrs to_shape;
+  to_shape.shape = a.shape;
+  auto full = [&](const Tensor& x) {
+    return x.shape() == a.shape ? x : o.one(OpId::expand, {x}, to_shape);
+  };
+  std::vector<Tensor> registers(in.begin(), in.end());
+  for (const ElementwiseStep& s : program.steps) {
+    const bool broadcasts =
+        s.op == OpId::add || s.op == OpId::sub || s.op == OpId::mul || s.op == OpId::div;
+    std::vector<Tensor> args;
+    for (int k = 0; k < elementwise_arity(s.op); ++k)
+      args.push_back(elementwise_arity(s.op) == 2 && !broadcasts ? full(registers[s.args[k]])
+                                                                 : registers[s.args[k]]);
+    Attrs step;
+    step.alpha = s.alpha;
+    step.shape = a.shape;
+    registers.push_back(r.run(s.op, args, step).front());
+  }
+  return {full(registers.back())};
+}
+
 std::array<DecomposeFn, kNumOps> make_table() {
   std::array<DecomposeFn, kNumOps> t{};
   auto set = [&](OpId op, DecomposeFn fn) { t[static_cast<std::size_t>(op)] = fn; };
@@ -168,6 +196,7 @@ std::array<DecomposeFn, kNumOps> make_table() {
   set(OpId::softmax_backward, softmax_backward);
   set(OpId::log_softmax_backward, log_softmax_backward);
   set(OpId::layer_norm, layer_norm);
+  set(OpId::fused_elementwise, fused_elementwise);
   return t;
 }
 

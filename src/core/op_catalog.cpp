@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/fused_elementwise.h"
 
 namespace loom {
 namespace {
@@ -180,6 +181,11 @@ Specs infer_dropout(Inputs in, const Attrs& a) {
 }
 Specs infer_dropout_backward(Inputs in, const Attrs& a) {
   return infer_dropout_like(in, a, "dropout_backward");
+}
+
+Specs infer_fused_elementwise(Inputs in, const Attrs& a) {
+  check_elementwise_program(a.program.get(), in, a.shape);
+  return {{a.shape, DType::f32}};
 }
 
 Shape reduced_shape(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim,

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,8 @@ enum class OpId : std::uint16_t {
 };
 
 enum class OpRole { forward, backward, optimizer, utility };
+
+struct ElementwiseProgram;  // core/fused_elementwise.h
 
 // Attributes of an operator call; each op reads the fields its ops.def line names.
 struct Attrs {
@@ -45,6 +48,8 @@ struct Attrs {
   // adamw_step
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, weight_decay = 0.0;
   std::int64_t step = 1;
+  // fused_elementwise: the chain it runs (immutable, shared by copies of the attributes)
+  std::shared_ptr<const ElementwiseProgram> program;
 };
 
 // One operator invocation: inputs are read, outputs (preallocated, contiguous) written.

@@ -73,6 +73,9 @@ std::atomic<bool> synchronous_timing{false};
 
 }  // namespace
 
+void execute_decomposed(Backend& backend, OpId op, std::span<const Tensor> inputs,
+                        std::span<Tensor> outputs, const Attrs& attrs);
+
 // Runs a call whose inputs and outputs are ready on `backend`.
 void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
              const Attrs& attrs) {
@@ -85,6 +88,10 @@ void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::spa
       backend.default_stream().synchronize();
     count(name, op, Path::native, 0, since(start));
     debug_once(name, op, Path::native);
+    return;
+  }
+  if (decomposition(op) != nullptr) {
+    execute_decomposed(backend, op, inputs, outputs, attrs);
     return;
   }
   check(!env_flag("LOOM_STRICT"),
@@ -126,6 +133,37 @@ class DeviceRunner final : public OpRunner {
  private:
   Backend& device_;
 };
+
+}  // namespace
+
+// A node the backend has no kernel for, run as its decomposition on the same device and
+// copied into the outputs it must write (a fused node on a backend without a fused kernel).
+// Nothing is recorded: the caller records the op itself.
+void execute_decomposed(Backend& backend, OpId op, std::span<const Tensor> inputs,
+                        std::span<Tensor> outputs, const Attrs& attrs) {
+  auto start = std::chrono::steady_clock::now();
+  Recorder* recorder = set_recorder(nullptr);
+  struct Restore {
+    Recorder* recorder;
+    ~Restore() { set_recorder(recorder); }
+  } restore{recorder};
+  DeviceRunner runner(backend);
+  std::vector<Tensor> results = decomposition(op)(runner, inputs, attrs);
+  check(results.size() == outputs.size(),
+        std::string(op_name(op)) + ": decomposition returned the wrong number of outputs");
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    check(results[i].numel() == outputs[i].numel(),
+          std::string(op_name(op)) + ": decomposition output " + std::to_string(i) + " is " +
+              results[i].describe() + ", expected " + outputs[i].describe());
+    std::array<Tensor, 1> from{contiguous(results[i]).reshape(outputs[i].shape())};
+    std::array<Tensor, 1> to{outputs[i]};
+    execute(backend, OpId::copy, from, to, Attrs{});
+  }
+  count(std::string(backend.name()), op, Path::decomposed, 0, since(start));
+  debug_once(std::string(backend.name()), op, Path::decomposed);
+}
+
+namespace {
 
 // Runs the kernel, then tells the recorder (if any) what ran.
 void run_recorded(Backend& backend, OpId op, std::span<const Tensor> inputs,

@@ -54,9 +54,11 @@ void call_into(OpId op, std::span<const Tensor> inputs, std::span<Tensor> output
 // A contiguous tensor with the same values (the input itself when already contiguous).
 Tensor contiguous(const Tensor& x);
 
-// Runs one kernel on `backend`: native when supports() says so, else the CPU fallback
-// (LOOM_STRICT applies). Inputs and outputs are ready (contiguous, on `backend`). Counted
-// like any call. This is how a captured graph (graph/) replays its nodes.
+// Runs one kernel on `backend`: native when supports() says so, else the op's
+// decomposition on the same device (its results copied into `outputs`), else the CPU
+// fallback (LOOM_STRICT applies). Inputs and outputs are ready (contiguous, on `backend`).
+// Counted like any call. This is how a captured graph (graph/) replays its nodes; a
+// captured node has a decomposition only when it was made by a graph pass (a fused node).
 void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
              const Attrs& attrs);
 

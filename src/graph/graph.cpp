@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/fused_elementwise.h"
 
 namespace loom::graph {
 namespace {
@@ -383,6 +384,8 @@ std::string Graph::listing() const {
     s += " <-";
     for (const Operand& o : node.inputs)
       s += " " + operand_text(o);
+    if (node.attrs.program != nullptr)
+      s += " = " + node.attrs.program->describe();
     s += "\n";
   }
   return s;
@@ -391,7 +394,9 @@ std::string Graph::listing() const {
 std::string Graph::summary() const {
   std::string s = "graph: " + std::to_string(stats_.nodes) + " nodes";
   if (stats_.nodes != stats_.captured_nodes)
-    s += " (" + std::to_string(stats_.captured_nodes) + " captured)";
+    s += " (" + std::to_string(stats_.captured_nodes) + " captured" +
+         (stats_.fused_chains ? ", " + std::to_string(stats_.fused_chains) + " fused chains" : "") +
+         ")";
   if (materialized_) {
     s += ", " + std::to_string(stats_.internal_storages) + " intermediate tensors (" +
          megabytes(stats_.internal_bytes) + ") in " + megabytes(stats_.memory_bytes) +
@@ -414,6 +419,8 @@ std::vector<Tensor> CapturedStep::run(std::span<const Tensor> inputs, const Step
     std::vector<Tensor> outputs = step();
     graph_ = capture.finish(outputs);
     graph_->eliminate_dead_nodes();
+    if (passes_.fuse_elementwise)
+      fusion_ = graph_->fuse_elementwise(passes_.fusion);
     graph_->plan_memory();
     return outputs;
   }

@@ -10,6 +10,13 @@
 // Passes, in order:
 //   eliminate_dead_nodes: drops nodes whose results nobody reads and that write no
 //     external storage.
+//   fuse_elementwise (graph/fusion.cpp): each chain of elementwise nodes (add, mul, exp,
+//     gelu, the *_backward pairs, ...; core/fused_elementwise.h) whose intermediates no
+//     node outside the chain reads becomes one fused_elementwise node at the chain's last
+//     node's place: one pass over memory instead of one per op. All nodes of a chain have
+//     the same output shape (inputs may broadcast), and nothing between a node and the
+//     chain's end rewrites what that node reads. Only on a backend that runs the fused
+//     op natively, unless asked to fuse anyway (its decomposition then runs the chain).
 //   plan_memory: gives each internal storage an offset in one arena per device such
 //     that storages whose lifetimes overlap never share bytes (greedy by size, as
 //     TFLite's arena planner). Without it, each internal storage has its own buffer.
@@ -64,10 +71,34 @@ struct StorageInfo {
 
 struct GraphStats {
   std::size_t captured_nodes = 0, nodes = 0;
+  std::size_t fused_chains = 0;  // fused_elementwise nodes made by fuse_elementwise
   std::size_t internal_storages = 0, external_storages = 0;
   std::size_t internal_bytes = 0;  // sum of the internal storages' sizes
   std::size_t memory_bytes = 0;    // what replay allocates for them (arena or one each)
   bool planned = false;
+};
+
+struct FusionOptions {
+  // Fuse on a backend without a fused kernel too (the node then runs decomposed, as the
+  // chain it replaced): for tests of that path.
+  bool without_kernel = false;
+};
+
+struct FusedChain {
+  std::size_t node = 0;     // the fused node's index in the graph after the pass
+  std::size_t members = 0;  // nodes it replaced
+  std::string program;      // ElementwiseProgram::describe()
+};
+
+struct FusionReport {
+  std::size_t nodes_before = 0, nodes_after = 0;
+  std::vector<FusedChain> chains;
+};
+
+// Which passes CapturedStep runs after a capture (each can be turned off).
+struct Passes {
+  bool fuse_elementwise = true;
+  FusionOptions fusion;
 };
 
 struct ReplayOptions {
@@ -92,6 +123,7 @@ class Graph {
 
   // Passes (before the first replay).
   void eliminate_dead_nodes();
+  FusionReport fuse_elementwise(const FusionOptions& options = {});
   void plan_memory();
   // Byte offset of each internal storage in its device's arena (-1: not internal). Set by
   // plan_memory; tests use it to check that no two live storages share bytes.
@@ -145,19 +177,25 @@ class Graph {
 // replayed with that tensor's first value, silently. A mismatch throws, naming the output.
 class CapturedStep {
  public:
+  explicit CapturedStep(Passes passes = {}) : passes_(passes) {}
   // Runs the step eagerly and returns its outputs (each defined).
   using StepFn = std::function<std::vector<Tensor>()>;
   // `inputs`: what the step reads that may change between calls (see Capture). Returns the
   // step's outputs: the capture's, the verifying eager run's, or the replay's. Passes run
-  // after the capture: dead-node elimination and the memory plan.
+  // after the capture: dead-node elimination, elementwise fusion (unless turned off) and
+  // the memory plan.
   std::vector<Tensor> run(std::span<const Tensor> inputs, const StepFn& step,
                           const ReplayOptions& options = {});
   // The last run() replayed the graph alone (its outputs are graph memory, and
   // options.output_ready was called); false for the capturing and the verifying call.
   bool replayed() const { return replayed_; }
   const Graph* graph() const { return graph_ ? &*graph_ : nullptr; }
+  // What fuse_elementwise did at capture (empty when it did not run).
+  const FusionReport& fusion() const { return fusion_; }
 
  private:
+  Passes passes_;
+  FusionReport fusion_;
   std::optional<Graph> graph_;
   int calls_ = 0;
   bool replayed_ = false;

@@ -153,6 +153,9 @@ const std::map<std::string, Field>& fields() {
                             "execution: eager (op by op) or graph (the first step is captured, "
                             "then replayed with dead nodes removed and planned memory; the same "
                             "numbers)")},
+      {"fusion", string_field(&TrainConfig::fusion, {"true", "false"},
+                              "graph mode: fuse each chain of elementwise ops into one pass over "
+                              "memory (false: replay the captured ops one by one)")},
       {"overlap", string_field(&TrainConfig::overlap, {"auto", "true", "false"},
                                "graph mode with data parallelism: all-reduce gradient buckets on a "
                                "communication thread while the backward pass goes on; auto: when "

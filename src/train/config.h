@@ -33,6 +33,7 @@ struct TrainConfig {
   std::string pipeline_schedule = "1f1b";  // 1f1b | gpipe
   std::int64_t zero = 0;          // 1: data-parallel ranks shard AdamW's state (ZeRO stage 1)
   std::string mode = "eager";     // eager | graph (capture the step once, replay it)
+  std::string fusion = "true";    // graph mode: fuse elementwise chains (graph/fusion.cpp)
   std::string overlap = "auto";   // graph mode, data parallel: all-reduce during the backward
                                   // pass: auto (when the processes span machines) | true | false
   double bucket_mb = 8;           // gradient bucket size for the overlapped all-reduce

@@ -51,8 +51,15 @@ class EagerStep : public StepMode {
 // the backward pass: the replay hands each gradient to a communication thread as soon as
 // it is final.
 class GraphStep : public StepMode {
+  static graph::Passes passes(const TrainConfig& cfg) {
+    graph::Passes passes;
+    passes.fuse_elementwise = cfg.fusion == "true";
+    return passes;
+  }
+
  public:
-  explicit GraphStep(TrainingRun& run) : run_(run), averager_(run.data_comm()) {
+  explicit GraphStep(TrainingRun& run)
+      : run_(run), averager_(run.data_comm()), step_(passes(run.cfg)) {
     const TrainConfig& cfg = run.cfg;
     const bool overlap =
         cfg.overlap == "true" || (cfg.overlap == "auto" && run.data_comm().spans_machines());

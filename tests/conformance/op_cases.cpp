@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "core/fused_elementwise.h"
 #include "dispatch/dispatch.h"
 #include "test_util.h"
 
@@ -316,6 +317,62 @@ void nn_cases(Builder& b) {
 
 }  // namespace
 
+// Chains as the graph's fusion pass makes them: exact GELU as ONNX exports spell it, the
+// tail of a layer norm written in primitives (per-row and per-column broadcasts), a
+// backward pair with an expanded operand, and odd and large sizes (the threaded path).
+void fused_cases(Builder& b) {
+  auto attrs = [](Shape shape, int inputs, std::vector<ElementwiseStep> steps) {
+    auto program = std::make_shared<ElementwiseProgram>();
+    program->num_inputs = inputs;
+    program->steps = std::move(steps);
+    Attrs a;
+    a.shape = std::move(shape);
+    a.program = std::move(program);
+    return a;
+  };
+  using S = ElementwiseStep;
+  // x0 * (erf(x0 / x1) + x2) * x3 with x1 = sqrt 2, x2 = 1, x3 = 0.5 as scalars
+  auto gelu_erf = [&](Shape shape) {
+    return attrs(shape, 4,
+                 {S{OpId::div, {0, 1}}, S{OpId::erf, {4, -1}}, S{OpId::add, {5, 2}},
+                  S{OpId::mul, {0, 6}}, S{OpId::mul, {7, 3}}});
+  };
+  auto scalars = [&](std::vector<Tensor> in) {
+    for (float v : {1.4142135f, 1.0f, 0.5f})
+      in.push_back(Tensor::from_floats({}, std::vector<float>{v}, cpu()));
+    return in;
+  };
+  b.add("gelu_erf", OpId::fused_elementwise, scalars({b.r({2, 5, 7}, -3.0f, 3.0f)}),
+        gelu_erf({2, 5, 7}));
+  b.add("gelu_erf_large", OpId::fused_elementwise, scalars({b.r({64, 1031}, -4.0f, 4.0f)}),
+        gelu_erf({64, 1031}));
+  b.add("gelu_erf_non_contiguous", OpId::fused_elementwise, scalars({b.nc({6, 9})}),
+        gelu_erf({6, 9}));
+  b.add("gelu_erf_size1", OpId::fused_elementwise, scalars({b.r({1})}), gelu_erf({1}));
+  // (x0 - x1) / sqrt(x2 + eps) * w + bias: x1, x2 per row [.., 1], w and bias per column
+  Attrs norm = attrs({3, 4, 33}, 6,
+                     {S{OpId::sub, {0, 1}}, S{OpId::add, {2, 3}}, S{OpId::sqrt, {7, -1}},
+                      S{OpId::div, {6, 8}}, S{OpId::mul, {9, 4}}, S{OpId::add, {10, 5}}});
+  b.add("norm_tail", OpId::fused_elementwise,
+        {b.r({3, 4, 33}), b.r({3, 4, 1}), b.r({3, 4, 1}, 0.1f, 2.0f),
+         Tensor::from_floats({}, std::vector<float>{1e-5f}, cpu()), b.r({33}), b.r({33})},
+        norm);
+  Attrs norm_large = norm;
+  norm_large.shape = {40, 2, 700};
+  b.add("norm_tail_large", OpId::fused_elementwise,
+        {b.r({40, 2, 700}), b.r({40, 2, 1}), b.r({40, 2, 1}, 0.1f, 2.0f),
+         Tensor::from_floats({1}, std::vector<float>{1e-5f}, cpu()), b.r({700}), b.r({1, 2, 700})},
+        norm_large);
+  // gelu_backward(expand(x0) * scale(x1), tanh(x2)) - relu_backward(x1, x2) + log(exp(x1))
+  Attrs pairs = attrs(
+      {5, 6}, 3,
+      {S{OpId::expand, {0, -1}}, S{OpId::scale, {1, -1}, -0.75}, S{OpId::mul, {3, 4}},
+       S{OpId::tanh, {2, -1}}, S{OpId::gelu_backward, {5, 6}}, S{OpId::relu_backward, {1, 2}},
+       S{OpId::sub, {7, 8}}, S{OpId::exp, {1, -1}}, S{OpId::log, {10, -1}}, S{OpId::add, {9, 11}},
+       S{OpId::gelu, {12, -1}}, S{OpId::relu, {13, -1}}, S{OpId::tanh_backward, {14, 5}}});
+  b.add("backward_pairs", OpId::fused_elementwise, {b.r({5, 1}), b.r({5, 6}), b.r({5, 6})}, pairs);
+}
+
 std::vector<OpCase> all_op_cases() {
   Builder b;
   utility_cases(b);
@@ -324,6 +381,7 @@ std::vector<OpCase> all_op_cases() {
   softmax_cases(b);
   matmul_cases(b);
   nn_cases(b);
+  fused_cases(b);
   return std::move(b.cases);
 }
 

@@ -36,6 +36,7 @@ CpuBackend::CpuBackend() : default_stream_(std::make_unique<CpuStream>()) {
   std::array<KernelFn, kNumOps> fast{};
   register_elementwise_kernels(fast);
   register_nn_kernels(fast);
+  register_fused_kernels(fast);
   for (std::size_t i = 0; i < kNumOps; ++i) {
     if (fast[i] != nullptr) {
       kernels_[i] = fast[i];

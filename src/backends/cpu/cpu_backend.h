@@ -67,6 +67,7 @@ int num_threads();
 // Registers the fast kernels (cpu_kernels.cpp, cpu_nn_kernels.cpp) into `table`.
 void register_elementwise_kernels(std::array<KernelFn, kNumOps>& table);
 void register_nn_kernels(std::array<KernelFn, kNumOps>& table);
+void register_fused_kernels(std::array<KernelFn, kNumOps>& table);
 // Precision bf16 for matmul and linear (cpu_kernels.cpp).
 void set_bf16_operands(bool on);
 

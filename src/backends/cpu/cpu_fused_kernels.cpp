@@ -1,0 +1,202 @@
+// Fast CPU kernels, part 3: fused chains of elementwise ops (graph/fusion.cpp), and
+// expand, which is such a chain of one step.
+//
+// One pass over the output in blocks of kBlock elements: each block's operands are read
+// once (in place when contiguous, broadcast values spread into a small buffer), every
+// step of the chain runs over the block while it sits in L1, and only the last step
+// writes memory. Each step computes exactly what the unfused CPU kernel computes per
+// element (the same float expressions), so a fused graph gives the unfused graph's bits.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/vec_math.h"
+#include "core/error.h"
+#include "core/fused_elementwise.h"
+#include "core/reference_util.h"
+
+namespace loom::cpu {
+namespace {
+
+constexpr std::int64_t kBlock = 512;            // floats per register: 2 KB
+constexpr std::int64_t kParallelGrain = 16384;  // as the other elementwise kernels
+
+// The output's index space with dimensions merged wherever every input steps through
+// both alike (size-1 dimensions dropped first): usually one or two dimensions remain.
+struct Space {
+  std::vector<std::int64_t> dims;                  // outer ..., inner
+  std::vector<std::vector<std::int64_t>> strides;  // per input, per dim (0: broadcast)
+};
+
+Space collapse(const Shape& shape, const std::vector<Strides>& input_strides) {
+  Space space;
+  space.strides.resize(input_strides.size());
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1)
+      continue;
+    bool merge = !space.dims.empty();
+    for (std::size_t i = 0; i < input_strides.size() && merge; ++i)
+      merge = space.strides[i].back() == input_strides[i][d] * shape[d];
+    if (merge) {
+      space.dims.back() *= shape[d];
+      for (std::size_t i = 0; i < input_strides.size(); ++i)
+        space.strides[i].back() = input_strides[i][d];
+    } else {
+      space.dims.push_back(shape[d]);
+      for (std::size_t i = 0; i < input_strides.size(); ++i)
+        space.strides[i].push_back(input_strides[i][d]);
+    }
+  }
+  if (space.dims.empty()) {  // a single element
+    space.dims.push_back(1);
+    for (auto& s : space.strides)
+      s.push_back(0);
+  }
+  return space;
+}
+
+template <class F>
+void unary(float* d, const float* a, std::int64_t n, F f) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i)
+    d[i] = f(a[i]);
+}
+
+template <class F>
+void binary(float* d, const float* a, const float* b, std::int64_t n, F f) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i)
+    d[i] = f(a[i], b[i]);
+}
+
+// One step over a block. The expressions are those of cpu_kernels.cpp (and of the
+// reference kernels for sqrt and erf, which the CPU runs unfused).
+void run_step(const ElementwiseStep& s, float* d, const float* a, const float* b, std::int64_t n) {
+  switch (s.op) {
+    case OpId::add:
+      return binary(d, a, b, n, [](float x, float y) { return x + y; });
+    case OpId::sub:
+      return binary(d, a, b, n, [](float x, float y) { return x - y; });
+    case OpId::mul:
+      return binary(d, a, b, n, [](float x, float y) { return x * y; });
+    case OpId::div:
+      return binary(d, a, b, n, [](float x, float y) { return x / y; });
+    case OpId::scale: {
+      const float alpha = static_cast<float>(s.alpha);
+      return unary(d, a, n, [alpha](float x) { return alpha * x; });
+    }
+    case OpId::exp:
+      return unary(d, a, n, [](float x) { return std::exp(x); });
+    case OpId::log:
+      return unary(d, a, n, [](float x) { return std::log(x); });
+    case OpId::tanh:
+      return unary(d, a, n, [](float x) { return std::tanh(x); });
+    case OpId::sqrt:
+      return unary(d, a, n, [](float x) { return std::sqrt(x); });
+    case OpId::erf:
+      return unary(d, a, n, [](float x) { return std::erf(x); });
+    case OpId::relu:
+      return unary(d, a, n, [](float x) { return x > 0.0f ? x : 0.0f; });
+    case OpId::gelu:
+      return unary(d, a, n, [](float x) { return gelu_fast(x); });
+    case OpId::relu_backward:
+      return binary(d, a, b, n, [](float dy, float x) { return x > 0.0f ? dy : 0.0f; });
+    case OpId::gelu_backward:
+      return binary(d, a, b, n, [](float dy, float x) { return dy * gelu_grad_fast(x); });
+    case OpId::tanh_backward:
+      return binary(d, a, b, n, [](float dy, float y) { return dy * (1.0f - y * y); });
+    case OpId::expand:
+      return unary(d, a, n, [](float x) { return x; });
+    default:
+      break;
+  }
+  check(false, "cpu fused_elementwise: no block kernel for " + std::string(op_name(s.op)));
+}
+
+void run_program(const ElementwiseProgram& program, const OpCall& call) {
+  Tensor& y = call.outputs[0];
+  const std::int64_t n = y.numel();
+  if (n == 0)
+    return;
+  const int inputs = program.num_inputs;
+  const int steps = static_cast<int>(program.steps.size());
+  std::vector<Strides> input_strides;
+  std::vector<const float*> data;
+  for (const Tensor& x : call.inputs) {
+    input_strides.push_back(broadcast_strides(x.shape(), y.shape()));
+    data.push_back(x.data<float>());
+  }
+  const Space space = collapse(y.shape(), input_strides);
+  const std::int64_t inner = space.dims.back();
+  const std::int64_t rows = n / inner;
+  const std::int64_t blocks_per_row = (inner + kBlock - 1) / kBlock;
+  const std::int64_t chunks = rows * blocks_per_row;
+  float* out = y.data<float>();
+  const int outer_dims = static_cast<int>(space.dims.size()) - 1;
+  const int threads = n > kParallelGrain ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    // Registers: one block per input (used when it is not read in place) and per step.
+    std::vector<float> scratch(static_cast<std::size_t>((inputs + steps) * kBlock));
+    std::vector<const float*> reg(static_cast<std::size_t>(inputs + steps));
+#pragma omp for schedule(static)
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::int64_t row = c / blocks_per_row;
+      const std::int64_t begin = (c % blocks_per_row) * kBlock;
+      const std::int64_t len = std::min(kBlock, inner - begin);
+      for (int i = 0; i < inputs; ++i) {
+        const auto& st = space.strides[i];
+        std::int64_t offset = 0, rest = row;
+        for (int d = outer_dims - 1; d >= 0; --d) {
+          offset += (rest % space.dims[d]) * st[d];
+          rest /= space.dims[d];
+        }
+        const std::int64_t step = st.back();
+        const float* src = data[i] + offset + begin * step;
+        if (step == 1) {
+          reg[i] = src;
+          continue;
+        }
+        float* buffer = scratch.data() + i * kBlock;
+        if (step == 0) {
+          std::fill(buffer, buffer + len, *src);
+        } else {
+          for (std::int64_t j = 0; j < len; ++j)
+            buffer[j] = src[j * step];
+        }
+        reg[i] = buffer;
+      }
+      for (int k = 0; k < steps; ++k) {
+        const ElementwiseStep& s = program.steps[k];
+        float* dst = k + 1 == steps
+                         ? out + row * inner + begin
+                         : scratch.data() + static_cast<std::size_t>(inputs + k) * kBlock;
+        run_step(s, dst, reg[s.args[0]], s.args[1] >= 0 ? reg[s.args[1]] : nullptr, len);
+        reg[inputs + k] = dst;
+      }
+    }
+  }
+}
+
+void fused_elementwise(const OpCall& call) {
+  run_program(*call.attrs.program, call);
+}
+
+// Broadcasting x to y's shape is the one-step program expand(x0): blocks of contiguous
+// runs, the broadcast values spread, instead of an index computation per element.
+void expand(const OpCall& call) {
+  static const ElementwiseProgram program{1, {ElementwiseStep{OpId::expand, {0, -1}}}};
+  run_program(program, call);
+}
+
+}  // namespace
+
+void register_fused_kernels(std::array<KernelFn, kNumOps>& table) {
+  table[static_cast<std::size_t>(OpId::fused_elementwise)] = fused_elementwise;
+  table[static_cast<std::size_t>(OpId::expand)] = expand;
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,139 @@
+// The fused elementwise op: its program's checks and description, and its reference
+// kernel (each step by that op's own reference kernel). The decomposition is in
+// decompositions.cpp, fast kernels with the backends.
+#include "core/fused_elementwise.h"
+
+#include "core/error.h"
+#include "core/reference_util.h"
+
+namespace loom {
+
+bool fusable_elementwise(OpId op) {
+  switch (op) {
+    case OpId::add:
+    case OpId::sub:
+    case OpId::mul:
+    case OpId::div:
+    case OpId::scale:
+    case OpId::exp:
+    case OpId::log:
+    case OpId::tanh:
+    case OpId::sqrt:
+    case OpId::erf:
+    case OpId::relu:
+    case OpId::gelu:
+    case OpId::relu_backward:
+    case OpId::gelu_backward:
+    case OpId::tanh_backward:
+    case OpId::expand:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int elementwise_arity(OpId op) {
+  const int n = op_info(op).num_inputs;
+  return n < 1 ? 1 : n;
+}
+
+namespace {
+
+// numpy rules, one way: `in` repeats into `out` without changing it.
+bool broadcasts_to(const Shape& in, const Shape& out) {
+  if (in.size() > out.size())
+    return false;
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const std::int64_t d = in[in.size() - 1 - i];
+    if (d != 1 && d != out[out.size() - 1 - i])
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void check_elementwise_program(const ElementwiseProgram* program, std::span<const Tensor> inputs,
+                               const Shape& shape) {
+  const std::string op = "fused_elementwise";
+  check(program != nullptr, op + ": no program (attrs.program is unset)");
+  check(!program->steps.empty(), op + ": the program has no steps");
+  check(program->num_inputs == static_cast<int>(inputs.size()),
+        op + ": the program reads " + std::to_string(program->num_inputs) + " inputs, got " +
+            std::to_string(inputs.size()));
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    check(inputs[i].defined() && inputs[i].dtype() == DType::f32,
+          op + ": input " + std::to_string(i) + " is " +
+              (inputs[i].defined() ? inputs[i].describe() : std::string("undefined")) +
+              ", expected f32");
+    check(broadcasts_to(inputs[i].shape(), shape),
+          op + ": input " + std::to_string(i) + " " + inputs[i].describe() +
+              " does not broadcast to the output shape " + shape_str(shape));
+  }
+  for (std::size_t k = 0; k < program->steps.size(); ++k) {
+    const ElementwiseStep& s = program->steps[k];
+    const std::string where = op + ": step " + std::to_string(k);
+    check(fusable_elementwise(s.op), where + " is " + std::string(op_name(s.op)) +
+                                         ", which is not an elementwise op a program may hold");
+    const int arity = elementwise_arity(s.op);
+    const int registers = program->num_inputs + static_cast<int>(k);
+    for (int a = 0; a < 2; ++a) {
+      if (a < arity)
+        check(s.args[a] >= 0 && s.args[a] < registers,
+              where + " (" + std::string(op_name(s.op)) + ") reads register " +
+                  std::to_string(s.args[a]) + ", expected one of the " + std::to_string(registers) +
+                  " defined before it");
+      else
+        check(s.args[a] == -1, where + " (" + std::string(op_name(s.op)) + ") takes " +
+                                   std::to_string(arity) + " operand, got a second");
+    }
+  }
+}
+
+std::string ElementwiseProgram::describe() const {
+  std::vector<std::string> text;
+  for (int i = 0; i < num_inputs; ++i)
+    text.push_back("x" + std::to_string(i));
+  for (const ElementwiseStep& s : steps) {
+    std::string e = std::string(op_name(s.op)) + "(";
+    for (int a = 0; a < elementwise_arity(s.op); ++a)
+      e += (a ? ", " : "") + text[s.args[a]];
+    text.push_back(e + ")");
+  }
+  return text.back();
+}
+
+namespace reference {
+
+// Each input broadcast to the output shape, then each step by its op's reference kernel
+// on full-shape operands.
+void fused_elementwise(const OpCall& call) {
+  const ElementwiseProgram& program = *call.attrs.program;
+  const Shape& shape = call.attrs.shape;
+  Backend& device = call.outputs[0].backend();
+  Attrs step_attrs;
+  step_attrs.shape = shape;
+  std::vector<Tensor> registers;
+  for (const Tensor& x : call.inputs) {
+    std::array<Tensor, 1> in{x}, out{Tensor::empty(shape, DType::f32, device)};
+    expand(OpCall{OpId::expand, in, out, step_attrs});
+    registers.push_back(out[0]);
+  }
+  for (std::size_t k = 0; k < program.steps.size(); ++k) {
+    const ElementwiseStep& s = program.steps[k];
+    const bool last = k + 1 == program.steps.size();
+    std::array<Tensor, 2> in;
+    const int arity = elementwise_arity(s.op);
+    for (int a = 0; a < arity; ++a)
+      in[a] = registers[s.args[a]];
+    std::array<Tensor, 1> out{last ? call.outputs[0] : Tensor::empty(shape, DType::f32, device)};
+    step_attrs.alpha = s.alpha;
+    op_info(s.op).reference(
+        OpCall{s.op, std::span<const Tensor>(in.data(), static_cast<std::size_t>(arity)), out,
+               step_attrs});
+    registers.push_back(out[0]);
+  }
+}
+
+}  // namespace reference
+}  // namespace loom

@@ -1,0 +1,55 @@
+// core/fused_elementwise.h — a chain of elementwise ops run as one catalog op.
+//
+// The graph's fusion pass (graph/fusion.h) replaces a chain of elementwise nodes whose
+// intermediates nobody else reads with one `fused_elementwise` node. Its program is the
+// chain itself, op by op, so the op has what every catalog op has:
+//   - a reference kernel: each step run by that op's own reference kernel, on inputs
+//     first broadcast to the output shape;
+//   - a decomposition: each step dispatched as the op it was (a backend without a fused
+//     kernel runs exactly the unfused chain, on its own device, counted as decomposed);
+//   - fast kernels where written (the CPU's evaluates the whole chain per cache-sized
+//     block of the output, one pass over memory instead of one per step).
+// It has no autograd rule of its own: fusion runs on a captured step, after autograd has
+// recorded both passes, so a backward chain is fused like any other chain.
+//
+// Semantics: every step's value has the output's shape (attrs.shape); an operand that is
+// one of the op's inputs is broadcast to it (numpy rules). Because the steps are
+// elementwise, this equals running each step on its operands as given.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/op_catalog.h"
+
+namespace loom {
+
+struct ElementwiseStep {
+  OpId op;
+  // Registers: [0, num_inputs) are the fused op's inputs, num_inputs + k is step k's value.
+  std::array<int, 2> args{-1, -1};
+  double alpha = 1.0;  // scale's factor
+};
+
+struct ElementwiseProgram {
+  int num_inputs = 0;
+  std::vector<ElementwiseStep> steps;  // the op's output is the last step's value
+
+  // e.g. "mul(x0, add(erf(div(x0, x1)), x2))": the chain as an expression of its inputs.
+  std::string describe() const;
+};
+
+// Ops a fused_elementwise program may hold: unary and binary f32 ops that compute each
+// output element from the same element of their (broadcast) operands.
+bool fusable_elementwise(OpId op);
+// Their operand count (1 or 2).
+int elementwise_arity(OpId op);
+
+// Throws loom::Error naming the problem when `program` is malformed or an input does not
+// broadcast to `shape` (the op's shape inference).
+void check_elementwise_program(const ElementwiseProgram* program, std::span<const Tensor> inputs,
+                               const Shape& shape);
+
+}  // namespace loom

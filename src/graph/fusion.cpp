@@ -1,0 +1,157 @@
+// Graph::fuse_elementwise: chains of elementwise nodes become one fused_elementwise node
+// (core/fused_elementwise.h). See graph.h for when a chain may be fused.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fused_elementwise.h"
+#include "graph/graph.h"
+
+namespace loom::graph {
+namespace {
+
+constexpr std::size_t kMaxSteps = 64;  // a longer chain is split: its registers stay in L1
+
+bool contiguous_from_start(const Operand& o) {
+  if (o.offset != 0)
+    return false;
+  std::int64_t expected = 1;
+  for (std::size_t d = o.shape.size(); d-- > 0;) {
+    if (o.shape[d] != 1 && o.strides[d] != expected)
+      return false;
+    expected *= o.shape[d];
+  }
+  return true;
+}
+
+}  // namespace
+
+FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
+  check(!materialized_, "graph: passes run before the first replay");
+  const std::size_t n = nodes_.size();
+  std::vector<std::vector<std::size_t>> readers(storages_.size()), writers(storages_.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    for (const Operand& o : nodes_[i].inputs)
+      if (o.storage >= 0 && (readers[o.storage].empty() || readers[o.storage].back() != i))
+        readers[o.storage].push_back(i);
+    for (const Operand& o : nodes_[i].outputs)
+      writers[o.storage].push_back(i);
+  }
+  std::vector<bool> is_output(storages_.size(), false);
+  for (const Operand& o : outputs_)
+    is_output[o.storage] = true;
+
+  // A node may join a chain when it is an elementwise f32 op on a backend that runs the
+  // fused op, and its one output is a fresh intermediate that it alone writes.
+  auto candidate = [&](std::size_t i) {
+    const Node& node = nodes_[i];
+    if (!fusable_elementwise(node.op) || node.outputs.size() != 1)
+      return false;
+    const Operand& out = node.outputs[0];
+    if (out.dtype != DType::f32 || !storages_[out.storage].internal ||
+        writers[out.storage].size() != 1 || !contiguous_from_start(out))
+      return false;
+    for (const Operand& o : node.inputs)
+      if (o.storage < 0 || o.dtype != DType::f32)
+        return false;
+    Attrs probe;  // asked without tensors: a backend's fused kernel takes any f32 chain
+    probe.shape = out.shape;
+    return options.without_kernel ||
+           node.backend->supports(OpCall{OpId::fused_elementwise, {}, {}, probe});
+  };
+
+  // Walk backwards, so each node's readers have settled their chain first. A node joins
+  // its readers' chain when every reader is in that one chain, reads the whole output in
+  // the chain's shape, and nothing between the node and the chain's end rewrites what
+  // the node reads (the fused node runs at the end's place).
+  std::vector<std::int64_t> chain(n, -1);  // index of the chain's last node
+  std::vector<std::size_t> size(n, 0);
+  for (std::size_t i = n; i-- > 0;) {
+    if (!candidate(i))
+      continue;
+    chain[i] = static_cast<std::int64_t>(i);
+    size[i] = 1;
+    const Operand& out = nodes_[i].outputs[0];
+    const auto& rs = readers[out.storage];
+    if (rs.empty() || is_output[out.storage])
+      continue;
+    const std::int64_t end = chain[rs.front()];
+    bool join = end >= 0 && size[end] < kMaxSteps && nodes_[end].backend == nodes_[i].backend &&
+                nodes_[end].outputs[0].shape == out.shape;
+    for (std::size_t r : rs) {
+      join = join && chain[r] == end;
+      for (const Operand& o : nodes_[r].inputs)
+        if (o.storage == out.storage)
+          join = join && o.offset == 0 && o.shape == out.shape && o.strides == out.strides;
+    }
+    for (const Operand& o : nodes_[i].inputs)
+      for (std::size_t w : writers[o.storage])
+        join = join && !(w > i && static_cast<std::int64_t>(w) < end && chain[w] != end);
+    if (join) {
+      chain[i] = end;
+      ++size[end];
+    }
+  }
+
+  // Each chain of two or more nodes becomes one node at its end's place.
+  FusionReport report;
+  std::map<std::int64_t, std::vector<std::size_t>> members;
+  for (std::size_t i = 0; i < n; ++i)
+    if (chain[i] >= 0 && size[chain[i]] >= 2)
+      members[chain[i]].push_back(i);
+  std::map<std::int64_t, Node> fused;
+  for (auto& [end, nodes] : members) {
+    Node node{OpId::fused_elementwise, {}, nodes_[end].backend, {}, nodes_[end].outputs};
+    std::map<int, int> step_of_storage;  // a member's output storage -> its step
+    for (std::size_t k = 0; k < nodes.size(); ++k)
+      step_of_storage[nodes_[nodes[k]].outputs[0].storage] = static_cast<int>(k);
+    // The chain's inputs: every operand no member produces, each view once.
+    std::map<std::tuple<int, std::int64_t, Shape, Strides>, int> input_of;
+    for (std::size_t m : nodes)
+      for (const Operand& o : nodes_[m].inputs)
+        if (!step_of_storage.count(o.storage) &&
+            input_of
+                .emplace(std::make_tuple(o.storage, o.offset, o.shape, o.strides),
+                         static_cast<int>(node.inputs.size()))
+                .second)
+          node.inputs.push_back(o);
+    auto program = std::make_shared<ElementwiseProgram>();
+    program->num_inputs = static_cast<int>(node.inputs.size());
+    for (std::size_t m : nodes) {
+      const Node& member = nodes_[m];
+      ElementwiseStep s{member.op, {-1, -1}, member.attrs.alpha};
+      for (std::size_t k = 0; k < member.inputs.size(); ++k) {
+        const Operand& o = member.inputs[k];
+        auto step = step_of_storage.find(o.storage);
+        s.args[k] = step != step_of_storage.end()
+                        ? program->num_inputs + step->second
+                        : input_of.at(std::make_tuple(o.storage, o.offset, o.shape, o.strides));
+      }
+      program->steps.push_back(s);
+    }
+    node.attrs.shape = nodes_[end].outputs[0].shape;
+    node.attrs.program = program;
+    fused.emplace(end, std::move(node));
+  }
+  std::vector<Node> kept;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (auto it = fused.find(static_cast<std::int64_t>(i)); it != fused.end()) {
+      report.chains.push_back(
+          {kept.size(), members[it->first].size(), it->second.attrs.program->describe()});
+      kept.push_back(std::move(it->second));
+    } else if (chain[i] < 0 || size[chain[i]] < 2) {
+      kept.push_back(std::move(nodes_[i]));
+    }
+  }
+  report.nodes_before = n;
+  report.nodes_after = kept.size();
+  nodes_ = std::move(kept);
+  stats_.nodes = nodes_.size();
+  stats_.fused_chains += report.chains.size();
+  return report;
+}
+
+}  // namespace loom::graph

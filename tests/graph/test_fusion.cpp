@@ -1,0 +1,240 @@
+// Graph fusion (graph/fusion.cpp): chains of elementwise nodes become one fused node
+// that computes what the chain computed, on every backend; values read outside a chain,
+// in-place writes and bad programs are respected or refused.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <optional>
+
+#include "autograd/functions.h"
+#include "core/error.h"
+#include "core/fused_elementwise.h"
+#include "dispatch/dispatch.h"
+#include "graph/graph.h"
+#include "nn/onnx_model.h"
+#include "optim/adamw.h"
+#include "test_util.h"
+
+namespace loom::testing {
+namespace {
+
+namespace ag = loom::autograd;
+
+// y = gelu(x * w + b) * 0.5, with a per-row term: one chain of five nodes.
+TEST(Fusion, AChainBecomesOneNodeThatGivesTheSameBits) {
+  nn::Rng rng(1);
+  Tensor x = random({6, 300}, rng), w = random({300}, rng), b = random({6, 1}, rng);
+  std::array<Tensor, 3> inputs{x, w, b};
+  auto step = [&](const Tensor& x, const Tensor& w, const Tensor& b) {
+    Attrs half;
+    half.alpha = 0.5;
+    Tensor h = dispatch::call1(OpId::add, {dispatch::call1(OpId::mul, {x, w}), b});
+    return dispatch::call(OpId::scale,
+                          {dispatch::call1(OpId::gelu, {dispatch::call1(OpId::exp, {h})})}, half)
+        .front();
+  };
+  graph::Capture capture(inputs);
+  std::array<Tensor, 1> outputs{step(x, w, b)};
+  graph::Graph g = capture.finish(outputs);
+  ASSERT_EQ(g.nodes().size(), 5u);
+  graph::FusionReport report = g.fuse_elementwise();
+  ASSERT_EQ(g.nodes().size(), 1u) << g.listing();
+  EXPECT_EQ(g.nodes()[0].op, OpId::fused_elementwise);
+  ASSERT_EQ(report.chains.size(), 1u);
+  EXPECT_EQ(report.chains[0].members, 5u);
+  EXPECT_EQ(report.chains[0].program, "scale(gelu(exp(add(mul(x0, x1), x2))))");
+  EXPECT_EQ(g.nodes()[0].inputs.size(), 3u);
+  g.plan_memory();
+  for (int round = 0; round < 2; ++round) {
+    Tensor x2 = random({6, 300}, rng), w2 = random({300}, rng), b2 = random({6, 1}, rng);
+    std::array<Tensor, 3> next{x2, w2, b2};
+    g.replay(next);
+    EXPECT_EQ(values(g.output(0)), values(step(x2, w2, b2))) << "round " << round;
+  }
+}
+
+// A value that a non-elementwise node (here a sum) also reads must stay in memory: the
+// chain ends there, and what reads it after is a second chain.
+TEST(Fusion, AValueReadOutsideTheChainIsKept) {
+  nn::Rng rng(2);
+  Tensor x = random({4, 5}, rng);
+  std::array<Tensor, 1> inputs{x};
+  graph::Capture capture(inputs);
+  Tensor e = dispatch::call1(OpId::exp, {dispatch::call1(OpId::mul, {x, x})});
+  Tensor total = dispatch::call1(OpId::sum, {e});
+  Tensor y = dispatch::call1(OpId::tanh, {dispatch::call1(OpId::add, {e, total})});
+  std::array<Tensor, 1> outputs{y};
+  graph::Graph g = capture.finish(outputs);
+  g.fuse_elementwise();
+  ASSERT_EQ(g.nodes().size(), 3u) << g.listing();
+  EXPECT_EQ(g.nodes()[0].op, OpId::fused_elementwise);  // exp(mul(x, x))
+  EXPECT_EQ(g.nodes()[1].op, OpId::sum);
+  EXPECT_EQ(g.nodes()[2].op, OpId::fused_elementwise);  // tanh(add(e, total))
+  Tensor x2 = random({4, 5}, rng);
+  std::array<Tensor, 1> next{x2};
+  g.replay(next);
+  Tensor e2 = dispatch::call1(OpId::exp, {dispatch::call1(OpId::mul, {x2, x2})});
+  Tensor want = dispatch::call1(
+      OpId::tanh, {dispatch::call1(OpId::add, {e2, dispatch::call1(OpId::sum, {e2})})});
+  EXPECT_EQ(values(g.output(0)), values(want));
+}
+
+// A chain's nodes run at its end's place. A node that reads a tensor which another node
+// rewrites in place before the chain ends must not move past that write.
+TEST(Fusion, AnInPlaceWriteBeforeTheChainsEndKeepsTheReaderInPlace) {
+  nn::Rng rng(3);
+  Tensor p0 = random({3, 4}, rng), q = random({3, 4}, rng);
+  auto run = [&](bool fuse) {
+    Tensor p = p0.to(cpu());
+    std::array<Tensor, 2> inputs{p, q};
+    graph::Capture capture(inputs);
+    Tensor doubled = dispatch::call1(OpId::add, {p, p});  // reads p before the write
+    std::array<Tensor, 1> in{q}, out{p};
+    Attrs a;
+    a.alpha = 3.0;
+    dispatch::call_into(OpId::scale, in, out, a);  // p = 3 q, in place
+    Tensor y = dispatch::call1(OpId::mul, {doubled, q});
+    std::array<Tensor, 1> outputs{y};
+    graph::Graph g = capture.finish(outputs);
+    if (fuse)
+      g.fuse_elementwise();
+    std::array<Tensor, 2> again{p0.to(cpu()), q};
+    g.replay(again);
+    return std::make_pair(values(g.output(0)), g.nodes().size());
+  };
+  auto [unfused, unfused_nodes] = run(false);
+  auto [fused, fused_nodes] = run(true);
+  EXPECT_EQ(fused, unfused);
+  EXPECT_EQ(fused_nodes, unfused_nodes);  // add cannot join mul: scale rewrites p between them
+  std::vector<double> p = values(p0), qs = values(q);
+  EXPECT_EQ(unfused[0],
+            static_cast<double>(static_cast<float>(p[0] + p[0]) * static_cast<float>(qs[0])));
+}
+
+TEST(Fusion, BadProgramsAreRefusedWithTheirFault) {
+  nn::Rng rng(4);
+  Tensor x = random({2, 3}, rng);
+  auto run = [&](std::vector<ElementwiseStep> steps, std::vector<Tensor> in, Shape shape = {2, 3}) {
+    auto program = std::make_shared<ElementwiseProgram>();
+    program->num_inputs = static_cast<int>(in.size());
+    program->steps = std::move(steps);
+    Attrs a;
+    a.shape = std::move(shape);
+    a.program = program;
+    return error_of([&] { dispatch::call(OpId::fused_elementwise, in, a); });
+  };
+  using S = ElementwiseStep;
+  EXPECT_NE(run({S{OpId::exp, {1, -1}}}, {x})
+                .find("step 0 (exp) reads register 1, expected one of the 1"),
+            std::string::npos);
+  EXPECT_NE(run({S{OpId::softmax, {0, -1}}}, {x})
+                .find("step 0 is softmax, which is not an elementwise op"),
+            std::string::npos);
+  EXPECT_NE(run({S{OpId::exp, {0, 0}}}, {x}).find("takes 1 operand, got a second"),
+            std::string::npos);
+  EXPECT_NE(run({S{OpId::add, {0, 1}}}, {x, random({4}, rng)})
+                .find("input 1 f32[4] on cpu does not broadcast to the output shape [2,3]"),
+            std::string::npos);
+  EXPECT_NE(run({}, {x}).find("the program has no steps"), std::string::npos);
+  Attrs none;
+  none.shape = {2, 3};
+  EXPECT_NE(
+      error_of([&] { dispatch::call(OpId::fused_elementwise, {x}, none); }).find("no program"),
+      std::string::npos);
+}
+
+// ---- imported models train the same fused and unfused, on every backend -------------
+
+struct Trained {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> params;
+  std::size_t nodes = 0, chains = 0;
+};
+
+// `steps` AdamW steps of an imported model in graph mode, the forward and backward pass
+// captured once and replayed. Token models (the GPT block) train on next-token cross
+// entropy; float models (the encoder layer) on the mean squared distance to a target.
+Trained train_imported(const std::string& name, Backend& device, const graph::Passes& passes,
+                       int steps) {
+  nn::OnnxModel model(source_dir() + "/tests/fixtures/onnx/" + name + ".onnx", device);
+  const bool tokens = name == "tiny_gpt_block";
+  nn::Rng rng(11);
+  Tensor x = (tokens ? random_ids({2, 32}, 65, rng) : random({2, 16, 64}, rng)).to(device);
+  Tensor y = (tokens ? random_ids({64}, 65, rng) : random({32, 64}, rng)).to(device);
+  optim::AdamW optimizer(model.parameters(), {0.9, 0.999, 1e-8, 0.01});
+  graph::CapturedStep captured(passes);
+  Trained result;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<Tensor> inputs{x, y};
+    for (const nn::Parameter& p : model.parameters())
+      inputs.push_back(p.var.value());
+    auto eager = [&] {
+      ag::Tape tape;
+      ag::Var out = model.forward(tape, x, {true, 1});
+      ag::Var loss;
+      if (tokens) {
+        loss = ag::cross_entropy(tape, out, y);
+      } else {
+        ag::Var diff = ag::sub(tape, out, ag::Var(y));
+        loss = ag::mean(tape, ag::mul(tape, diff, diff));
+      }
+      tape.backward(loss);
+      std::vector<Tensor> outs{loss.value()};
+      for (const nn::Parameter& p : model.parameters())
+        outs.push_back(p.var.grad());
+      return outs;
+    };
+    std::vector<Tensor> outs = captured.run(inputs, eager);
+    for (std::size_t i = 0; i < model.parameters().size(); ++i)
+      model.parameters()[i].var.state()->grad = outs[i + 1];
+    result.losses.push_back(outs[0].item());
+    optimizer.step(3e-3);
+    optimizer.zero_grad();
+  }
+  for (const nn::Parameter& p : model.parameters())
+    result.params.push_back(values(p.var.value()));
+  result.nodes = captured.graph()->stats().nodes;
+  result.chains = captured.fusion().chains.size();
+  return result;
+}
+
+class FusionOnBackend : public ::testing::TestWithParam<std::string> {};
+
+// 20 steps: per-step losses and final parameters of the fused graph equal the unfused
+// graph's (bit for bit: the CPU's fused kernel does each step's float expression, and the
+// other backends run the node decomposed).
+TEST_P(FusionOnBackend, ImportedModelsTrainTheSameFusedAndUnfused) {
+  Backend& device = backend_named(GetParam());
+  graph::Passes unfused, fused;
+  unfused.fuse_elementwise = false;
+  fused.fusion.without_kernel = true;  // on a backend without a fused kernel, the decomposition
+  for (std::string name : {"tiny_gpt_block", "transformer_encoder_layer"}) {
+    SCOPED_TRACE(name);
+    dispatch::stats().reset();
+    Trained a = train_imported(name, device, unfused, 20);
+    Trained b = train_imported(name, device, fused, 20);
+    EXPECT_GE(b.chains, 10u);
+    EXPECT_LT(b.nodes + b.chains, a.nodes) << "fusion removed fewer nodes than it made";
+    // Every backend here computes each step's float expression as the unfused kernel
+    // does (the CPU's fused kernel) or runs the unfused kernels (decomposed): the same bits.
+    EXPECT_EQ(b.losses, a.losses);
+    ASSERT_EQ(a.params.size(), b.params.size());
+    for (std::size_t i = 0; i < a.params.size(); ++i)
+      EXPECT_EQ(b.params[i], a.params[i]) << "parameter " << i;
+    EXPECT_LT(b.losses.back(), a.losses.front());  // it trained
+    // The fused nodes ran: natively where the backend has the kernel, else decomposed.
+    const std::string backend(device.name());
+    const auto& counts = dispatch::stats().counts;
+    std::uint64_t ran = 0;
+    for (dispatch::Path path : {dispatch::Path::native, dispatch::Path::decomposed})
+      if (auto it = counts.find({backend, OpId::fused_elementwise, path}); it != counts.end())
+        ran += it->second.calls;
+    EXPECT_GE(ran, b.chains * 17) << "the fused nodes were not replayed";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, FusionOnBackend, ::testing::ValuesIn(backend_names()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace loom::testing
