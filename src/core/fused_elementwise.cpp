@@ -90,6 +90,36 @@ void check_elementwise_program(const ElementwiseProgram* program, std::span<cons
   }
 }
 
+BroadcastSpace collapse_broadcast(const Shape& out, std::span<const Tensor> inputs) {
+  std::vector<Strides> input_strides;
+  for (const Tensor& x : inputs)
+    input_strides.push_back(broadcast_strides(x.shape(), out));
+  BroadcastSpace space;
+  space.strides.resize(inputs.size());
+  for (std::size_t d = 0; d < out.size(); ++d) {
+    if (out[d] == 1)
+      continue;
+    bool merge = !space.dims.empty();
+    for (std::size_t i = 0; i < inputs.size() && merge; ++i)
+      merge = space.strides[i].back() == input_strides[i][d] * out[d];
+    if (merge) {
+      space.dims.back() *= out[d];
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        space.strides[i].back() = input_strides[i][d];
+    } else {
+      space.dims.push_back(out[d]);
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        space.strides[i].push_back(input_strides[i][d]);
+    }
+  }
+  if (space.dims.empty()) {
+    space.dims.push_back(1);
+    for (auto& s : space.strides)
+      s.push_back(0);
+  }
+  return space;
+}
+
 std::string ElementwiseProgram::describe() const {
   std::vector<std::string> text;
   for (int i = 0; i < num_inputs; ++i)

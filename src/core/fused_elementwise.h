@@ -47,6 +47,15 @@ bool fusable_elementwise(OpId op);
 // Their operand count (1 or 2).
 int elementwise_arity(OpId op);
 
+// The output's index space with adjacent dimensions merged wherever every input steps
+// through both alike (size-1 dimensions dropped first), so that a kernel walks few
+// dimensions: usually one or two remain. dims is never empty (a single element: {1}).
+struct BroadcastSpace {
+  std::vector<std::int64_t> dims;                  // outer ..., inner
+  std::vector<std::vector<std::int64_t>> strides;  // per input, per dim (0: repeated)
+};
+BroadcastSpace collapse_broadcast(const Shape& out, std::span<const Tensor> inputs);
+
 // Throws loom::Error naming the problem when `program` is malformed or an input does not
 // broadcast to `shape` (the op's shape inference).
 void check_elementwise_program(const ElementwiseProgram* program, std::span<const Tensor> inputs,

@@ -16,47 +16,12 @@
 #include "backends/cpu/vec_math.h"
 #include "core/error.h"
 #include "core/fused_elementwise.h"
-#include "core/reference_util.h"
 
 namespace loom::cpu {
 namespace {
 
 constexpr std::int64_t kBlock = 512;            // floats per register: 2 KB
 constexpr std::int64_t kParallelGrain = 16384;  // as the other elementwise kernels
-
-// The output's index space with dimensions merged wherever every input steps through
-// both alike (size-1 dimensions dropped first): usually one or two dimensions remain.
-struct Space {
-  std::vector<std::int64_t> dims;                  // outer ..., inner
-  std::vector<std::vector<std::int64_t>> strides;  // per input, per dim (0: broadcast)
-};
-
-Space collapse(const Shape& shape, const std::vector<Strides>& input_strides) {
-  Space space;
-  space.strides.resize(input_strides.size());
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1)
-      continue;
-    bool merge = !space.dims.empty();
-    for (std::size_t i = 0; i < input_strides.size() && merge; ++i)
-      merge = space.strides[i].back() == input_strides[i][d] * shape[d];
-    if (merge) {
-      space.dims.back() *= shape[d];
-      for (std::size_t i = 0; i < input_strides.size(); ++i)
-        space.strides[i].back() = input_strides[i][d];
-    } else {
-      space.dims.push_back(shape[d]);
-      for (std::size_t i = 0; i < input_strides.size(); ++i)
-        space.strides[i].push_back(input_strides[i][d]);
-    }
-  }
-  if (space.dims.empty()) {  // a single element
-    space.dims.push_back(1);
-    for (auto& s : space.strides)
-      s.push_back(0);
-  }
-  return space;
-}
 
 template <class F>
 void unary(float* d, const float* a, std::int64_t n, F f) {
@@ -123,13 +88,10 @@ void run_program(const ElementwiseProgram& program, const OpCall& call) {
     return;
   const int inputs = program.num_inputs;
   const int steps = static_cast<int>(program.steps.size());
-  std::vector<Strides> input_strides;
   std::vector<const float*> data;
-  for (const Tensor& x : call.inputs) {
-    input_strides.push_back(broadcast_strides(x.shape(), y.shape()));
+  for (const Tensor& x : call.inputs)
     data.push_back(x.data<float>());
-  }
-  const Space space = collapse(y.shape(), input_strides);
+  const BroadcastSpace space = collapse_broadcast(y.shape(), call.inputs);
   const std::int64_t inner = space.dims.back();
   const std::int64_t rows = n / inner;
   const std::int64_t blocks_per_row = (inner + kBlock - 1) / kBlock;

@@ -26,17 +26,7 @@ __kernel void binary(const int op, __global const float* full, const ulong full_
   c[c_off + i] = other_left ? binary_op(op, y, x) : binary_op(op, x, y);
 }
 
-float gelu_tanh(const float x) {
-  const float k = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + tanh(k * (x + 0.044715f * x * x * x)));
-}
-
-float gelu_tanh_grad(const float x) {
-  const float k = 0.7978845608028654f;
-  float x2 = x * x;
-  float t = tanh(k * (x + 0.044715f * x2 * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x2);
-}
+// gelu_tanh and gelu_tanh_grad: elementwise.cl, compiled ahead of this file.
 
 // op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha, 6 sqrt, 7 erf
 __kernel void unary(const int op, __global const float* x, const ulong x_off, __global float* y, const ulong y_off,

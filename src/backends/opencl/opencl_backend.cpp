@@ -15,6 +15,7 @@
 #include "backends/opencl/kernels.cl.h"
 #include "core/broadcast.h"
 #include "core/error.h"
+#include "core/fused_elementwise.h"
 
 namespace loom::opencl {
 namespace {
@@ -101,16 +102,14 @@ OpenClBackend::OpenClBackend(cl_platform_id platform, cl_device_id device) : dev
   build_program();
 }
 
-void OpenClBackend::build_program() {
+Program OpenClBackend::compile(const std::string& source, const std::string& what) {
   // Binaries are cached on disk keyed by device, driver and source, so the JIT runs once.
-  std::size_t key =
-      std::hash<std::string>{}(device_name_ + "|" + driver_version_ + "|" + kKernelSource);
+  std::size_t key = std::hash<std::string>{}(device_name_ + "|" + driver_version_ + "|" + source);
   const char* home = std::getenv("HOME");
   std::filesystem::path dir =
       std::filesystem::path(home ? home : "/tmp") / ".cache" / "loom" / "opencl";
   std::filesystem::path cached = dir / (std::to_string(key) + ".bin");
   cl_int err = CL_SUCCESS;
-  bool from_binary = false;
   if (std::ifstream in{cached, std::ios::binary}) {
     std::string binary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const auto* data = reinterpret_cast<const unsigned char*>(binary.data());
@@ -119,44 +118,44 @@ void OpenClBackend::build_program() {
     cl_program p =
         clCreateProgramWithBinary(context_.get(), 1, &device_, &size, &data, &binary_status, &err);
     if (err == CL_SUCCESS && binary_status == CL_SUCCESS &&
-        clBuildProgram(p, 1, &device_, "", nullptr, nullptr) == CL_SUCCESS) {
-      program_ = Program(p);
-      from_binary = true;
-    } else if (p != nullptr) {
+        clBuildProgram(p, 1, &device_, "", nullptr, nullptr) == CL_SUCCESS)
+      return Program(p);
+    if (p != nullptr)
       clReleaseProgram(p);
-    }
   }
-  if (!from_binary) {
-    const char* source = kKernelSource;
-    program_ = Program(clCreateProgramWithSource(context_.get(), 1, &source, nullptr, &err));
-    ok(err, "clCreateProgramWithSource");
-    if (clBuildProgram(program_.get(), 1, &device_, "-cl-std=CL1.2", nullptr, nullptr) !=
-        CL_SUCCESS) {
-      std::size_t size = 0;
-      clGetProgramBuildInfo(program_.get(), device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size);
-      std::string log(size, '\0');
-      clGetProgramBuildInfo(program_.get(), device_, CL_PROGRAM_BUILD_LOG, size, log.data(),
-                            nullptr);
-      throw Error("opencl: building the kernels for " + device_name_ + " failed:\n" + log);
-    }
+  const char* text = source.c_str();
+  Program program(clCreateProgramWithSource(context_.get(), 1, &text, nullptr, &err));
+  ok(err, "clCreateProgramWithSource");
+  if (clBuildProgram(program.get(), 1, &device_, "-cl-std=CL1.2", nullptr, nullptr) != CL_SUCCESS) {
     std::size_t size = 0;
-    if (clGetProgramInfo(program_.get(), CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr) ==
-            CL_SUCCESS &&
-        size > 0) {
-      std::string binary(size, '\0');
-      unsigned char* ptr = reinterpret_cast<unsigned char*>(binary.data());
-      if (clGetProgramInfo(program_.get(), CL_PROGRAM_BINARIES, sizeof ptr, &ptr, nullptr) ==
-          CL_SUCCESS) {
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        std::filesystem::path temp = cached;
-        temp += ".tmp." + std::to_string(getpid());
-        if (std::ofstream out{temp, std::ios::binary};
-            out.write(binary.data(), static_cast<std::streamsize>(size)))
-          std::filesystem::rename(temp, cached, ec);  // atomic: a reader sees all or nothing
-      }
+    clGetProgramBuildInfo(program.get(), device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &size);
+    std::string log(size, '\0');
+    clGetProgramBuildInfo(program.get(), device_, CL_PROGRAM_BUILD_LOG, size, log.data(), nullptr);
+    throw Error("opencl: building " + what + " for " + device_name_ + " failed:\n" + log);
+  }
+  std::size_t size = 0;
+  if (clGetProgramInfo(program.get(), CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr) ==
+          CL_SUCCESS &&
+      size > 0) {
+    std::string binary(size, '\0');
+    unsigned char* ptr = reinterpret_cast<unsigned char*>(binary.data());
+    if (clGetProgramInfo(program.get(), CL_PROGRAM_BINARIES, sizeof ptr, &ptr, nullptr) ==
+        CL_SUCCESS) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      std::filesystem::path temp = cached;
+      temp += ".tmp." + std::to_string(getpid());
+      if (std::ofstream out{temp, std::ios::binary};
+          out.write(binary.data(), static_cast<std::streamsize>(size)))
+        std::filesystem::rename(temp, cached, ec);  // atomic: a reader sees all or nothing
     }
   }
+  return program;
+}
+
+void OpenClBackend::build_program() {
+  program_ = compile(std::string(kElementwiseSource) + kKernelSource, "the kernels");
+  cl_int err = CL_SUCCESS;
   for (const char* name :
        {"fill", "binary", "unary", "unary_backward", "reduce_rows", "sum_cols", "adamw",
         "copy_strided", "slice_backward", "sum_squares_partial", "embedding", "embedding_backward",
@@ -502,6 +501,172 @@ void OpenClBackend::adamw(const OpCall& call) {
 }
 
 // The native kernels, once: supports() and launch() both read this table.
+// ---- fused elementwise chains ---------------------------------------------------------
+namespace {
+
+constexpr int kFusedRank = 4;  // collapsed dimensions a generated kernel walks
+
+// How a generated kernel indexes input k: the output's index (same layout), its first
+// element (one value), or through the collapsed dimensions and the input's strides.
+enum class Access { same, scalar, strided };
+
+Access access_of(const BroadcastSpace& space, std::size_t k) {
+  bool scalar = true, same = true;
+  std::int64_t expected = 1;
+  for (std::size_t d = space.dims.size(); d-- > 0;) {
+    scalar = scalar && space.strides[k][d] == 0;
+    same = same && space.strides[k][d] == expected;
+    expected *= space.dims[d];
+  }
+  return same ? Access::same : scalar ? Access::scalar : Access::strided;
+}
+
+std::string float_literal(double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%af", static_cast<double>(static_cast<float>(value)));
+  return text;
+}
+
+// Each step as the unfused kernel's expression (kernels.cl; binary, unary, unary_backward).
+std::string step_expression(const ElementwiseStep& s, const std::string& a, const std::string& b) {
+  switch (s.op) {
+    case OpId::add:
+      return a + " + " + b;
+    case OpId::sub:
+      return a + " - " + b;
+    case OpId::mul:
+      return a + " * " + b;
+    case OpId::div:
+      return a + " / " + b;
+    case OpId::scale:
+      return float_literal(s.alpha) + " * " + a;
+    case OpId::exp:
+      return "exp(" + a + ")";
+    case OpId::log:
+      return "log(" + a + ")";
+    case OpId::tanh:
+      return "tanh(" + a + ")";
+    case OpId::sqrt:
+      return "sqrt(" + a + ")";
+    case OpId::erf:
+      return "erf(" + a + ")";
+    case OpId::relu:
+      return a + " > 0.0f ? " + a + " : 0.0f";
+    case OpId::gelu:
+      return "gelu_tanh(" + a + ")";
+    case OpId::relu_backward:
+      return b + " > 0.0f ? " + a + " : 0.0f";
+    case OpId::gelu_backward:
+      return a + " * gelu_tanh_grad(" + b + ")";
+    case OpId::tanh_backward:
+      return a + " * (1.0f - " + b + " * " + b + ")";
+    case OpId::expand:
+      return a;
+    default:
+      break;
+  }
+  throw Error("opencl fused_elementwise: no expression for " + std::string(op_name(s.op)));
+}
+
+// The kernel for one chain and one way of reading its inputs. One work-item per output
+// element; each step a statement of its own, with contraction off, so no multiply and
+// add of two steps become one fma that the unfused kernels would not compute.
+std::string fused_source(const ElementwiseProgram& program, const std::vector<Access>& access) {
+  std::string args =
+      "__global float* y, const ulong y_off, const ulong d1, const ulong d2, "
+      "const ulong d3";
+  std::string body = "  const size_t i = get_global_id(0);\n";
+  bool strided = false;
+  for (std::size_t k = 0; k < access.size(); ++k)
+    strided = strided || access[k] == Access::strided;
+  if (strided)
+    body +=
+        "  const ulong c3 = i % d3, c2 = i / d3 % d2, c1 = i / (d3 * d2) % d1, "
+        "c0 = i / (d3 * d2 * d1);\n";
+  for (std::size_t k = 0; k < access.size(); ++k) {
+    const std::string n = std::to_string(k);
+    args += ", __global const float* x" + n + ", const ulong o" + n;
+    std::string index = "i";
+    if (access[k] == Access::scalar) {
+      index = "0";
+    } else if (access[k] == Access::strided) {
+      args += ", const ulong s" + n + "_0, const ulong s" + n + "_1, const ulong s" + n +
+              "_2, const ulong s" + n + "_3";
+      index = "c0 * s" + n + "_0 + c1 * s" + n + "_1 + c2 * s" + n + "_2 + c3 * s" + n + "_3";
+    }
+    body += "  const float r" + n + " = x" + n + "[o" + n + " + " + index + "];\n";
+  }
+  const int inputs = program.num_inputs;
+  for (std::size_t k = 0; k < program.steps.size(); ++k) {
+    const ElementwiseStep& s = program.steps[k];
+    const std::string a = "r" + std::to_string(s.args[0]);
+    const std::string b = s.args[1] >= 0 ? "r" + std::to_string(s.args[1]) : "";
+    body += "  const float r" + std::to_string(inputs + static_cast<int>(k)) + " = " +
+            step_expression(s, a, b) + ";\n";
+  }
+  body += "  y[y_off + i] = r" + std::to_string(inputs + program.steps.size() - 1) + ";\n";
+  return std::string(kElementwiseSource) + "\n__kernel void fused(" + args +
+         ") {\n#pragma OPENCL FP_CONTRACT OFF\n" + body + "}\n";
+}
+
+// A chain whose collapsed index space has at most kFusedRank dimensions (asked without
+// tensors, as the graph's fusion pass does, it accepts: any f32 chain may be fused).
+bool fused_rank_fits(const OpCall& call) {
+  return call.inputs.empty() || collapse_broadcast(call.attrs.shape, call.inputs).dims.size() <=
+                                    static_cast<std::size_t>(kFusedRank);
+}
+
+}  // namespace
+
+void OpenClBackend::fused(const OpCall& call) {
+  const ElementwiseProgram& program = *call.attrs.program;
+  Tensor& y = call.outputs[0];
+  const BroadcastSpace space = collapse_broadcast(y.shape(), call.inputs);
+  check(space.dims.size() <= static_cast<std::size_t>(kFusedRank),
+        "opencl fused_elementwise: " + std::to_string(space.dims.size()) +
+            " dimensions after merging, the kernel walks " + std::to_string(kFusedRank));
+  std::vector<Access> access;
+  for (std::size_t k = 0; k < call.inputs.size(); ++k)
+    access.push_back(access_of(space, k));
+  const std::string source = fused_source(program, access);
+  // Dimensions and strides padded at the front to kFusedRank.
+  const std::size_t pad = kFusedRank - space.dims.size();
+  std::vector<cl_ulong> dims(kFusedRank, 1);
+  for (std::size_t d = 0; d < space.dims.size(); ++d)
+    dims[pad + d] = static_cast<cl_ulong>(space.dims[d]);
+  const std::size_t global = count(y);
+  if (global == 0)
+    return;
+  std::lock_guard lock(mutex_);
+  auto found = fused_kernels_.find(source);
+  if (found == fused_kernels_.end()) {
+    Program built = compile(source, "a fused kernel (" + program.describe() + ")");
+    cl_int err = CL_SUCCESS;
+    Kernel kernel(clCreateKernel(built.get(), "fused", &err));
+    ok(err, "clCreateKernel fused");
+    found = fused_kernels_.emplace(source, FusedKernel{std::move(built), std::move(kernel)}).first;
+  }
+  cl_kernel k = found->second.kernel.get();
+  cl_uint arg = 0;
+  set_arg(k, arg++, mem_of(y));
+  set_arg(k, arg++, off_of(y));
+  for (int d = 1; d < kFusedRank; ++d)
+    set_arg(k, arg++, dims[d]);
+  for (std::size_t i = 0; i < call.inputs.size(); ++i) {
+    set_arg(k, arg++, mem_of(call.inputs[i]));
+    set_arg(k, arg++, off_of(call.inputs[i]));
+    if (access[i] == Access::strided) {
+      std::vector<cl_ulong> strides(kFusedRank, 0);
+      for (std::size_t d = 0; d < space.dims.size(); ++d)
+        strides[pad + d] = static_cast<cl_ulong>(space.strides[i][d]);
+      for (cl_ulong stride : strides)
+        set_arg(k, arg++, stride);
+    }
+  }
+  ok(clEnqueueNDRangeKernel(queue_.get(), k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr),
+     "clEnqueueNDRangeKernel fused");
+}
+
 const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
   using B = OpenClBackend;
   using device_ops::UnaryBackwardKernel;
@@ -540,6 +705,7 @@ const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
                     {OpId::causal_attention, f32_attention, &B::attention},
                     {OpId::causal_attention_backward, f32_attention, &B::attention},
                     {OpId::adamw_step, f32, &B::adamw},
+                    {OpId::fused_elementwise, fused_rank_fits, &B::fused},
                 });
   return table;
 }

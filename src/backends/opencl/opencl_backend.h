@@ -78,6 +78,9 @@ class OpenClBackend final : public Backend {
 
  private:
   void build_program();
+  // Builds `source` (from the on-disk binary cache when it holds it); `what` names it in
+  // a build error.
+  Program compile(const std::string& source, const std::string& what);
   cl_kernel kernel(const char* name);
   template <class... Args>
   void run(const char* name, std::size_t global, Args... args);
@@ -108,6 +111,9 @@ class OpenClBackend final : public Backend {
   void layer_norm_backward(const OpCall& call);
   void attention(const OpCall& call);
   void adamw(const OpCall& call);
+  // fused_elementwise: a kernel generated for the chain, built once per chain and way of
+  // reading its inputs (kept here and in the disk cache).
+  void fused(const OpCall& call);
 
   cl_device_id device_;
   std::string device_name_, driver_version_;
@@ -115,6 +121,11 @@ class OpenClBackend final : public Backend {
   Queue queue_;
   Program program_;
   std::map<std::string, Kernel> kernels_;
+  struct FusedKernel {
+    Program program;
+    Kernel kernel;
+  };
+  std::map<std::string, FusedKernel> fused_kernels_;  // by generated source
   std::unique_ptr<Stream> stream_;
   std::mutex mutex_;  // kernel arguments are per cl_kernel object: one launch at a time
 };
