@@ -13,6 +13,7 @@
 #include "backends/kernel_table.h"
 #include "core/broadcast.h"
 #include "core/error.h"
+#include "core/fused_elementwise.h"
 
 namespace loom::cuda {
 
@@ -308,6 +309,90 @@ void CudaBackend::copy(const OpCall& call) {
   run_1d("copy_strided", numel(y), ptr(x), ptr(y), numel(y), view);
 }
 
+namespace {
+
+FusedOp fused_op(OpId op) {
+  switch (op) {
+    case OpId::add:
+      return fused_add;
+    case OpId::sub:
+      return fused_sub;
+    case OpId::mul:
+      return fused_mul;
+    case OpId::div:
+      return fused_div;
+    case OpId::scale:
+      return fused_scale;
+    case OpId::exp:
+      return fused_exp;
+    case OpId::log:
+      return fused_log;
+    case OpId::tanh:
+      return fused_tanh;
+    case OpId::sqrt:
+      return fused_sqrt;
+    case OpId::erf:
+      return fused_erf;
+    case OpId::relu:
+      return fused_relu;
+    case OpId::gelu:
+      return fused_gelu;
+    case OpId::relu_backward:
+      return fused_relu_backward;
+    case OpId::gelu_backward:
+      return fused_gelu_backward;
+    case OpId::tanh_backward:
+      return fused_tanh_backward;
+    default:
+      return fused_identity;  // expand: the input, already broadcast
+  }
+}
+
+// A chain the interpreter kernel holds: at most kFusedMaxInputs inputs, kFusedMaxSteps
+// steps and kFusedRank dimensions once merged (asked without tensors, as the graph's
+// fusion pass does, it accepts; a larger chain then runs decomposed).
+bool fused_fits(const OpCall& call) {
+  if (call.inputs.empty())
+    return true;
+  return call.attrs.program != nullptr && call.inputs.size() <= kFusedMaxInputs &&
+         call.attrs.program->steps.size() <= static_cast<std::size_t>(kFusedMaxSteps) &&
+         collapse_broadcast(call.attrs.shape, call.inputs).dims.size() <=
+             static_cast<std::size_t>(kFusedRank);
+}
+
+}  // namespace
+
+void CudaBackend::fused(const OpCall& call) {
+  const ElementwiseProgram& program = *call.attrs.program;
+  Tensor& y = call.outputs[0];
+  const BroadcastSpace space = collapse_broadcast(y.shape(), call.inputs);
+  FusedProgram p{};
+  p.inputs = program.num_inputs;
+  p.steps = static_cast<int>(program.steps.size());
+  const std::size_t pad = kFusedRank - space.dims.size();
+  for (int d = 0; d < kFusedRank; ++d)
+    p.dims[d] = 1;
+  for (std::size_t d = 0; d < space.dims.size(); ++d)
+    p.dims[pad + d] = space.dims[d];
+  for (std::size_t k = 0; k < call.inputs.size(); ++k) {
+    p.x[k] = ptr<const float>(call.inputs[k]);
+    bool scalar = true, same = true;
+    i64 expected = 1;
+    for (std::size_t d = space.dims.size(); d-- > 0;) {
+      scalar = scalar && space.strides[k][d] == 0;
+      same = same && space.strides[k][d] == expected;
+      expected *= space.dims[d];
+      p.strides[k][pad + d] = space.strides[k][d];
+    }
+    p.access[k] = same ? 0 : scalar ? 1 : 2;
+  }
+  for (std::size_t s = 0; s < program.steps.size(); ++s) {
+    const ElementwiseStep& step = program.steps[s];
+    p.step[s] = {fused_op(step.op), step.args[0], step.args[1], static_cast<float>(step.alpha)};
+  }
+  run_1d("fused_elementwise", numel(y), ptr(y), numel(y), p);
+}
+
 void CudaBackend::slice_backward(const OpCall& call) {
   const Tensor& dy = call.inputs[0];
   Tensor& dx = call.outputs[0];
@@ -453,6 +538,7 @@ const KernelTable<CudaBackend>& CudaBackend::kernels() {
                   {OpId::causal_attention, f32, &B::attention_forward},
                   {OpId::causal_attention_backward, f32, &B::attention_backward},
                   {OpId::adamw_step, f32, &B::adamw},
+                  {OpId::fused_elementwise, fused_fits, &B::fused},
               });
   return table;
 }

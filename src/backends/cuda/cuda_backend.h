@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
   void layer_norm(const OpCall& call);
   void layer_norm_backward(const OpCall& call);
   void adamw(const OpCall& call);
+  void fused(const OpCall& call);  // fused_elementwise: the interpreter kernel
   void matmul(const OpCall& call);
   void linear(const OpCall& call);
   GemmOperand head_operand(const Tensor& t, long long offset, long long ld, long long stride);

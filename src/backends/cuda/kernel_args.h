@@ -14,4 +14,41 @@ struct StridedView {
   long long stride[kMaxCopyRank];
 };
 
+// A fused elementwise chain (graph fusion; core/fused_elementwise.h) as the interpreter
+// kernel `fused_elementwise` reads it, passed by value (under 2 KB of the 4 KB a launch
+// may carry). Element i of the output: the inputs read at i (same layout), at 0 (one
+// value) or through the collapsed dimensions and each input's strides; then each step.
+inline constexpr int kFusedRank = 4, kFusedMaxInputs = 16, kFusedMaxSteps = 64;
+enum FusedOp : int {
+  fused_add,
+  fused_sub,
+  fused_mul,
+  fused_div,
+  fused_scale,
+  fused_exp,
+  fused_log,
+  fused_tanh,
+  fused_sqrt,
+  fused_erf,
+  fused_relu,
+  fused_gelu,
+  fused_relu_backward,
+  fused_gelu_backward,
+  fused_tanh_backward,
+  fused_identity
+};
+struct FusedStep {
+  int op;    // FusedOp
+  int a, b;  // registers: inputs first, then steps; b = -1 for one operand
+  float alpha;
+};
+struct FusedProgram {
+  int inputs, steps;
+  long long dims[kFusedRank];  // padded at the front with 1
+  const float* x[kFusedMaxInputs];
+  int access[kFusedMaxInputs];  // 0 same layout, 1 one value, 2 strided
+  long long strides[kFusedMaxInputs][kFusedRank];
+  FusedStep step[kFusedMaxSteps];
+};
+
 }  // namespace loom::cuda

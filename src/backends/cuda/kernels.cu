@@ -116,6 +116,56 @@ LOOM_KERNEL unary_backward(int op, const float* dy, const float* x, float* dx, i
   }
 }
 
+// A fused chain, interpreted per element (kernel_args.h). Each step is the unfused
+// kernel's expression (binary, unary, unary_backward), one step per statement.
+LOOM_KERNEL fused_elementwise(float* y, i64 n, loom::cuda::FusedProgram p) {
+  using namespace loom::cuda;
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    float r[kFusedMaxInputs + kFusedMaxSteps];
+    i64 c[kFusedRank];
+    i64 rem = i;
+    for (int d = kFusedRank - 1; d >= 0; --d) {
+      c[d] = rem % p.dims[d];
+      rem /= p.dims[d];
+    }
+    for (int k = 0; k < p.inputs; ++k) {
+      i64 j = i;
+      if (p.access[k] == 1) {
+        j = 0;
+      } else if (p.access[k] == 2) {
+        j = 0;
+        for (int d = 0; d < kFusedRank; ++d) j += c[d] * p.strides[k][d];
+      }
+      r[k] = p.x[k][j];
+    }
+    for (int s = 0; s < p.steps; ++s) {
+      const FusedStep& st = p.step[s];
+      const float a = r[st.a], b = st.b >= 0 ? r[st.b] : 0.0f;
+      float v;
+      switch (st.op) {
+        case fused_add: v = a + b; break;
+        case fused_sub: v = a - b; break;
+        case fused_mul: v = a * b; break;
+        case fused_div: v = a / b; break;
+        case fused_scale: v = st.alpha * a; break;
+        case fused_exp: v = expf(a); break;
+        case fused_log: v = logf(a); break;
+        case fused_tanh: v = tanhf(a); break;
+        case fused_sqrt: v = sqrtf(a); break;
+        case fused_erf: v = erff(a); break;
+        case fused_relu: v = a > 0.0f ? a : 0.0f; break;
+        case fused_gelu: v = gelu_tanh(a); break;
+        case fused_relu_backward: v = b > 0.0f ? a : 0.0f; break;
+        case fused_gelu_backward: v = a * gelu_tanh_grad(b); break;
+        case fused_tanh_backward: v = a * (1.0f - b * b); break;
+        default: v = a; break;
+      }
+      r[p.inputs + s] = v;
+    }
+    y[i] = r[p.inputs + p.steps - 1];
+  }
+}
+
 // y[i] = bias[i % cols]: the starting value of a linear layer's output (GEMM adds x w).
 LOOM_KERNEL broadcast_rows(const float* bias, float* y, i64 n, i64 cols) {
   for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = bias[i % cols];
