@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "autograd/functions.h"
 #include "backends/cpu/cpu_backend.h"
@@ -12,6 +13,7 @@
 #include "data/text.h"
 #include "dispatch/devices.h"
 #include "dispatch/dispatch.h"
+#include "graph/graph.h"
 #include "nn/init.h"
 #include "nn/onnx_model.h"
 #include "optim/adamw.h"
@@ -34,10 +36,84 @@ struct Cell {
   }
 };
 
+// The step captured in graph mode, without and with elementwise fusion.
+struct FusionResult {
+  bool capturable = true;
+  bool kernel = true;  // the backend runs fused_elementwise natively (else the pass fuses nothing)
+  std::size_t nodes_unfused = 0, nodes_fused = 0;
+  double step_seconds_unfused = 0, step_seconds_fused = 0;
+  std::vector<graph::FusedChain> chains;
+};
+
 struct Report {
   std::map<OpId, Cell> cells;
   double step_seconds = 0;
+  std::optional<FusionResult> fusion;
 };
+
+// The version of `loom ops --json`'s objects (the fleet service checks it). 1: backend,
+// model, step_s, launches_per_step, transformer, ops; with --fusion, fusion.
+constexpr int kReportSchemaVersion = 1;
+
+// The forward and backward pass captured in graph mode (graph::CapturedStep, as
+// `loom train --mode graph` runs it), then AdamW: the mean time of o.steps replays (at
+// least 3) after the capturing and the checking call, unfused and fused.
+FusionResult measure_fusion(const OpsOptions& o, Backend& device, nn::Model& model,
+                            const Tensor& inputs, const Tensor& targets, optim::AdamW& opt) {
+  FusionResult result;
+  if (const auto* imported = dynamic_cast<const nn::OnnxModel*>(&model);
+      imported != nullptr && !imported->capturable()) {
+    result.capturable = false;
+    return result;
+  }
+  std::vector<nn::Parameter>& params = model.parameters();
+  Attrs probe;
+  result.kernel = device.supports(OpCall{OpId::fused_elementwise, {}, {}, probe});
+  for (bool fuse : {false, true}) {
+    graph::Passes passes;
+    passes.fuse_elementwise = fuse;
+    graph::CapturedStep captured(passes);
+    std::vector<std::size_t> with_grad;
+    auto forward_backward = [&] {
+      autograd::Tape tape;
+      autograd::Var loss =
+          autograd::cross_entropy(tape, model.forward(tape, inputs, {true, 1}), targets);
+      tape.backward(loss);
+      std::vector<Tensor> outputs{loss.value()};
+      with_grad.clear();
+      for (std::size_t i = 0; i < params.size(); ++i)
+        if (params[i].var.grad().defined()) {
+          with_grad.push_back(i);
+          outputs.push_back(params[i].var.grad());
+        }
+      return outputs;
+    };
+    auto step = [&] {
+      std::vector<Tensor> in{inputs, targets};
+      for (const nn::Parameter& p : params)
+        in.push_back(p.var.value());
+      std::vector<Tensor> outputs = captured.run(in, forward_backward);
+      for (std::size_t k = 0; k < with_grad.size(); ++k)
+        params[with_grad[k]].var.state()->grad = outputs[k + 1];
+      opt.step(1e-3);
+      opt.zero_grad();
+      outputs[0].item();
+    };
+    step();  // capture
+    step();  // check against eager execution
+    const int steps = std::max(o.steps, 3);
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < steps; ++i)
+      step();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
+    (fuse ? result.step_seconds_fused : result.step_seconds_unfused) = seconds;
+    (fuse ? result.nodes_fused : result.nodes_unfused) = captured.graph()->stats().nodes;
+    if (fuse)
+      result.chains = captured.fusion().chains;
+  }
+  return result;
+}
 
 // One training step (forward, backward, clipping, AdamW) of the model on `device`.
 // Counters and time are per step: one untimed warm-up step, then the mean of o.steps.
@@ -126,6 +202,9 @@ Report measure(const OpsOptions& o, Backend& device) {
   };
   if (o.steps > 1)
     step();  // first-step costs (allocation, kernel selection) left out
+  std::optional<FusionResult> fusion;
+  if (o.fusion)
+    fusion = measure_fusion(o, device, *model, inputs, targets, opt);
   dispatch::stats().reset();
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < o.steps; ++i)
@@ -133,6 +212,7 @@ Report measure(const OpsOptions& o, Backend& device) {
   Report r;
   r.step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / o.steps;
+  r.fusion = std::move(fusion);
   for (const auto& [key, count] : dispatch::stats().counts) {
     const auto& [backend, op, path] = key;
     if (backend != device.name())
@@ -193,6 +273,9 @@ CLI::App* add_ops_command(CLI::App& app, OpsOptions& o) {
                   "a training config (YAML): report that run's model, shape and batch");
   ops->add_option("--threads", o.threads, "CPU threads (default: all, or the config's)")
       ->check(CLI::Range(1, 1024));
+  ops->add_flag("--fusion", o.fusion,
+                "also capture the step in graph mode: each fused chain of elementwise ops, and "
+                "the step's time unfused and fused");
   ops->add_flag("--sync", o.sync,
                 "wait for each op to finish on its device, so times are device times per op "
                 "(removes overlap: for profiling)");
@@ -237,8 +320,10 @@ int run_ops(const OpsOptions& given) {
     reports.push_back(measure(o, dispatch::device(n)));
   if (o.json) {
     for (std::size_t b = 0; b < names.size(); ++b) {
-      nlohmann::ordered_json j{
-          {"backend", names[b]}, {"model", o.model}, {"step_s", reports[b].step_seconds}};
+      nlohmann::ordered_json j{{"schema_version", kReportSchemaVersion},
+                               {"backend", names[b]},
+                               {"model", o.model},
+                               {"step_s", reports[b].step_seconds}};
       // Op calls per step that reach the device or come back from it: native kernels and
       // fallbacks (a decomposed op's parts are counted as the ops they are).
       std::uint64_t launches = 0;
@@ -255,6 +340,20 @@ int run_ops(const OpsOptions& given) {
             {"calls", c.native.calls + c.decomposed.calls + c.fallback.calls},
             {"bytes_moved", c.fallback.bytes_moved},
             {"seconds", c.native.seconds + c.decomposed.seconds + c.fallback.seconds}};
+      if (const auto& f = reports[b].fusion) {
+        nlohmann::ordered_json fusion{{"capturable", f->capturable}, {"kernel", f->kernel}};
+        if (f->capturable) {
+          fusion["nodes_unfused"] = f->nodes_unfused;
+          fusion["nodes_fused"] = f->nodes_fused;
+          fusion["step_s_unfused"] = f->step_seconds_unfused;
+          fusion["step_s_fused"] = f->step_seconds_fused;
+          fusion["chains"] = nlohmann::json::array();
+          for (const graph::FusedChain& c : f->chains)
+            fusion["chains"].push_back(
+                {{"node", c.node}, {"members", c.members}, {"program", c.program}});
+        }
+        j["fusion"] = fusion;
+      }
       std::printf("%s\n", j.dump().c_str());
     }
     return 0;
@@ -295,6 +394,36 @@ int run_ops(const OpsOptions& given) {
         "%.1f ms\n",
         names[b].c_str(), counts[0], counts[1], counts[2], static_cast<double>(bytes) / 1e6,
         reports[b].step_seconds * 1e3);
+  }
+  for (std::size_t b = 0; b < names.size(); ++b) {
+    const auto& f = reports[b].fusion;
+    if (!f)
+      continue;
+    if (!f->capturable) {
+      std::printf(
+          "\nfusion on %s: the model reads integer inputs on the host; graph mode "
+          "cannot capture its step\n",
+          names[b].c_str());
+      continue;
+    }
+    if (!f->kernel) {
+      std::printf(
+          "\nfusion on %s: none (the backend has no fused_elementwise kernel, so the "
+          "pass leaves its graph as captured: %zu nodes, %.2f ms per step)\n",
+          names[b].c_str(), f->nodes_unfused, f->step_seconds_unfused * 1e3);
+      continue;
+    }
+    std::size_t replaced = 0;
+    for (const graph::FusedChain& c : f->chains)
+      replaced += c.members;
+    std::printf(
+        "\nfusion on %s: %zu chains replace %zu of %zu graph nodes (%zu left); step "
+        "in graph mode %.2f ms unfused, %.2f ms fused (%.2fx)\n",
+        names[b].c_str(), f->chains.size(), replaced, f->nodes_unfused, f->nodes_fused,
+        f->step_seconds_unfused * 1e3, f->step_seconds_fused * 1e3,
+        f->step_seconds_unfused / f->step_seconds_fused);
+    for (const graph::FusedChain& c : f->chains)
+      std::printf("  node %-4zu %2zu ops: %s\n", c.node, c.members, c.program.c_str());
   }
   return 0;
 }

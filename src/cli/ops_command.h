@@ -16,7 +16,9 @@ struct OpsOptions {
   int steps = 1;
   std::string precision = "f32";  // f32 | bf16: the operands of matmul products
   bool sync = false;              // time each op to its completion on the device
-  std::string config;  // a training config (YAML): its model, shape and batch replace the above
+  bool fusion = false;  // also capture the step in graph mode: the fused chains, and its time
+                        // per step unfused and fused
+  std::string config;   // a training config (YAML): its model, shape and batch replace the above
   std::int64_t threads = 0;  // CPU threads (0: the default)
   // mlp and cnn: width and layers from a config (0: the training defaults, 512/128 and 2).
   std::int64_t width_of_image_model = 0, layers_of_image_model = 0;

@@ -152,6 +152,21 @@ expect_error "model = onnx needs --onnx FILE" train --model onnx --out "$dir/o12
   && grep -qE '^erf +forward +fallback 1' "$dir/onnx_ops.log" \
   || { echo "FAIL: loom ops for an imported model: $(tail -n 3 "$dir/onnx_ops.log")"; failures=$((failures + 1)); }
 expect_error "loom ops --model onnx needs --onnx FILE" ops --model onnx
+# --fusion: the chains graph fusion made, and the step unfused and fused, in schema 1.
+"$loom" ops --model onnx --onnx "$fx/tiny_gpt_block.onnx" --backend cpu --threads 1 --fusion --json \
+  | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.readline())
+f = r["fusion"]
+assert r["schema_version"] == 1, r["schema_version"]
+assert f["capturable"] and f["kernel"], f
+assert len(f["chains"]) >= 10 and f["nodes_fused"] < f["nodes_unfused"], f
+assert all(c["members"] >= 2 and "(" in c["program"] for c in f["chains"]), f["chains"]
+assert f["step_s_fused"] > 0 and f["step_s_unfused"] > 0
+' || { echo "FAIL: loom ops --fusion --json"; failures=$((failures + 1)); }
+"$loom" ops --model onnx --onnx "$fx/tiny_gpt_block.onnx" --backend partial --fusion \
+  | grep -q '^fusion on partial: none (the backend has no fused_elementwise kernel' \
+  || { echo "FAIL: loom ops --fusion on a backend without the fused kernel"; failures=$((failures + 1)); }
 "$loom" train --model onnx --onnx "$fx/mlp_mnist.onnx" --steps 20 --out "$dir/onnx_train" --json > "$dir/onnx_train.log" 2>&1 \
   && tail -n 1 "$dir/onnx_train.log" | grep -q '"test_accuracy"' \
   || { echo "FAIL: training the imported ONNX model: $(tail -n 2 "$dir/onnx_train.log")"; failures=$((failures + 1)); }

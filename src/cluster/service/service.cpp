@@ -669,7 +669,9 @@ bool Service::probe(const ProbeRequest& request) {
   bool answered = true;
   if (status == 0) {
     nlohmann::json report = nlohmann::json::parse(out, nullptr, false);
-    if (report.is_object() && report.contains("ops")) {
+    // `loom ops --json` objects of schema 1 (cli/ops_command.cpp); an older loom wrote none.
+    if (report.is_object() && report.contains("ops") &&
+        report.value("schema_version", nlohmann::json(1)) == nlohmann::json(1)) {
       for (const auto& [op, cell] : report["ops"].items())
         if (cell.value("path", "") == "fallback")
           k.fallbacks.push_back(op);
