@@ -176,7 +176,10 @@ std::vector<Tensor> fused_elementwise(OpRunner& r, std::span<const Tensor> in, c
     step.shape = a.shape;
     registers.push_back(r.run(s.op, args, step).front());
   }
-  return {full(registers.back())};
+  std::vector<Tensor> outputs;
+  for (int k : program.output_registers())
+    outputs.push_back(full(registers[k]));
+  return outputs;
 }
 
 std::array<DecomposeFn, kNumOps> make_table() {

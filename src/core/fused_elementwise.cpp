@@ -88,6 +88,21 @@ void check_elementwise_program(const ElementwiseProgram* program, std::span<cons
                                    std::to_string(arity) + " operand, got a second");
     }
   }
+  const int registers = program->num_inputs + static_cast<int>(program->steps.size());
+  check(program->outputs.size() <= static_cast<std::size_t>(kMaxFusedOutputs),
+        op + ": " + std::to_string(program->outputs.size()) + " outputs, at most " +
+            std::to_string(kMaxFusedOutputs));
+  for (std::size_t k = 0; k < program->outputs.size(); ++k) {
+    const int r = program->outputs[k];
+    check(r >= program->num_inputs && r < registers,
+          op + ": output " + std::to_string(k) + " is register " + std::to_string(r) +
+              ", expected a step's, in [" + std::to_string(program->num_inputs) + ", " +
+              std::to_string(registers) + ")");
+    for (std::size_t j = 0; j < k; ++j)
+      check(program->outputs[j] != r, op + ": outputs " + std::to_string(j) + " and " +
+                                          std::to_string(k) + " are both register " +
+                                          std::to_string(r));
+  }
 }
 
 BroadcastSpace collapse_broadcast(const Shape& out, std::span<const Tensor> inputs) {
@@ -120,6 +135,12 @@ BroadcastSpace collapse_broadcast(const Shape& out, std::span<const Tensor> inpu
   return space;
 }
 
+std::vector<int> ElementwiseProgram::output_registers() const {
+  if (!outputs.empty())
+    return outputs;
+  return {num_inputs + static_cast<int>(steps.size()) - 1};
+}
+
 std::string ElementwiseProgram::describe() const {
   std::vector<std::string> text;
   for (int i = 0; i < num_inputs; ++i)
@@ -130,7 +151,10 @@ std::string ElementwiseProgram::describe() const {
       e += (a ? ", " : "") + text[s.args[a]];
     text.push_back(e + ")");
   }
-  return text.back();
+  std::string all;
+  for (int r : output_registers())
+    all += (all.empty() ? "" : "; ") + text[r];
+  return all;
 }
 
 namespace reference {
@@ -149,19 +173,22 @@ void fused_elementwise(const OpCall& call) {
     expand(OpCall{OpId::expand, in, out, step_attrs});
     registers.push_back(out[0]);
   }
-  for (std::size_t k = 0; k < program.steps.size(); ++k) {
-    const ElementwiseStep& s = program.steps[k];
-    const bool last = k + 1 == program.steps.size();
+  for (const ElementwiseStep& s : program.steps) {
     std::array<Tensor, 2> in;
     const int arity = elementwise_arity(s.op);
     for (int a = 0; a < arity; ++a)
       in[a] = registers[s.args[a]];
-    std::array<Tensor, 1> out{last ? call.outputs[0] : Tensor::empty(shape, DType::f32, device)};
+    std::array<Tensor, 1> out{Tensor::empty(shape, DType::f32, device)};
     step_attrs.alpha = s.alpha;
     op_info(s.op).reference(
         OpCall{s.op, std::span<const Tensor>(in.data(), static_cast<std::size_t>(arity)), out,
                step_attrs});
     registers.push_back(out[0]);
+  }
+  const std::vector<int> written = program.output_registers();
+  for (std::size_t k = 0; k < written.size(); ++k) {
+    std::array<Tensor, 1> in{registers[written[k]]}, out{call.outputs[k]};
+    expand(OpCall{OpId::expand, in, out, step_attrs});
   }
 }
 

@@ -14,7 +14,8 @@
 //
 // Semantics: every step's value has the output's shape (attrs.shape); an operand that is
 // one of the op's inputs is broadcast to it (numpy rules). Because the steps are
-// elementwise, this equals running each step on its operands as given.
+// elementwise, this equals running each step on its operands as given. Each output is one
+// step's value (ElementwiseProgram::outputs), all of that shape.
 #pragma once
 
 #include <array>
@@ -33,11 +34,20 @@ struct ElementwiseStep {
   double alpha = 1.0;  // scale's factor
 };
 
+// At most this many outputs per fused node (a CUDA launch carries their addresses).
+inline constexpr int kMaxFusedOutputs = 8;
+
 struct ElementwiseProgram {
   int num_inputs = 0;
-  std::vector<ElementwiseStep> steps;  // the op's output is the last step's value
+  std::vector<ElementwiseStep> steps;
+  // Registers the op writes, in the order of its outputs. Empty: the last step's value
+  // alone. A chain whose intermediate is also read after the chain writes it too.
+  std::vector<int> outputs;
 
-  // e.g. "mul(x0, add(erf(div(x0, x1)), x2))": the chain as an expression of its inputs.
+  // The registers written (outputs, or the last step's when outputs is empty).
+  std::vector<int> output_registers() const;
+  // e.g. "mul(x0, add(erf(div(x0, x1)), x2))": each output as an expression of the
+  // inputs; several are separated by "; ".
   std::string describe() const;
 };
 

@@ -185,7 +185,7 @@ Specs infer_dropout_backward(Inputs in, const Attrs& a) {
 
 Specs infer_fused_elementwise(Inputs in, const Attrs& a) {
   check_elementwise_program(a.program.get(), in, a.shape);
-  return {{a.shape, DType::f32}};
+  return Specs(a.program->output_registers().size(), TensorSpec{a.shape, DType::f32});
 }
 
 Shape reduced_shape(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim,

@@ -71,7 +71,7 @@ using KernelFn = void (*)(const OpCall& call);
 struct OpInfo {
   std::string_view name;
   int num_inputs;  // -1: variadic
-  int num_outputs;
+  int num_outputs;  // -1: given by the attributes (fused_elementwise's program)
   OpRole role;
   std::string_view summary;
   InferFn infer;       // validates inputs and gives output shapes; throws loom::Error

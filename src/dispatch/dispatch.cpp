@@ -264,7 +264,7 @@ void call_into(OpId op, std::span<const Tensor> inputs, std::span<Tensor> output
                const Attrs& attrs) {
   const OpInfo& info = op_info(op);
   check(static_cast<int>(inputs.size()) == info.num_inputs &&
-            static_cast<int>(outputs.size()) == info.num_outputs,
+            (info.num_outputs < 0 || static_cast<int>(outputs.size()) == info.num_outputs),
         std::string(info.name) + ": wrong number of inputs or outputs");
   Backend& backend = backend_of(op, inputs, nullptr);
   std::vector<TensorSpec> specs = info.infer(inputs, attrs);

@@ -64,35 +64,48 @@ FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
   };
 
   // Walk backwards, so each node's readers have settled their chain first. A node joins
-  // its readers' chain when every reader is in that one chain, reads the whole output in
-  // the chain's shape, and nothing between the node and the chain's end rewrites what
-  // the node reads (the fused node runs at the end's place).
+  // the chain of its first reader when every reader before that chain's end is in the
+  // chain and reads the whole output in the chain's shape, and nothing between the node
+  // and the chain's end rewrites what the node reads (the fused node runs at the end's
+  // place). Readers after the end, or the graph's outputs, make the value escape: the
+  // fused node writes it too.
   std::vector<std::int64_t> chain(n, -1);  // index of the chain's last node
   std::vector<std::size_t> size(n, 0);
+  std::vector<int> outputs(n, 0);  // per chain end: the values the fused node writes
+  std::vector<bool> escapes(n, false);
   for (std::size_t i = n; i-- > 0;) {
     if (!candidate(i))
       continue;
     chain[i] = static_cast<std::int64_t>(i);
     size[i] = 1;
+    outputs[i] = 1;
     const Operand& out = nodes_[i].outputs[0];
     const auto& rs = readers[out.storage];
-    if (rs.empty() || is_output[out.storage])
+    if (rs.empty())
       continue;
     const std::int64_t end = chain[rs.front()];
     bool join = end >= 0 && size[end] < kMaxSteps && nodes_[end].backend == nodes_[i].backend &&
                 nodes_[end].outputs[0].shape == out.shape;
+    bool escaping = is_output[out.storage];
     for (std::size_t r : rs) {
-      join = join && chain[r] == end;
+      if (join && chain[r] != end) {
+        join = static_cast<std::int64_t>(r) > end;
+        escaping = true;
+        continue;
+      }
       for (const Operand& o : nodes_[r].inputs)
         if (o.storage == out.storage)
           join = join && o.offset == 0 && o.shape == out.shape && o.strides == out.strides;
     }
+    join = join && (!escaping || outputs[end] < kMaxFusedOutputs);
     for (const Operand& o : nodes_[i].inputs)
       for (std::size_t w : writers[o.storage])
         join = join && !(w > i && static_cast<std::int64_t>(w) < end && chain[w] != end);
     if (join) {
       chain[i] = end;
       ++size[end];
+      outputs[end] += escaping;
+      escapes[i] = escaping;
     }
   }
 
@@ -104,7 +117,7 @@ FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
       members[chain[i]].push_back(i);
   std::map<std::int64_t, Node> fused;
   for (auto& [end, nodes] : members) {
-    Node node{OpId::fused_elementwise, {}, nodes_[end].backend, {}, nodes_[end].outputs};
+    Node node{OpId::fused_elementwise, {}, nodes_[end].backend, {}, {}};
     std::map<int, int> step_of_storage;  // a member's output storage -> its step
     for (std::size_t k = 0; k < nodes.size(); ++k)
       step_of_storage[nodes_[nodes[k]].outputs[0].storage] = static_cast<int>(k);
@@ -132,6 +145,12 @@ FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
       }
       program->steps.push_back(s);
     }
+    // Outputs: the escaping values in chain order, then the end's.
+    for (std::size_t k = 0; k < nodes.size(); ++k)
+      if (escapes[nodes[k]] || nodes[k] == static_cast<std::size_t>(end)) {
+        program->outputs.push_back(program->num_inputs + static_cast<int>(k));
+        node.outputs.push_back(nodes_[nodes[k]].outputs[0]);
+      }
     node.attrs.shape = nodes_[end].outputs[0].shape;
     node.attrs.program = program;
     fused.emplace(end, std::move(node));

@@ -11,12 +11,14 @@
 //   eliminate_dead_nodes: drops nodes whose results nobody reads and that write no
 //     external storage.
 //   fuse_elementwise (graph/fusion.cpp): each chain of elementwise nodes (add, mul, exp,
-//     gelu, the *_backward pairs, ...; core/fused_elementwise.h) whose intermediates no
-//     node outside the chain reads becomes one fused_elementwise node at the chain's last
-//     node's place: one pass over memory instead of one per op. All nodes of a chain have
-//     the same output shape (inputs may broadcast), and nothing between a node and the
-//     chain's end rewrites what that node reads. Only on a backend that runs the fused
-//     op natively, unless asked to fuse anyway (its decomposition then runs the chain).
+//     gelu, the *_backward pairs, ...; core/fused_elementwise.h) becomes one
+//     fused_elementwise node at the chain's last node's place: one pass over memory
+//     instead of one per op. An intermediate read after the chain's end (or a graph
+//     output) is written by the fused node too; one read outside the chain before its
+//     end keeps its node out. All nodes of a chain have the same output shape (inputs may
+//     broadcast), and nothing between a node and the chain's end rewrites what it reads. Only on a
+//     backend that runs the fused op natively, unless asked to fuse anyway (its decomposition then
+//     runs the chain).
 //   plan_memory: gives each internal storage an offset in one arena per device such
 //     that storages whose lifetimes overlap never share bytes (greedy by size, as
 //     TFLite's arena planner). Without it, each internal storage has its own buffer.

@@ -371,6 +371,15 @@ void fused_cases(Builder& b) {
        S{OpId::sub, {7, 8}}, S{OpId::exp, {1, -1}}, S{OpId::log, {10, -1}}, S{OpId::add, {9, 11}},
        S{OpId::gelu, {12, -1}}, S{OpId::relu, {13, -1}}, S{OpId::tanh_backward, {14, 5}}});
   b.add("backward_pairs", OpId::fused_elementwise, {b.r({5, 1}), b.r({5, 6}), b.r({5, 6})}, pairs);
+  // Three outputs: two intermediates that are read after the chain, and the end.
+  Attrs three = pairs;
+  auto program = std::make_shared<ElementwiseProgram>(*pairs.program);
+  program->outputs = {5, 9, 3 + static_cast<int>(program->steps.size()) - 1};
+  three.program = program;
+  b.add("three_outputs", OpId::fused_elementwise, {b.r({5, 1}), b.r({5, 6}), b.r({5, 6})}, three);
+  three.shape = {70, 300};
+  b.add("three_outputs_large", OpId::fused_elementwise,
+        {b.r({70, 1}), b.r({70, 300}), b.r({70, 300})}, three);
 }
 
 std::vector<OpCase> all_op_cases() {

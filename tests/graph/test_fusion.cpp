@@ -79,6 +79,36 @@ TEST(Fusion, AValueReadOutsideTheChainIsKept) {
   EXPECT_EQ(values(g.output(0)), values(want));
 }
 
+// A value read again after the chain's end (here by a sum, and as a graph output) does not
+// end the chain: the fused node writes it as a second and third output.
+TEST(Fusion, AValueReadAfterTheChainIsWrittenByTheFusedNode) {
+  nn::Rng rng(5);
+  Tensor x = random({4, 50}, rng);
+  std::array<Tensor, 1> inputs{x};
+  auto step = [&](const Tensor& x) {
+    Tensor h = dispatch::call1(OpId::mul, {x, x});
+    Tensor e = dispatch::call1(OpId::exp, {h});
+    Tensor y = dispatch::call1(OpId::tanh, {e});
+    Tensor total = dispatch::call1(OpId::sum, {h});
+    return std::vector<Tensor>{y, total, e};
+  };
+  graph::Capture capture(inputs);
+  std::vector<Tensor> outputs = step(x);
+  graph::Graph g = capture.finish(outputs);
+  graph::FusionReport report = g.fuse_elementwise();
+  ASSERT_EQ(g.nodes().size(), 2u) << g.listing();
+  EXPECT_EQ(g.nodes()[0].op, OpId::fused_elementwise);
+  EXPECT_EQ(g.nodes()[0].outputs.size(), 3u);  // h (read by the sum), e (an output), y
+  EXPECT_EQ(report.chains[0].program, "mul(x0, x0); exp(mul(x0, x0)); tanh(exp(mul(x0, x0)))");
+  g.plan_memory();
+  Tensor x2 = random({4, 50}, rng);
+  std::array<Tensor, 1> next{x2};
+  g.replay(next);
+  std::vector<Tensor> want = step(x2);
+  for (std::size_t k = 0; k < want.size(); ++k)
+    EXPECT_EQ(values(g.output(k)), values(want[k])) << "output " << k;
+}
+
 // A chain's nodes run at its end's place. A node that reads a tensor which another node
 // rewrites in place before the chain ends must not move past that write.
 TEST(Fusion, AnInPlaceWriteBeforeTheChainsEndKeepsTheReaderInPlace) {

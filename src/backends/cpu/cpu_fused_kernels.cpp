@@ -96,7 +96,11 @@ void run_program(const ElementwiseProgram& program, const OpCall& call) {
   const std::int64_t rows = n / inner;
   const std::int64_t blocks_per_row = (inner + kBlock - 1) / kBlock;
   const std::int64_t chunks = rows * blocks_per_row;
-  float* out = y.data<float>();
+  // Where each step writes: the output that takes its value, else its scratch block.
+  std::vector<float*> out_of_step(static_cast<std::size_t>(steps), nullptr);
+  const std::vector<int> written = program.output_registers();
+  for (std::size_t k = 0; k < written.size(); ++k)
+    out_of_step[static_cast<std::size_t>(written[k] - inputs)] = call.outputs[k].data<float>();
   const int outer_dims = static_cast<int>(space.dims.size()) - 1;
   const int threads = n > kParallelGrain ? omp_get_max_threads() : 1;
 #pragma omp parallel num_threads(threads)
@@ -133,8 +137,8 @@ void run_program(const ElementwiseProgram& program, const OpCall& call) {
       }
       for (int k = 0; k < steps; ++k) {
         const ElementwiseStep& s = program.steps[k];
-        float* dst = k + 1 == steps
-                         ? out + row * inner + begin
+        float* dst = out_of_step[k] != nullptr
+                         ? out_of_step[k] + row * inner + begin
                          : scratch.data() + static_cast<std::size_t>(inputs + k) * kBlock;
         run_step(s, dst, reg[s.args[0]], s.args[1] >= 0 ? reg[s.args[1]] : nullptr, len);
         reg[inputs + k] = dst;
@@ -150,7 +154,7 @@ void fused_elementwise(const OpCall& call) {
 // Broadcasting x to y's shape is the one-step program expand(x0): blocks of contiguous
 // runs, the broadcast values spread, instead of an index computation per element.
 void expand(const OpCall& call) {
-  static const ElementwiseProgram program{1, {ElementwiseStep{OpId::expand, {0, -1}}}};
+  static const ElementwiseProgram program{1, {ElementwiseStep{OpId::expand, {0, -1}}}, {}};
   run_program(program, call);
 }
 

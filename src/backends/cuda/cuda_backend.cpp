@@ -354,6 +354,7 @@ FusedOp fused_op(OpId op) {
 bool fused_fits(const OpCall& call) {
   if (call.inputs.empty())
     return true;
+  static_assert(kFusedMaxOutputs == kMaxFusedOutputs);
   return call.attrs.program != nullptr && call.inputs.size() <= kFusedMaxInputs &&
          call.attrs.program->steps.size() <= static_cast<std::size_t>(kFusedMaxSteps) &&
          collapse_broadcast(call.attrs.shape, call.inputs).dims.size() <=
@@ -390,7 +391,13 @@ void CudaBackend::fused(const OpCall& call) {
     const ElementwiseStep& step = program.steps[s];
     p.step[s] = {fused_op(step.op), step.args[0], step.args[1], static_cast<float>(step.alpha)};
   }
-  run_1d("fused_elementwise", numel(y), ptr(y), numel(y), p);
+  const std::vector<int> written = program.output_registers();
+  p.outputs = static_cast<int>(written.size());
+  for (std::size_t k = 0; k < written.size(); ++k) {
+    p.y[k] = ptr(call.outputs[k]);
+    p.y_reg[k] = written[k];
+  }
+  run_1d("fused_elementwise", numel(y), numel(y), p);
 }
 
 void CudaBackend::slice_backward(const OpCall& call) {

@@ -42,9 +42,12 @@ struct FusedStep {
   int a, b;  // registers: inputs first, then steps; b = -1 for one operand
   float alpha;
 };
+inline constexpr int kFusedMaxOutputs = 8;  // core's kMaxFusedOutputs
 struct FusedProgram {
-  int inputs, steps;
-  long long dims[kFusedRank];  // padded at the front with 1
+  int inputs, steps, outputs;
+  float* y[kFusedMaxOutputs];
+  int y_reg[kFusedMaxOutputs];  // the register each output takes
+  long long dims[kFusedRank];   // padded at the front with 1
   const float* x[kFusedMaxInputs];
   int access[kFusedMaxInputs];  // 0 same layout, 1 one value, 2 strided
   long long strides[kFusedMaxInputs][kFusedRank];

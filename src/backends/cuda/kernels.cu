@@ -118,7 +118,7 @@ LOOM_KERNEL unary_backward(int op, const float* dy, const float* x, float* dx, i
 
 // A fused chain, interpreted per element (kernel_args.h). Each step is the unfused
 // kernel's expression (binary, unary, unary_backward), one step per statement.
-LOOM_KERNEL fused_elementwise(float* y, i64 n, loom::cuda::FusedProgram p) {
+LOOM_KERNEL fused_elementwise(i64 n, loom::cuda::FusedProgram p) {
   using namespace loom::cuda;
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     float r[kFusedMaxInputs + kFusedMaxSteps];
@@ -162,7 +162,7 @@ LOOM_KERNEL fused_elementwise(float* y, i64 n, loom::cuda::FusedProgram p) {
       }
       r[p.inputs + s] = v;
     }
-    y[i] = r[p.inputs + p.steps - 1];
+    for (int k = 0; k < p.outputs; ++k) p.y[k][i] = r[p.y_reg[k]];
   }
 }
 

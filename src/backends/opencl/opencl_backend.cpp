@@ -572,9 +572,12 @@ std::string step_expression(const ElementwiseStep& s, const std::string& a, cons
 // element; each step a statement of its own, with contraction off, so no multiply and
 // add of two steps become one fma that the unfused kernels would not compute.
 std::string fused_source(const ElementwiseProgram& program, const std::vector<Access>& access) {
-  std::string args =
-      "__global float* y, const ulong y_off, const ulong d1, const ulong d2, "
-      "const ulong d3";
+  const std::vector<int> written = program.output_registers();
+  std::string args;
+  for (std::size_t k = 0; k < written.size(); ++k)
+    args +=
+        "__global float* y" + std::to_string(k) + ", const ulong y" + std::to_string(k) + "_off, ";
+  args += "const ulong d1, const ulong d2, const ulong d3";
   std::string body = "  const size_t i = get_global_id(0);\n";
   bool strided = false;
   for (std::size_t k = 0; k < access.size(); ++k)
@@ -604,7 +607,9 @@ std::string fused_source(const ElementwiseProgram& program, const std::vector<Ac
     body += "  const float r" + std::to_string(inputs + static_cast<int>(k)) + " = " +
             step_expression(s, a, b) + ";\n";
   }
-  body += "  y[y_off + i] = r" + std::to_string(inputs + program.steps.size() - 1) + ";\n";
+  for (std::size_t k = 0; k < written.size(); ++k)
+    body += "  y" + std::to_string(k) + "[y" + std::to_string(k) + "_off + i] = r" +
+            std::to_string(written[k]) + ";\n";
   return std::string(kElementwiseSource) + "\n__kernel void fused(" + args +
          ") {\n#pragma OPENCL FP_CONTRACT OFF\n" + body + "}\n";
 }
@@ -648,8 +653,10 @@ void OpenClBackend::fused(const OpCall& call) {
   }
   cl_kernel k = found->second.kernel.get();
   cl_uint arg = 0;
-  set_arg(k, arg++, mem_of(y));
-  set_arg(k, arg++, off_of(y));
+  for (const Tensor& out : call.outputs) {
+    set_arg(k, arg++, mem_of(out));
+    set_arg(k, arg++, off_of(out));
+  }
   for (int d = 1; d < kFusedRank; ++d)
     set_arg(k, arg++, dims[d]);
   for (std::size_t i = 0; i < call.inputs.size(); ++i) {
