@@ -135,6 +135,17 @@ BroadcastSpace collapse_broadcast(const Shape& out, std::span<const Tensor> inpu
   return space;
 }
 
+InputAccess input_access(const BroadcastSpace& space, std::size_t k) {
+  bool scalar = true, same = true;
+  std::int64_t expected = 1;
+  for (std::size_t d = space.dims.size(); d-- > 0;) {
+    scalar = scalar && space.strides[k][d] == 0;
+    same = same && space.strides[k][d] == expected;
+    expected *= space.dims[d];
+  }
+  return same ? InputAccess::same : scalar ? InputAccess::scalar : InputAccess::strided;
+}
+
 std::vector<int> ElementwiseProgram::output_registers() const {
   if (!outputs.empty())
     return outputs;

@@ -66,6 +66,11 @@ struct BroadcastSpace {
 };
 BroadcastSpace collapse_broadcast(const Shape& out, std::span<const Tensor> inputs);
 
+// How a kernel reads input k of a collapsed space: at the output's index (same layout),
+// at its first element (one value), or through the dimensions and its strides.
+enum class InputAccess { same, scalar, strided };
+InputAccess input_access(const BroadcastSpace& space, std::size_t k);
+
 // Throws loom::Error naming the problem when `program` is malformed or an input does not
 // broadcast to `shape` (the op's shape inference).
 void check_elementwise_program(const ElementwiseProgram* program, std::span<const Tensor> inputs,

@@ -377,15 +377,10 @@ void CudaBackend::fused(const OpCall& call) {
     p.dims[pad + d] = space.dims[d];
   for (std::size_t k = 0; k < call.inputs.size(); ++k) {
     p.x[k] = ptr<const float>(call.inputs[k]);
-    bool scalar = true, same = true;
-    i64 expected = 1;
-    for (std::size_t d = space.dims.size(); d-- > 0;) {
-      scalar = scalar && space.strides[k][d] == 0;
-      same = same && space.strides[k][d] == expected;
-      expected *= space.dims[d];
+    for (std::size_t d = 0; d < space.dims.size(); ++d)
       p.strides[k][pad + d] = space.strides[k][d];
-    }
-    p.access[k] = same ? 0 : scalar ? 1 : 2;
+    const InputAccess access = input_access(space, k);
+    p.access[k] = access == InputAccess::same ? 0 : access == InputAccess::scalar ? 1 : 2;
   }
   for (std::size_t s = 0; s < program.steps.size(); ++s) {
     const ElementwiseStep& step = program.steps[s];

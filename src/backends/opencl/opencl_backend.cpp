@@ -506,21 +506,6 @@ namespace {
 
 constexpr int kFusedRank = 4;  // collapsed dimensions a generated kernel walks
 
-// How a generated kernel indexes input k: the output's index (same layout), its first
-// element (one value), or through the collapsed dimensions and the input's strides.
-enum class Access { same, scalar, strided };
-
-Access access_of(const BroadcastSpace& space, std::size_t k) {
-  bool scalar = true, same = true;
-  std::int64_t expected = 1;
-  for (std::size_t d = space.dims.size(); d-- > 0;) {
-    scalar = scalar && space.strides[k][d] == 0;
-    same = same && space.strides[k][d] == expected;
-    expected *= space.dims[d];
-  }
-  return same ? Access::same : scalar ? Access::scalar : Access::strided;
-}
-
 std::string float_literal(double value) {
   char text[64];
   std::snprintf(text, sizeof text, "%af", static_cast<double>(static_cast<float>(value)));
@@ -571,7 +556,8 @@ std::string step_expression(const ElementwiseStep& s, const std::string& a, cons
 // The kernel for one chain and one way of reading its inputs. One work-item per output
 // element; each step a statement of its own, with contraction off, so no multiply and
 // add of two steps become one fma that the unfused kernels would not compute.
-std::string fused_source(const ElementwiseProgram& program, const std::vector<Access>& access) {
+std::string fused_source(const ElementwiseProgram& program,
+                         const std::vector<InputAccess>& access) {
   const std::vector<int> written = program.output_registers();
   std::string args;
   for (std::size_t k = 0; k < written.size(); ++k)
@@ -581,7 +567,7 @@ std::string fused_source(const ElementwiseProgram& program, const std::vector<Ac
   std::string body = "  const size_t i = get_global_id(0);\n";
   bool strided = false;
   for (std::size_t k = 0; k < access.size(); ++k)
-    strided = strided || access[k] == Access::strided;
+    strided = strided || access[k] == InputAccess::strided;
   if (strided)
     body +=
         "  const ulong c3 = i % d3, c2 = i / d3 % d2, c1 = i / (d3 * d2) % d1, "
@@ -590,9 +576,9 @@ std::string fused_source(const ElementwiseProgram& program, const std::vector<Ac
     const std::string n = std::to_string(k);
     args += ", __global const float* x" + n + ", const ulong o" + n;
     std::string index = "i";
-    if (access[k] == Access::scalar) {
+    if (access[k] == InputAccess::scalar) {
       index = "0";
-    } else if (access[k] == Access::strided) {
+    } else if (access[k] == InputAccess::strided) {
       args += ", const ulong s" + n + "_0, const ulong s" + n + "_1, const ulong s" + n +
               "_2, const ulong s" + n + "_3";
       index = "c0 * s" + n + "_0 + c1 * s" + n + "_1 + c2 * s" + n + "_2 + c3 * s" + n + "_3";
@@ -630,9 +616,9 @@ void OpenClBackend::fused(const OpCall& call) {
   check(space.dims.size() <= static_cast<std::size_t>(kFusedRank),
         "opencl fused_elementwise: " + std::to_string(space.dims.size()) +
             " dimensions after merging, the kernel walks " + std::to_string(kFusedRank));
-  std::vector<Access> access;
+  std::vector<InputAccess> access;
   for (std::size_t k = 0; k < call.inputs.size(); ++k)
-    access.push_back(access_of(space, k));
+    access.push_back(input_access(space, k));
   const std::string source = fused_source(program, access);
   // Dimensions and strides padded at the front to kFusedRank.
   const std::size_t pad = kFusedRank - space.dims.size();
@@ -662,7 +648,7 @@ void OpenClBackend::fused(const OpCall& call) {
   for (std::size_t i = 0; i < call.inputs.size(); ++i) {
     set_arg(k, arg++, mem_of(call.inputs[i]));
     set_arg(k, arg++, off_of(call.inputs[i]));
-    if (access[i] == Access::strided) {
+    if (access[i] == InputAccess::strided) {
       std::vector<cl_ulong> strides(kFusedRank, 0);
       for (std::size_t d = 0; d < space.dims.size(); ++d)
         strides[pad + d] = static_cast<cl_ulong>(space.strides[i][d]);
