@@ -93,6 +93,7 @@ class GraphStep : public StepMode {
     if (g == nullptr || !step_.replayed())
       return;
     summary.graph_nodes = static_cast<std::int64_t>(g->stats().nodes);
+    summary.graph_fused_chains = static_cast<std::int64_t>(g->stats().fused_chains);
     summary.graph_memory_bytes = static_cast<std::int64_t>(g->stats().memory_bytes);
     if (overlapped_)
       summary.overlapped_buckets = static_cast<std::int64_t>(overlapped_->buckets_last_step());

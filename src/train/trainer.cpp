@@ -41,6 +41,8 @@ std::string Summary::to_json() const {
     j["test_accuracy"] = *test_accuracy;
   if (graph_nodes)
     j["graph_nodes"] = *graph_nodes;
+  if (graph_fused_chains)
+    j["graph_fused_chains"] = *graph_fused_chains;
   if (graph_memory_bytes)
     j["graph_memory_bytes"] = *graph_memory_bytes;
   if (overlapped_buckets)

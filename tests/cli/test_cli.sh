@@ -164,6 +164,19 @@ assert len(f["chains"]) >= 10 and f["nodes_fused"] < f["nodes_unfused"], f
 assert all(c["members"] >= 2 and "(" in c["program"] for c in f["chains"]), f["chains"]
 assert f["step_s_fused"] > 0 and f["step_s_unfused"] > 0
 ' || { echo "FAIL: loom ops --fusion --json"; failures=$((failures + 1)); }
+# loom train --mode graph fuses by default (--fusion false: not), with the same losses.
+for fusion in true false; do
+  "$loom" train --model onnx --onnx "$fx/tiny_gpt_block.onnx" --data data/tinyshakespeare/input.txt \
+    --context 32 --batch 2 --steps 6 --mode graph --fusion "$fusion" --eval_every 0 --final_eval false \
+    --save false --progress false --json --out "$dir/fusion_$fusion" 2>/dev/null | tail -n 1 > "$dir/fusion_$fusion.json"
+done
+python3 - "$dir/fusion_true.json" "$dir/fusion_false.json" <<'PY' || { echo "FAIL: loom train --fusion"; failures=$((failures + 1)); }
+import json, sys
+fused, unfused = (json.load(open(p)) for p in sys.argv[1:])
+assert fused["graph_fused_chains"] >= 10 and unfused["graph_fused_chains"] == 0, (fused, unfused)
+assert fused["graph_nodes"] < unfused["graph_nodes"], (fused, unfused)
+assert fused["loss_last"] == unfused["loss_last"], (fused["loss_last"], unfused["loss_last"])
+PY
 "$loom" ops --model onnx --onnx "$fx/tiny_gpt_block.onnx" --backend partial --fusion \
   | grep -q '^fusion on partial: none (the backend has no fused_elementwise kernel' \
   || { echo "FAIL: loom ops --fusion on a backend without the fused kernel"; failures=$((failures + 1)); }
