@@ -617,9 +617,11 @@ void OpenClBackend::fused(const OpCall& call) {
         "opencl fused_elementwise: " + std::to_string(space.dims.size()) +
             " dimensions after merging, the kernel walks " + std::to_string(kFusedRank));
   std::vector<InputAccess> access;
-  for (std::size_t k = 0; k < call.inputs.size(); ++k)
+  std::string access_key;
+  for (std::size_t k = 0; k < call.inputs.size(); ++k) {
     access.push_back(input_access(space, k));
-  const std::string source = fused_source(program, access);
+    access_key += static_cast<char>('0' + static_cast<int>(access.back()));
+  }
   // Dimensions and strides padded at the front to kFusedRank.
   const std::size_t pad = kFusedRank - space.dims.size();
   std::vector<cl_ulong> dims(kFusedRank, 1);
@@ -629,15 +631,27 @@ void OpenClBackend::fused(const OpCall& call) {
   if (global == 0)
     return;
   std::lock_guard lock(mutex_);
-  auto found = fused_kernels_.find(source);
-  if (found == fused_kernels_.end()) {
-    Program built = compile(source, "a fused kernel (" + program.describe() + ")");
-    cl_int err = CL_SUCCESS;
-    Kernel kernel(clCreateKernel(built.get(), "fused", &err));
-    ok(err, "clCreateKernel fused");
-    found = fused_kernels_.emplace(source, FusedKernel{std::move(built), std::move(kernel)}).first;
+  // A replayed node passes the same program each step: find its kernel by the program's
+  // address (the entry keeps the program alive, so the address is never reused) before
+  // generating any source; the source keys the built kernels, shared by equal chains.
+  auto known = fused_by_program_.find({&program, access_key});
+  if (known == fused_by_program_.end()) {
+    const std::string source = fused_source(program, access);
+    auto found = fused_kernels_.find(source);
+    if (found == fused_kernels_.end()) {
+      Program built = compile(source, "a fused kernel (" + program.describe() + ")");
+      cl_int err = CL_SUCCESS;
+      Kernel kernel(clCreateKernel(built.get(), "fused", &err));
+      ok(err, "clCreateKernel fused");
+      found =
+          fused_kernels_.emplace(source, FusedKernel{std::move(built), std::move(kernel)}).first;
+    }
+    known = fused_by_program_
+                .emplace(std::make_pair(&program, access_key),
+                         std::make_pair(call.attrs.program, found->second.kernel.get()))
+                .first;
   }
-  cl_kernel k = found->second.kernel.get();
+  cl_kernel k = known->second.second;
   cl_uint arg = 0;
   for (const Tensor& out : call.outputs) {
     set_arg(k, arg++, mem_of(out));

@@ -126,6 +126,11 @@ class OpenClBackend final : public Backend {
     Kernel kernel;
   };
   std::map<std::string, FusedKernel> fused_kernels_;  // by generated source
+  // By program and the way each input is read (one digit per input): the program, kept
+  // alive, and its kernel (owned by fused_kernels_).
+  std::map<std::pair<const ElementwiseProgram*, std::string>,
+           std::pair<std::shared_ptr<const ElementwiseProgram>, cl_kernel>>
+      fused_by_program_;
   std::unique_ptr<Stream> stream_;
   std::mutex mutex_;  // kernel arguments are per cl_kernel object: one launch at a time
 };
