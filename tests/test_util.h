@@ -11,6 +11,25 @@
 
 namespace loom::testing {
 
+// True in the AddressSanitizer/UndefinedBehaviorSanitizer build. Tests that train for many
+// steps take fewer there: the sanitizers check memory and undefined behaviour, which a few
+// steps exercise as fully as fifty, while the release build checks the numbers at length.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitizedBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kSanitizedBuild = true;
+#else
+inline constexpr bool kSanitizedBuild = false;
+#endif
+#else
+inline constexpr bool kSanitizedBuild = false;
+#endif
+// `release_steps`, or `sanitized_steps` in the sanitizer build.
+constexpr int steps_for_build(int release_steps, int sanitized_steps) {
+  return kSanitizedBuild ? sanitized_steps : release_steps;
+}
+
 Backend& cpu();
 // Every backend available in this build and on this machine (the conformance suite
 // runs each of them unchanged).

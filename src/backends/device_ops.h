@@ -108,8 +108,9 @@ inline std::vector<std::int32_t> checked_ids(const Tensor& ids, std::int64_t lim
                                              const char* op) {
   std::vector<std::int32_t> values = ids.to_ints();
   for (std::int32_t id : values)
-    check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) +
-                                     " outside [0, " + std::to_string(limit) + ")");
+    if (id < 0 || id >= limit)  // the message is built only on failure
+      throw Error(std::string(op) + ": index " + std::to_string(id) + " outside [0, " +
+                  std::to_string(limit) + ")");
   return values;
 }
 

@@ -32,14 +32,12 @@ std::vector<std::int32_t> CharTokenizer::encode(const std::u32string& text,
   ids.reserve(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) {
     std::int32_t id = encode_char(text[i]);
-    check(
-        id >= 0, what + ": character U+" +
-                     [&] {
-                       std::ostringstream s;
-                       s << std::hex << static_cast<std::uint32_t>(text[i]);
-                       return s.str();
-                     }() +
-                     " at position " + std::to_string(i) + " is not in the model's vocabulary");
+    if (id < 0) {  // the message is built only on failure: this loop runs once per character
+      std::ostringstream code;
+      code << std::hex << static_cast<std::uint32_t>(text[i]);
+      throw Error(what + ": character U+" + code.str() + " at position " + std::to_string(i) +
+                  " is not in the model's vocabulary");
+    }
     ids.push_back(id);
   }
   return ids;

@@ -118,6 +118,10 @@ TEST_P(MatmulBf16, EqualsTheReferenceOnRoundedOperands) {
   for (const OpCase& c : cases()) {
     if (c.op != OpId::matmul && c.op != OpId::linear)
       continue;
+    // Under the sanitizers the large products (a minute of reference and emulated GEMM)
+    // are left to the f32 conformance cases; the bf16 rounding path is the same at every size.
+    if (kSanitizedBuild && c.label.find("large") != std::string::npos)
+      continue;
     SCOPED_TRACE(c.label);
     std::vector<Tensor> inputs, rounded;
     for (std::size_t i = 0; i < c.inputs.size(); ++i) {

@@ -37,16 +37,19 @@ std::vector<double> losses_on(const std::string& device, int steps) {
 }
 
 TEST(PartialBackend, TrainsTheDefaultGptToTheCpuLosses) {
-  std::vector<double> cpu = losses_on("cpu", 50), partial = losses_on("partial", 50);
-  ASSERT_EQ(cpu.size(), 50u);
-  ASSERT_EQ(partial.size(), 50u);
+  const int steps = steps_for_build(50, 12);
+  std::vector<double> cpu = losses_on("cpu", steps), partial = losses_on("partial", steps);
+  ASSERT_EQ(cpu.size(), static_cast<std::size_t>(steps));
+  ASSERT_EQ(partial.size(), static_cast<std::size_t>(steps));
   for (std::size_t i = 0; i < cpu.size(); ++i)
     EXPECT_NEAR(partial[i], cpu[i], 1e-3 * cpu[i]) << "step " << i + 1;
-  EXPECT_LT(partial.back(), partial.front() - 0.5);
+  EXPECT_LT(partial.back(), partial.front() - (steps >= 50 ? 0.5 : 0.2));
 }
 
 // Every full device backend trains the default GPT with zero fallbacks (LOOM_STRICT),
-// to the CPU's losses. A backend absent from this machine is skipped, named.
+// to the CPU's losses. A backend absent from this machine is skipped, named. Fifty steps,
+// or twelve where each step is slow: under the sanitizers, and on the CUDA emulator (about
+// two seconds a step on one core; a real GPU takes the fifty).
 class DeviceBackend : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DeviceBackend, TrainsTheDefaultGptToTheCpuLossesWithZeroFallbacks) {
@@ -54,13 +57,17 @@ TEST_P(DeviceBackend, TrainsTheDefaultGptToTheCpuLossesWithZeroFallbacks) {
   std::vector<std::string> names = dispatch::device_names();
   if (std::find(names.begin(), names.end(), device) == names.end())
     GTEST_SKIP() << "no " << device << " device";
-  std::vector<double> cpu = losses_on("cpu", 50);
+  const char* emulator = std::getenv("LOOM_CUDA_EMULATOR");
+  const bool emulated = device == "cuda" && emulator != nullptr && *emulator != '\0' &&
+                        std::string(emulator) != "0";
+  const int steps = emulated ? 12 : steps_for_build(50, 12);
+  std::vector<double> cpu = losses_on("cpu", steps);
   ::setenv("LOOM_STRICT", "1", 1);  // any CPU fallback would throw
   dispatch::stats().reset();
   std::vector<double> losses;
-  EXPECT_NO_THROW(losses = losses_on(device, 50));
+  EXPECT_NO_THROW(losses = losses_on(device, steps));
   ::unsetenv("LOOM_STRICT");
-  ASSERT_EQ(losses.size(), 50u);
+  ASSERT_EQ(losses.size(), static_cast<std::size_t>(steps));
   for (std::size_t i = 0; i < cpu.size(); ++i)
     EXPECT_NEAR(losses[i], cpu[i], 1e-3 * cpu[i]) << "step " << i + 1;
   for (const auto& [key, count] : dispatch::stats().counts) {
