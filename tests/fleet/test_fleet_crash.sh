@@ -76,8 +76,13 @@ PY
 
 # --- 1. each crash point ---------------------------------------------------------------
 points=(launch:before_commit launch:after_commit launch:after_fork finish:before_record finish:after_record)
-fleet_start "$dir/points" pools.yaml --crash-at "${points[0]}" || { echo "FAIL: start"; exit 1; }
+# The six jobs are queued on drained pools (a daemon that could launch the first one would
+# reach a crash point before the sixth submit), then the pools reopen.
+fleet_start "$dir/points" pools.yaml || { echo "FAIL: start"; exit 1; }
+"$loom" fleet drain cpu-a > /dev/null && "$loom" fleet drain cpu-b > /dev/null || fail "drain"
 for i in 1 2 3 4 5 6; do job "p$i" 150; done
+"$loom" fleet drain --undo cpu-a > /dev/null && "$loom" fleet drain --undo cpu-b > /dev/null \
+  || fail "undrain"
 for p in "${points[@]}"; do
   fleet_kill 2>/dev/null
   fleet_start "$dir/points" pools.yaml --crash-at "$p" || fail "restart before $p"
