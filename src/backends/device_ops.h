@@ -4,10 +4,13 @@
 // ids (kernels cannot raise errors).
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/backend.h"
@@ -114,8 +117,41 @@ inline std::vector<std::int32_t> checked_ids(const Tensor& ids, std::int64_t lim
   return values;
 }
 
-// A device stream whose timeline operations wait on the host: copies between buffers of
-// this device are the subclass's; host memory goes through the backend's upload/download.
+// The queue (an OpenCL command queue, a CUDA stream) that the launch() in progress on
+// this thread was given. A backend's kernel launchers take no stream: they enqueue on
+// current(), which is the launch's queue inside a launch and the default stream's
+// outside (uploads, allocator work). One launch at a time per backend.
+template <class Queue>
+class LaunchTarget {
+ public:
+  class Scope {
+   public:
+    Scope(LaunchTarget& target, Queue queue) : target_(target), lock_(target.mutex_) {
+      target_.queue_ = queue;
+      target_.thread_.store(std::this_thread::get_id());
+    }
+    ~Scope() { target_.thread_.store(std::thread::id()); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    LaunchTarget& target_;
+    std::lock_guard<std::mutex> lock_;
+  };
+  Queue current(Queue outside) const {
+    return thread_.load() == std::this_thread::get_id() ? queue_ : outside;
+  }
+
+ private:
+  std::mutex mutex_;
+  Queue queue_{};
+  std::atomic<std::thread::id> thread_;
+};
+
+// A device stream: copies between buffers of this device are the subclass's; host memory
+// goes through host_to_device / device_to_host (by default the backend's blocking
+// upload/download). Timeline operations wait on the host unless the subclass does them
+// on the device (OpenCL events).
 class DeviceStream : public Stream {
  public:
   explicit DeviceStream(Backend& device) : device_(device) {}
@@ -125,21 +161,29 @@ class DeviceStream : public Stream {
     if (src_device && dst_device) {
       device_copy(src, src_offset, dst, dst_offset, bytes);
     } else if (dst_device) {
-      device_.upload(static_cast<const std::byte*>(src.data()) + src_offset, dst, dst_offset,
+      host_to_device(static_cast<const std::byte*>(src.data()) + src_offset, dst, dst_offset,
                      bytes);
     } else {
-      device_.download(src, src_offset, static_cast<std::byte*>(dst.data()) + dst_offset, bytes);
+      device_to_host(src, src_offset, static_cast<std::byte*>(dst.data()) + dst_offset, bytes);
     }
   }
-  void signal(Timeline& timeline, std::uint64_t value) final {
+  void signal(Timeline& timeline, std::uint64_t value) override {
     synchronize();
     timeline.signal(value);
   }
-  void wait(Timeline& timeline, std::uint64_t value) final { timeline.wait(value); }
+  void wait(Timeline& timeline, std::uint64_t value) override { timeline.wait(value); }
 
  protected:
   virtual void device_copy(const Buffer& src, std::size_t src_offset, Buffer& dst,
                            std::size_t dst_offset, std::size_t bytes) = 0;
+  virtual void host_to_device(const void* host, Buffer& dst, std::size_t dst_offset,
+                              std::size_t bytes) {
+    device_.upload(host, dst, dst_offset, bytes);
+  }
+  virtual void device_to_host(const Buffer& src, std::size_t src_offset, void* host,
+                              std::size_t bytes) {
+    device_.download(src, src_offset, host, bytes);
+  }
   Backend& device_;
 };
 

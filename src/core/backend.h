@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,8 +22,10 @@ namespace loom {
 class Backend;
 struct OpCall;
 
-enum class MemoryKind { device, host_pinned };
-enum class StreamKind { compute, copy, comm };
+// What a created stream is for: a hint (a chip with copy engines may put copies on a
+// queue of their own). Communication on host memory runs on a HostStream
+// (core/host_stream.h); device collectives would bring their own kind.
+enum class StreamKind { compute, copy };
 
 // What a device is and can do; the planner's device profile extends these measured figures.
 struct DeviceInfo {
@@ -67,35 +70,67 @@ class Buffer {
 };
 
 // ---------------------------------------------------------------------------
+// TimelineMarker: a point in one device queue's work (an OpenCL event, a CUDA event).
+// A device stream's signal(v) leaves one on the timeline instead of blocking, so a stream
+// of the same device can wait for it on the device, and the host only when it asks.
+// ---------------------------------------------------------------------------
+class TimelineMarker {
+ public:
+  virtual ~TimelineMarker() = default;
+  virtual bool reached() = 0;  // without blocking: has the work before it completed?
+  virtual void wait() = 0;     // blocks the calling host thread until it has
+};
+
+// ---------------------------------------------------------------------------
 // Timeline: a monotonically increasing counter shared by streams. signal(v) sets it
 // to v once the stream's earlier work is done; wait(v) blocks the stream until it
-// reaches v. Host code may wait on it too.
+// reaches v. Host code may wait on it too. A value signalled by a device stream is
+// pending until its marker is reached; values never go down (max of all signals).
 // ---------------------------------------------------------------------------
 class Timeline {
  public:
-  void signal(std::uint64_t value);
+  void signal(std::uint64_t value);  // reached now
+  // Reached when `marker` is (a device stream's signal).
+  void signal_at(std::uint64_t value, std::shared_ptr<TimelineMarker> marker);
   void wait(std::uint64_t value);  // blocks the calling host thread
-  std::uint64_t value() const;
+  std::uint64_t value() const;     // the largest value reached so far
+  // The marker whose value is the smallest pending one >= `value`, or null when `value`
+  // is reached or no pending marker covers it (a stream then waits on the host). A
+  // device stream waits for this marker on the device when it belongs to its device.
+  std::shared_ptr<TimelineMarker> marker_for(std::uint64_t value) const;
 
  private:
+  void advance(std::uint64_t value) const;  // with mutex_ held: value_ = max, settled markers go
+  void poll() const;                        // with mutex_ held: advance past reached markers
+
   mutable std::mutex mutex_;
   std::condition_variable reached_;
-  std::uint64_t value_ = 0;
+  mutable std::uint64_t value_ = 0;
+  mutable std::map<std::uint64_t, std::shared_ptr<TimelineMarker>> pending_;
 };
 
 // ---------------------------------------------------------------------------
 // Stream: ordered work on one device.
 // ---------------------------------------------------------------------------
+// Work submitted to one stream runs in submission order; streams run concurrently with
+// each other and with the host, ordered only by Timeline values. Everything a stream's
+// work reads or writes (buffers, host memory) must stay alive and unchanged by others
+// until that work is done: until a value the stream signalled after it is reached, or
+// synchronize() returns. launch() keeps its call's tensors alive itself.
 class Stream {
  public:
   virtual ~Stream() = default;
   // Copies `bytes` from src+src_offset to dst+dst_offset; buffers may belong to this
-  // device or be host-accessible.
+  // device or be host-accessible. May return before the copy is done (see above).
   virtual void copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
                     std::size_t bytes) = 0;
+  // The timeline reaches `value` once the stream's work submitted so far is done.
   virtual void signal(Timeline& timeline, std::uint64_t value) = 0;
+  // The stream's later work starts once the timeline reaches `value`; the caller is not held
+  // (a stream of the same device waits on the device, others on a thread of their own or,
+  // where a backend has neither, on the host).
   virtual void wait(Timeline& timeline, std::uint64_t value) = 0;
-  virtual void synchronize() = 0;
+  virtual void synchronize() = 0;  // blocks the host until the stream's work is done
 };
 
 // ---------------------------------------------------------------------------
@@ -108,7 +143,7 @@ class Backend {
   virtual DeviceInfo info() const = 0;
   // Cheap form of info().host_accessible, asked on every host access to a tensor.
   virtual bool host_accessible() const { return info().host_accessible; }
-  virtual Buffer allocate(std::size_t bytes, MemoryKind kind) = 0;
+  virtual Buffer allocate(std::size_t bytes) = 0;
   virtual std::unique_ptr<Stream> create_stream(StreamKind kind) = 0;
   // The coverage truth: can this backend run this call natively (op, dtypes, layout)?
   virtual bool supports(const OpCall& call) const = 0;

@@ -56,7 +56,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Backend& backend) {
                                                    " needs more bytes than size_t holds");
   Tensor t;
   std::size_t bytes = numel * dtype_size(dtype);
-  t.storage_ = std::make_shared<Buffer>(backend.allocate(bytes, MemoryKind::device));
+  t.storage_ = std::make_shared<Buffer>(backend.allocate(bytes));
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;

@@ -124,23 +124,12 @@ void GradientAverager::average(std::vector<nn::Parameter>& params) {
 }
 
 OverlappedAverager::OverlappedAverager(Communicator& comm, std::size_t bucket_bytes)
-    : comm_(comm), bucket_bytes_(std::max<std::size_t>(bucket_bytes, sizeof(float))) {
-  thread_ = std::thread([this] { run(); });
-}
-
-OverlappedAverager::~OverlappedAverager() {
-  {
-    std::lock_guard lock(mutex_);
-    stop_ = true;
-  }
-  wake_.notify_all();
-  thread_.join();
-}
+    : comm_(comm), bucket_bytes_(std::max<std::size_t>(bucket_bytes, sizeof(float))) {}
 
 void OverlappedAverager::ready(const Tensor& grad) {
-  check(
-      grad.backend().host_accessible() && grad.is_contiguous() && grad.dtype() == DType::f32,
-      "overlapped gradient averaging needs contiguous f32 host gradients, got " + grad.describe());
+  if (!grad.backend().host_accessible() || !grad.is_contiguous() || grad.dtype() != DType::f32)
+    throw Error("overlapped gradient averaging needs contiguous f32 host gradients, got " +
+                grad.describe());
   // Buckets close by the order and sizes of ready() calls alone, never by timing, so every
   // rank all-reduces the same buckets.
   filling_.push_back(grad);
@@ -150,63 +139,28 @@ void OverlappedAverager::ready(const Tensor& grad) {
 }
 
 void OverlappedAverager::close_bucket() {
-  {
-    std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(filling_));
-  }
+  std::size_t slot = closed_this_step_++;
+  if (buckets_.size() <= slot)
+    buckets_.resize(slot + 1);
+  std::vector<float>* flat = &buckets_[slot];
+  stream_.submit([this, members = std::move(filling_), flat] {
+    // A replayed step's gradients are its graph's own buffers: they must be averaged where
+    // they are.
+    average_packed(comm_, members, *flat, [](std::size_t, const Tensor&) {
+      throw Error("overlapped gradient averaging needs the gradients in host memory");
+    });
+  });
+  stream_.signal(reduced_, ++closed_total_);
   filling_.clear();
   filling_bytes_ = 0;
-  wake_.notify_all();
 }
 
 void OverlappedAverager::finish() {
   if (!filling_.empty())
     close_bucket();
-  std::unique_lock lock(mutex_);
-  done_.wait(lock, [&] { return queue_.empty() && !busy_; });
-  buckets_last_step_ = reduced_;
-  reduced_ = 0;
-  if (!error_.empty()) {
-    std::string message = std::move(error_);
-    error_.clear();
-    throw Error(message);
-  }
-}
-
-void OverlappedAverager::reduce_bucket(std::vector<Tensor>& members) {
-  if (buckets_.size() <= reduced_)
-    buckets_.resize(reduced_ + 1);
-  // A replayed step's gradients are its graph's own buffers: they must be averaged where
-  // they are.
-  average_packed(comm_, members, buckets_[reduced_], [](std::size_t, const Tensor&) {
-    throw Error("overlapped gradient averaging needs the gradients in host memory");
-  });
-}
-
-void OverlappedAverager::run() {
-  std::unique_lock lock(mutex_);
-  while (true) {
-    wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (stop_)
-      return;
-    std::vector<Tensor> members = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    lock.unlock();  // the main thread goes on computing and closing buckets meanwhile
-    std::string failure;
-    try {
-      reduce_bucket(members);
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    members.clear();
-    lock.lock();
-    ++reduced_;
-    busy_ = false;
-    if (!failure.empty() && error_.empty())
-      error_ = failure;
-    done_.notify_all();
-  }
+  buckets_last_step_ = closed_this_step_;
+  closed_this_step_ = 0;
+  stream_.synchronize();
 }
 
 Tensor broadcast_tensor(Communicator& comm, const Tensor& value, const Shape& shape,

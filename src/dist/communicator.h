@@ -6,16 +6,15 @@
 // the job is one process and every collective is the identity.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "core/host_stream.h"
 #include "nn/model.h"
 
 namespace loom::dist {
@@ -70,43 +69,42 @@ class GradientAverager {
 };
 
 // Gradient averaging overlapped with the backward pass (graph mode): the replay hands
-// over each gradient as soon as it is final; a communication thread (the job's comm
-// stream) packs them, in that order, into buckets of at least `bucket_bytes` and
-// all-reduces each full bucket while the backward pass goes on. finish() sends the last
-// bucket and waits. Gradients must be host-accessible and contiguous; nothing else may
-// touch them between ready() and finish(), and nothing else may call the communicator
-// in that time (MPI is initialised for one calling thread at a time). For two processes
-// the result is bitwise that of GradientAverager (a + b is exact in either order); for
-// more, MPI may associate the sums differently per message size.
+// over each gradient as soon as it is final; ready() packs them, in that order, into
+// buckets of at least `bucket_bytes`, and each full bucket's all-reduce is submitted to
+// the job's communication stream (a HostStream: MPI's collectives are host calls) while
+// the backward pass goes on. Each reduced bucket signals reduced() (bucket k of the
+// averager's life reaches k + 1). finish() closes the last bucket and waits for the
+// stream. Gradients must be host-accessible and contiguous; nothing else may touch them
+// between ready() and finish(), and nothing else may call the communicator in that time
+// (MPI is initialised for one calling thread at a time). For two processes the result is
+// bitwise that of GradientAverager (a + b is exact in either order); for more, MPI may
+// associate the sums differently per message size.
 class OverlappedAverager {
  public:
   OverlappedAverager(Communicator& comm, std::size_t bucket_bytes);
-  ~OverlappedAverager();
   OverlappedAverager(const OverlappedAverager&) = delete;
   OverlappedAverager& operator=(const OverlappedAverager&) = delete;
 
   void ready(const Tensor& grad);  // this gradient is final
-  void finish();                   // every gradient of the step was handed over: wait
+  void finish();  // every gradient of the step was handed over: wait; rethrows a failure
   std::size_t buckets_last_step() const { return buckets_last_step_; }
+  Timeline& reduced() { return reduced_; }
 
  private:
-  void close_bucket();  // hands the bucket being filled to the thread
-  void run();           // the communication thread
-  void reduce_bucket(std::vector<Tensor>& members);
+  void close_bucket();  // submits the bucket being filled to the stream
 
   Communicator& comm_;
   std::size_t bucket_bytes_;
-  std::vector<Tensor> filling_;  // main thread: the bucket being filled
+  std::vector<Tensor> filling_;  // the bucket being filled
   std::size_t filling_bytes_ = 0;
-  std::mutex mutex_;
-  std::condition_variable wake_, done_;
-  std::deque<std::vector<Tensor>> queue_;  // closed buckets, in order
-  bool busy_ = false, stop_ = false;
-  std::size_t reduced_ = 0;                  // buckets done this step (thread)
-  std::string error_;                        // the thread's failure, rethrown by finish()
-  std::vector<std::vector<float>> buckets_;  // kept between steps (no page faults)
+  std::size_t closed_this_step_ = 0;
+  std::uint64_t closed_total_ = 0;
+  // One packing buffer per bucket slot, kept between steps (no page faults). A deque:
+  // adding a slot leaves the ones the stream is using where they are.
+  std::deque<std::vector<float>> buckets_;
   std::size_t buckets_last_step_ = 0;
-  std::thread thread_;
+  Timeline reduced_;
+  HostStream stream_;  // last: destroyed first, running what was submitted while the rest lives
 };
 
 // A tensor of `shape` on `backend` holding rank `root`'s `value` (the other ranks' `value`

@@ -256,8 +256,7 @@ void Graph::materialize() {
   }
   std::map<Backend*, std::shared_ptr<Buffer>> arena;
   for (auto [backend, size] : arena_size) {
-    arena[backend] = std::make_shared<Buffer>(
-        backend->allocate(static_cast<std::size_t>(size), MemoryKind::device));
+    arena[backend] = std::make_shared<Buffer>(backend->allocate(static_cast<std::size_t>(size)));
     arenas_.push_back(arena[backend]);
     stats_.memory_bytes += static_cast<std::size_t>(size);
   }
@@ -269,8 +268,7 @@ void Graph::materialize() {
       storage_buffers_[s] = arena[info.backend];
       storage_base_[s] = arena_offsets_[s];
     } else {
-      storage_buffers_[s] =
-          std::make_shared<Buffer>(info.backend->allocate(info.bytes, MemoryKind::device));
+      storage_buffers_[s] = std::make_shared<Buffer>(info.backend->allocate(info.bytes));
       stats_.memory_bytes += info.bytes;
     }
   }

@@ -4,9 +4,11 @@
 #include <functional>
 
 #include "autograd/functions.h"
+#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "graph/graph.h"
 #include "optim/adamw.h"
+#include "train/prefetch.h"
 #include "train/training_run.h"
 
 namespace loom::train {
@@ -48,8 +50,9 @@ class EagerStep : public StepMode {
 // replay against the same step run eagerly; from the third on the replay runs alone,
 // with the step's batch, parameters and dropout seed. Gradients are views of the graph's
 // memory until the next step. Data parallel on host memory, the all-reduce can overlap
-// the backward pass: the replay hands each gradient to a communication thread as soon as
-// it is final.
+// the backward pass: the replay hands each gradient to the communication stream as soon
+// as it is final. On a device with memory of its own, the next step's batch is uploaded
+// on a copy stream while this step computes (train/prefetch.h).
 class GraphStep : public StepMode {
   static graph::Passes passes(const TrainConfig& cfg) {
     graph::Passes passes;
@@ -66,10 +69,16 @@ class GraphStep : public StepMode {
     if (overlap && run.data_comm().size() > 1 && run.device.host_accessible())
       overlapped_ = std::make_unique<dist::OverlappedAverager>(
           run.data_comm(), static_cast<std::size_t>(cfg.bucket_mb * 1e6));
+    if (!run.device.host_accessible())
+      prefetch_ = std::make_unique<BatchPrefetch>(
+          run.device, [&run](std::int64_t s) { return run.local_batch(s, cpu::backend()); });
   }
 
   double run(std::int64_t step) override {
-    Tensor loss = capture_or_replay(run_.local_batch(step), run_.forward_options(step));
+    data::Batch batch = prefetch_ ? prefetch_->take(step) : run_.local_batch(step);
+    if (prefetch_ && step + 1 < run_.cfg.steps)
+      prefetch_->issue(step + 1);  // before this step's kernels: the upload overlaps them
+    Tensor loss = capture_or_replay(batch, run_.forward_options(step));
     if (overlapped_ && step_.replayed())
       overlapped_->finish();
     else
@@ -97,6 +106,8 @@ class GraphStep : public StepMode {
     summary.graph_memory_bytes = static_cast<std::int64_t>(g->stats().memory_bytes);
     if (overlapped_)
       summary.overlapped_buckets = static_cast<std::int64_t>(overlapped_->buckets_last_step());
+    if (prefetch_)
+      summary.prefetched_batches = prefetch_->prefetched();
   }
 
  private:
@@ -136,6 +147,7 @@ class GraphStep : public StepMode {
   TrainingRun& run_;
   dist::GradientAverager averager_;
   std::unique_ptr<dist::OverlappedAverager> overlapped_;
+  std::unique_ptr<BatchPrefetch> prefetch_;  // devices with memory of their own
   graph::CapturedStep step_;
   std::vector<std::size_t> with_grad_;  // parameters whose gradients are outputs 1, 2, ...
 };

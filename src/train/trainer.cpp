@@ -47,6 +47,8 @@ std::string Summary::to_json() const {
     j["graph_memory_bytes"] = *graph_memory_bytes;
   if (overlapped_buckets)
     j["overlapped_buckets"] = *overlapped_buckets;
+  if (prefetched_batches)
+    j["prefetched_batches"] = *prefetched_batches;
   if (preempted)
     j["preempted"] = true;
   return j.dump();

@@ -19,7 +19,7 @@ struct Summary {
   // Graph mode: nodes replayed per step, bytes of planned memory for the intermediates,
   // and all-reduce buckets per step overlapped with the backward pass (data parallel).
   std::optional<std::int64_t> graph_nodes, graph_fused_chains, graph_memory_bytes,
-      overlapped_buckets;
+      overlapped_buckets, prefetched_batches;
   bool lead = true;        // rank 0 of a data-parallel job (the one that reports)
   bool preempted = false;  // stopped by SIGTERM/SIGINT after a checkpoint: resumable
   std::string to_json() const;

@@ -203,7 +203,11 @@ TrainingRun::TrainingRun(const TrainConfig& config)
 // Rows [rank B/N, (rank+1) B/N) of the inputs and the matching targets (a view; dispatch
 // makes it contiguous where a kernel needs it).
 data::Batch TrainingRun::local_batch(std::int64_t step) {
-  data::Batch batch = source.batch(step, device);
+  return local_batch(step, device);
+}
+
+data::Batch TrainingRun::local_batch(std::int64_t step, Backend& backend) {
+  data::Batch batch = source.batch(step, backend);
   const dist::Communicator& comm = data_comm();
   if (comm.size() == 1)
     return batch;

@@ -63,6 +63,7 @@ class TrainingRun {
   CheckpointStore& checkpoints() { return store_; }
   // This process's share of step `step`'s batch (all of it without data parallelism).
   data::Batch local_batch(std::int64_t step);
+  data::Batch local_batch(std::int64_t step, Backend& backend);  // drawn on `backend`
   // Training-mode forward options of step `step` (its dropout seed).
   nn::ForwardOptions forward_options(std::int64_t step) const;
   // The optimizer step at learning rate `lr`, then the next step's zeroed gradients

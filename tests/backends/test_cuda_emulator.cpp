@@ -218,6 +218,48 @@ TEST(CudaEmulatorDriver, KernelsAreFoundByNameAndLaunchShapesChecked) {
   EXPECT_NE(emu::last_problem().find("outside CUDA's limits"), std::string::npos);
 }
 
+// Streams run late: a copy on one stream that reads what another stream writes sees the
+// write only when it waits for it (cuStreamWaitEvent); without the wait it reads the
+// memory as it was, every time. That is what makes a missing wait a failing test here.
+TEST(CudaEmulatorDriver, AStreamSeesAnotherStreamsWriteOnlyWhenItWaitsForIt) {
+  const cuda::Api& api = emu::api();
+  CUstream writer = nullptr, reader = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&writer, 0), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamCreate(&reader, 0), CUDA_SUCCESS);
+  CUevent written = nullptr;
+  ASSERT_EQ(api.cuEventCreate(&written, 0), CUDA_SUCCESS);
+  DeviceBuffer source(16), copied(16);
+  for (bool wait : {false, true}) {
+    SCOPED_TRACE(wait ? "with the wait" : "without the wait");
+    std::vector<unsigned> zeros(4, 0), got(4, 1);
+    ASSERT_EQ(api.cuMemcpyHtoD(source.address, zeros.data(), 16), CUDA_SUCCESS);
+    ASSERT_EQ(api.cuMemsetD32Async(source.address, 7, 4, writer), CUDA_SUCCESS);
+    ASSERT_EQ(api.cuEventRecord(written, writer), CUDA_SUCCESS);
+    EXPECT_EQ(api.cuEventQuery(written), CUDA_ERROR_NOT_READY);  // nothing waited: not run
+    if (wait) {
+      ASSERT_EQ(api.cuStreamWaitEvent(reader, written, 0), CUDA_SUCCESS);
+    }
+    ASSERT_EQ(api.cuMemcpyDtoDAsync(copied.address, source.address, 16, reader), CUDA_SUCCESS);
+    ASSERT_EQ(api.cuStreamSynchronize(reader), CUDA_SUCCESS);
+    EXPECT_EQ(api.cuEventQuery(written), wait ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+    ASSERT_EQ(api.cuMemcpyDtoH(got.data(), copied.address, 16), CUDA_SUCCESS);  // runs all
+    EXPECT_EQ(got, std::vector<unsigned>(4, wait ? 7u : 0u));
+    EXPECT_EQ(api.cuEventQuery(written), CUDA_SUCCESS);
+  }
+  // A free queued on a stream happens when the stream reaches it.
+  CUdeviceptr later = 0;
+  ASSERT_EQ(api.cuMemAllocAsync(&later, 64, writer), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuMemFreeAsync(later, writer), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuMemFreeAsync(later, writer), CUDA_ERROR_INVALID_VALUE);  // already queued
+  ASSERT_EQ(api.cuMemsetD32Async(later, 0, 4, reader), CUDA_SUCCESS);      // still live when queued
+  ASSERT_EQ(api.cuStreamSynchronize(writer), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuStreamSynchronize(reader), CUDA_ERROR_INVALID_VALUE);  // freed when it ran
+  EXPECT_NE(emu::last_problem().find("when it ran"), std::string::npos);
+  api.cuEventDestroy(written);
+  api.cuStreamDestroy(writer);
+  api.cuStreamDestroy(reader);
+}
+
 // C = alpha op(A) op(B) + beta C in column-major storage, batched with strides.
 TEST(CudaEmulatorCublas, GemmFollowsTheColumnMajorDefinition) {
   const cuda::Api& api = emu::api();

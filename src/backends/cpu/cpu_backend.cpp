@@ -9,6 +9,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "core/host_stream.h"
 
 namespace loom::cpu {
 namespace {
@@ -54,7 +55,7 @@ DeviceInfo CpuBackend::info() const {
   return info;
 }
 
-Buffer CpuBackend::allocate(std::size_t bytes, MemoryKind) {
+Buffer CpuBackend::allocate(std::size_t bytes) {
   std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0)
     rounded = kAlignment;
@@ -105,15 +106,23 @@ void CpuBackend::trim_cache() {
 }
 
 std::unique_ptr<Stream> CpuBackend::create_stream(StreamKind) {
-  return std::make_unique<CpuStream>();
+  // Every kind is a host thread: the CPU has no copy engine, and its collectives (MPI on
+  // host memory) are host calls too.
+  return std::make_unique<HostStream>();
 }
 
 bool CpuBackend::supports(const OpCall&) const {
   return true;
 }
 
-void CpuBackend::launch(const OpCall& call, Stream&) {
-  kernels_[static_cast<std::size_t>(call.op)](call);
+void CpuBackend::launch(const OpCall& call, Stream& stream) {
+  KernelFn kernel = kernels_[static_cast<std::size_t>(call.op)];
+  auto* host_stream = dynamic_cast<HostStream*>(&stream);
+  if (host_stream == nullptr) {  // the default stream: synchronous, on the calling thread
+    kernel(call);
+    return;
+  }
+  host_stream->submit_call(kernel, call);  // a created stream: on its thread, in order
 }
 
 void CpuBackend::upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) {

@@ -25,7 +25,7 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
   DeviceInfo info() const override;
   bool host_accessible() const override { return true; }
-  Buffer allocate(std::size_t bytes, MemoryKind kind) override;
+  Buffer allocate(std::size_t bytes) override;
   std::unique_ptr<Stream> create_stream(StreamKind kind) override;
   bool supports(const OpCall& call) const override;
   void launch(const OpCall& call, Stream& stream) override;

@@ -15,20 +15,19 @@ namespace loom::cuda {
 
 // Each driver entry point Loom calls. The header's macros map some names to their
 // versioned symbols (cuMemAlloc -> cuMemAlloc_v2), and the table resolves those.
-#define LOOM_CUDA_DRIVER_FUNCTIONS(X)                                                             \
-  X(cuInit)                                                                                       \
-  X(cuDriverGetVersion)                                                                           \
-  X(cuDeviceGetCount)                                                                             \
-  X(cuDeviceGet)                                                                                  \
-  X(cuDeviceGetName)                                                                              \
-  X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)                         \
-      X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuGetErrorString) X(cuGetErrorName)       \
-          X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuDeviceGetDefaultMemPool)                       \
-              X(cuMemPoolSetAttribute) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoDAsync)       \
-                  X(cuMemsetD32Async) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) \
-                      X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)    \
-                          X(cuEventSynchronize) X(cuEventElapsedTime) X(cuModuleLoadData)         \
-                              X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)
+// clang-format off
+#define LOOM_CUDA_DRIVER_FUNCTIONS(X) \
+  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet)                     \
+  X(cuDeviceGetName) X(cuDeviceTotalMem) X(cuDeviceGetAttribute)                         \
+  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent)            \
+  X(cuGetErrorString) X(cuGetErrorName) X(cuMemAllocAsync) X(cuMemFreeAsync)             \
+  X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuMemcpyHtoD)                  \
+  X(cuMemcpyDtoH) X(cuMemcpyDtoDAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)         \
+  X(cuMemsetD32Async) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)        \
+  X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)               \
+  X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuModuleLoadData)        \
+  X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)
+// clang-format on
 
 // cuBLAS: typed by hand, because cublas_api.h also declares C++ overloads of some names.
 using CublasCreateFn = cublasStatus_t (*)(cublasHandle_t*);

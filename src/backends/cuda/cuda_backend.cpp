@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 
 #include "backends/cuda/cuda_backend_internal.h"
@@ -21,33 +22,133 @@ using namespace detail;
 
 namespace {
 
+// A CUDA event recorded on one stream: a Timeline marker, and what another stream of the
+// device waits on (cuStreamWaitEvent) without the host.
+class CudaMarker final : public TimelineMarker {
+ public:
+  CudaMarker(const Api& api, CUstream stream, const CudaBackend* owner) : api_(api), owner_(owner) {
+    check_cu(api_.cuEventCreate(&event_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    check_cu(api_.cuEventRecord(event_, stream), "cuEventRecord");
+  }
+  ~CudaMarker() override { api_.cuEventDestroy(event_); }
+  CudaMarker(const CudaMarker&) = delete;
+  CudaMarker& operator=(const CudaMarker&) = delete;
+  bool reached() override {
+    CUresult status = api_.cuEventQuery(event_);
+    if (status == CUDA_ERROR_NOT_READY)
+      return false;
+    check_cu(status, "cuEventQuery");
+    return true;
+  }
+  void wait() override { check_cu(api_.cuEventSynchronize(event_), "cuEventSynchronize"); }
+  CUevent event() const { return event_; }
+  const CudaBackend* owner() const { return owner_; }
+
+ private:
+  const Api& api_;
+  const CudaBackend* owner_;
+  CUevent event_ = nullptr;
+};
+
+// One CUDA stream. The backend's own (not owned) is the default stream; a created one is
+// a stream of its own whose work starts after the default stream's work submitted before
+// it: memory comes from the stream-ordered pool on the default stream, and another stream
+// may touch an allocation only once it is ordered after it. A call launched on a created
+// stream keeps its tensors until the stream has run it, because their memory returns to
+// the pool in the default stream's order.
 class CudaStream final : public device_ops::DeviceStream {
  public:
   CudaStream(CudaBackend& backend, CUstream stream, bool owned)
-      : DeviceStream(backend), backend_(backend), stream_(stream), owned_(owned) {}
-  ~CudaStream() override {
+      : DeviceStream(backend), backend_(backend), stream_(stream), owned_(owned) {
     if (owned_)
-      backend_.api().cuStreamDestroy(stream_);
+      check_cu(api().cuEventCreate(&after_default_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
   }
+  ~CudaStream() override {
+    if (!owned_)
+      return;
+    api().cuStreamSynchronize(stream_);
+    in_flight_.clear();
+    api().cuEventDestroy(after_default_);
+    api().cuStreamDestroy(stream_);
+  }
+  CUstream handle() const { return stream_; }
+  bool is_default() const { return !owned_; }
   void synchronize() override {
-    check_cu(backend_.api().cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    check_cu(api().cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    in_flight_.clear();
+  }
+  void signal(Timeline& timeline, std::uint64_t value) override {
+    timeline.signal_at(value, std::make_shared<CudaMarker>(api(), stream_, &backend_));
+  }
+  void wait(Timeline& timeline, std::uint64_t value) override {
+    std::shared_ptr<TimelineMarker> marker = timeline.marker_for(value);
+    auto* ours = dynamic_cast<CudaMarker*>(marker.get());
+    if (ours != nullptr && ours->owner() == &backend_)
+      check_cu(api().cuStreamWaitEvent(stream_, ours->event(), 0), "cuStreamWaitEvent");
+    else
+      timeline.wait(value);  // reached, signalled from the host, or another device's marker
+  }
+  // Before work on a created stream: it starts after the default stream's work so far.
+  void order_after_default() {
+    if (!owned_)
+      return;
+    check_cu(api().cuEventRecord(after_default_, backend_.stream()), "cuEventRecord");
+    check_cu(api().cuStreamWaitEvent(stream_, after_default_, 0), "cuStreamWaitEvent");
+  }
+  // After a launch on a created stream: its tensors stay alive until the stream has run it.
+  void keep_until_run(const OpCall& call) {
+    if (!owned_)
+      return;
+    while (!in_flight_.empty() && in_flight_.front().marker->reached())
+      in_flight_.pop_front();
+    InFlight entry{std::make_unique<CudaMarker>(api(), stream_, &backend_), {}};
+    entry.tensors.insert(entry.tensors.end(), call.inputs.begin(), call.inputs.end());
+    entry.tensors.insert(entry.tensors.end(), call.outputs.begin(), call.outputs.end());
+    in_flight_.push_back(std::move(entry));
   }
 
  protected:
   void device_copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
                    std::size_t bytes) override {
     backend_.forget_copies_of(address(dst, dst_offset), address(dst, dst_offset) + bytes);
-    check_cu(backend_.api().cuMemcpyDtoDAsync(address(dst, dst_offset), address(src, src_offset),
-                                              bytes, stream_),
-             "cuMemcpyDtoDAsync");
+    order_after_default();
+    check_cu(
+        api().cuMemcpyDtoDAsync(address(dst, dst_offset), address(src, src_offset), bytes, stream_),
+        "cuMemcpyDtoDAsync");
+  }
+  // From pageable memory: staged before the call returns, so the host memory is free at
+  // once, while the transfer runs in this stream's order.
+  void host_to_device(const void* host, Buffer& dst, std::size_t dst_offset,
+                      std::size_t bytes) override {
+    if (bytes == 0)
+      return;
+    backend_.forget_copies_of(address(dst, dst_offset), address(dst, dst_offset) + bytes);
+    order_after_default();
+    check_cu(api().cuMemcpyHtoDAsync(address(dst, dst_offset), host, bytes, stream_),
+             "cuMemcpyHtoDAsync");
+  }
+  // To pageable memory: returns once the copy is done, after this stream's earlier work.
+  void device_to_host(const Buffer& src, std::size_t src_offset, void* host,
+                      std::size_t bytes) override {
+    if (bytes == 0)
+      return;
+    order_after_default();
+    check_cu(api().cuMemcpyDtoHAsync(host, address(src, src_offset), bytes, stream_),
+             "cuMemcpyDtoHAsync");
   }
 
  private:
+  const Api& api() const { return backend_.api(); }
+  struct InFlight {
+    std::unique_ptr<CudaMarker> marker;
+    std::vector<Tensor> tensors;
+  };
   CudaBackend& backend_;
   CUstream stream_;
   bool owned_;
+  CUevent after_default_ = nullptr;
+  std::deque<InFlight> in_flight_;
 };
-
 }  // namespace
 
 std::unique_ptr<CudaBackend> CudaBackend::open(std::string* why) {
@@ -138,9 +239,10 @@ DeviceInfo CudaBackend::info() const {
   return i;
 }
 
-Buffer CudaBackend::allocate(std::size_t bytes, MemoryKind) {
+Buffer CudaBackend::allocate(std::size_t bytes) {
   CUdeviceptr p = 0;
-  check_cu(api_.cuMemAllocAsync(&p, std::max<std::size_t>(bytes, 4), stream_),
+  // On the stream of the launch in progress (a launcher's temporaries), else the default.
+  check_cu(api_.cuMemAllocAsync(&p, std::max<std::size_t>(bytes, 4), current_stream()),
            ("cuMemAllocAsync of " + std::to_string(bytes) + " bytes").c_str());
   return Buffer(reinterpret_cast<void*>(p), bytes, this);
 }
@@ -148,7 +250,7 @@ Buffer CudaBackend::allocate(std::size_t bytes, MemoryKind) {
 void CudaBackend::release(void* data, std::size_t bytes) noexcept {
   const auto begin = reinterpret_cast<std::uintptr_t>(data);
   forget_copies_of(begin, begin + bytes);
-  api_.cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(data), stream_);
+  api_.cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(data), current_stream());
 }
 
 std::unique_ptr<Stream> CudaBackend::create_stream(StreamKind) {
@@ -222,7 +324,7 @@ void CudaBackend::embedding_backward(const OpCall& call) {
   std::vector<std::int32_t> ids =
       device_ops::checked_ids(call.inputs[1], vocab, "embedding_backward");
   check_cu(api_.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ptr(dw)), 0,
-                                 static_cast<std::size_t>(numel(dw)), stream_),
+                                 static_cast<std::size_t>(numel(dw)), current_stream()),
            "cuMemsetD32Async");
   if (ids.empty() || c == 0)
     return;
@@ -549,7 +651,7 @@ bool CudaBackend::supports(const OpCall& call) const {
   return kernels().supports(call);
 }
 
-void CudaBackend::launch(const OpCall& call, Stream&) {
+void CudaBackend::launch(const OpCall& call, Stream& stream) {
   for (const Tensor& t : call.outputs) {  // bf16 copies of the bytes this call writes go stale
     if (!t.defined())
       continue;
@@ -561,7 +663,34 @@ void CudaBackend::launch(const OpCall& call, Stream&) {
       forget_copies_of(storage, storage + t.storage()->bytes());
     }
   }
-  kernels().launch(*this, call);
+  auto* target = dynamic_cast<CudaStream*>(&stream);
+  check(target != nullptr, "cuda: launch on a stream another backend made");
+  if (target->is_default()) {
+    device_ops::LaunchTarget<CUstream>::Scope scope(launch_target_, stream_);
+    kernels().launch(*this, call);
+    return;
+  }
+  // On the created stream: kernels, cuBLAS and the launchers' temporaries, after the
+  // default stream's work so far.
+  target->order_after_default();
+  {
+    device_ops::LaunchTarget<CUstream>::Scope scope(launch_target_, target->handle());
+    check_cublas(api_.cublasSetStream(cublas_, reinterpret_cast<cudaStream_t>(target->handle())),
+                 "cublasSetStream");
+    struct BackToDefault {
+      CudaBackend& backend;
+      ~BackToDefault() {
+        backend.api_.cublasSetStream(backend.cublas_,
+                                     reinterpret_cast<cudaStream_t>(backend.stream_));
+      }
+    } back{*this};
+    kernels().launch(*this, call);
+  }
+  target->keep_until_run(call);
+}
+
+CUstream CudaBackend::current_stream() const {
+  return launch_target_.current(stream_);
 }
 
 namespace {

@@ -37,11 +37,11 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   DeviceInfo info() const override;
   bool host_accessible() const override { return false; }
-  Buffer allocate(std::size_t bytes, MemoryKind kind) override;
+  Buffer allocate(std::size_t bytes) override;
   std::unique_ptr<Stream> create_stream(StreamKind kind) override;
   bool supports(const OpCall& call) const override;
-  // Kernels run on the backend's stream, whatever `stream` is: one in-order stream keeps
-  // the stream-ordered allocator's frees safe without events.
+  // On `stream`'s CUDA stream: the default stream, or a created one (which starts the
+  // call after the default stream's work so far and keeps its tensors until it has run).
   void launch(const OpCall& call, Stream& stream) override;
   Stream& default_stream() override { return *stream_wrapper_; }
   bool set_matmul_precision(DType dtype) override;
@@ -49,7 +49,9 @@ class CudaBackend final : public Backend {
   void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
 
   const Api& api() const { return api_; }
-  CUstream stream() const { return stream_; }
+  CUstream stream() const { return stream_; }  // the default stream's
+  // The stream of the launch this thread is inside, else the default stream.
+  CUstream current_stream() const;
   // Device bytes [begin, end) are about to be written or freed: bf16 copies made from them
   // are stale and dropped.
   void forget_copies_of(std::uintptr_t begin, std::uintptr_t end) noexcept;
@@ -130,6 +132,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Stream> stream_wrapper_;
   std::map<std::string, CUfunction, std::less<>> functions_;
   std::mutex mutex_;
+  device_ops::LaunchTarget<CUstream> launch_target_;
 };
 
 // The process's CUDA backend, or nullptr when there is no usable device.

@@ -40,8 +40,8 @@ void CudaBackend::run(const char* name, unsigned grid_x, unsigned grid_y, unsign
     return;
   // cuLaunchKernel copies the parameter values before it returns.
   void* params[] = {const_cast<void*>(static_cast<const void*>(&args))...};
-  check_cu(api_.cuLaunchKernel(function(name), grid_x, grid_y, 1, block_x, block_y, 1, 0, stream_,
-                               params, nullptr),
+  check_cu(api_.cuLaunchKernel(function(name), grid_x, grid_y, 1, block_x, block_y, 1, 0,
+                               current_stream(), params, nullptr),
            name);
 }
 

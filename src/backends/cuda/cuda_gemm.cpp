@@ -22,6 +22,10 @@ Tensor CudaBackend::bf16_copy_of(const float* data, i64 count) {
   }
   Tensor copy = Tensor::empty({count}, DType::bf16, *this);
   run_1d("to_bf16", count, data, ptr<void>(copy), count);
+  // Kept only from the default stream: a copy made on a created stream lives in that
+  // stream's order, and a later call on another stream could not see it is done.
+  if (current_stream() != stream_)
+    return copy;
   std::vector<Tensor> evicted;  // freed after the lock is released (release() locks it)
   {
     std::lock_guard lock(bf16_copies_mutex_);

@@ -41,18 +41,68 @@ cl_ulong off_of(const Tensor& t) {
   return static_cast<cl_ulong>(t.offset());
 }
 
+using Event = Handle<cl_event, clReleaseEvent>;
+
+// A marker enqueued on one queue of `context`: reached when the queue's earlier work is.
+class ClMarker final : public TimelineMarker {
+ public:
+  ClMarker(cl_event event, cl_context context) : event_(event), context_(context) {}
+  bool reached() override {
+    cl_int status = CL_QUEUED;
+    ok(clGetEventInfo(event_.get(), CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status,
+                      nullptr),
+       "clGetEventInfo");
+    check(status >= 0,
+          "opencl: work before a timeline marker failed with error " + std::to_string(status));
+    return status == CL_COMPLETE;
+  }
+  void wait() override {
+    cl_event e = event_.get();
+    ok(clWaitForEvents(1, &e), "clWaitForEvents");
+  }
+  cl_event event() const { return event_.get(); }
+  cl_context context() const { return context_; }
+
+ private:
+  Event event_;
+  cl_context context_;
+};
+
+// One in-order command queue. signal() enqueues a marker event and wait() a barrier on
+// the other queue's marker, so streams of this device order their work on the device;
+// the host waits only when it waits on the timeline itself.
 class OpenClStream final : public device_ops::DeviceStream {
  public:
   OpenClStream(OpenClBackend& backend, cl_context context, cl_device_id device)
-      : DeviceStream(backend), backend_(backend) {
+      : DeviceStream(backend), backend_(backend), context_(context) {
     cl_int err = CL_SUCCESS;
     queue_ = Queue(clCreateCommandQueue(context, device, 0, &err));
     ok(err, "clCreateCommandQueue");
   }
   // Uses the backend's queue.
-  explicit OpenClStream(OpenClBackend& backend) : DeviceStream(backend), backend_(backend) {}
+  OpenClStream(OpenClBackend& backend, cl_context context)
+      : DeviceStream(backend), backend_(backend), context_(context) {}
   cl_command_queue queue() const { return queue_.get() ? queue_.get() : backend_.queue(); }
   void synchronize() override { ok(clFinish(queue()), "clFinish"); }
+  void signal(Timeline& timeline, std::uint64_t value) override {
+    cl_event event = nullptr;
+    ok(clEnqueueMarkerWithWaitList(queue(), 0, nullptr, &event), "clEnqueueMarkerWithWaitList");
+    auto marker = std::make_shared<ClMarker>(event, context_);
+    // Submitted now, so a waiter on another queue (or the host) cannot wait on work that
+    // no one has sent to the device.
+    ok(clFlush(queue()), "clFlush");
+    timeline.signal_at(value, std::move(marker));
+  }
+  void wait(Timeline& timeline, std::uint64_t value) override {
+    std::shared_ptr<TimelineMarker> marker = timeline.marker_for(value);
+    auto* ours = dynamic_cast<ClMarker*>(marker.get());
+    if (ours != nullptr && ours->context() == context_) {
+      cl_event event = ours->event();
+      ok(clEnqueueBarrierWithWaitList(queue(), 1, &event, nullptr), "clEnqueueBarrierWithWaitList");
+    } else {
+      timeline.wait(value);  // reached, signalled from the host, or another device's marker
+    }
+  }
 
  protected:
   void device_copy(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
@@ -62,9 +112,26 @@ class OpenClStream final : public device_ops::DeviceStream {
                            nullptr, nullptr),
        "clEnqueueCopyBuffer");
   }
+  // Non-blocking transfers in this queue's order: the host memory is the caller's to keep
+  // until a value signalled after the copy is reached (Stream's contract).
+  void host_to_device(const void* host, Buffer& dst, std::size_t dst_offset,
+                      std::size_t bytes) override {
+    if (bytes != 0)
+      ok(clEnqueueWriteBuffer(queue(), static_cast<cl_mem>(dst.data()), CL_FALSE, dst_offset, bytes,
+                              host, 0, nullptr, nullptr),
+         "clEnqueueWriteBuffer");
+  }
+  void device_to_host(const Buffer& src, std::size_t src_offset, void* host,
+                      std::size_t bytes) override {
+    if (bytes != 0)
+      ok(clEnqueueReadBuffer(queue(), static_cast<cl_mem>(src.data()), CL_FALSE, src_offset, bytes,
+                             host, 0, nullptr, nullptr),
+         "clEnqueueReadBuffer");
+  }
 
  private:
   OpenClBackend& backend_;
+  cl_context context_;
   Queue queue_;
 };
 
@@ -98,7 +165,7 @@ OpenClBackend::OpenClBackend(cl_platform_id platform, cl_device_id device) : dev
   ok(err, "clCreateContext");
   queue_ = Queue(clCreateCommandQueue(context_.get(), device, 0, &err));
   ok(err, "clCreateCommandQueue");
-  stream_ = std::make_unique<OpenClStream>(*this);
+  stream_ = std::make_unique<OpenClStream>(*this, context_.get());
   build_program();
 }
 
@@ -194,7 +261,7 @@ void OpenClBackend::run(const char* name, std::size_t global, Args... args) {
   cl_kernel k = kernel(name);
   cl_uint i = 0;
   (set_arg(k, i++, args), ...);
-  ok(clEnqueueNDRangeKernel(queue_.get(), k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr),
+  ok(clEnqueueNDRangeKernel(current_queue(), k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr),
      std::string("clEnqueueNDRangeKernel ") + name);
 }
 
@@ -208,7 +275,7 @@ DeviceInfo OpenClBackend::info() const {
   return i;
 }
 
-Buffer OpenClBackend::allocate(std::size_t bytes, MemoryKind) {
+Buffer OpenClBackend::allocate(std::size_t bytes) {
   cl_int err = CL_SUCCESS;
   cl_mem m =
       clCreateBuffer(context_.get(), CL_MEM_READ_WRITE, bytes == 0 ? 4 : bytes, nullptr, &err);
@@ -233,8 +300,8 @@ void OpenClBackend::upload(const void* host, Buffer& dst, std::size_t dst_offset
                            std::size_t bytes) {
   if (bytes == 0)
     return;
-  ok(clEnqueueWriteBuffer(queue_.get(), static_cast<cl_mem>(dst.data()), CL_TRUE, dst_offset, bytes,
-                          host, 0, nullptr, nullptr),
+  ok(clEnqueueWriteBuffer(current_queue(), static_cast<cl_mem>(dst.data()), CL_TRUE, dst_offset,
+                          bytes, host, 0, nullptr, nullptr),
      "clEnqueueWriteBuffer");
 }
 
@@ -242,8 +309,8 @@ void OpenClBackend::download(const Buffer& src, std::size_t src_offset, void* ho
                              std::size_t bytes) {
   if (bytes == 0)
     return;
-  ok(clEnqueueReadBuffer(queue_.get(), static_cast<cl_mem>(src.data()), CL_TRUE, src_offset, bytes,
-                         host, 0, nullptr, nullptr),
+  ok(clEnqueueReadBuffer(current_queue(), static_cast<cl_mem>(src.data()), CL_TRUE, src_offset,
+                         bytes, host, 0, nullptr, nullptr),
      "clEnqueueReadBuffer");
 }
 
@@ -255,7 +322,7 @@ void OpenClBackend::matmul(const OpCall& call) {
   std::size_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
   std::size_t lda = a.dim(-1), ldb = b.dim(-1);
   auto gemm = [&](std::size_t rows, std::size_t a_off, std::size_t b_off, std::size_t c_off) {
-    cl_command_queue q = queue_.get();
+    cl_command_queue q = current_queue();
     auto status = clblast::Gemm<float>(
         clblast::Layout::kRowMajor, ta ? clblast::Transpose::kYes : clblast::Transpose::kNo,
         tb ? clblast::Transpose::kYes : clblast::Transpose::kNo, rows, n, k, 1.0f, mem_of(a),
@@ -670,7 +737,7 @@ void OpenClBackend::fused(const OpCall& call) {
         set_arg(k, arg++, stride);
     }
   }
-  ok(clEnqueueNDRangeKernel(queue_.get(), k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr),
+  ok(clEnqueueNDRangeKernel(current_queue(), k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr),
      "clEnqueueNDRangeKernel fused");
 }
 
@@ -721,8 +788,22 @@ bool OpenClBackend::supports(const OpCall& call) const {
   return kernels().supports(call);
 }
 
-void OpenClBackend::launch(const OpCall& call, Stream&) {
+void OpenClBackend::launch(const OpCall& call, Stream& stream) {
+  auto* target = dynamic_cast<OpenClStream*>(&stream);
+  check(target != nullptr, "opencl: launch on a stream another backend made");
+  // Its kernels, GEMMs and the reads a launcher makes (checked ids) go to the stream's queue.
+  device_ops::LaunchTarget<cl_command_queue>::Scope scope(launch_target_, target->queue());
   kernels().launch(*this, call);
+}
+
+cl_command_queue OpenClBackend::queue_of(Stream& stream) {
+  auto* ours = dynamic_cast<OpenClStream*>(&stream);
+  check(ours != nullptr, "opencl: a stream another backend made has no command queue here");
+  return ours->queue();
+}
+
+cl_command_queue OpenClBackend::current_queue() const {
+  return launch_target_.current(queue_.get());
 }
 
 OpenClBackend* backend() {

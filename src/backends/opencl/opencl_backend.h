@@ -62,7 +62,7 @@ class OpenClBackend final : public Backend {
 
   std::string_view name() const override { return "opencl"; }
   DeviceInfo info() const override;
-  Buffer allocate(std::size_t bytes, MemoryKind kind) override;
+  Buffer allocate(std::size_t bytes) override;
   std::unique_ptr<Stream> create_stream(StreamKind kind) override;
   bool supports(const OpCall& call) const override;
   void launch(const OpCall& call, Stream& stream) override;
@@ -70,7 +70,11 @@ class OpenClBackend final : public Backend {
   void upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) override;
   void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
 
-  cl_command_queue queue() const { return queue_.get(); }
+  cl_command_queue queue() const { return queue_.get(); }  // the default stream's
+  cl_context context() const { return context_.get(); }
+  // The command queue behind a stream this backend made (interop: other OpenCL code
+  // enqueueing in the stream's order).
+  static cl_command_queue queue_of(Stream& stream);
   static constexpr int kMaxCopyRank = 6;  // copy_strided's shape and stride arguments
 
  protected:
@@ -82,6 +86,8 @@ class OpenClBackend final : public Backend {
   // a build error.
   Program compile(const std::string& source, const std::string& what);
   cl_kernel kernel(const char* name);
+  // The queue of the launch this thread is inside, else the default stream's.
+  cl_command_queue current_queue() const;
   template <class... Args>
   void run(const char* name, std::size_t global, Args... args);
 
@@ -133,6 +139,7 @@ class OpenClBackend final : public Backend {
       fused_by_program_;
   std::unique_ptr<Stream> stream_;
   std::mutex mutex_;  // kernel arguments are per cl_kernel object: one launch at a time
+  device_ops::LaunchTarget<cl_command_queue> launch_target_;
 };
 
 // The process's OpenCL backend, or nullptr when no device is present.

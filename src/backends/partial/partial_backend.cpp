@@ -5,6 +5,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/host_stream.h"
 
 namespace loom::partial {
 
@@ -31,9 +32,11 @@ std::vector<KernelTable<PartialBackend>::Entry> entries_for(const std::set<OpId>
 }  // namespace
 
 PartialBackend::PartialBackend(std::set<OpId> native)
-    : native_(std::move(native)),
-      kernels_("partial", entries_for(native_)),
-      stream_(cpu::backend().create_stream(StreamKind::compute)) {}
+    : native_(std::move(native)), kernels_("partial", entries_for(native_)) {}
+
+Stream& PartialBackend::default_stream() {
+  return cpu::backend().default_stream();
+}
 
 DeviceInfo PartialBackend::info() const {
   DeviceInfo i = cpu::backend().info();
@@ -41,7 +44,7 @@ DeviceInfo PartialBackend::info() const {
   return i;
 }
 
-Buffer PartialBackend::allocate(std::size_t bytes, MemoryKind) {
+Buffer PartialBackend::allocate(std::size_t bytes) {
   std::size_t rounded = (bytes + 63) / 64 * 64;
   void* block = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   check(block != nullptr, "partial: out of memory allocating " + std::to_string(bytes) + " bytes");
@@ -60,7 +63,12 @@ bool PartialBackend::supports(const OpCall& call) const {
   return kernels_.supports(call);
 }
 
-void PartialBackend::launch(const OpCall& call, Stream&) {
+void PartialBackend::launch(const OpCall& call, Stream& stream) {
+  if (auto* created = dynamic_cast<HostStream*>(&stream)) {  // in order on its thread
+    created->submit_call([this](const OpCall& deferred) { kernels_.launch(*this, deferred); },
+                         call);
+    return;
+  }
   kernels_.launch(*this, call);
 }
 

@@ -27,11 +27,12 @@ class PartialBackend final : public Backend {
   bool host_accessible() const override {
     return true;
   }  // unified memory, like a CPU-attached accelerator
-  Buffer allocate(std::size_t bytes, MemoryKind kind) override;
+  Buffer allocate(std::size_t bytes) override;
   std::unique_ptr<Stream> create_stream(StreamKind kind) override;
   bool supports(const OpCall& call) const override;
   void launch(const OpCall& call, Stream& stream) override;
-  Stream& default_stream() override { return *stream_; }
+  // The CPU's: synchronous, on the calling thread. Created streams are the CPU's too.
+  Stream& default_stream() override;
   void upload(const void* host, Buffer& dst, std::size_t dst_offset, std::size_t bytes) override;
   void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
   const std::set<OpId>& native_ops() const { return native_; }
@@ -44,7 +45,6 @@ class PartialBackend final : public Backend {
  private:
   std::set<OpId> native_;
   KernelTable<PartialBackend> kernels_;
-  std::unique_ptr<Stream> stream_;
 };
 
 PartialBackend& backend();

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,12 +39,42 @@ struct Allocation {
   std::size_t bytes = 0;
 };
 
+// Streams run late. Work enqueued on a stream is queued, not run; it runs when the host
+// must see it (the stream or an event on it synchronized, a synchronous copy) or when a
+// stream being run waits for it (cuStreamWaitEvent). So a stream that reads what another
+// stream writes without waiting for it reads memory not yet written, every time, instead
+// of only when a GPU's timing happens to expose the race. An event query reports only
+// what has run: polling alone never runs work (a host that needs it waits on it). The
+// legacy stream (0) is synchronous with every stream, as CUDA's legacy default stream is
+// with blocking streams: before its work runs, every queue runs to its end.
+struct QueuedWork {
+  std::function<CUresult()> run;  // null for a wait
+  // A cuStreamWaitEvent: stream `wait_stream` must first have run `wait_until` entries.
+  std::uintptr_t wait_stream = 0;
+  std::uint64_t wait_until = 0;
+};
+struct EmulatedStream {
+  std::deque<QueuedWork> queue;
+  std::uint64_t enqueued = 0, completed = 0;  // entries ever queued, and run
+  bool running = false;
+};
+struct EmulatedEvent {
+  std::uintptr_t stream = 0;   // 0: never recorded, or recorded on the legacy stream
+  std::uint64_t position = 0;  // complete once the stream has run this many entries
+  Clock::time_point when = Clock::now();
+};
+
 struct Device {
   std::mutex mutex;
   std::map<std::uintptr_t, Allocation> allocations;  // by the address handed out
-  std::map<std::uintptr_t, Clock::time_point> events;
+  std::map<std::uintptr_t, bool> freeing;            // frees queued on a stream, not yet run
   std::uintptr_t next_handle = 0x1000;
-  std::mutex launch;  // one device: kernels run one at a time
+  // Streams, events, the stream each cuBLAS handle enqueues on; work runs under it, one
+  // entry at a time (one device).
+  std::mutex queues;
+  std::map<std::uintptr_t, EmulatedStream> streams;
+  std::map<std::uintptr_t, EmulatedEvent> events;
+  std::map<std::uintptr_t, std::uintptr_t> blas_streams;
 };
 Device& device() {
   static Device d;
@@ -90,6 +122,75 @@ CUresult check_range(std::uintptr_t address, std::size_t bytes, const char* call
                      : fail(CUDA_ERROR_INVALID_VALUE, std::string(call) + ": " + why);
 }
 
+// ---- stream queues (with device().queues held) -------------------------------------------
+
+std::uintptr_t key(CUstream stream) {
+  return reinterpret_cast<std::uintptr_t>(stream);
+}
+
+// Runs `stream`'s entries until it has run `until` of them; a wait first runs the stream
+// it waits on. Returns the first failure, with its text in `problem` (later entries still
+// run: a failure is reported by the call that made the work run).
+CUresult run_until(std::uintptr_t id, std::uint64_t until) {
+  Device& d = device();
+  auto found = d.streams.find(id);
+  if (found == d.streams.end())
+    return CUDA_SUCCESS;  // destroyed: its work ran before it went
+  EmulatedStream& stream = found->second;
+  if (stream.completed >= until)
+    return CUDA_SUCCESS;
+  if (stream.running)
+    return fail(CUDA_ERROR_INVALID_VALUE,
+                "streams wait on each other in a cycle (a wait for work queued after it)");
+  CUresult first = CUDA_SUCCESS;
+  std::string first_problem;
+  stream.running = true;
+  while (stream.completed < until && !stream.queue.empty()) {
+    QueuedWork work = std::move(stream.queue.front());
+    stream.queue.pop_front();
+    CUresult status = work.run ? work.run() : run_until(work.wait_stream, work.wait_until);
+    ++stream.completed;
+    if (status != CUDA_SUCCESS && first == CUDA_SUCCESS) {
+      first = status;
+      first_problem = problem;
+    }
+  }
+  stream.running = false;
+  if (first != CUDA_SUCCESS)
+    problem = first_problem;
+  return first;
+}
+
+CUresult run_all() {
+  Device& d = device();
+  std::vector<std::pair<std::uintptr_t, std::uint64_t>> ends;
+  for (auto& [id, stream] : d.streams)
+    ends.emplace_back(id, stream.enqueued);
+  CUresult first = CUDA_SUCCESS;
+  for (auto [id, end] : ends)
+    if (CUresult status = run_until(id, end); status != CUDA_SUCCESS && first == CUDA_SUCCESS)
+      first = status;
+  return first;
+}
+
+// Queues `work` on `stream`; on the legacy stream it runs now, after every queue.
+CUresult enqueue(CUstream stream, std::function<CUresult()> work) {
+  Device& d = device();
+  std::lock_guard lock(d.queues);
+  if (stream == nullptr) {
+    if (CUresult status = run_all(); status != CUDA_SUCCESS)
+      return status;
+    return work();
+  }
+  auto found = d.streams.find(key(stream));
+  if (found == d.streams.end())
+    return fail(CUDA_ERROR_INVALID_HANDLE,
+                "a stream that cuStreamCreate did not make, or destroyed");
+  found->second.queue.push_back({std::move(work), 0, 0});
+  ++found->second.enqueued;
+  return CUDA_SUCCESS;
+}
+
 const char* error_name(CUresult status) {
   switch (status) {
     case CUDA_SUCCESS:
@@ -106,6 +207,8 @@ const char* error_name(CUresult status) {
       return "CUDA_ERROR_NOT_FOUND";
     case CUDA_ERROR_LAUNCH_FAILED:
       return "CUDA_ERROR_LAUNCH_FAILED";
+    case CUDA_ERROR_NOT_READY:
+      return "CUDA_ERROR_NOT_READY";
     default:
       return nullptr;
   }
@@ -135,7 +238,12 @@ std::string operand_outside(const char* which, const void* base, cudaDataType ty
   return why.empty() ? "" : std::string("operand ") + which + ": " + why;
 }
 
-cublasStatus_t gemm_strided_batched(cublasHandle_t, cublasOperation_t transa,
+bool gemm_product(bool ta, bool tb, int m, int n, int k, float alpha, const void* a,
+                  cudaDataType a_type, int lda, long long stride_a, const void* b,
+                  cudaDataType b_type, int ldb, long long stride_b, float beta, void* c,
+                  cudaDataType c_type, int ldc, long long stride_c, int batch);
+
+cublasStatus_t gemm_strided_batched(cublasHandle_t handle, cublasOperation_t transa,
                                     cublasOperation_t transb, int m, int n, int k,
                                     const void* alpha_ptr, const void* a, cudaDataType a_type,
                                     int lda, long long stride_a, const void* b, cudaDataType b_type,
@@ -168,8 +276,33 @@ cublasStatus_t gemm_strided_batched(cublasHandle_t, cublasOperation_t transa,
         operand_outside("C", c, c_type, m, n, ldc, stride_c, batch)})
     if (!why.empty())
       return fail(CUBLAS_STATUS_EXECUTION_FAILED, "cublasGemmStridedBatchedEx: " + why);
+  // Host scalars are read when the call is made (CUBLAS_POINTER_MODE_HOST); the product
+  // runs on the handle's stream.
   const float alpha = *static_cast<const float*>(alpha_ptr);
   const float beta = *static_cast<const float*>(beta_ptr);
+  auto product = [=] {
+    return gemm_product(ta, tb, m, n, k, alpha, a, a_type, lda, stride_a, b, b_type, ldb, stride_b,
+                        beta, c, c_type, ldc, stride_c, batch)
+               ? CUDA_SUCCESS
+               : fail(CUDA_ERROR_LAUNCH_FAILED, "cublasGemmStridedBatchedEx: dnnl_sgemm failed");
+  };
+  CUstream stream = nullptr;
+  {
+    Device& d = device();
+    std::lock_guard lock(d.queues);
+    auto found = d.blas_streams.find(reinterpret_cast<std::uintptr_t>(handle));
+    if (found != d.blas_streams.end())
+      stream = reinterpret_cast<CUstream>(found->second);
+  }
+  return enqueue(stream, product) == CUDA_SUCCESS ? CUBLAS_STATUS_SUCCESS
+                                                  : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+// C = alpha op(A) op(B) + beta C, column-major, per batch; false when oneDNN fails.
+bool gemm_product(bool ta, bool tb, int m, int n, int k, float alpha, const void* a,
+                  cudaDataType a_type, int lda, long long stride_a, const void* b,
+                  cudaDataType b_type, int ldb, long long stride_b, float beta, void* c,
+                  cudaDataType c_type, int ldc, long long stride_c, int batch) {
   // op(A) packed row-major [m, k] and op(B) as rows of its columns [n, k], in f32; oneDNN
   // multiplies them (the emulator checks the indexing, not the arithmetic), and C is
   // written back column-major.
@@ -187,7 +320,7 @@ cublasStatus_t gemm_strided_batched(cublasHandle_t, cublasOperation_t transa,
     if (k > 0 && m > 0 && n > 0 &&
         dnnl_sgemm('N', 'T', m, n, k, 1.0f, a_packed.data(), k, b_packed.data(), k, 0.0f,
                    product.data(), n) != dnnl_success)
-      return fail(CUBLAS_STATUS_EXECUTION_FAILED, "cublasGemmStridedBatchedEx: dnnl_sgemm failed");
+      return false;
     if (k == 0)
       std::fill(product.begin(), product.end(), 0.0f);
     for (long long j = 0; j < n; ++j)
@@ -203,13 +336,13 @@ cublasStatus_t gemm_strided_batched(cublasHandle_t, cublasOperation_t transa,
           static_cast<__nv_bfloat16*>(c)[index] = __float2bfloat16_rn(result);
       }
   }
-  return CUBLAS_STATUS_SUCCESS;
+  return true;
 }
 
 // ---- kernels -------------------------------------------------------------------------------
 
 CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                unsigned bz, unsigned shared_bytes, CUstream, void** params, void** extra) {
+                unsigned bz, unsigned shared_bytes, CUstream stream, void** params, void** extra) {
   auto* kernel = reinterpret_cast<EmulatedKernel*>(f);
   if (kernel == nullptr)
     return fail(CUDA_ERROR_INVALID_HANDLE, "cuLaunchKernel: a null function");
@@ -226,14 +359,15 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
                 "cuLaunchKernel '" + kernel->name +
                     "': the emulator takes parameters as kernelParams only, with no dynamic "
                     "shared memory");
-  std::lock_guard lock(device().launch);
-  try {
-    run_grid(
-        kernel->name, {gx, gy, gz}, {bx, by, bz}, [&] { kernel->call(params); }, kernel->profile);
-  } catch (const Error& e) {
-    return fail(CUDA_ERROR_LAUNCH_FAILED, std::string(e.what()) + " (" + shape + ")");
-  }
-  return CUDA_SUCCESS;
+  std::function<void()> call = kernel->bind(params);
+  return enqueue(stream, [kernel, call, shape, grid = Dim3{gx, gy, gz}, block = Dim3{bx, by, bz}] {
+    try {
+      run_grid(kernel->name, grid, block, call, kernel->profile);
+    } catch (const Error& e) {
+      return fail(CUDA_ERROR_LAUNCH_FAILED, std::string(e.what()) + " (" + shape + ")");
+    }
+    return CUDA_SUCCESS;
+  });
 }
 
 Api make_api() {
@@ -309,86 +443,216 @@ Api make_api() {
     *address = static_cast<CUdeviceptr>(start);
     return CUDA_SUCCESS;
   };
-  a.cuMemFreeAsync = [](CUdeviceptr address, CUstream) {
+  a.cuMemFreeAsync = [](CUdeviceptr address, CUstream stream) {
     Device& d = device();
-    std::lock_guard lock(d.mutex);
-    if (d.allocations.erase(static_cast<std::uintptr_t>(address)) == 0)
-      return fail(CUDA_ERROR_INVALID_VALUE,
-                  "cuMemFreeAsync: " + hex(address) + " is not the start of a live allocation");
-    return CUDA_SUCCESS;
+    const auto where = static_cast<std::uintptr_t>(address);
+    {
+      std::lock_guard lock(d.mutex);
+      if (d.allocations.count(where) == 0 || d.freeing.count(where) != 0)
+        return fail(CUDA_ERROR_INVALID_VALUE,
+                    "cuMemFreeAsync: " + hex(address) + " is not the start of a live allocation");
+      d.freeing[where] = true;
+    }
+    return enqueue(stream, [where] {  // the memory stays until the stream reaches the free
+      Device& dev = device();
+      std::lock_guard lock(dev.mutex);
+      dev.freeing.erase(where);
+      dev.allocations.erase(where);
+      return CUDA_SUCCESS;
+    });
   };
   a.cuDeviceGetDefaultMemPool = [](CUmemoryPool* pool, CUdevice) {
     *pool = new_handle<CUmemoryPool>();
     return CUDA_SUCCESS;
   };
   a.cuMemPoolSetAttribute = [](CUmemoryPool, CUmemPool_attribute, void*) { return CUDA_SUCCESS; };
+  // Synchronous copies run on the legacy stream: after every stream's queued work.
   a.cuMemcpyHtoD = [](CUdeviceptr dst, const void* src, std::size_t bytes) {
     if (CUresult r = check_range(dst, bytes, "cuMemcpyHtoD"); r != CUDA_SUCCESS)
       return r;
-    std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
-    return CUDA_SUCCESS;
+    return enqueue(nullptr, [=] {
+      std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+      return CUDA_SUCCESS;
+    });
   };
   a.cuMemcpyDtoH = [](void* dst, CUdeviceptr src, std::size_t bytes) {
     if (CUresult r = check_range(src, bytes, "cuMemcpyDtoH"); r != CUDA_SUCCESS)
       return r;
-    std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
-    return CUDA_SUCCESS;
+    return enqueue(nullptr, [=] {
+      std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+      return CUDA_SUCCESS;
+    });
   };
-  a.cuMemcpyDtoDAsync = [](CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream) {
+  // From pageable host memory, as CUDA does: the bytes are staged before the call returns,
+  // so the host memory may be reused at once.
+  a.cuMemcpyHtoDAsync = [](CUdeviceptr dst, const void* src, std::size_t bytes, CUstream stream) {
+    if (CUresult r = check_range(dst, bytes, "cuMemcpyHtoDAsync"); r != CUDA_SUCCESS)
+      return r;
+    auto staged = std::make_shared<std::vector<std::byte>>(
+        static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + bytes);
+    return enqueue(stream, [=] {
+      if (CUresult r = check_range(dst, bytes, "cuMemcpyHtoDAsync (when it ran)");
+          r != CUDA_SUCCESS)
+        return r;
+      std::memcpy(reinterpret_cast<void*>(dst), staged->data(), bytes);
+      return CUDA_SUCCESS;
+    });
+  };
+  // To pageable host memory, as CUDA does: returns once the copy is done.
+  a.cuMemcpyDtoHAsync = [](void* dst, CUdeviceptr src, std::size_t bytes, CUstream stream) {
+    if (CUresult r = check_range(src, bytes, "cuMemcpyDtoHAsync"); r != CUDA_SUCCESS)
+      return r;
+    CUresult queued = enqueue(stream, [=] {
+      if (CUresult r = check_range(src, bytes, "cuMemcpyDtoHAsync (when it ran)");
+          r != CUDA_SUCCESS)
+        return r;
+      std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+      return CUDA_SUCCESS;
+    });
+    if (queued != CUDA_SUCCESS || stream == nullptr)
+      return queued;
+    Device& d = device();
+    std::lock_guard lock(d.queues);
+    return run_until(key(stream), d.streams[key(stream)].enqueued);
+  };
+  a.cuMemcpyDtoDAsync = [](CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream) {
     for (auto [address, what] : {std::pair{dst, "cuMemcpyDtoDAsync (destination)"},
                                  std::pair{src, "cuMemcpyDtoDAsync (source)"}})
       if (CUresult r = check_range(address, bytes, what); r != CUDA_SUCCESS)
         return r;
     if (bytes != 0 && dst < src + bytes && src < dst + bytes)
       return fail(CUDA_ERROR_INVALID_VALUE, "cuMemcpyDtoDAsync: source and destination overlap");
-    std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
-    return CUDA_SUCCESS;
+    return enqueue(stream, [=] {
+      for (auto [address, what] : {std::pair{dst, "cuMemcpyDtoDAsync (destination, when it ran)"},
+                                   std::pair{src, "cuMemcpyDtoDAsync (source, when it ran)"}})
+        if (CUresult r = check_range(address, bytes, what); r != CUDA_SUCCESS)
+          return r;
+      std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+      return CUDA_SUCCESS;
+    });
   };
-  a.cuMemsetD32Async = [](CUdeviceptr dst, unsigned value, std::size_t count, CUstream) {
+  a.cuMemsetD32Async = [](CUdeviceptr dst, unsigned value, std::size_t count, CUstream stream) {
     if (CUresult r = check_range(dst, count * 4, "cuMemsetD32Async"); r != CUDA_SUCCESS)
       return r;
-    auto* words = reinterpret_cast<unsigned*>(dst);
-    std::fill(words, words + count, value);
-    return CUDA_SUCCESS;
+    return enqueue(stream, [=] {
+      if (CUresult r = check_range(dst, count * 4, "cuMemsetD32Async (when it ran)");
+          r != CUDA_SUCCESS)
+        return r;
+      auto* words = reinterpret_cast<unsigned*>(dst);
+      std::fill(words, words + count, value);
+      return CUDA_SUCCESS;
+    });
   };
   a.cuStreamCreate = [](CUstream* stream, unsigned) {
     *stream = new_handle<CUstream>();
+    Device& d = device();
+    std::lock_guard lock(d.queues);
+    d.streams[key(*stream)];
     return CUDA_SUCCESS;
   };
-  a.cuStreamDestroy = [](CUstream) { return CUDA_SUCCESS; };
-  a.cuStreamSynchronize = [](CUstream) { return CUDA_SUCCESS; };  // work ran when enqueued
-  a.cuStreamWaitEvent = [](CUstream, CUevent, unsigned) { return CUDA_SUCCESS; };
+  // The stream's queued work still runs (as CUDA finishes it after the call returns).
+  a.cuStreamDestroy = [](CUstream stream) {
+    Device& d = device();
+    std::lock_guard lock(d.queues);
+    auto found = d.streams.find(key(stream));
+    if (found == d.streams.end())
+      return fail(CUDA_ERROR_INVALID_HANDLE, "cuStreamDestroy: not a live stream");
+    CUresult status = run_until(found->first, found->second.enqueued);
+    d.streams.erase(key(stream));
+    return status;
+  };
+  a.cuStreamSynchronize = [](CUstream stream) {
+    Device& d = device();
+    std::lock_guard lock(d.queues);
+    if (stream == nullptr)
+      return run_all();
+    auto found = d.streams.find(key(stream));
+    if (found == d.streams.end())
+      return fail(CUDA_ERROR_INVALID_HANDLE, "cuStreamSynchronize: not a live stream");
+    return run_until(found->first, found->second.enqueued);
+  };
+  // Waits for the event's latest record as it stands now; an event never recorded is
+  // complete.
+  a.cuStreamWaitEvent = [](CUstream stream, CUevent event, unsigned) {
+    Device& d = device();
+    std::lock_guard lock(d.queues);
+    auto e = d.events.find(reinterpret_cast<std::uintptr_t>(event));
+    if (e == d.events.end())
+      return fail(CUDA_ERROR_INVALID_HANDLE, "cuStreamWaitEvent: not a live event");
+    if (e->second.stream == 0)
+      return CUDA_SUCCESS;
+    if (stream == nullptr)
+      return run_until(e->second.stream, e->second.position);
+    auto found = d.streams.find(key(stream));
+    if (found == d.streams.end())
+      return fail(CUDA_ERROR_INVALID_HANDLE, "cuStreamWaitEvent: not a live stream");
+    found->second.queue.push_back({nullptr, e->second.stream, e->second.position});
+    ++found->second.enqueued;
+    return CUDA_SUCCESS;
+  };
   a.cuEventCreate = [](CUevent* event, unsigned) {
     *event = new_handle<CUevent>();
     Device& d = device();
-    std::lock_guard lock(d.mutex);
-    d.events[reinterpret_cast<std::uintptr_t>(*event)] = Clock::now();
+    std::lock_guard lock(d.queues);
+    d.events[reinterpret_cast<std::uintptr_t>(*event)] = EmulatedEvent{};
     return CUDA_SUCCESS;
   };
   a.cuEventDestroy = [](CUevent event) {
     Device& d = device();
-    std::lock_guard lock(d.mutex);
+    std::lock_guard lock(d.queues);
     return d.events.erase(reinterpret_cast<std::uintptr_t>(event)) ? CUDA_SUCCESS
                                                                    : CUDA_ERROR_INVALID_HANDLE;
   };
-  a.cuEventRecord = [](CUevent event, CUstream) {
+  a.cuEventRecord = [](CUevent event, CUstream stream) {
+    const auto id = reinterpret_cast<std::uintptr_t>(event);
+    {
+      Device& d = device();
+      std::lock_guard lock(d.queues);
+      if (d.events.count(id) == 0)
+        return fail(CUDA_ERROR_INVALID_HANDLE, "cuEventRecord: not a live event");
+    }
+    CUresult status = enqueue(stream, [id] {  // the time when the stream reaches it
+      auto found = device().events.find(id);
+      if (found != device().events.end())
+        found->second.when = Clock::now();
+      return CUDA_SUCCESS;
+    });
+    if (status != CUDA_SUCCESS)
+      return status;
     Device& d = device();
-    std::lock_guard lock(d.mutex);
-    auto it = d.events.find(reinterpret_cast<std::uintptr_t>(event));
-    if (it == d.events.end())
-      return CUDA_ERROR_INVALID_HANDLE;
-    it->second = Clock::now();
+    std::lock_guard lock(d.queues);
+    EmulatedEvent& e = d.events[id];
+    e.stream = stream == nullptr ? 0 : key(stream);
+    e.position = stream == nullptr ? 0 : d.streams[key(stream)].enqueued;
     return CUDA_SUCCESS;
   };
-  a.cuEventSynchronize = [](CUevent) { return CUDA_SUCCESS; };
+  a.cuEventQuery = [](CUevent event) {
+    Device& d = device();
+    std::lock_guard lock(d.queues);
+    auto e = d.events.find(reinterpret_cast<std::uintptr_t>(event));
+    if (e == d.events.end())
+      return fail(CUDA_ERROR_INVALID_HANDLE, "cuEventQuery: not a live event");
+    auto stream = d.streams.find(e->second.stream);
+    const bool done = e->second.stream == 0 || stream == d.streams.end() ||
+                      stream->second.completed >= e->second.position;
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  };
+  a.cuEventSynchronize = [](CUevent event) {
+    Device& d = device();
+    std::lock_guard lock(d.queues);
+    auto e = d.events.find(reinterpret_cast<std::uintptr_t>(event));
+    if (e == d.events.end())
+      return fail(CUDA_ERROR_INVALID_HANDLE, "cuEventSynchronize: not a live event");
+    return run_until(e->second.stream, e->second.position);
+  };
   a.cuEventElapsedTime = [](float* ms, CUevent start, CUevent end) {
     Device& d = device();
-    std::lock_guard lock(d.mutex);
+    std::lock_guard lock(d.queues);
     auto s = d.events.find(reinterpret_cast<std::uintptr_t>(start));
     auto e = d.events.find(reinterpret_cast<std::uintptr_t>(end));
     if (s == d.events.end() || e == d.events.end())
       return CUDA_ERROR_INVALID_HANDLE;
-    *ms = std::chrono::duration<float, std::milli>(e->second - s->second).count();
+    *ms = std::chrono::duration<float, std::milli>(e->second.when - s->second.when).count();
     return CUDA_SUCCESS;
   };
   a.cuModuleLoadData = [](CUmodule* module, const void* image) {
@@ -412,7 +676,13 @@ Api make_api() {
     return CUBLAS_STATUS_SUCCESS;
   };
   a.cublasDestroy = [](cublasHandle_t) { return CUBLAS_STATUS_SUCCESS; };
-  a.cublasSetStream = [](cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; };
+  a.cublasSetStream = [](cublasHandle_t handle, cudaStream_t stream) {
+    Device& d = device();
+    std::lock_guard lock(d.queues);
+    d.blas_streams[reinterpret_cast<std::uintptr_t>(handle)] =
+        reinterpret_cast<std::uintptr_t>(stream);
+    return CUBLAS_STATUS_SUCCESS;
+  };
   a.cublasSetMathMode = [](cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; };
   a.cublasGemmStridedBatchedEx = gemm_strided_batched;
   return a;

@@ -1,6 +1,8 @@
 #include "backends/cuda/emulator/emulated_kernels.h"
 
 #include <cstring>
+#include <memory>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -16,17 +18,20 @@ namespace device_code {
 namespace {
 
 // Reads each parameter from cuLaunchKernel's array as the type the kernel declares, as
-// the driver does with the kernel's parameter layout.
+// the driver does with the kernel's parameter layout, and keeps the values.
 template <class... Args, std::size_t... I>
-void call_with(void (*kernel)(Args...), void** params, std::index_sequence<I...>) {
-  kernel(*static_cast<std::remove_cvref_t<Args>*>(params[I])...);
+std::function<void()> bind_with(void (*kernel)(Args...), void** params, std::index_sequence<I...>) {
+  auto values = std::make_shared<std::tuple<std::remove_cvref_t<Args>...>>(
+      *static_cast<std::remove_cvref_t<Args>*>(params[I])...);
+  return [kernel, values] { std::apply(kernel, *values); };
 }
 template <class... Args>
 EmulatedKernel entry(const char* name, void (*kernel)(Args...)) {
-  return {
-      name,
-      [kernel](void** params) { call_with(kernel, params, std::index_sequence_for<Args...>{}); },
-      {}};
+  return {name,
+          [kernel](void** params) {
+            return bind_with(kernel, params, std::index_sequence_for<Args...>{});
+          },
+          {}};
 }
 
 std::vector<EmulatedKernel>& registry() {

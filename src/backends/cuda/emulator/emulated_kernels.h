@@ -11,9 +11,11 @@ namespace loom::cuda::emulator {
 
 struct EmulatedKernel {
   std::string name;
-  // Calls the kernel for the current thread with cuLaunchKernel's parameter array (one
-  // pointer per kernel parameter, each pointing at a value of that parameter's type).
-  std::function<void(void** params)> call;
+  // Copies the values of cuLaunchKernel's parameter array (one pointer per kernel
+  // parameter, each pointing at a value of that parameter's type), as the driver does
+  // before cuLaunchKernel returns, into a call of the kernel for the current thread: the
+  // launch may run after the caller's parameter values are gone.
+  std::function<std::function<void()>(void** params)> bind;
   KernelProfile profile;
 };
 
