@@ -155,30 +155,43 @@ std::vector<Tensor> layer_norm(OpRunner& r, std::span<const Tensor> in, const At
 // The chain run step by step as the ops it was made of (what the graph ran before fusion).
 // Broadcasting ops take their operands as they are; the other two-operand ops (the
 // *_backward pairs) need equal shapes, so an operand of another shape is expanded first.
+// A row reduction step runs as sum or mean over the last axis, keeping it; a value is
+// expanded only to its own register's shape (the output shape, or the row shape).
 std::vector<Tensor> fused_elementwise(OpRunner& r, std::span<const Tensor> in, const Attrs& a) {
   Ops o{r};
   const ElementwiseProgram& program = *a.program;
-  Attrs to_shape;
-  to_shape.shape = a.shape;
-  auto full = [&](const Tensor& x) {
-    return x.shape() == a.shape ? x : o.one(OpId::expand, {x}, to_shape);
+  std::vector<Shape> input_shapes;
+  for (const Tensor& x : in)
+    input_shapes.push_back(x.shape());
+  const std::vector<bool> row = row_registers(program, input_shapes, a.shape);
+  auto shape_of = [&](std::size_t reg) { return row[reg] ? row_shape(a.shape) : a.shape; };
+  auto to = [&](const Tensor& x, const Shape& shape) {
+    Attrs target;
+    target.shape = shape;
+    return x.shape() == shape ? x : o.one(OpId::expand, {x}, target);
   };
   std::vector<Tensor> registers(in.begin(), in.end());
-  for (const ElementwiseStep& s : program.steps) {
+  for (std::size_t k = 0; k < program.steps.size(); ++k) {
+    const ElementwiseStep& s = program.steps[k];
+    const Shape shape = shape_of(in.size() + k);
     const bool broadcasts =
         s.op == OpId::add || s.op == OpId::sub || s.op == OpId::mul || s.op == OpId::div;
     std::vector<Tensor> args;
-    for (int k = 0; k < elementwise_arity(s.op); ++k)
-      args.push_back(elementwise_arity(s.op) == 2 && !broadcasts ? full(registers[s.args[k]])
-                                                                 : registers[s.args[k]]);
+    for (int j = 0; j < elementwise_arity(s.op); ++j)
+      args.push_back(elementwise_arity(s.op) == 2 && !broadcasts ? to(registers[s.args[j]], shape)
+                                                                 : registers[s.args[j]]);
     Attrs step;
     step.alpha = s.alpha;
-    step.shape = a.shape;
+    step.shape = shape;
+    if (row_reduction(s.op)) {
+      step.axes = {static_cast<std::int64_t>(a.shape.size()) - 1};
+      step.keepdim = true;
+    }
     registers.push_back(r.run(s.op, args, step).front());
   }
   std::vector<Tensor> outputs;
   for (int k : program.output_registers())
-    outputs.push_back(full(registers[k]));
+    outputs.push_back(to(registers[k], shape_of(static_cast<std::size_t>(k))));
   return outputs;
 }
 

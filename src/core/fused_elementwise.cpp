@@ -32,6 +32,10 @@ bool fusable_elementwise(OpId op) {
   }
 }
 
+bool row_reduction(OpId op) {
+  return op == OpId::sum || op == OpId::mean;
+}
+
 int elementwise_arity(OpId op) {
   const int n = op_info(op).num_inputs;
   return n < 1 ? 1 : n;
@@ -53,6 +57,52 @@ bool broadcasts_to(const Shape& in, const Shape& out) {
 
 }  // namespace
 
+Shape row_shape(const Shape& shape) {
+  Shape row = shape;
+  if (!row.empty())
+    row.back() = 1;
+  return row;
+}
+
+bool ElementwiseProgram::reduces() const {
+  for (const ElementwiseStep& s : steps)
+    if (row_reduction(s.op))
+      return true;
+  return false;
+}
+
+std::vector<bool> row_registers(const ElementwiseProgram& program,
+                                std::span<const Shape> input_shapes, const Shape& shape) {
+  std::vector<bool> row(static_cast<std::size_t>(program.num_inputs) + program.steps.size(), false);
+  if (!program.reduces())
+    return row;
+  const Shape rows = row_shape(shape);
+  for (std::size_t i = 0; i < input_shapes.size() && i < row.size(); ++i)
+    row[i] = broadcasts_to(input_shapes[i], rows);
+  for (std::size_t k = 0; k < program.steps.size(); ++k) {
+    const ElementwiseStep& s = program.steps[k];
+    bool value = !(s.op == OpId::expand);
+    if (row_reduction(s.op)) {
+      value = true;
+    } else if (value) {
+      for (int a = 0; a < elementwise_arity(s.op); ++a)
+        value = value && s.args[a] >= 0 && static_cast<std::size_t>(s.args[a]) < row.size() &&
+                row[static_cast<std::size_t>(s.args[a])];
+    }
+    row[static_cast<std::size_t>(program.num_inputs) + k] = value;
+  }
+  return row;
+}
+
+std::vector<Shape> fused_output_shapes(const ElementwiseProgram& program,
+                                       std::span<const Shape> input_shapes, const Shape& shape) {
+  const std::vector<bool> row = row_registers(program, input_shapes, shape);
+  std::vector<Shape> shapes;
+  for (int r : program.output_registers())
+    shapes.push_back(row[static_cast<std::size_t>(r)] ? row_shape(shape) : shape);
+  return shapes;
+}
+
 void check_elementwise_program(const ElementwiseProgram* program, std::span<const Tensor> inputs,
                                const Shape& shape) {
   const std::string op = "fused_elementwise";
@@ -73,8 +123,9 @@ void check_elementwise_program(const ElementwiseProgram* program, std::span<cons
   for (std::size_t k = 0; k < program->steps.size(); ++k) {
     const ElementwiseStep& s = program->steps[k];
     const std::string where = op + ": step " + std::to_string(k);
-    check(fusable_elementwise(s.op), where + " is " + std::string(op_name(s.op)) +
-                                         ", which is not an elementwise op a program may hold");
+    check(fusable_elementwise(s.op) || row_reduction(s.op),
+          where + " is " + std::string(op_name(s.op)) +
+              ", which is not an elementwise op or row reduction a program may hold");
     const int arity = elementwise_arity(s.op);
     const int registers = program->num_inputs + static_cast<int>(k);
     for (int a = 0; a < 2; ++a) {
@@ -87,6 +138,20 @@ void check_elementwise_program(const ElementwiseProgram* program, std::span<cons
         check(s.args[a] == -1, where + " (" + std::string(op_name(s.op)) + ") takes " +
                                    std::to_string(arity) + " operand, got a second");
     }
+  }
+  if (program->reduces()) {
+    check(!shape.empty(), op + ": a program with a row reduction needs a shape of rank >= 1");
+    std::vector<Shape> shapes;
+    for (const Tensor& x : inputs)
+      shapes.push_back(x.shape());
+    const std::vector<bool> row = row_registers(*program, shapes, shape);
+    for (std::size_t k = 0; k < program->steps.size(); ++k)
+      if (row_reduction(program->steps[k].op))
+        check(!row[static_cast<std::size_t>(program->steps[k].args[0])] || shape.back() == 1,
+              op + ": step " + std::to_string(k) + " (" +
+                  std::string(op_name(program->steps[k].op)) +
+                  ") reduces a row value; a reduction reads a value of the full shape " +
+                  shape_str(shape));
   }
   const int registers = program->num_inputs + static_cast<int>(program->steps.size());
   check(program->outputs.size() <= static_cast<std::size_t>(kMaxFusedOutputs),
@@ -170,27 +235,43 @@ std::string ElementwiseProgram::describe() const {
 
 namespace reference {
 
-// Each input broadcast to the output shape, then each step by its op's reference kernel
-// on full-shape operands.
+// Each input broadcast to its register's shape (the output shape, or the row shape for a
+// row value), then each step by its op's reference kernel on operands of its shape: a
+// reduction by the reference sum or mean over the last axis.
 void fused_elementwise(const OpCall& call) {
   const ElementwiseProgram& program = *call.attrs.program;
   const Shape& shape = call.attrs.shape;
   Backend& device = call.outputs[0].backend();
-  Attrs step_attrs;
-  step_attrs.shape = shape;
+  std::vector<Shape> input_shapes;
+  for (const Tensor& x : call.inputs)
+    input_shapes.push_back(x.shape());
+  const std::vector<bool> row = row_registers(program, input_shapes, shape);
+  auto shape_of = [&](std::size_t r) { return row[r] ? row_shape(shape) : shape; };
+  auto broadcast = [&](const Tensor& x, const Shape& to) {
+    Attrs a;
+    a.shape = to;
+    std::array<Tensor, 1> in{x}, out{Tensor::empty(to, DType::f32, device)};
+    expand(OpCall{OpId::expand, in, out, a});
+    return out[0];
+  };
   std::vector<Tensor> registers;
-  for (const Tensor& x : call.inputs) {
-    std::array<Tensor, 1> in{x}, out{Tensor::empty(shape, DType::f32, device)};
-    expand(OpCall{OpId::expand, in, out, step_attrs});
-    registers.push_back(out[0]);
-  }
-  for (const ElementwiseStep& s : program.steps) {
+  for (std::size_t i = 0; i < call.inputs.size(); ++i)
+    registers.push_back(broadcast(call.inputs[i], shape_of(i)));
+  for (std::size_t k = 0; k < program.steps.size(); ++k) {
+    const ElementwiseStep& s = program.steps[k];
+    const Shape& to = shape_of(call.inputs.size() + k);
+    Attrs step_attrs;
+    step_attrs.shape = to;
+    step_attrs.alpha = s.alpha;
     std::array<Tensor, 2> in;
     const int arity = elementwise_arity(s.op);
     for (int a = 0; a < arity; ++a)
-      in[a] = registers[s.args[a]];
-    std::array<Tensor, 1> out{Tensor::empty(shape, DType::f32, device)};
-    step_attrs.alpha = s.alpha;
+      in[a] = row_reduction(s.op) ? registers[s.args[a]] : broadcast(registers[s.args[a]], to);
+    if (row_reduction(s.op)) {
+      step_attrs.axes = {static_cast<std::int64_t>(shape.size()) - 1};
+      step_attrs.keepdim = true;
+    }
+    std::array<Tensor, 1> out{Tensor::empty(to, DType::f32, device)};
     op_info(s.op).reference(
         OpCall{s.op, std::span<const Tensor>(in.data(), static_cast<std::size_t>(arity)), out,
                step_attrs});
@@ -198,8 +279,10 @@ void fused_elementwise(const OpCall& call) {
   }
   const std::vector<int> written = program.output_registers();
   for (std::size_t k = 0; k < written.size(); ++k) {
+    Attrs a;
+    a.shape = call.outputs[k].shape();
     std::array<Tensor, 1> in{registers[written[k]]}, out{call.outputs[k]};
-    expand(OpCall{OpId::expand, in, out, step_attrs});
+    expand(OpCall{OpId::expand, in, out, a});
   }
 }
 

@@ -16,10 +16,22 @@
 // one of the op's inputs is broadcast to it (numpy rules). Because the steps are
 // elementwise, this equals running each step on its operands as given. Each output is one
 // step's value (ElementwiseProgram::outputs), all of that shape.
+//
+// Row reductions. A step may also be `sum` or `mean` over the last axis of attrs.shape
+// (keeping it, as size 1): a chain that ends in a reduction, and the elementwise steps
+// after it that use the reduced value (a layer norm or its backward written in
+// primitives), are one program too. Such a program has two kinds of value: full ones,
+// of attrs.shape S, and row ones, of S with its last dimension 1 (one value per row). An
+// input is a row value when its shape broadcasts to that row shape; a reduction's value
+// is a row value; expand's is full; any other step's is a row value when all its
+// operands are. An output has its register's shape. Kernels compute one row at a time,
+// each reduction in the order the backend's own `sum` kernel adds a row, so a fused
+// program gives the unfused graph's bits on every backend.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,13 +61,26 @@ struct ElementwiseProgram {
   // e.g. "mul(x0, add(erf(div(x0, x1)), x2))": each output as an expression of the
   // inputs; several are separated by "; ".
   std::string describe() const;
+  bool reduces() const;  // has a row reduction step
 };
 
 // Ops a fused_elementwise program may hold: unary and binary f32 ops that compute each
 // output element from the same element of their (broadcast) operands.
 bool fusable_elementwise(OpId op);
+// sum and mean: as a program's step, a reduction over the last axis of the program's shape.
+bool row_reduction(OpId op);
 // Their operand count (1 or 2).
 int elementwise_arity(OpId op);
+
+// Which registers (inputs, then steps) of `program` over inputs of `input_shapes` hold
+// row values (one per row of `shape`, see above). All false without reductions.
+std::vector<bool> row_registers(const ElementwiseProgram& program,
+                                std::span<const Shape> input_shapes, const Shape& shape);
+// `shape` with its last dimension 1: the shape of a row value.
+Shape row_shape(const Shape& shape);
+// The shape of each output of the op: attrs.shape, or the row shape for a row value.
+std::vector<Shape> fused_output_shapes(const ElementwiseProgram& program,
+                                       std::span<const Shape> input_shapes, const Shape& shape);
 
 // The output's index space with adjacent dimensions merged wherever every input steps
 // through both alike (size-1 dimensions dropped first), so that a kernel walks few

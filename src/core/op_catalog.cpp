@@ -185,7 +185,13 @@ Specs infer_dropout_backward(Inputs in, const Attrs& a) {
 
 Specs infer_fused_elementwise(Inputs in, const Attrs& a) {
   check_elementwise_program(a.program.get(), in, a.shape);
-  return Specs(a.program->output_registers().size(), TensorSpec{a.shape, DType::f32});
+  std::vector<Shape> shapes;
+  for (const Tensor& x : in)
+    shapes.push_back(x.shape());
+  Specs specs;
+  for (const Shape& s : fused_output_shapes(*a.program, shapes, a.shape))
+    specs.push_back(TensorSpec{s, DType::f32});
+  return specs;
 }
 
 Shape reduced_shape(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -44,11 +45,24 @@ FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
   for (const Operand& o : outputs_)
     is_output[o.storage] = true;
 
-  // A node may join a chain when it is an elementwise f32 op on a backend that runs the
-  // fused op, and its one output is a fresh intermediate that it alone writes.
+  // A row reduction: sum or mean over the last axis only, kept as size 1, of a value whose
+  // rows hold more than one element.
+  auto reduces_rows = [&](const Node& node) {
+    if (!options.reductions || !row_reduction(node.op) || !node.attrs.keepdim ||
+        node.inputs.size() != 1 || node.attrs.axes.size() != 1)
+      return false;
+    const Shape& in = node.inputs[0].shape;
+    const auto rank = static_cast<std::int64_t>(in.size());
+    const std::int64_t axis =
+        node.attrs.axes[0] < 0 ? node.attrs.axes[0] + rank : node.attrs.axes[0];
+    return rank >= 1 && axis == rank - 1 && in.back() > 1;
+  };
+  // A node may join a chain when it is an elementwise f32 op (or a row reduction) on a
+  // backend that runs the fused op, and its one output is a fresh intermediate that it
+  // alone writes.
   auto candidate = [&](std::size_t i) {
     const Node& node = nodes_[i];
-    if (!fusable_elementwise(node.op) || node.outputs.size() != 1)
+    if (!(fusable_elementwise(node.op) || reduces_rows(node)) || node.outputs.size() != 1)
       return false;
     const Operand& out = node.outputs[0];
     if (out.dtype != DType::f32 || !storages_[out.storage].internal ||
@@ -57,10 +71,37 @@ FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
     for (const Operand& o : node.inputs)
       if (o.storage < 0 || o.dtype != DType::f32)
         return false;
-    Attrs probe;  // asked without tensors: a backend's fused kernel takes any f32 chain
-    probe.shape = out.shape;
+    // Asked without tensors: a backend's fused kernel takes any f32 chain (a reduction is
+    // asked with a program that reduces, for a backend with no row kernel to decline).
+    static const auto reducing = std::make_shared<const ElementwiseProgram>(
+        ElementwiseProgram{1, {ElementwiseStep{OpId::sum, {0, -1}}}, {}});
+    Attrs probe;
+    probe.shape = row_reduction(node.op) ? node.inputs[0].shape : out.shape;
+    if (row_reduction(node.op))
+      probe.program = reducing;
     return options.without_kernel ||
            node.backend->supports(OpCall{OpId::fused_elementwise, {}, {}, probe});
+  };
+  // The shapes a chain's nodes may have: one shape, or, once it holds a row reduction, the
+  // reduced value's full shape and its row shape.
+  struct ChainShape {
+    Shape shape;                // the end's output shape
+    std::optional<Shape> full;  // set once the chain holds a reduction
+  };
+  std::vector<ChainShape> shape_of_chain(n);
+  auto fits = [&](std::size_t end, const Node& node) {
+    const ChainShape& c = shape_of_chain[end];
+    const Shape& y = node.outputs[0].shape;
+    const bool reduction = reduces_rows(node);
+    if (c.full)
+      return reduction ? node.inputs[0].shape == *c.full && y == row_shape(*c.full)
+                       : y == *c.full || y == row_shape(*c.full);
+    if (reduction)  // read by the chain's row-shaped or (broadcast) full-shaped nodes
+      return y == c.shape || node.inputs[0].shape == c.shape;
+    // Without a reduction yet, a node of the row shape may join tentatively: a reduction
+    // found further back makes it a row step, else it is dropped from the chain below.
+    return y == c.shape || (options.reductions && !c.shape.empty() && c.shape.back() > 1 &&
+                            y == row_shape(c.shape));
   };
 
   // Walk backwards, so each node's readers have settled their chain first. A node joins
@@ -73,40 +114,71 @@ FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
   std::vector<std::size_t> size(n, 0);
   std::vector<int> outputs(n, 0);  // per chain end: the values the fused node writes
   std::vector<bool> escapes(n, false);
-  for (std::size_t i = n; i-- > 0;) {
-    if (!candidate(i))
-      continue;
-    chain[i] = static_cast<std::int64_t>(i);
-    size[i] = 1;
-    outputs[i] = 1;
-    const Operand& out = nodes_[i].outputs[0];
-    const auto& rs = readers[out.storage];
-    if (rs.empty())
-      continue;
-    const std::int64_t end = chain[rs.front()];
-    bool join = end >= 0 && size[end] < kMaxSteps && nodes_[end].backend == nodes_[i].backend &&
-                nodes_[end].outputs[0].shape == out.shape;
-    bool escaping = is_output[out.storage];
-    for (std::size_t r : rs) {
-      if (join && chain[r] != end) {
-        join = static_cast<std::int64_t>(r) > end;
-        escaping = true;
+  // Nodes of the row shape that joined a chain which then found no reduction: the walk
+  // runs again with these joining only chains of their own shape.
+  std::vector<bool> settled_row(n, false);
+  auto walk = [&] {
+    std::fill(chain.begin(), chain.end(), -1);
+    std::fill(size.begin(), size.end(), 0);
+    std::fill(outputs.begin(), outputs.end(), 0);
+    std::fill(escapes.begin(), escapes.end(), false);
+    for (std::size_t i = n; i-- > 0;) {
+      if (!candidate(i))
         continue;
+      chain[i] = static_cast<std::int64_t>(i);
+      size[i] = 1;
+      outputs[i] = 1;
+      const Operand& out = nodes_[i].outputs[0];
+      shape_of_chain[i] = {out.shape, reduces_rows(nodes_[i])
+                                          ? std::optional<Shape>(nodes_[i].inputs[0].shape)
+                                          : std::nullopt};
+      const auto& rs = readers[out.storage];
+      if (rs.empty())
+        continue;
+      const std::int64_t end = chain[rs.front()];
+      bool join =
+          end >= 0 && size[end] < kMaxSteps && nodes_[end].backend == nodes_[i].backend &&
+          fits(static_cast<std::size_t>(end), nodes_[i]) &&
+          !(settled_row[i] && !shape_of_chain[end].full && out.shape != shape_of_chain[end].shape);
+      bool escaping = is_output[out.storage];
+      for (std::size_t r : rs) {
+        if (join && chain[r] != end) {
+          join = static_cast<std::int64_t>(r) > end;
+          escaping = true;
+          continue;
+        }
+        for (const Operand& o : nodes_[r].inputs)
+          if (o.storage == out.storage)
+            join = join && o.offset == 0 && o.shape == out.shape && o.strides == out.strides;
       }
-      for (const Operand& o : nodes_[r].inputs)
-        if (o.storage == out.storage)
-          join = join && o.offset == 0 && o.shape == out.shape && o.strides == out.strides;
+      join = join && (!escaping || outputs[end] < kMaxFusedOutputs);
+      for (const Operand& o : nodes_[i].inputs)
+        for (std::size_t w : writers[o.storage])
+          join = join && !(w > i && static_cast<std::int64_t>(w) < end && chain[w] != end);
+      if (join) {
+        chain[i] = end;
+        ++size[end];
+        outputs[end] += escaping;
+        escapes[i] = escaping;
+        if (reduces_rows(nodes_[i]) && !shape_of_chain[end].full)
+          shape_of_chain[end].full = nodes_[i].inputs[0].shape;
+      }
     }
-    join = join && (!escaping || outputs[end] < kMaxFusedOutputs);
-    for (const Operand& o : nodes_[i].inputs)
-      for (std::size_t w : writers[o.storage])
-        join = join && !(w > i && static_cast<std::int64_t>(w) < end && chain[w] != end);
-    if (join) {
-      chain[i] = end;
-      ++size[end];
-      outputs[end] += escaping;
-      escapes[i] = escaping;
+    // A chain that found no reduction may keep only nodes of its end's shape. (A node of
+    // the row shape reads only row-shaped values, so every node that joined through one
+    // is of the row shape too.)
+    bool again = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t end = chain[i];
+      if (end >= 0 && !shape_of_chain[end].full &&
+          nodes_[i].outputs[0].shape != shape_of_chain[end].shape) {
+        settled_row[i] = true;
+        again = true;
+      }
     }
+    return again;
+  };
+  while (walk()) {
   }
 
   // Each chain of two or more nodes becomes one node at its end's place.
@@ -151,7 +223,8 @@ FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
         program->outputs.push_back(program->num_inputs + static_cast<int>(k));
         node.outputs.push_back(nodes_[nodes[k]].outputs[0]);
       }
-    node.attrs.shape = nodes_[end].outputs[0].shape;
+    node.attrs.shape =
+        shape_of_chain[end].full ? *shape_of_chain[end].full : nodes_[end].outputs[0].shape;
     node.attrs.program = program;
     fused.emplace(end, std::move(node));
   }

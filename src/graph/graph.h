@@ -16,7 +16,10 @@
 //     instead of one per op. An intermediate read after the chain's end (or a graph
 //     output) is written by the fused node too; one read outside the chain before its
 //     end keeps its node out. All nodes of a chain have the same output shape (inputs may
-//     broadcast), and nothing between a node and the chain's end rewrites what it reads. Only on a
+//     broadcast), except that a chain may hold row reductions (sum or mean over the last
+//     axis, kept) and elementwise nodes of their one-per-row shape; a chain without a
+//     reduction keeps no node of that shape. Nothing between a node and the chain's end
+//     rewrites what it reads. Only on a
 //     backend that runs the fused op natively, unless asked to fuse anyway (its decomposition then
 //     runs the chain).
 //   plan_memory: gives each internal storage an offset in one arena per device such
@@ -84,6 +87,10 @@ struct FusionOptions {
   // Fuse on a backend without a fused kernel too (the node then runs decomposed, as the
   // chain it replaced): for tests of that path.
   bool without_kernel = false;
+  // Chains may take in row reductions (sum or mean over the last axis, kept) and the
+  // elementwise steps on their values: a normalisation written in primitives becomes one
+  // node. false: reductions end chains, as before.
+  bool reductions = true;
 };
 
 struct FusedChain {

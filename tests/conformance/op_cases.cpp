@@ -380,6 +380,43 @@ void fused_cases(Builder& b) {
   three.shape = {70, 300};
   b.add("three_outputs_large", OpId::fused_elementwise,
         {b.r({70, 1}), b.r({70, 300}), b.r({70, 300})}, three);
+
+  // Row reductions: a whole layer norm in primitives, as ONNX exports spell it, after the
+  // residual add: mean, centre, mean of squares, + eps, sqrt, divide, scale, shift. Three
+  // outputs of both kinds: the centred rows, the per-row sqrt (a row value), the result.
+  Attrs layer_norm = attrs(
+      {3, 4, 33}, 5,
+      {S{OpId::add, {0, 1}}, S{OpId::mean, {5, -1}}, S{OpId::sub, {5, 6}}, S{OpId::mul, {7, 7}},
+       S{OpId::mean, {8, -1}}, S{OpId::add, {9, 2}}, S{OpId::sqrt, {10, -1}}, S{OpId::div, {7, 11}},
+       S{OpId::mul, {12, 3}}, S{OpId::add, {13, 4}}});
+  auto with_outputs = [](Attrs a, std::vector<int> outputs) {
+    auto program = std::make_shared<ElementwiseProgram>(*a.program);
+    program->outputs = std::move(outputs);
+    a.program = program;
+    return a;
+  };
+  layer_norm = with_outputs(layer_norm, {7, 11, 14});
+  auto norm_inputs = [&](Shape shape) {
+    Shape column{shape.back()};
+    return std::vector<Tensor>{b.r(shape), b.r(shape),
+                               Tensor::from_floats({}, std::vector<float>{1e-5f}, cpu()),
+                               b.r(column), b.r(column)};
+  };
+  b.add("layer_norm_rows", OpId::fused_elementwise, norm_inputs({3, 4, 33}), layer_norm);
+  // Rows longer than the CPU's block, rows enough to thread.
+  Attrs layer_norm_large = layer_norm;
+  layer_norm_large.shape = {40, 2, 1100};
+  b.add("layer_norm_rows_large", OpId::fused_elementwise, norm_inputs({40, 2, 1100}),
+        layer_norm_large);
+  // A row sum feeding row steps that read a row input, and a full output after it: the
+  // backward of a normalisation, sum(x0 * x1) / x2 (x2 per row) scaled into x1.
+  Attrs row_sum = with_outputs(
+      attrs({6, 1031}, 3,
+            {S{OpId::mul, {0, 1}}, S{OpId::sum, {3, -1}}, S{OpId::scale, {4, -1}, -0.5},
+             S{OpId::div, {5, 2}}, S{OpId::mul, {1, 6}}, S{OpId::add, {0, 7}}}),
+      {6, 8});
+  b.add("row_sum_then_rows", OpId::fused_elementwise,
+        {b.r({6, 1031}), b.nc({6, 1031}), b.r({6, 1}, 0.5f, 2.0f)}, row_sum);
 }
 
 std::vector<OpCase> all_op_cases() {

@@ -16,6 +16,7 @@
 #include "backends/cpu/vec_math.h"
 #include "core/error.h"
 #include "core/fused_elementwise.h"
+#include "core/reference_util.h"
 
 namespace loom::cpu {
 namespace {
@@ -147,8 +148,132 @@ void run_program(const ElementwiseProgram& program, const OpCall& call) {
   }
 }
 
+// A program with row reductions (core/fused_elementwise.h), one row at a time (rows in
+// parallel). A row's full values are computed block by block as above; row values are
+// one number each. Each reduction is a pass over the row that computes the full steps
+// before it and adds its operand's blocks in index order into a double, as the CPU's sum
+// and mean kernels add a row; a last pass computes every full step and writes the full
+// outputs. Passes recompute the full steps they need instead of keeping whole rows.
+void run_row_program(const ElementwiseProgram& program, const OpCall& call) {
+  const Shape& shape = call.attrs.shape;
+  const std::int64_t cols = shape.back();
+  const std::int64_t total = shape_numel(shape);
+  if (total == 0)
+    return;
+  const std::int64_t rows = total / cols;
+  const int inputs = program.num_inputs;
+  const int steps = static_cast<int>(program.steps.size());
+  std::vector<Shape> input_shapes;
+  for (const Tensor& x : call.inputs)
+    input_shapes.push_back(x.shape());
+  const std::vector<bool> row = row_registers(program, input_shapes, shape);
+  // Each input's element strides over `shape` (0 along the dimensions it repeats).
+  const int rank = static_cast<int>(shape.size());
+  std::vector<Strides> strides;
+  std::vector<const float*> data;
+  for (const Tensor& x : call.inputs) {
+    strides.push_back(broadcast_strides(x.shape(), shape));
+    data.push_back(x.data<float>());
+  }
+  std::vector<float*> out_of(static_cast<std::size_t>(inputs + steps), nullptr);
+  const std::vector<int> written = program.output_registers();
+  for (std::size_t k = 0; k < written.size(); ++k)
+    out_of[static_cast<std::size_t>(written[k])] = call.outputs[k].data<float>();
+  const float inv_cols = static_cast<float>(1.0 / static_cast<double>(cols));
+  const int threads = total > kParallelGrain ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scratch(static_cast<std::size_t>((inputs + steps) * kBlock));
+    std::vector<const float*> reg(static_cast<std::size_t>(inputs + steps));
+    std::vector<float> value(static_cast<std::size_t>(inputs + steps), 0.0f);  // row values
+    std::vector<std::int64_t> base(static_cast<std::size_t>(inputs));
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (int i = 0; i < inputs; ++i) {  // the input's offset at (r, 0)
+        std::int64_t offset = 0, rest = r;
+        for (int d = rank - 2; d >= 0; --d) {
+          offset += (rest % shape[d]) * strides[i][d];
+          rest /= shape[d];
+        }
+        base[i] = offset;
+        if (row[i])
+          value[i] = data[i][offset];
+      }
+      int next_row_step = 0;  // row steps run once, in order, when their operands exist
+      auto run_row_steps_before = [&](int end) {
+        for (; next_row_step < end; ++next_row_step) {
+          const ElementwiseStep& s = program.steps[next_row_step];
+          const int reg_index = inputs + next_row_step;
+          if (!row[reg_index] || row_reduction(s.op))
+            continue;
+          float a = value[s.args[0]], b = s.args[1] >= 0 ? value[s.args[1]] : 0.0f, v = 0.0f;
+          run_step(s, &v, &a, &b, 1);
+          value[reg_index] = v;
+        }
+      };
+      for (int phase = 0; phase <= steps; ++phase) {  // each reduction, then the last pass
+        const bool last = phase == steps;
+        if (!last && !row_reduction(program.steps[phase].op))
+          continue;
+        run_row_steps_before(phase);
+        // A row value a full step reads: its block filled with the value.
+        for (int k = 0; k < inputs + phase; ++k)
+          if (row[k]) {
+            float* block = scratch.data() + static_cast<std::size_t>(k) * kBlock;
+            std::fill(block, block + kBlock, value[k]);
+            reg[k] = block;
+          }
+        double acc = 0.0;
+        const int reduced = last ? -1 : program.steps[phase].args[0];
+        for (std::int64_t begin = 0; begin < cols; begin += kBlock) {
+          const std::int64_t len = std::min(kBlock, cols - begin);
+          for (int i = 0; i < inputs; ++i) {
+            if (row[i])
+              continue;
+            const std::int64_t step = strides[i][rank - 1];
+            const float* src = data[i] + base[i] + begin * step;
+            if (step == 1) {
+              reg[i] = src;
+              continue;
+            }
+            float* buffer = scratch.data() + static_cast<std::size_t>(i) * kBlock;
+            for (std::int64_t j = 0; j < len; ++j)
+              buffer[j] = src[j * step];
+            reg[i] = buffer;
+          }
+          for (int k = 0; k < phase; ++k) {
+            const int reg_index = inputs + k;
+            if (row[reg_index])
+              continue;
+            const ElementwiseStep& s = program.steps[k];
+            float* dst = last && out_of[reg_index] != nullptr
+                             ? out_of[reg_index] + r * cols + begin
+                             : scratch.data() + static_cast<std::size_t>(reg_index) * kBlock;
+            run_step(s, dst, reg[s.args[0]], s.args[1] >= 0 ? reg[s.args[1]] : nullptr, len);
+            reg[reg_index] = dst;
+          }
+          if (!last) {
+            const float* x = reg[reduced];
+            for (std::int64_t j = 0; j < len; ++j)
+              acc += x[j];
+          }
+        }
+        if (!last)  // as sum_fast: the double total times 1 (sum) or the float 1/cols (mean)
+          value[inputs + phase] =
+              static_cast<float>(acc * (program.steps[phase].op == OpId::mean ? inv_cols : 1.0f));
+      }
+      for (std::size_t k = 0; k < written.size(); ++k)
+        if (row[written[k]])
+          call.outputs[k].data<float>()[r] = value[written[k]];
+    }
+  }
+}
+
 void fused_elementwise(const OpCall& call) {
-  run_program(*call.attrs.program, call);
+  if (call.attrs.program->reduces())
+    run_row_program(*call.attrs.program, call);
+  else
+    run_program(*call.attrs.program, call);
 }
 
 // Broadcasting x to y's shape is the one-step program expand(x0): blocks of contiguous

@@ -445,6 +445,10 @@ FusedOp fused_op(OpId op) {
       return fused_gelu_backward;
     case OpId::tanh_backward:
       return fused_tanh_backward;
+    case OpId::sum:
+      return fused_sum;
+    case OpId::mean:
+      return fused_mean;
     default:
       return fused_identity;  // expand: the input, already broadcast
   }
@@ -467,8 +471,7 @@ bool fused_fits(const OpCall& call) {
 
 void CudaBackend::fused(const OpCall& call) {
   const ElementwiseProgram& program = *call.attrs.program;
-  Tensor& y = call.outputs[0];
-  const BroadcastSpace space = collapse_broadcast(y.shape(), call.inputs);
+  const BroadcastSpace space = collapse_broadcast(call.attrs.shape, call.inputs);
   FusedProgram p{};
   p.inputs = program.num_inputs;
   p.steps = static_cast<int>(program.steps.size());
@@ -494,7 +497,19 @@ void CudaBackend::fused(const OpCall& call) {
     p.y[k] = ptr(call.outputs[k]);
     p.y_reg[k] = written[k];
   }
-  run_1d("fused_elementwise", numel(y), numel(y), p);
+  const i64 n = shape_numel(call.attrs.shape);
+  if (!program.reduces()) {
+    run_1d("fused_elementwise", n, n, p);
+    return;
+  }
+  std::vector<Shape> shapes;
+  for (const Tensor& x : call.inputs)
+    shapes.push_back(x.shape());
+  const std::vector<bool> row = row_registers(program, shapes, call.attrs.shape);
+  for (std::size_t k = 0; k < row.size(); ++k)
+    p.row[k] = row[k] ? 1 : 0;
+  const i64 cols = call.attrs.shape.back(), rows = cols == 0 ? 0 : n / cols;
+  run_rows("fused_rows", rows, rows, cols, static_cast<float>(1.0 / static_cast<double>(cols)), p);
 }
 
 void CudaBackend::slice_backward(const OpCall& call) {

@@ -15,9 +15,9 @@ struct StridedView {
 };
 
 // A fused elementwise chain (graph fusion; core/fused_elementwise.h) as the interpreter
-// kernel `fused_elementwise` reads it, passed by value (under 2 KB of the 4 KB a launch
-// may carry). Element i of the output: the inputs read at i (same layout), at 0 (one
-// value) or through the collapsed dimensions and each input's strides; then each step.
+// kernels `fused_elementwise` and `fused_rows` read it, passed by value (about 2.2 KB of
+// the 4 KB a launch may carry). Element i of the output: the inputs read at i (same layout), at 0
+// (one value) or through the collapsed dimensions and each input's strides; then each step.
 inline constexpr int kFusedRank = 4, kFusedMaxInputs = 16, kFusedMaxSteps = 64;
 enum FusedOp : int {
   fused_add,
@@ -35,7 +35,9 @@ enum FusedOp : int {
   fused_relu_backward,
   fused_gelu_backward,
   fused_tanh_backward,
-  fused_identity
+  fused_identity,
+  fused_sum,  // row reductions (kernel fused_rows)
+  fused_mean
 };
 struct FusedStep {
   int op;    // FusedOp
@@ -52,6 +54,9 @@ struct FusedProgram {
   int access[kFusedMaxInputs];  // 0 same layout, 1 one value, 2 strided
   long long strides[kFusedMaxInputs][kFusedRank];
   FusedStep step[kFusedMaxSteps];
+  // With row reductions (kernel fused_rows): whether each register (inputs, then steps)
+  // holds one value per row.
+  int row[kFusedMaxInputs + kFusedMaxSteps];
 };
 
 }  // namespace loom::cuda

@@ -116,54 +116,105 @@ LOOM_KERNEL unary_backward(int op, const float* dy, const float* x, float* dx, i
   }
 }
 
-// A fused chain, interpreted per element (kernel_args.h). Each step is the unfused
-// kernel's expression (binary, unary, unary_backward), one step per statement.
+// One step of a fused chain: the unfused kernel's expression (binary, unary,
+// unary_backward), one step per statement.
+__device__ __forceinline__ float fused_apply(const loom::cuda::FusedStep& st, float a, float b) {
+  using namespace loom::cuda;
+  switch (st.op) {
+    case fused_add: return a + b;
+    case fused_sub: return a - b;
+    case fused_mul: return a * b;
+    case fused_div: return a / b;
+    case fused_scale: return st.alpha * a;
+    case fused_exp: return expf(a);
+    case fused_log: return logf(a);
+    case fused_tanh: return tanhf(a);
+    case fused_sqrt: return sqrtf(a);
+    case fused_erf: return erff(a);
+    case fused_relu: return a > 0.0f ? a : 0.0f;
+    case fused_gelu: return gelu_tanh(a);
+    case fused_relu_backward: return b > 0.0f ? a : 0.0f;
+    case fused_gelu_backward: return a * gelu_tanh_grad(b);
+    case fused_tanh_backward: return a * (1.0f - b * b);
+    default: return a;
+  }
+}
+
+// Input k of a fused chain at output element i (same layout, one value, or strided over
+// the collapsed dimensions).
+__device__ __forceinline__ float fused_input(const loom::cuda::FusedProgram& p, int k, i64 i) {
+  using namespace loom::cuda;
+  if (p.access[k] == 0) return p.x[k][i];
+  if (p.access[k] == 1) return p.x[k][0];
+  i64 j = 0, rem = i;
+  for (int d = kFusedRank - 1; d >= 0; --d) {
+    j += (rem % p.dims[d]) * p.strides[k][d];
+    rem /= p.dims[d];
+  }
+  return p.x[k][j];
+}
+
+// A fused chain, interpreted per element (kernel_args.h).
 LOOM_KERNEL fused_elementwise(i64 n, loom::cuda::FusedProgram p) {
   using namespace loom::cuda;
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     float r[kFusedMaxInputs + kFusedMaxSteps];
-    i64 c[kFusedRank];
-    i64 rem = i;
-    for (int d = kFusedRank - 1; d >= 0; --d) {
-      c[d] = rem % p.dims[d];
-      rem /= p.dims[d];
-    }
-    for (int k = 0; k < p.inputs; ++k) {
-      i64 j = i;
-      if (p.access[k] == 1) {
-        j = 0;
-      } else if (p.access[k] == 2) {
-        j = 0;
-        for (int d = 0; d < kFusedRank; ++d) j += c[d] * p.strides[k][d];
-      }
-      r[k] = p.x[k][j];
-    }
+    for (int k = 0; k < p.inputs; ++k) r[k] = fused_input(p, k, i);
     for (int s = 0; s < p.steps; ++s) {
       const FusedStep& st = p.step[s];
-      const float a = r[st.a], b = st.b >= 0 ? r[st.b] : 0.0f;
-      float v;
-      switch (st.op) {
-        case fused_add: v = a + b; break;
-        case fused_sub: v = a - b; break;
-        case fused_mul: v = a * b; break;
-        case fused_div: v = a / b; break;
-        case fused_scale: v = st.alpha * a; break;
-        case fused_exp: v = expf(a); break;
-        case fused_log: v = logf(a); break;
-        case fused_tanh: v = tanhf(a); break;
-        case fused_sqrt: v = sqrtf(a); break;
-        case fused_erf: v = erff(a); break;
-        case fused_relu: v = a > 0.0f ? a : 0.0f; break;
-        case fused_gelu: v = gelu_tanh(a); break;
-        case fused_relu_backward: v = b > 0.0f ? a : 0.0f; break;
-        case fused_gelu_backward: v = a * gelu_tanh_grad(b); break;
-        case fused_tanh_backward: v = a * (1.0f - b * b); break;
-        default: v = a; break;
-      }
-      r[p.inputs + s] = v;
+      r[p.inputs + s] = fused_apply(st, r[st.a], st.b >= 0 ? r[st.b] : 0.0f);
     }
     for (int k = 0; k < p.outputs; ++k) p.y[k][i] = r[p.y_reg[k]];
   }
+}
+
+// A chain with row reductions over rows of `cols` elements, one warp per row (as
+// reduce_rows). Row values are computed once by every lane; each reduction is a pass in
+// which lane l computes the full steps before it at elements l, l + 32, ... and adds its
+// operand, then the warp's butterfly sum, as reduce_rows adds a row; a last pass computes
+// every full step and writes the full outputs. An output holding a row value is
+// written once per row.
+LOOM_KERNEL fused_rows(i64 rows, i64 cols, float inv_cols, loom::cuda::FusedProgram p) {
+  using namespace loom::cuda;
+  i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  float r[kFusedMaxInputs + kFusedMaxSteps];
+  for (int k = 0; k < p.inputs; ++k)
+    if (p.row[k]) r[k] = fused_input(p, k, row * cols);
+  int next_row_step = 0;
+  for (int phase = 0; phase <= p.steps; ++phase) {
+    const bool last = phase == p.steps;
+    if (!last && p.step[phase].op != fused_sum && p.step[phase].op != fused_mean) continue;
+    for (; next_row_step < phase; ++next_row_step) {
+      const FusedStep& st = p.step[next_row_step];
+      if (p.row[p.inputs + next_row_step] && st.op != fused_sum && st.op != fused_mean)
+        r[p.inputs + next_row_step] = fused_apply(st, r[st.a], st.b >= 0 ? r[st.b] : 0.0f);
+    }
+    float acc = 0.0f;
+    for (i64 j = lane; j < cols; j += 32) {
+      const i64 i = row * cols + j;
+      for (int k = 0; k < p.inputs; ++k)
+        if (!p.row[k]) r[k] = fused_input(p, k, i);
+      for (int s = 0; s < phase; ++s) {
+        const FusedStep& st = p.step[s];
+        if (!p.row[p.inputs + s]) r[p.inputs + s] = fused_apply(st, r[st.a], st.b >= 0 ? r[st.b] : 0.0f);
+      }
+      if (!last) {
+        acc += r[p.step[phase].a];
+      } else {
+        for (int k = 0; k < p.outputs; ++k)
+          if (!p.row[p.y_reg[k]]) p.y[k][i] = r[p.y_reg[k]];
+      }
+    }
+    if (!last) {
+      acc = warp_sum(acc);
+      r[p.inputs + phase] = p.step[phase].op == fused_mean ? inv_cols * acc : acc * 1.0f;
+    }
+  }
+  if (lane == 0)
+    for (int k = 0; k < p.outputs; ++k)
+      if (p.row[p.y_reg[k]]) p.y[k][row] = r[p.y_reg[k]];
 }
 
 // y[i] = bias[i % cols]: the starting value of a linear layer's output (GEMM adds x w).

@@ -667,6 +667,107 @@ std::string fused_source(const ElementwiseProgram& program,
          ") {\n#pragma OPENCL FP_CONTRACT OFF\n" + body + "}\n";
 }
 
+// A program with row reductions: one work-item per row. Row values are computed once;
+// each reduction is a loop over the row that computes the full steps before it and adds
+// its operand in index order in a float, as reduce_rows adds a row; a last loop computes
+// every full step and writes the full outputs.
+std::string fused_rows_source(const ElementwiseProgram& program,
+                              const std::vector<InputAccess>& access,
+                              const std::vector<bool>& row) {
+  const std::vector<int> written = program.output_registers();
+  const int inputs = program.num_inputs;
+  const int steps = static_cast<int>(program.steps.size());
+  std::string args;
+  for (std::size_t k = 0; k < written.size(); ++k)
+    args +=
+        "__global float* y" + std::to_string(k) + ", const ulong y" + std::to_string(k) + "_off, ";
+  args += "const ulong d1, const ulong d2, const ulong d3, const ulong cols, const float inv_cols";
+  bool strided = false;
+  for (std::size_t k = 0; k < access.size(); ++k) {
+    const std::string n = std::to_string(k);
+    args += ", __global const float* x" + n + ", const ulong o" + n;
+    if (access[k] == InputAccess::strided) {
+      args += ", const ulong s" + n + "_0, const ulong s" + n + "_1, const ulong s" + n +
+              "_2, const ulong s" + n + "_3";
+      strided = true;
+    }
+  }
+  auto read_input = [&](std::size_t k, const std::string& indent) {
+    const std::string n = std::to_string(k);
+    std::string index = "i";
+    if (access[k] == InputAccess::scalar)
+      index = "0";
+    else if (access[k] == InputAccess::strided)
+      index = "c0 * s" + n + "_0 + c1 * s" + n + "_1 + c2 * s" + n + "_2 + c3 * s" + n + "_3";
+    return indent + "const float r" + n + " = x" + n + "[o" + n + " + " + index + "];\n";
+  };
+  auto coords = [&](const std::string& indent) {
+    return strided ? indent +
+                         "const ulong c3 = i % d3, c2 = i / d3 % d2, c1 = i / (d3 * d2) % d1, "
+                         "c0 = i / (d3 * d2 * d1);\n"
+                   : std::string();
+  };
+  auto step_line = [&](int k, const std::string& indent) {
+    const ElementwiseStep& s = program.steps[k];
+    const std::string a = "r" + std::to_string(s.args[0]);
+    const std::string b = s.args[1] >= 0 ? "r" + std::to_string(s.args[1]) : "";
+    return indent + "const float r" + std::to_string(inputs + k) + " = " +
+           step_expression(s, a, b) + ";\n";
+  };
+  // Row inputs: read once, at the row's first element.
+  std::string body = "  const size_t r_row = get_global_id(0);\n";
+  for (std::size_t k = 0; k < access.size(); ++k)
+    if (row[k])
+      body += "  float r" + std::to_string(k) + ";\n";
+  body += "  {\n    const ulong i = r_row * cols;\n" + coords("    ");
+  for (std::size_t k = 0; k < access.size(); ++k)
+    if (row[k]) {
+      std::string line = read_input(k, "    ");
+      body += line.replace(line.find("const float "), 12, "");
+    }
+  body += "  }\n";
+  int next_row_step = 0;
+  for (int phase = 0; phase <= steps; ++phase) {
+    const bool last = phase == steps;
+    if (!last && !row_reduction(program.steps[phase].op))
+      continue;
+    for (; next_row_step < phase; ++next_row_step)
+      if (row[inputs + next_row_step] && !row_reduction(program.steps[next_row_step].op))
+        body += step_line(next_row_step, "  ");
+    const std::string acc = "acc" + std::to_string(phase);
+    if (!last)
+      body += "  float " + acc + " = 0.0f;\n";
+    body += "  for (ulong j = 0; j < cols; ++j) {\n    const ulong i = r_row * cols + j;\n" +
+            coords("    ");
+    for (std::size_t k = 0; k < access.size(); ++k)
+      if (!row[k])
+        body += read_input(k, "    ");
+    for (int k = 0; k < phase; ++k)
+      if (!row[inputs + k])
+        body += step_line(k, "    ");
+    if (!last) {
+      body += "    " + acc + " = " + acc + " + r" + std::to_string(program.steps[phase].args[0]) +
+              ";\n";
+    } else {
+      for (std::size_t k = 0; k < written.size(); ++k)
+        if (!row[written[k]])
+          body += "    y" + std::to_string(k) + "[y" + std::to_string(k) + "_off + i] = r" +
+                  std::to_string(written[k]) + ";\n";
+    }
+    body += "  }\n";
+    if (!last)  // reduce_rows scales by 1; a mean's 1/cols as the scale kernel multiplies
+      body += "  const float r" + std::to_string(inputs + phase) + " = " +
+              (program.steps[phase].op == OpId::mean ? "inv_cols * " + acc : acc + " * 1.0f") +
+              ";\n";
+  }
+  for (std::size_t k = 0; k < written.size(); ++k)
+    if (row[written[k]])
+      body += "  y" + std::to_string(k) + "[y" + std::to_string(k) + "_off + r_row] = r" +
+              std::to_string(written[k]) + ";\n";
+  return std::string(kElementwiseSource) + "\n__kernel void fused(" + args +
+         ") {\n#pragma OPENCL FP_CONTRACT OFF\n" + body + "}\n";
+}
+
 // A chain whose collapsed index space has at most kFusedRank dimensions (asked without
 // tensors, as the graph's fusion pass does, it accepts: any f32 chain may be fused).
 bool fused_rank_fits(const OpCall& call) {
@@ -679,7 +780,7 @@ bool fused_rank_fits(const OpCall& call) {
 void OpenClBackend::fused(const OpCall& call) {
   const ElementwiseProgram& program = *call.attrs.program;
   Tensor& y = call.outputs[0];
-  const BroadcastSpace space = collapse_broadcast(y.shape(), call.inputs);
+  const BroadcastSpace space = collapse_broadcast(call.attrs.shape, call.inputs);
   check(space.dims.size() <= static_cast<std::size_t>(kFusedRank),
         "opencl fused_elementwise: " + std::to_string(space.dims.size()) +
             " dimensions after merging, the kernel walks " + std::to_string(kFusedRank));
@@ -694,7 +795,19 @@ void OpenClBackend::fused(const OpCall& call) {
   std::vector<cl_ulong> dims(kFusedRank, 1);
   for (std::size_t d = 0; d < space.dims.size(); ++d)
     dims[pad + d] = static_cast<cl_ulong>(space.dims[d]);
-  const std::size_t global = count(y);
+  // With row reductions: one work-item per row of the program's shape.
+  const bool rows = program.reduces();
+  std::vector<bool> row;
+  if (rows) {
+    std::vector<Shape> shapes;
+    for (const Tensor& x : call.inputs)
+      shapes.push_back(x.shape());
+    row = row_registers(program, shapes, call.attrs.shape);
+  }
+  const std::int64_t cols = call.attrs.shape.empty() ? 1 : call.attrs.shape.back();
+  const std::size_t global =
+      rows ? (cols == 0 ? 0 : static_cast<std::size_t>(shape_numel(call.attrs.shape) / cols))
+           : count(y);
   if (global == 0)
     return;
   std::lock_guard lock(mutex_);
@@ -703,7 +816,8 @@ void OpenClBackend::fused(const OpCall& call) {
   // generating any source; the source keys the built kernels, shared by equal chains.
   auto known = fused_by_program_.find({&program, access_key});
   if (known == fused_by_program_.end()) {
-    const std::string source = fused_source(program, access);
+    const std::string source =
+        rows ? fused_rows_source(program, access, row) : fused_source(program, access);
     auto found = fused_kernels_.find(source);
     if (found == fused_kernels_.end()) {
       Program built = compile(source, "a fused kernel (" + program.describe() + ")");
@@ -726,6 +840,10 @@ void OpenClBackend::fused(const OpCall& call) {
   }
   for (int d = 1; d < kFusedRank; ++d)
     set_arg(k, arg++, dims[d]);
+  if (rows) {
+    set_arg(k, arg++, static_cast<cl_ulong>(cols));
+    set_arg(k, arg++, static_cast<cl_float>(1.0 / static_cast<double>(cols)));
+  }
   for (std::size_t i = 0; i < call.inputs.size(); ++i) {
     set_arg(k, arg++, mem_of(call.inputs[i]));
     set_arg(k, arg++, off_of(call.inputs[i]));
