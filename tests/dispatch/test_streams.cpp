@@ -173,6 +173,15 @@ TEST(CpuStreams, AKernelOnACreatedStreamRunsOnItsThreadAfterItsWait) {
   EXPECT_EQ(out[0].to_floats(), (std::vector<float>{2, 4, 6}));
 }
 
+#ifdef LOOM_HAVE_OPENCL
+// PoCL's `basic` device (the sanitizer runs use it) runs queued commands on the host
+// thread that flushes or waits, one queue at a time: a queue held at a user event holds
+// every queue. The tests that hold a queue need a device whose queues run by themselves.
+bool holding_a_queue_holds_all(Backend& device) {
+  return device.info().name.find("basic-") != std::string::npos;
+}
+#endif
+
 // The graph-mode trainer's batch prefetch, on each device with memory of its own: the
 // next step's batch is uploaded on the copy stream while compute submitted after it is
 // still held (OpenCL: behind a user event the test opens; the CUDA emulator: streams run
@@ -198,6 +207,8 @@ TEST_P(PrefetchOnDevice, TheNextBatchUploadsWhileComputeSubmittedAfterItIsHeld) 
   Timeline computed;
   train::BatchPrefetch prefetch(device, numbered_batch);
 #ifdef LOOM_HAVE_OPENCL
+  if (GetParam() == "opencl" && holding_a_queue_holds_all(device))
+    GTEST_SKIP() << device.info().name << " runs one queue at a time";
   cl_event gate = nullptr;
   if (GetParam() == "opencl") {
     cl_int err = CL_SUCCESS;
@@ -254,6 +265,8 @@ TEST(OpenClStreams, AWaitOnAnotherQueuesMarkerIsEnqueuedNotWaitedOnTheHost) {
   opencl::OpenClBackend* device = opencl::backend();
   if (device == nullptr)
     GTEST_SKIP() << "no opencl device";
+  if (holding_a_queue_holds_all(*device))
+    GTEST_SKIP() << device->info().name << " runs one queue at a time";
   std::unique_ptr<Stream> compute = device->create_stream(StreamKind::compute);
   std::unique_ptr<Stream> copy = device->create_stream(StreamKind::copy);
   cl_int err = CL_SUCCESS;
