@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -70,5 +71,21 @@ void register_nn_kernels(std::array<KernelFn, kNumOps>& table);
 void register_fused_kernels(std::array<KernelFn, kNumOps>& table);
 // Precision bf16 for matmul and linear (cpu_kernels.cpp).
 void set_bf16_operands(bool on);
+
+// One GEMM the CPU kernels ran: C[m,n] = alpha op(A) op(B) + beta C, row-major.
+struct GemmRecord {
+  bool trans_a, trans_b;
+  std::int64_t m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+  bool a_transposed;  // A transposed into a scratch buffer first, then the plain product
+  bool in_parallel;   // called inside an OpenMP parallel region (one thread)
+  double seconds;     // host time of the call
+};
+// While `records` is set, every GEMM is appended to it (benchmarks: bench/src/gemm_floor.cpp);
+// nullptr stops recording.
+void record_gemms(std::vector<GemmRecord>* records);
+// Whether a large product with a transposed A transposes A into place first (the default;
+// LOOM_CPU_GEMM=as_called starts with it off). For benchmarks that compare both.
+void set_gemm_transpose(bool on);
 
 }  // namespace loom::cpu

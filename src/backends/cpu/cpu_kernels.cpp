@@ -1,16 +1,21 @@
 // Fast CPU kernels, part 1: copies, elementwise, reductions, softmax, GEMM, AdamW.
 //
-// GEMM is oneDNN's dnnl_sgemm (row-major, never hand-written). Loops are OpenMP-threaded
-// above a size where threading pays, and written so the compiler vectorises them.
+// GEMM is oneDNN's dnnl_sgemm (row-major, never hand-written). Loops are
+// OpenMP-threaded above a size where threading pays, and written so the compiler vectorises them.
 // Shapes a fast path does not handle fall through to the reference kernel.
 #include <dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/vec_math.h"
@@ -29,7 +34,48 @@ constexpr std::int64_t kParallelGrain = 16384;  // elements below which one thre
 std::atomic<bool> bf16_operands{false};
 
 // ---- GEMM ----------------------------------------------------------------------
-// C[M,N] = alpha op(A) op(B) + beta C, row-major, through oneDNN.
+// C[M,N] = alpha op(A) op(B) + beta C, row-major, through oneDNN's dnnl_sgemm. On some
+// CPUs it runs a product whose A is transposed at about half the rate of the others
+// (bench/RESULTS.md, "GEMM floor": a Zen 3 ran the weight gradients X^T dY at 50-63
+// GFLOP/s, every other large product of the step at 100-135). Such a product, when large,
+// gets A transposed into a scratch buffer first, one pass over A at memory speed, and
+// then runs as the plain product. LOOM_CPU_GEMM=as_called turns that off (benchmarks).
+constexpr std::int64_t kTransposeMinWork = std::int64_t{1} << 24;  // 256^3 multiply-adds
+
+std::atomic<bool>& transpose_a_setting() {
+  static std::atomic<bool> on = [] {
+    const char* env = std::getenv("LOOM_CPU_GEMM");
+    const std::string v = env == nullptr ? "" : env;
+    check(v.empty() || v == "as_called" || v == "auto",
+          "LOOM_CPU_GEMM = '" + v + "', expected auto (the default) or as_called");
+    return v != "as_called";
+  }();
+  return on;
+}
+
+// at[i * k + l] = a[l * lda + i] for i < m, l < k: op(A) = A^T laid out row-major, through
+// a 64 x 64 tile per thread (one padding column, so that the rows a tile reads, often a
+// power of two apart, do not share cache sets): about 20 GB/s on two cores, against 4
+// for the direct loop.
+void transpose_into(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k, float* at) {
+  constexpr std::int64_t kTile = 64;
+#pragma omp parallel for schedule(static) if (m * k > kParallelGrain)
+  for (std::int64_t i0 = 0; i0 < m; i0 += kTile)
+    for (std::int64_t l0 = 0; l0 < k; l0 += kTile) {
+      float tile[kTile][kTile + 1];
+      const std::int64_t i1 = std::min(m, i0 + kTile), l1 = std::min(k, l0 + kTile);
+      for (std::int64_t l = l0; l < l1; ++l)
+        for (std::int64_t i = i0; i < i1; ++i)
+          tile[i - i0][l - l0] = a[l * lda + i];
+      for (std::int64_t i = i0; i < i1; ++i)
+        for (std::int64_t l = l0; l < l1; ++l)
+          at[i * k + l] = tile[i - i0][l - l0];
+    }
+}
+
+std::atomic<std::vector<GemmRecord>*> gemm_recorder{nullptr};
+std::mutex gemm_recorder_mutex;
+
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
            std::int64_t ldc) {
@@ -41,15 +87,46 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
         c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
-                                    lda, b, ldb, beta, c, ldc);
+  std::vector<GemmRecord>* recorder = gemm_recorder.load(std::memory_order_relaxed);
+  const auto start =
+      recorder ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  // Inside a parallel region (attention's per-head products) the products are small and
+  // run one per thread: they stay as called.
+  const bool transpose = trans_a && m * n * k >= kTransposeMinWork && !omp_in_parallel() &&
+                         transpose_a_setting().load(std::memory_order_relaxed);
+  dnnl_status_t status;
+  if (transpose) {
+    thread_local std::vector<float> at;
+    at.resize(static_cast<std::size_t>(m * k));
+    transpose_into(a, lda, m, k, at.data());
+    status =
+        dnnl_sgemm('N', trans_b ? 'T' : 'N', m, n, k, alpha, at.data(), k, b, ldb, beta, c, ldc);
+  } else {
+    status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
+                        beta, c, ldc);
+  }
   check(status == dnnl_success, "cpu: dnnl_sgemm failed with status " + std::to_string(status));
+  if (recorder) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard lock(gemm_recorder_mutex);
+    recorder->push_back({trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, transpose,
+                         omp_in_parallel() != 0, seconds});
+  }
 }
 
 }  // namespace
 
 void set_bf16_operands(bool on) {
   bf16_operands.store(on);
+}
+
+void record_gemms(std::vector<GemmRecord>* records) {
+  gemm_recorder.store(records);
+}
+
+void set_gemm_transpose(bool on) {
+  transpose_a_setting().store(on);
 }
 
 // Shared with cpu_nn_kernels.cpp.

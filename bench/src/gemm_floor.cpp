@@ -1,0 +1,281 @@
+// gemm_floor: the GEMM floor of a GPT training step on the CPU — every GEMM one step runs
+// (recorded from the CPU kernels, attention's per-head products included), each shape
+// timed alone on warm buffers with dnnl_sgemm and with a oneDNN matmul primitive, the
+// faster of the two summed over the step's calls — beside the step itself.
+//
+// A step here is what `loom train` runs: forward, cross entropy, backward, AdamW; no
+// clipping. The step time is the median of --steps timed steps after --warmup, alternating
+// with as many steps that run every product as called (the CPU backend otherwise
+// transposes a large product's A into place first); each shape alone is the median of
+// --reps runs of the step's calls of it. The report lists the shapes by time in the
+// step, then the totals: the step, its GEMMs as run in it, and the floor. Products run
+// inside a parallel region (attention's per-head ones) are timed on one thread and
+// counted as sharing the threads.
+//
+// Usage: gemm_floor [--layers 4] [--width 256] [--heads 4] [--context 128] [--batch 8]
+//                   [--vocab 65] [--steps 15] [--warmup 3] [--reps 30] [--threads 2]
+#include <dnnl.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dnnl.hpp>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "autograd/functions.h"
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+
+namespace {
+
+using namespace loom;
+namespace ag = loom::autograd;
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct Options {
+  std::int64_t layers = 4, width = 256, heads = 4, context = 128, batch = 8, vocab = 65;
+  int steps = 15, warmup = 3, reps = 30, threads = 2;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    check(i + 1 < argc, "gemm_floor: " + flag + " needs a value");
+    const long long v = std::atoll(argv[++i]);
+    check(v > 0, "gemm_floor: " + flag + " = '" + argv[i] + "', expected a positive integer");
+    if (flag == "--layers")
+      o.layers = v;
+    else if (flag == "--width")
+      o.width = v;
+    else if (flag == "--heads")
+      o.heads = v;
+    else if (flag == "--context")
+      o.context = v;
+    else if (flag == "--batch")
+      o.batch = v;
+    else if (flag == "--vocab")
+      o.vocab = v;
+    else if (flag == "--steps")
+      o.steps = static_cast<int>(v);
+    else if (flag == "--warmup")
+      o.warmup = static_cast<int>(v);
+    else if (flag == "--reps")
+      o.reps = static_cast<int>(v);
+    else if (flag == "--threads")
+      o.threads = static_cast<int>(v);
+    else
+      throw Error("gemm_floor: unknown flag " + flag);
+  }
+  return o;
+}
+
+// The shape of a call, without how it ran: the key of the table.
+using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                       std::int64_t, std::int64_t, float, float, bool>;
+Key key_of(const cpu::GemmRecord& r) {
+  return {r.trans_a, r.trans_b, r.m, r.n, r.k, r.lda, r.ldb, r.ldc, r.alpha, r.beta, r.in_parallel};
+}
+
+// The step's `calls` calls of the shape alone, `reps` times on warm buffers: the median
+// seconds of all of them, by dnnl_sgemm (primitive = false) or a matmul primitive created
+// once. Calls the step made inside a parallel region (attention's per-head products) run
+// as there: spread over the threads, each thread on buffers of its own.
+double time_alone(const Key& key, int calls, bool primitive, bool plain, int reps, int threads) {
+  auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, in_parallel] = key;
+  if (plain) {  // the same product with both operands laid out as op() reads them
+    ta = tb = false;
+    lda = k;
+    ldb = n;
+  }
+  const int copies = in_parallel ? threads : 1;
+  std::vector<std::vector<float>> as(copies), bs(copies), cs(copies);
+  for (int t = 0; t < copies; ++t) {
+    as[t].resize(static_cast<std::size_t>((ta ? k : m) * lda));
+    bs[t].resize(static_cast<std::size_t>((tb ? n : k) * ldb));
+    cs[t].resize(static_cast<std::size_t>(m * ldc));
+    for (std::size_t i = 0; i < as[t].size(); ++i)
+      as[t][i] = static_cast<float>(i % 13) * 0.01f;
+    for (std::size_t i = 0; i < bs[t].size(); ++i)
+      bs[t][i] = static_cast<float>(i % 7) * 0.02f;
+  }
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  dnnl::memory::desc a_md({m, k}, dt::f32, ta ? dims{1, lda} : dims{lda, 1});
+  dnnl::memory::desc b_md({k, n}, dt::f32, tb ? dims{1, ldb} : dims{ldb, 1});
+  dnnl::memory::desc c_md({m, n}, dt::f32, {ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f)
+    attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul product(
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine));
+  std::vector<dnnl::stream> streams;
+  for (int t = 0; t < copies; ++t)
+    streams.emplace_back(engine);
+  auto once = [&](int t) {
+    float *a = as[t].data(), *b = bs[t].data(), *c = cs[t].data();
+    if (primitive) {
+      dnnl::memory am(a_md, engine, a), bm(b_md, engine, b), cm(c_md, engine, c);
+      product.execute(streams[t], {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      streams[t].wait();
+    } else {
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+  };
+  std::vector<double> times;
+  for (int r = 0; r < reps + 2; ++r) {
+    auto start = Clock::now();
+    if (in_parallel) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+      for (int i = 0; i < calls; ++i)
+        once(omp_get_thread_num());
+    } else {
+      for (int i = 0; i < calls; ++i)
+        once(0);
+    }
+    if (r >= 2)
+      times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return median(times);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options o = parse(argc, argv);
+  cpu::set_num_threads(o.threads);
+  Backend& device = cpu::backend();
+  nn::Gpt gpt({o.vocab, o.context, o.layers, o.heads, o.width, 0.0}, 1, device);
+  optim::AdamW optimizer(gpt.parameters(), {0.9, 0.999, 1e-8, 0.01});
+  nn::Rng rng(3);
+  auto batch = [&] {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(o.batch * o.context)), next(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(o.vocab));
+      next[i] = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(o.vocab));
+    }
+    return std::pair{Tensor::from_ints({o.batch, o.context}, ids, device),
+                     Tensor::from_ints({o.batch * o.context}, next, device)};
+  };
+  auto step = [&] {
+    auto [x, y] = batch();
+    ag::Tape tape;
+    ag::Var loss = ag::cross_entropy(tape, gpt.forward(tape, x, nn::ForwardOptions{true, 0}), y);
+    tape.backward(loss);
+    optimizer.step(1e-4);
+    optimizer.zero_grad();
+    return loss.value().item();
+  };
+  // Steps alternate between the CPU backend's way of running a large product with a
+  // transposed A (transposed into place first) and calling it as it is, so that the
+  // comparison shares the machine's drift.
+  std::vector<double> step_times, as_called_times;
+  for (int s = 0; s < 2 * (o.warmup + o.steps); ++s) {
+    const bool as_called = s % 2 == 1;
+    cpu::set_gemm_transpose(!as_called);
+    auto start = Clock::now();
+    step();
+    if (s >= 2 * o.warmup)
+      (as_called ? as_called_times : step_times)
+          .push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  cpu::set_gemm_transpose(true);
+  std::vector<cpu::GemmRecord> records;
+  cpu::record_gemms(&records);
+  step();
+  cpu::record_gemms(nullptr);
+
+  struct Row {
+    int calls = 0;
+    double in_step = 0;
+    int transposed = 0;  // calls that transposed A into place first
+  };
+  std::map<Key, Row> rows;
+  for (const cpu::GemmRecord& r : records) {
+    Row& row = rows[key_of(r)];
+    ++row.calls;
+    row.in_step += r.seconds;
+    row.transposed += r.a_transposed ? 1 : 0;
+  }
+  std::vector<std::pair<Key, Row>> ordered(rows.begin(), rows.end());
+  std::sort(ordered.begin(), ordered.end(),
+            [](const auto& a, const auto& b) { return a.second.in_step > b.second.in_step; });
+
+  std::printf(
+      "gemm_floor: GPT L%lld d%lld h%lld T%lld B%lld V%lld, %d threads, %zu GEMM calls per "
+      "step\n\n",
+      static_cast<long long>(o.layers), static_cast<long long>(o.width),
+      static_cast<long long>(o.heads), static_cast<long long>(o.context),
+      static_cast<long long>(o.batch), static_cast<long long>(o.vocab), o.threads, records.size());
+  std::printf(
+      "| op(A) x op(B) | M | N | K | beta | calls | in the step | in step ms | sgemm ms | "
+      "primitive ms | plain layout ms | in step GFLOP/s | best alone GFLOP/s |\n");
+  std::printf(
+      "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: "
+      "|\n");
+  double gemm_in_step = 0, floor = 0, as_called = 0;
+  for (const auto& [key, row] : ordered) {
+    const auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, in_parallel] = key;
+    // Seconds for all of the step's calls of the shape. Calls made inside a parallel region
+    // ran `threads` at a time: their wall time in the step is their thread time shared.
+    const double in_step = row.in_step * (in_parallel ? 1.0 / o.threads : 1.0);
+    // Alone: dnnl_sgemm and a oneDNN matmul primitive as called, and dnnl_sgemm on the
+    // same product with both operands laid out as op() reads them (no transpose).
+    const double sg = time_alone(key, row.calls, false, false, o.reps, o.threads),
+                 pr = time_alone(key, row.calls, true, false, o.reps, o.threads),
+                 plain = ta || tb ? time_alone(key, row.calls, false, true, o.reps, o.threads) : sg;
+    const double flops =
+        2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * row.calls;
+    gemm_in_step += in_step;
+    as_called += sg;
+    // A shape's floor: the fastest way seen to run its calls, in any layout, the step's own
+    // included (tiny products run alone pay overheads that the step amortises).
+    const double best = std::min({sg, pr, plain});
+    floor += std::min(best, in_step);
+    std::printf(
+        "| %s x %s%s | %lld | %lld | %lld | %g | %d | %s | %.3f | %.3f | %.3f | %.3f | %.0f | "
+        "%.0f |\n",
+        ta ? "A^T" : "A", tb ? "B^T" : "B", in_parallel ? " (per head, threads in parallel)" : "",
+        static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+        static_cast<double>(beta), row.calls,
+        row.transposed == row.calls ? "A transposed first"
+        : row.transposed == 0       ? "as called"
+                                    : "both",
+        in_step * 1e3, sg * 1e3, pr * 1e3, plain * 1e3, flops / in_step * 1e-9,
+        flops / best * 1e-9);
+  }
+  const double step_ms = median(step_times) * 1e3;
+  std::printf(
+      "\nstep (median of %d) %.2f ms; its GEMMs as run in the step %.2f ms (%.0f%% of it); "
+      "with every product as called (no transpose into place), steps in between: %.2f ms\n",
+      o.steps, step_ms, gemm_in_step * 1e3, 100 * gemm_in_step * 1e3 / step_ms,
+      median(as_called_times) * 1e3);
+  std::printf(
+      "the same GEMMs alone: dnnl_sgemm as called %.2f ms; the fastest per shape in any layout, "
+      "the step's own included (the GEMM floor) %.2f ms\n",
+      as_called * 1e3, floor * 1e3);
+  std::printf("step / GEMM floor: %.3fx\n", step_ms / (floor * 1e3));
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "gemm_floor: %s\n", e.what());
+  return 1;
+}
