@@ -213,11 +213,11 @@ void matmul_cases(Builder& b) {
         Measure::nmse, t);
   b.add("batched_trans_a", OpId::matmul, {b.r({3, 5, 4}), b.r({5, 6})}, mm(true, false),
         Measure::nmse, t);
-  // Large enough (m n k >= 2^24) for the CPU to transpose A into place first; the
-  // transpose's tiles do not divide the sizes, and a batched product shares the path.
-  b.add("trans_a_large", OpId::matmul, {b.r({257, 301}), b.r({257, 263})}, mm(true, false),
+  // Large enough (m n k >= 2^27) for the CPU to transpose A into place first; the
+  // transpose's 64 x 64 tiles do not divide the sizes.
+  b.add("trans_a_large", OpId::matmul, {b.r({520, 513}), b.r({520, 515})}, mm(true, false),
         Measure::nmse, t);
-  b.add("trans_ab_large", OpId::matmul, {b.r({257, 301}), b.r({263, 257})}, mm(true, true),
+  b.add("trans_ab_large", OpId::matmul, {b.r({520, 513}), b.r({515, 520})}, mm(true, true),
         Measure::nmse, t);
   b.add("1x1", OpId::matmul, {b.r({1, 1}), b.r({1, 1})}, mm(false, false), Measure::nmse, t);
   b.add("k1", OpId::matmul, {b.r({4, 1}), b.r({1, 3})}, mm(false, false), Measure::nmse, t);

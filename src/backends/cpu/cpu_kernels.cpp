@@ -37,10 +37,12 @@ std::atomic<bool> bf16_operands{false};
 // C[M,N] = alpha op(A) op(B) + beta C, row-major, through oneDNN's dnnl_sgemm. On some
 // CPUs it runs a product whose A is transposed at about half the rate of the others
 // (bench/RESULTS.md, "GEMM floor": a Zen 3 ran the weight gradients X^T dY at 50-63
-// GFLOP/s, every other large product of the step at 100-135). Such a product, when large,
+// GFLOP/s, every other large product of the step at 100-150). Such a product, when large,
 // gets A transposed into a scratch buffer first, one pass over A at memory speed, and
-// then runs as the plain product. LOOM_CPU_GEMM=as_called turns that off (benchmarks).
-constexpr std::int64_t kTransposeMinWork = std::int64_t{1} << 24;  // 256^3 multiply-adds
+// then runs as the plain product: steps of the small GPT 4-7% faster, interleaved with
+// steps without it. Below 2^27 multiply-adds (the tiny GPT's weight gradients) the
+// transpose costs what it saves. LOOM_CPU_GEMM=as_called turns it off (benchmarks).
+constexpr std::int64_t kTransposeMinWork = std::int64_t{1} << 27;  // 512^3 multiply-adds
 
 std::atomic<bool>& transpose_a_setting() {
   static std::atomic<bool> on = [] {
