@@ -30,9 +30,12 @@ namespace {
 using namespace loom;
 namespace ag = loom::autograd;
 
-enum class Mode { eager, graph, fused };
+enum class Mode { eager, graph, fused_elementwise, fused };
 const char* mode_name(Mode m) {
-  return m == Mode::eager ? "eager" : m == Mode::graph ? "graph" : "graph + fusion";
+  return m == Mode::eager               ? "eager"
+         : m == Mode::graph             ? "graph"
+         : m == Mode::fused_elementwise ? "graph + fusion without reductions"
+                                        : "graph + fusion";
 }
 
 struct Run {
@@ -76,7 +79,8 @@ Run run_mode(const std::string& path, Backend& device, Mode mode, int steps, int
   }
   optim::AdamW optimizer(model.parameters(), {0.9, 0.999, 1e-8, 0.01});
   graph::Passes passes;
-  passes.fuse_elementwise = mode == Mode::fused;
+  passes.fuse_elementwise = mode == Mode::fused || mode == Mode::fused_elementwise;
+  passes.fusion.reductions = mode == Mode::fused;
   graph::CapturedStep captured(passes);
   auto forward_backward = [&] {
     ag::Tape tape;
@@ -164,14 +168,15 @@ int main(int argc, char** argv) {
     std::printf("device %s, %d threads, %d rounds of %d timed steps\n\n",
                 device.info().name.c_str(), threads, rounds, steps);
     std::printf(
-        "| model | eager ms/step | graph ms/step | graph + fusion ms/step | eager / fused | "
-        "graph / fused | graph nodes (fused) | fused chains |\n");
-    std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        "| model | eager ms/step | graph ms/step | fusion without reductions ms/step | graph + "
+        "fusion ms/step | eager / fused | graph / fused | graph nodes (without reductions; "
+        "fused) | fused chains (without reductions; fused) |\n");
+    std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (const std::string& path : models) {
       std::map<Mode, std::vector<double>> ms;
       std::map<Mode, Run> last;
       for (int r = 0; r < rounds; ++r)
-        for (Mode mode : {Mode::eager, Mode::graph, Mode::fused}) {
+        for (Mode mode : {Mode::eager, Mode::graph, Mode::fused_elementwise, Mode::fused}) {
           Run run = run_mode(path, device, mode, steps, warmup);
           ms[mode].push_back(run.median_ms);
           last[mode] = run;
@@ -179,11 +184,13 @@ int main(int argc, char** argv) {
                        run.median_ms);
         }
       const double e = median(ms[Mode::eager]), g = median(ms[Mode::graph]),
-                   f = median(ms[Mode::fused]);
+                   w = median(ms[Mode::fused_elementwise]), f = median(ms[Mode::fused]);
       std::string name = path.substr(path.find_last_of('/') + 1);
-      std::printf("| %s | %.3f | %.3f | %.3f | %.2fx | %.2fx | %zu (%zu) | %zu |\n", name.c_str(),
-                  e, g, f, e / f, g / f, last[Mode::graph].nodes, last[Mode::fused].nodes,
-                  last[Mode::fused].chains);
+      std::printf(
+          "| %s | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %zu (%zu; %zu) | %zu; %zu |\n",
+          name.c_str(), e, g, w, f, e / f, g / f, last[Mode::graph].nodes,
+          last[Mode::fused_elementwise].nodes, last[Mode::fused].nodes,
+          last[Mode::fused_elementwise].chains, last[Mode::fused].chains);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fusion_bench: %s\n", e.what());

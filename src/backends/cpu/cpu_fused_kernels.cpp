@@ -148,12 +148,15 @@ void run_program(const ElementwiseProgram& program, const OpCall& call) {
   }
 }
 
-// A program with row reductions (core/fused_elementwise.h), one row at a time (rows in
-// parallel). A row's full values are computed block by block as above; row values are
-// one number each. Each reduction is a pass over the row that computes the full steps
-// before it and adds its operand's blocks in index order into a double, as the CPU's sum
-// and mean kernels add a row; a last pass computes every full step and writes the full
-// outputs. Passes recompute the full steps they need instead of keeping whole rows.
+// A program with row reductions (core/fused_elementwise.h). The rows are cut into
+// blocks of at most kBlock elements: several whole rows when rows are short, else pieces
+// of one row; blocks of rows run in parallel. A block's full values are computed as
+// above; row values are one number per row of the block. Each reduction is a pass over
+// the block's rows that computes the full steps before it and adds its operand to one
+// double per row, element by element in index order, as the CPU's sum and mean kernels
+// add a row; a last pass computes every full step and writes the full outputs. When a
+// block holds whole rows, a pass computes only the steps the passes before it did not;
+// pieces of long rows are recomputed by each pass instead of kept.
 void run_row_program(const ElementwiseProgram& program, const OpCall& call) {
   const Shape& shape = call.attrs.shape;
   const std::int64_t cols = shape.back();
@@ -163,6 +166,7 @@ void run_row_program(const ElementwiseProgram& program, const OpCall& call) {
   const std::int64_t rows = total / cols;
   const int inputs = program.num_inputs;
   const int steps = static_cast<int>(program.steps.size());
+  const int registers = inputs + steps;
   std::vector<Shape> input_shapes;
   for (const Tensor& x : call.inputs)
     input_shapes.push_back(x.shape());
@@ -175,96 +179,118 @@ void run_row_program(const ElementwiseProgram& program, const OpCall& call) {
     strides.push_back(broadcast_strides(x.shape(), shape));
     data.push_back(x.data<float>());
   }
-  std::vector<float*> out_of(static_cast<std::size_t>(inputs + steps), nullptr);
+  std::vector<float*> out_of(static_cast<std::size_t>(registers), nullptr);
   const std::vector<int> written = program.output_registers();
   for (std::size_t k = 0; k < written.size(); ++k)
     out_of[static_cast<std::size_t>(written[k])] = call.outputs[k].data<float>();
+  // A block: `group` whole rows of `len` = cols elements, or one row's piece of `len`.
+  const std::int64_t group = cols >= kBlock ? 1 : kBlock / cols;
+  const std::int64_t len = std::min(cols, kBlock);
+  const std::int64_t groups = (rows + group - 1) / group;
+  const bool single_block = len == cols;
   const float inv_cols = static_cast<float>(1.0 / static_cast<double>(cols));
   const int threads = total > kParallelGrain ? omp_get_max_threads() : 1;
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> scratch(static_cast<std::size_t>((inputs + steps) * kBlock));
-    std::vector<const float*> reg(static_cast<std::size_t>(inputs + steps));
-    std::vector<float> value(static_cast<std::size_t>(inputs + steps), 0.0f);  // row values
-    std::vector<std::int64_t> base(static_cast<std::size_t>(inputs));
+    std::vector<float> scratch(static_cast<std::size_t>(registers * kBlock));
+    std::vector<const float*> reg(static_cast<std::size_t>(registers));
+    // Row values, `group` per register; each input's offset at (row, 0).
+    std::vector<float> value(static_cast<std::size_t>(registers * group), 0.0f);
+    std::vector<std::int64_t> base(static_cast<std::size_t>(inputs * group));
+    std::vector<double> acc(static_cast<std::size_t>(group));
 #pragma omp for schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      for (int i = 0; i < inputs; ++i) {  // the input's offset at (r, 0)
-        std::int64_t offset = 0, rest = r;
-        for (int d = rank - 2; d >= 0; --d) {
-          offset += (rest % shape[d]) * strides[i][d];
-          rest /= shape[d];
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t r0 = g * group, nr = std::min(group, rows - r0);
+      for (int i = 0; i < inputs; ++i)
+        for (std::int64_t t = 0; t < nr; ++t) {
+          std::int64_t offset = 0, rest = r0 + t;
+          for (int d = rank - 2; d >= 0; --d) {
+            offset += (rest % shape[d]) * strides[i][d];
+            rest /= shape[d];
+          }
+          base[i * group + t] = offset;
+          if (row[i])
+            value[i * group + t] = data[i][offset];
         }
-        base[i] = offset;
-        if (row[i])
-          value[i] = data[i][offset];
-      }
       int next_row_step = 0;  // row steps run once, in order, when their operands exist
-      auto run_row_steps_before = [&](int end) {
-        for (; next_row_step < end; ++next_row_step) {
-          const ElementwiseStep& s = program.steps[next_row_step];
-          const int reg_index = inputs + next_row_step;
-          if (!row[reg_index] || row_reduction(s.op))
-            continue;
-          float a = value[s.args[0]], b = s.args[1] >= 0 ? value[s.args[1]] : 0.0f, v = 0.0f;
-          run_step(s, &v, &a, &b, 1);
-          value[reg_index] = v;
-        }
-      };
+      int computed = 0;       // leading steps whose full values this group's block holds
       for (int phase = 0; phase <= steps; ++phase) {  // each reduction, then the last pass
         const bool last = phase == steps;
         if (!last && !row_reduction(program.steps[phase].op))
           continue;
-        run_row_steps_before(phase);
-        // A row value a full step reads: its block filled with the value.
-        for (int k = 0; k < inputs + phase; ++k)
-          if (row[k]) {
-            float* block = scratch.data() + static_cast<std::size_t>(k) * kBlock;
-            std::fill(block, block + kBlock, value[k]);
-            reg[k] = block;
-          }
-        double acc = 0.0;
+        for (; next_row_step < phase; ++next_row_step) {
+          const ElementwiseStep& s = program.steps[next_row_step];
+          const int reg_index = inputs + next_row_step;
+          if (!row[reg_index] || row_reduction(s.op))
+            continue;
+          float* v = value.data() + reg_index * group;
+          const float* a = value.data() + s.args[0] * group;
+          const float* b = s.args[1] >= 0 ? value.data() + s.args[1] * group : nullptr;
+          run_step(s, v, a, b, nr);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
         const int reduced = last ? -1 : program.steps[phase].args[0];
-        for (std::int64_t begin = 0; begin < cols; begin += kBlock) {
-          const std::int64_t len = std::min(kBlock, cols - begin);
+        for (std::int64_t j0 = 0; j0 < cols; j0 += len) {  // one block, or a row's pieces
+          const std::int64_t n = std::min(len, cols - j0), block = nr * n;
+          // A row value a full step reads: the block filled with each row's value.
+          for (int k = 0; k < inputs + phase; ++k)
+            if (row[k]) {
+              float* dst = scratch.data() + static_cast<std::size_t>(k) * kBlock;
+              for (std::int64_t t = 0; t < nr; ++t)
+                std::fill(dst + t * n, dst + (t + 1) * n, value[k * group + t]);
+              reg[k] = dst;
+            }
           for (int i = 0; i < inputs; ++i) {
             if (row[i])
               continue;
             const std::int64_t step = strides[i][rank - 1];
-            const float* src = data[i] + base[i] + begin * step;
-            if (step == 1) {
-              reg[i] = src;
+            const float* first = data[i] + base[i * group] + j0 * step;
+            // In place when the block's elements are consecutive in the input.
+            if (step == 1 && (nr == 1 || (n == cols && base[i * group + nr - 1] ==
+                                                           base[i * group] + (nr - 1) * cols))) {
+              reg[i] = first;
               continue;
             }
             float* buffer = scratch.data() + static_cast<std::size_t>(i) * kBlock;
-            for (std::int64_t j = 0; j < len; ++j)
-              buffer[j] = src[j * step];
+            for (std::int64_t t = 0; t < nr; ++t) {
+              const float* src = data[i] + base[i * group + t] + j0 * step;
+              for (std::int64_t j = 0; j < n; ++j)
+                buffer[t * n + j] = src[j * step];
+            }
             reg[i] = buffer;
           }
-          for (int k = 0; k < phase; ++k) {
+          // With one block per group its full values stay in their slots between passes,
+          // so each pass computes only the steps the passes before it did not.
+          for (int k = single_block ? computed : 0; k < phase; ++k) {
             const int reg_index = inputs + k;
             if (row[reg_index])
               continue;
             const ElementwiseStep& s = program.steps[k];
-            float* dst = last && out_of[reg_index] != nullptr
-                             ? out_of[reg_index] + r * cols + begin
+            float* dst = (last || single_block) && out_of[reg_index] != nullptr
+                             ? out_of[reg_index] + r0 * cols + j0
                              : scratch.data() + static_cast<std::size_t>(reg_index) * kBlock;
-            run_step(s, dst, reg[s.args[0]], s.args[1] >= 0 ? reg[s.args[1]] : nullptr, len);
+            run_step(s, dst, reg[s.args[0]], s.args[1] >= 0 ? reg[s.args[1]] : nullptr, block);
             reg[reg_index] = dst;
           }
-          if (!last) {
-            const float* x = reg[reduced];
-            for (std::int64_t j = 0; j < len; ++j)
-              acc += x[j];
-          }
+          if (!last)
+            for (std::int64_t t = 0; t < nr; ++t) {
+              const float* x = reg[reduced] + t * n;
+              double sum = acc[t];
+              for (std::int64_t j = 0; j < n; ++j)
+                sum += x[j];
+              acc[t] = sum;
+            }
         }
+        computed = phase;
         if (!last)  // as sum_fast: the double total times 1 (sum) or the float 1/cols (mean)
-          value[inputs + phase] =
-              static_cast<float>(acc * (program.steps[phase].op == OpId::mean ? inv_cols : 1.0f));
+          for (std::int64_t t = 0; t < nr; ++t)
+            value[(inputs + phase) * group + t] = static_cast<float>(
+                acc[t] * (program.steps[phase].op == OpId::mean ? inv_cols : 1.0f));
       }
       for (std::size_t k = 0; k < written.size(); ++k)
         if (row[written[k]])
-          call.outputs[k].data<float>()[r] = value[written[k]];
+          for (std::int64_t t = 0; t < nr; ++t)
+            call.outputs[k].data<float>()[r0 + t] = value[written[k] * group + t];
     }
   }
 }
