@@ -4,8 +4,10 @@
 // what was expected, so the one-line message printed by the CLI is actionable.
 #pragma once
 
+#include <concepts>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace loom {
 
@@ -16,7 +18,17 @@ class Error : public std::runtime_error {
 
 // Throws loom::Error with `message` when `condition` is false.
 inline void check(bool condition, const std::string& message) {
-  if (!condition) throw Error(message);
+  if (!condition)
+    throw Error(message);
+}
+
+// The same, with the message built only when the check fails: for checks on hot paths
+// (a tensor's data pointer, its dimensions), where building the text every time costs more
+// than the work the check guards.
+template <std::invocable MakeMessage>
+inline void check(bool condition, MakeMessage&& make_message) {
+  if (!condition)
+    throw Error(std::forward<MakeMessage>(make_message)());
 }
 
 }  // namespace loom

@@ -443,19 +443,19 @@ void matmul(const OpCall& call) {
 }
 
 void linear(const OpCall& call) {
-  const Tensor& x = call.inputs[0];
+  const float* x = call.inputs[0].data<float>();
   const float* w = call.inputs[1].data<float>();
   const float* bias = call.inputs[2].data<float>();
   float* y = call.outputs[0].data<float>();
-  std::int64_t k = x.dim(-1), n = call.outputs[0].dim(-1),
-               rows = x.numel() / std::max<std::int64_t>(k, 1);
+  std::int64_t k = call.inputs[0].dim(-1), n = call.outputs[0].dim(-1),
+               rows = call.inputs[0].numel() / std::max<std::int64_t>(k, 1);
   if (k == 0)
     rows = call.outputs[0].numel() / std::max<std::int64_t>(n, 1);
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t j = 0; j < n; ++j) {
       double acc = bias[j];
       for (std::int64_t p = 0; p < k; ++p)
-        acc += static_cast<double>(x.data<float>()[r * k + p]) *
+        acc += static_cast<double>(x[r * k + p]) *
                (call.attrs.trans_b ? w[j * k + p] : w[p * n + j]);
       y[r * n + j] = static_cast<float>(acc);
     }

@@ -49,11 +49,12 @@ std::string shape_str(const Shape& shape) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Backend& backend) {
   for (std::int64_t d : shape)
-    check(d >= 0, "Tensor::empty: negative dimension in shape " + shape_str(shape));
+    check(d >= 0, [&] { return "Tensor::empty: negative dimension in shape " + shape_str(shape); });
   const auto numel = static_cast<std::size_t>(shape_numel(shape));
-  check(numel <= SIZE_MAX / dtype_size(dtype), "Tensor::empty: shape " + shape_str(shape) + " of " +
-                                                   std::string(dtype_name(dtype)) +
-                                                   " needs more bytes than size_t holds");
+  check(numel <= SIZE_MAX / dtype_size(dtype), [&] {
+    return "Tensor::empty: shape " + shape_str(shape) + " of " + std::string(dtype_name(dtype)) +
+           " needs more bytes than size_t holds";
+  });
   Tensor t;
   std::size_t bytes = numel * dtype_size(dtype);
   t.storage_ = std::make_shared<Buffer>(backend.allocate(bytes));
@@ -71,37 +72,41 @@ Tensor Tensor::from_host(const Shape& shape, DType dtype, const void* host, Back
 }
 
 Tensor Tensor::from_floats(const Shape& shape, std::span<const float> values, Backend& backend) {
-  check(static_cast<std::int64_t>(values.size()) == shape_numel(shape),
-        "Tensor::from_floats: " + std::to_string(values.size()) + " values for shape " +
-            shape_str(shape));
+  check(static_cast<std::int64_t>(values.size()) == shape_numel(shape), [&] {
+    return "Tensor::from_floats: " + std::to_string(values.size()) + " values for shape " +
+           shape_str(shape);
+  });
   return from_host(shape, DType::f32, values.data(), backend);
 }
 
 Tensor Tensor::from_ints(const Shape& shape, std::span<const std::int32_t> values,
                          Backend& backend) {
-  check(static_cast<std::int64_t>(values.size()) == shape_numel(shape),
-        "Tensor::from_ints: " + std::to_string(values.size()) + " values for shape " +
-            shape_str(shape));
+  check(static_cast<std::int64_t>(values.size()) == shape_numel(shape), [&] {
+    return "Tensor::from_ints: " + std::to_string(values.size()) + " values for shape " +
+           shape_str(shape);
+  });
   return from_host(shape, DType::i32, values.data(), backend);
 }
 
 Tensor Tensor::view_of(std::shared_ptr<Buffer> storage, std::int64_t offset, const Shape& shape,
                        const Strides& strides, DType dtype) {
-  check(storage != nullptr && shape.size() == strides.size() && offset >= 0,
-        "Tensor::view_of: needs storage and one stride per dimension of " + shape_str(shape));
+  check(storage != nullptr && shape.size() == strides.size() && offset >= 0, [&] {
+    return "Tensor::view_of: needs storage and one stride per dimension of " + shape_str(shape);
+  });
   const bool empty = shape_numel(shape) == 0;
   std::int64_t end = offset;  // one past the highest element index the view reaches
   for (std::size_t i = 0; i < shape.size(); ++i) {
     check(shape[i] >= 0 && strides[i] >= 0,
-          "Tensor::view_of: negative size or stride in " + shape_str(shape));
+          [&] { return "Tensor::view_of: negative size or stride in " + shape_str(shape); });
     if (!empty)
       end += (shape[i] - 1) * strides[i];
   }
   if (!empty)
     ++end;
-  check(static_cast<std::size_t>(end) * dtype_size(dtype) <= storage->bytes(),
-        "Tensor::view_of: " + shape_str(shape) + " at element " + std::to_string(offset) +
-            " reaches past the " + std::to_string(storage->bytes()) + "-byte storage");
+  check(static_cast<std::size_t>(end) * dtype_size(dtype) <= storage->bytes(), [&] {
+    return "Tensor::view_of: " + shape_str(shape) + " at element " + std::to_string(offset) +
+           " reaches past the " + std::to_string(storage->bytes()) + "-byte storage";
+  });
   Tensor t;
   t.storage_ = std::move(storage);
   t.offset_ = offset;
@@ -114,8 +119,9 @@ Tensor Tensor::view_of(std::shared_ptr<Buffer> storage, std::int64_t offset, con
 std::int64_t Tensor::dim(int axis) const {
   int r = rank();
   int a = axis < 0 ? axis + r : axis;
-  check(a >= 0 && a < r,
-        "Tensor::dim: axis " + std::to_string(axis) + " out of range for " + describe());
+  check(a >= 0 && a < r, [&] {
+    return "Tensor::dim: axis " + std::to_string(axis) + " out of range for " + describe();
+  });
   return shape_[a];
 }
 
@@ -131,8 +137,9 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::host_address() const {
   check(defined(), "Tensor::data: undefined tensor");
-  check(backend().host_accessible(),
-        "Tensor::data: " + describe() + " is not host-accessible; copy it with to(cpu) first");
+  check(backend().host_accessible(), [&] {
+    return "Tensor::data: " + describe() + " is not host-accessible; copy it with to(cpu) first";
+  });
   return static_cast<std::byte*>(storage_->data()) +
          offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
 }
@@ -143,26 +150,31 @@ void* Tensor::device_address() const {
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
-  check(is_contiguous(), "Tensor::reshape: " + describe() + " is not contiguous; copy it first");
+  check(is_contiguous(),
+        [&] { return "Tensor::reshape: " + describe() + " is not contiguous; copy it first"; });
   Shape resolved = shape;
   int inferred = -1;
   std::int64_t known = 1;
   for (std::size_t i = 0; i < resolved.size(); ++i) {
     if (resolved[i] == -1) {
-      check(inferred < 0, "Tensor::reshape: more than one -1 in " + shape_str(shape));
+      check(inferred < 0,
+            [&] { return "Tensor::reshape: more than one -1 in " + shape_str(shape); });
       inferred = static_cast<int>(i);
     } else {
       known *= resolved[i];
     }
   }
   if (inferred >= 0) {
-    check(known > 0 && numel() % known == 0,
-          "Tensor::reshape: cannot infer -1 in " + shape_str(shape) + " for " + describe());
+    check(known > 0 && numel() % known == 0, [&] {
+      return "Tensor::reshape: cannot infer -1 in " + shape_str(shape) + " for " + describe();
+    });
     resolved[inferred] = numel() / known;
   }
-  check(shape_numel(resolved) == numel(),
-        "Tensor::reshape: " + describe() + " has " + std::to_string(numel()) + " elements, shape " +
-            shape_str(shape) + " needs " + std::to_string(shape_numel(resolved)));
+  check(shape_numel(resolved) == numel(), [&] {
+    return "Tensor::reshape: " + describe() + " has " + std::to_string(numel()) +
+           " elements, shape " + shape_str(shape) + " needs " +
+           std::to_string(shape_numel(resolved));
+  });
   Tensor t = *this;
   t.shape_ = resolved;
   t.strides_ = contiguous_strides(resolved);
@@ -171,13 +183,13 @@ Tensor Tensor::reshape(const Shape& shape) const {
 
 Tensor Tensor::permute(const std::vector<int>& order) const {
   check(static_cast<int>(order.size()) == rank(),
-        "Tensor::permute: order has wrong length for " + describe());
+        [&] { return "Tensor::permute: order has wrong length for " + describe(); });
   std::vector<bool> seen(order.size(), false);
   Tensor t = *this;
   for (std::size_t i = 0; i < order.size(); ++i) {
     int a = order[i];
     check(a >= 0 && a < rank() && !seen[a],
-          "Tensor::permute: invalid axis order for " + describe());
+          [&] { return "Tensor::permute: invalid axis order for " + describe(); });
     seen[a] = true;
     t.shape_[i] = shape_[a];
     t.strides_[i] = strides_[a];
@@ -192,7 +204,7 @@ Tensor Tensor::transpose(int axis_a, int axis_b) const {
   std::vector<int> order(r);
   std::iota(order.begin(), order.end(), 0);
   check(a >= 0 && a < r && b >= 0 && b < r,
-        "Tensor::transpose: axis out of range for " + describe());
+        [&] { return "Tensor::transpose: axis out of range for " + describe(); });
   std::swap(order[a], order[b]);
   return permute(order);
 }
@@ -200,10 +212,11 @@ Tensor Tensor::transpose(int axis_a, int axis_b) const {
 Tensor Tensor::slice(int axis, std::int64_t start, std::int64_t end) const {
   int r = rank();
   int a = axis < 0 ? axis + r : axis;
-  check(a >= 0 && a < r, "Tensor::slice: axis out of range for " + describe());
-  check(0 <= start && start <= end && end <= shape_[a],
-        "Tensor::slice: range [" + std::to_string(start) + "," + std::to_string(end) +
-            ") outside " + describe());
+  check(a >= 0 && a < r, [&] { return "Tensor::slice: axis out of range for " + describe(); });
+  check(0 <= start && start <= end && end <= shape_[a], [&] {
+    return "Tensor::slice: range [" + std::to_string(start) + "," + std::to_string(end) +
+           ") outside " + describe();
+  });
   Tensor t = *this;
   t.offset_ += start * strides_[a];
   t.shape_[a] = end - start;
@@ -253,7 +266,7 @@ Tensor Tensor::to(Backend& target) const {
 }
 
 std::vector<float> Tensor::to_floats() const {
-  check(dtype_ == DType::f32, "Tensor::to_floats: " + describe() + " is not f32");
+  check(dtype_ == DType::f32, [&] { return "Tensor::to_floats: " + describe() + " is not f32"; });
   std::vector<std::byte> bytes = gather_host_bytes();
   std::vector<float> out(numel());
   if (!out.empty())
@@ -262,7 +275,7 @@ std::vector<float> Tensor::to_floats() const {
 }
 
 std::vector<std::int32_t> Tensor::to_ints() const {
-  check(dtype_ == DType::i32, "Tensor::to_ints: " + describe() + " is not i32");
+  check(dtype_ == DType::i32, [&] { return "Tensor::to_ints: " + describe() + " is not i32"; });
   std::vector<std::byte> bytes = gather_host_bytes();
   std::vector<std::int32_t> out(numel());
   if (!out.empty())
@@ -271,7 +284,8 @@ std::vector<std::int32_t> Tensor::to_ints() const {
 }
 
 float Tensor::item() const {
-  check(numel() == 1, "Tensor::item: " + describe() + " does not hold exactly one element");
+  check(numel() == 1,
+        [&] { return "Tensor::item: " + describe() + " does not hold exactly one element"; });
   return to_floats()[0];
 }
 

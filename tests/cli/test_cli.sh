@@ -92,7 +92,7 @@ expect_error "missing.trace: cannot open the trace" fleet simulate --fleet v100:
   || { echo "FAIL: fleet simulate names its measured and extrapolated run times"; failures=$((failures + 1)); }
 expect_error "'A3C' on 4 workers: data/traces/gavel/simulation_throughputs.json measures it on 1 only" \
   fleet simulate --fleet v100:2x4 --gavel data/traces/gavel/msr_seed0/11cb48.trace --strict-throughputs
-"$loom" fleet rounds --fleet v100:4,k80:4 --gavel data/traces/gavel/msr_seed0/b436b2.trace --policy fifo_perf \
+"$loom" fleet rounds --fleet v100:4,k80:4 --gavel data/traces/gavel/msr_seed0/2869ce.trace --policy fifo_perf \
   --sensitivity --json | tail -1 | grep -q '"throughputs_plus_20_mean_jct_h":[0-9]' \
   || { echo "FAIL: fleet rounds --sensitivity"; failures=$((failures + 1)); }
 # (A small trace: the interior-point solver takes minutes on the large one under the sanitizers.)
