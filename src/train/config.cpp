@@ -189,7 +189,9 @@ const std::map<std::string, Field>& fields() {
        string_field(&TrainConfig::init, {}, "safetensors file whose weights start the run")},
       {"json", bool_field(&TrainConfig::json, "print a JSON summary as the last line")},
       {"progress", bool_field(&TrainConfig::progress, "progress bar on a terminal")},
-      {"final_eval", bool_field(&TrainConfig::final_eval, "full validation pass at the end")},
+      {"final_eval",
+       bool_field(&TrainConfig::final_eval,
+                  "full pass at the end: validation loss (text), test accuracy (images)")},
       {"save",
        bool_field(&TrainConfig::save, "write checkpoints (false: none, e.g. for benchmarks)")},
   };

@@ -363,7 +363,7 @@ void Evaluation::final(Summary& summary, Report& report) {
             : mean_loss(*run_.model, data::eval_windows(text.val(), cfg.context, 64, run_.device));
     report.record(nlohmann::json{{"step", cfg.steps}, {"val_loss", *summary.val_loss}}.dump());
   }
-  if (!run_.source.text()) {
+  if (!run_.source.text() && cfg.final_eval) {  // the image models' full pass: the test set
     summary.test_accuracy = test_accuracy(*run_.model, run_.source.test_set(), run_.device);
     report.record(
         nlohmann::json{{"step", cfg.steps}, {"test_accuracy", *summary.test_accuracy}}.dump());
