@@ -455,8 +455,8 @@ void linear(const OpCall& call) {
     for (std::int64_t j = 0; j < n; ++j) {
       double acc = bias[j];
       for (std::int64_t p = 0; p < k; ++p)
-        acc += static_cast<double>(x[r * k + p]) *
-               (call.attrs.trans_b ? w[j * k + p] : w[p * n + j]);
+        acc +=
+            static_cast<double>(x[r * k + p]) * (call.attrs.trans_b ? w[j * k + p] : w[p * n + j]);
       y[r * n + j] = static_cast<float>(acc);
     }
   }
