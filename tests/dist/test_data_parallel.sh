@@ -7,9 +7,13 @@
 # or 3 micro-batches, a checkpoint that evaluates as the one-process one does, exact
 # resume, clear errors; GPipe and 1F1B bitwise equal; 3 stages; and 2 data-parallel replicas of 2 stages on 4 processes. ZeRO stage 1 (`--zero 1`): bitwise the numbers of plain data
 # parallelism. Graph mode (`--mode graph`): gradients all-reduced in buckets during the
-# backward pass, bitwise the eager numbers on 2 processes. Usage: test_data_parallel.sh MPIEXEC path/to/loom
+# backward pass, bitwise the eager numbers on 2 processes.
+# Usage: test_data_parallel.sh MPIEXEC path/to/loom [STEPS] (10 by default; fewer under the
+# sanitizers, where a step of the default GPT takes about 0.4 s).
 set -u
 mpiexec="$1" loom="$2"
+export STEPS="${3:-10}"  # the Python checks below read it
+half=$((STEPS / 2))
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as root
@@ -19,7 +23,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as r
 # own code on this path is leak-checked by the one-process tests.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 mpi=("$mpiexec" -np 2 --oversubscribe --bind-to none)
-base=(--steps 10 --final_eval false --progress false --json --threads 1 --ckpt_every 0)
+base=(--steps "$STEPS" --final_eval false --progress false --json --threads 1 --ckpt_every 0)
 common=("${base[@]}" --eval_every 0)
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -28,29 +32,31 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 "${mpi[@]}" "$loom" train "${common[@]}" --out "$dir/two" > "$dir/two.log" 2>&1 || fail "two processes: $(tail -n 3 "$dir/two.log")"
 [[ $(grep -c '^{"steps"' "$dir/two.log") -eq 1 ]] || fail "expected one JSON summary (rank 0), got: $(grep -c '^{"steps"' "$dir/two.log")"
 [[ -f "$dir/two/checkpoint/model.safetensors" ]] || fail "rank 0 wrote no checkpoint"
-# Interrupted at step 10 and resumed: the same losses as the uninterrupted run.
-"${mpi[@]}" "$loom" train "${common[@]}" --out "$dir/resumed" --stop_after 5 > "$dir/r1.log" 2>&1 || fail "stop_after: $(tail -n 3 "$dir/r1.log")"
+# Interrupted half-way and resumed: the same losses as the uninterrupted run.
+"${mpi[@]}" "$loom" train "${common[@]}" --out "$dir/resumed" --stop_after "$half" > "$dir/r1.log" 2>&1 || fail "stop_after: $(tail -n 3 "$dir/r1.log")"
 "${mpi[@]}" "$loom" train "${common[@]}" --out "$dir/resumed" --resume > "$dir/r2.log" 2>&1 || fail "resume: $(tail -n 3 "$dir/r2.log")"
 python3 - "$dir" <<'PY' || fail "losses differ (above)"
-import json, sys
+import json, os, sys
 d = sys.argv[1]
+steps = int(os.environ["STEPS"])
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
 one, two, resumed = losses("one"), losses("two"), losses("resumed")
-assert len(one) == len(two) == 10, (len(one), len(two))
+assert len(one) == len(two) == steps, (len(one), len(two))
 worst = max(abs(a - b) / abs(a) for a, b in zip(one, two))
-print(f"one vs two processes: worst relative loss difference {worst:.2e} over 10 steps")
+print(f"one vs two processes: worst relative loss difference {worst:.2e} over {steps} steps")
 assert worst < 2e-7, worst
 assert resumed == two, ("resumed run differs", resumed, two)
 PY
 # ZeRO stage 1: the optimizer state sharded over the two processes changes nothing in
 # the numbers: the same losses, bitwise, and the same checkpoint tensors; resume is exact.
 "${mpi[@]}" "$loom" train "${common[@]}" --zero 1 --out "$dir/zero" > "$dir/zero.log" 2>&1 || fail "zero 1: $(tail -n 3 "$dir/zero.log")"
-"${mpi[@]}" "$loom" train "${common[@]}" --zero 1 --out "$dir/zr" --stop_after 5 > "$dir/zr1.log" 2>&1 || fail "zero stop_after"
+"${mpi[@]}" "$loom" train "${common[@]}" --zero 1 --out "$dir/zr" --stop_after "$half" > "$dir/zr1.log" 2>&1 || fail "zero stop_after"
 "${mpi[@]}" "$loom" train "${common[@]}" --zero 1 --out "$dir/zr" --resume > "$dir/zr2.log" 2>&1 || fail "zero resume"
 python3 - "$dir" <<'PY' || fail "zero 1 differs from plain data parallel (above)"
-import json, struct, sys
+import json, os, struct, sys
 d = sys.argv[1]
+steps = int(os.environ["STEPS"])
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
 def tensors(path):
@@ -82,15 +88,16 @@ grep -q '"graph_nodes"' "$dir/graph_auto.log" && ! grep -q overlapped_buckets "$
 cmp -s "$dir/graph/checkpoint/model.safetensors" "$dir/two/checkpoint/model.safetensors" \
   || fail "graph mode: the 2-process weights differ from the eager run's"
 python3 - "$dir" <<'PY' || fail "graph mode losses differ (above)"
-import json, sys
+import json, os, sys
 d = sys.argv[1]
+steps = int(os.environ["STEPS"])
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
 assert losses("graph") == losses("two"), "graph mode, 2 processes: losses differ from eager"
 assert losses("graph_auto") == losses("two"), "graph mode, overlap auto: losses differ from eager"
 worst = max(abs(a - b) / abs(a) for a, b in zip(losses("one"), losses("graph3")))
 print(f"graph mode: 2 processes bitwise eager; 3 processes vs one: worst relative loss difference {worst:.2e}")
-assert len(losses("graph3")) == 10 and worst < 2e-7, worst
+assert len(losses("graph3")) == steps and worst < 2e-7, worst
 PY
 
 # Pipeline parallel: two stages of two blocks each.
@@ -98,7 +105,7 @@ PY
   || fail "pipeline: $(tail -n 3 "$dir/pp.log")"
 "${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --micro_batches 3 --out "$dir/pp3" > "$dir/pp3.log" 2>&1 \
   || fail "pipeline, 3 micro-batches: $(tail -n 3 "$dir/pp3.log")"
-"${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --out "$dir/ppr" --stop_after 5 > "$dir/ppr1.log" 2>&1 \
+"${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --out "$dir/ppr" --stop_after "$half" > "$dir/ppr1.log" 2>&1 \
   || fail "pipeline stop_after: $(tail -n 3 "$dir/ppr1.log")"
 "${mpi[@]}" "$loom" train "${common[@]}" --pipeline 2 --out "$dir/ppr" --resume > "$dir/ppr2.log" 2>&1 \
   || fail "pipeline resume: $(tail -n 3 "$dir/ppr2.log")"
@@ -117,15 +124,16 @@ head -c 20000 data/tinyshakespeare/input.txt > "$dir/small.txt"  # a short evalu
 eval_one=$("$loom" eval "$dir/one/checkpoint" --data "$dir/small.txt" 2>&1 | tail -n 1)
 eval_pp=$("$loom" eval "$dir/pp/checkpoint" --data "$dir/small.txt" 2>&1 | tail -n 1)
 python3 - "$dir" "$eval_one" "$eval_pp" <<'PY' || fail "pipeline losses or checkpoint differ (above)"
-import json, re, sys
+import json, os, re, sys
 d = sys.argv[1]
+steps = int(os.environ["STEPS"])
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
 one = losses("one")
 for name in ("pp", "pp3", "pp2x2", "pp3stages", "1f1b"):
     worst = max(abs(a - b) / abs(a) for a, b in zip(one, losses(name)))
-    print(f"one process vs {name}: worst relative loss difference {worst:.2e} over 10 steps")
-    assert len(losses(name)) == 10 and worst < 2e-7, (name, worst)
+    print(f"one process vs {name}: worst relative loss difference {worst:.2e} over {steps} steps")
+    assert len(losses(name)) == steps and worst < 2e-7, (name, worst)
 assert losses("ppr") == losses("pp"), "resumed pipeline run differs"
 assert losses("gpipe") == losses("1f1b"), "GPipe and 1F1B differ"
 number = lambda text: float(re.findall(r"[0-9]+\.[0-9]+", text)[-1])
