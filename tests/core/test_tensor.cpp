@@ -26,6 +26,41 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_EQ(tr.to_floats()[0], 42);
 }
 
+// A check given a callable builds its message only when it fails, and throws that message.
+TEST(Check, BuildsALazyMessageOnlyOnFailure) {
+  int built = 0;
+  auto message = [&] {
+    ++built;
+    return std::string("the message");
+  };
+  check(true, message);
+  EXPECT_EQ(built, 0);
+  try {
+    check(false, message);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "the message");
+  }
+  EXPECT_EQ(built, 1);
+}
+
+// The tensor's checks, built lazily, still name the tensor and the value.
+TEST(Tensor, ErrorsNameTheTensorAndTheValue) {
+  Tensor t = Tensor::empty({4, 6}, DType::f32, cpu());
+  auto expect_error = [](auto&& call, const std::string& needle) {
+    std::string message = "no error";
+    try {
+      call();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find(needle), std::string::npos) << message;
+  };
+  expect_error([&] { (void)t.dim(2); }, "axis 2 out of range for f32[4,6]");
+  expect_error([&] { (void)t.reshape({4, 5}); }, "shape [4,5] needs 20");
+  expect_error([&] { (void)t.slice(1, 2, 7); }, "range [2,7) outside");
+}
+
 TEST(Tensor, ReshapeInfersAndChecks) {
   Tensor t = Tensor::empty({4, 6}, DType::f32, cpu());
   EXPECT_EQ(t.reshape({-1, 3}).shape(), (Shape{8, 3}));

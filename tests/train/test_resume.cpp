@@ -148,6 +148,27 @@ TEST(GraphMode, ImageModelsTrainToTheEagerLossesOnEveryBackend) {
     }
 }
 
+// final_eval is the image models' test-set pass, as it is the text models' validation pass:
+// false skips it.
+TEST(ImageModelRun, FinalEvalFalseSkipsTheTestSetPass) {
+  for (bool final_eval : {true, false}) {
+    SCOPED_TRACE(final_eval);
+    train::TrainConfig c;
+    for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
+             {"model", "mlp"},
+             {"steps", "2"},
+             {"batch", "16"},
+             {"width", "32"},
+             {"final_eval", final_eval ? "true" : "false"},
+             {"progress", "false"}})
+      c.set(k, v, "test");
+    c.mnist_dir = source_dir() + "/data/mnist";
+    c.out = temp_dir(final_eval ? "final_eval_true" : "final_eval_false");
+    c.finalize();
+    EXPECT_EQ(train::run_training(c).test_accuracy.has_value(), final_eval);
+  }
+}
+
 TEST(GraphMode, ImportedOnnxModelsTrainToTheEagerLosses) {
   // Token ids and images reach the captured step as declared inputs (no host copies that
   // a replay would freeze): graph mode gives the eager losses, bit for bit.
