@@ -79,6 +79,34 @@ Var div(Tape& tape, const Var& a, const Var& b) {
   });
 }
 
+Var where(Tape& tape, const Tensor& cond, const Var& a, const Var& b) {
+  Shape sa = a.shape(), sb = b.shape();
+  bool ga = a.requires_grad(), gb = b.requires_grad();
+  return tape.record({a, b}, call1(OpId::where, {cond, a.value(), b.value()}),
+                     [cond, sa, sb, ga, gb](const Tensor& g) {
+                       Attrs zeros;
+                       zeros.shape = g.shape();
+                       zeros.alpha = 0.0;
+                       Tensor zero = call(OpId::fill, {}, zeros, &g.backend()).front();
+                       std::vector<Tensor> grads(2);
+                       if (ga)
+                         grads[0] = sum_to_shape(call1(OpId::where, {cond, g, zero}), sa);
+                       if (gb)
+                         grads[1] = sum_to_shape(call1(OpId::where, {cond, zero, g}), sb);
+                       return grads;
+                     });
+}
+
+Var expand(Tape& tape, const Var& x, const Shape& shape) {
+  if (x.shape() == shape)
+    return x;
+  Shape sx = x.shape();
+  Attrs a;
+  a.shape = shape;
+  return tape.record({x}, call1(OpId::expand, {x.value()}, a),
+                     [sx](const Tensor& g) { return std::vector<Tensor>{sum_to_shape(g, sx)}; });
+}
+
 Var scale(Tape& tape, const Var& x, double alpha) {
   return tape.record({x}, call1(OpId::scale, {x.value()}, with_alpha(alpha)),
                      [alpha](const Tensor& g) {

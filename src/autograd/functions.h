@@ -18,6 +18,11 @@ Var sub(Tape& tape, const Var& a, const Var& b);
 Var mul(Tape& tape, const Var& a, const Var& b);
 Var div(Tape& tape, const Var& a, const Var& b);
 Var scale(Tape& tape, const Var& x, double alpha);
+// cond (u8, not differentiated) ? a : b, all three broadcast (numpy rules). The gradient
+// goes to the operand each element was taken from, so infinities in the other are harmless.
+Var where(Tape& tape, const Tensor& cond, const Var& a, const Var& b);
+// x broadcast to `shape` (numpy rules); the gradient is summed back to x's shape.
+Var expand(Tape& tape, const Var& x, const Shape& shape);
 Var exp(Tape& tape, const Var& x);
 Var log(Tape& tape, const Var& x);
 Var tanh(Tape& tape, const Var& x);

@@ -63,13 +63,16 @@ int run_conformance(const OnnxOptions& options, Backend& device) {
                                                {"fail", tally["fail"]},
                                                {"error", tally["error"]},
                                                {"unsupported", tally["unsupported"]},
+                                               {"random", tally["random"]},
                                                {"results", results}}
                             .dump()
                             .c_str());
   } else {
-    std::printf("%zu tests on %s: %d pass, %d fail, %d error, %d use an op Loom does not import\n",
-                tests.size(), std::string(device.name()).c_str(), tally["pass"], tally["fail"],
-                tally["error"], tally["unsupported"]);
+    std::printf(
+        "%zu tests on %s: %d pass, %d fail, %d error, %d use an op Loom does not import, %d "
+        "compare against numpy's random draws\n",
+        tests.size(), std::string(device.name()).c_str(), tally["pass"], tally["fail"],
+        tally["error"], tally["unsupported"], tally["random"]);
   }
   return tally["fail"] + tally["error"] > 0 ? 1 : 0;
 }

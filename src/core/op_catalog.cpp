@@ -114,6 +114,20 @@ Specs infer_div(Inputs in, const Attrs& a) {
   return infer_binary(in, a, "div");
 }
 
+Specs infer_where(Inputs in, const Attrs&) {
+  expect_dtype(in, 0, DType::u8, "where");
+  expect_dtype(in, 1, DType::f32, "where");
+  expect_dtype(in, 2, DType::f32, "where");
+  return {{broadcast_shapes(broadcast_shapes(in[0].shape(), in[1].shape(), "where"), in[2].shape(),
+                            "where"),
+           DType::f32}};
+}
+Specs infer_compare(Inputs in, const Attrs&) {
+  expect_dtype(in, 0, DType::f32, "compare");
+  expect_dtype(in, 1, DType::f32, "compare");
+  return {{broadcast_shapes(in[0].shape(), in[1].shape(), "compare"), DType::u8}};
+}
+
 Specs infer_unary_f32(Inputs in, std::string_view op) {
   expect_dtype(in, 0, DType::f32, op);
   return {{in[0].shape(), DType::f32}};

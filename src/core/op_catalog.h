@@ -26,6 +26,9 @@ enum class OpRole { forward, backward, optimizer, utility };
 
 struct ElementwiseProgram;  // core/fused_elementwise.h
 
+// What `compare` tests: a == b, a < b, a <= b, a > b, a >= b.
+enum class Comparison : std::uint8_t { eq, lt, le, gt, ge };
+
 // Attributes of an operator call; each op reads the fields its ops.def line names.
 struct Attrs {
   std::vector<std::int64_t> axes;  // sum, mean: reduced axes (empty: all)
@@ -45,6 +48,7 @@ struct Attrs {
   std::int64_t heads = 1;                            // causal_attention
   std::int64_t kernel = 2, stride = 1, padding = 0;  // conv2d, pooling
   DType dtype = DType::f32;                          // cast, fill
+  Comparison comparison = Comparison::eq;            // compare
   // adamw_step
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, weight_decay = 0.0;
   std::int64_t step = 1;
@@ -70,7 +74,7 @@ using KernelFn = void (*)(const OpCall& call);
 
 struct OpInfo {
   std::string_view name;
-  int num_inputs;  // -1: variadic
+  int num_inputs;   // -1: variadic
   int num_outputs;  // -1: given by the attributes (fused_elementwise's program)
   OpRole role;
   std::string_view summary;

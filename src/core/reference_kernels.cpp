@@ -196,6 +196,50 @@ void mul(const OpCall& call) {
 void div(const OpCall& call) {
   binary(call, [](float a, float b) { return a / b; });
 }
+void where(const OpCall& call) {
+  const Tensor& cond = call.inputs[0];
+  const Tensor& a = call.inputs[1];
+  const Tensor& b = call.inputs[2];
+  Tensor& y = call.outputs[0];
+  Strides cs = broadcast_strides(cond.shape(), y.shape());
+  Strides as = broadcast_strides(a.shape(), y.shape());
+  Strides bs = broadcast_strides(b.shape(), y.shape());
+  for_each_index(y.shape(), [&](std::int64_t n, const std::vector<std::int64_t>& idx) {
+    y.data<float>()[n] = cond.data<std::uint8_t>()[offset_of(idx, cs)] != 0
+                             ? a.data<float>()[offset_of(idx, as)]
+                             : b.data<float>()[offset_of(idx, bs)];
+  });
+}
+void compare(const OpCall& call) {
+  const Tensor& a = call.inputs[0];
+  const Tensor& b = call.inputs[1];
+  Tensor& y = call.outputs[0];
+  Strides as = broadcast_strides(a.shape(), y.shape());
+  Strides bs = broadcast_strides(b.shape(), y.shape());
+  const Comparison how = call.attrs.comparison;
+  for_each_index(y.shape(), [&](std::int64_t n, const std::vector<std::int64_t>& idx) {
+    const float x = a.data<float>()[offset_of(idx, as)], z = b.data<float>()[offset_of(idx, bs)];
+    bool holds = false;
+    switch (how) {
+      case Comparison::eq:
+        holds = x == z;
+        break;
+      case Comparison::lt:
+        holds = x < z;
+        break;
+      case Comparison::le:
+        holds = x <= z;
+        break;
+      case Comparison::gt:
+        holds = x > z;
+        break;
+      case Comparison::ge:
+        holds = x >= z;
+        break;
+    }
+    y.data<std::uint8_t>()[n] = holds ? 1 : 0;
+  });
+}
 void scale(const OpCall& call) {
   float alpha = static_cast<float>(call.attrs.alpha);
   unary(call, [alpha](float x) { return alpha * x; });

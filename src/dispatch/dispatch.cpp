@@ -185,6 +185,10 @@ Recorder* set_recorder(Recorder* recorder) {
   return previous;
 }
 
+bool recording() {
+  return active_recorder != nullptr;
+}
+
 const char* path_name(Path path) {
   switch (path) {
     case Path::native:

@@ -74,6 +74,9 @@ class Recorder {
 };
 // Installs `recorder` for calls made on this thread (nullptr removes it); returns the previous one.
 Recorder* set_recorder(Recorder* recorder);
+// Whether a recorder listens on this thread (a graph is being captured): code that reads a
+// device tensor's values on the host asks, since a replay would repeat the values it read.
+bool recording();
 
 // When on, each native launch waits for its device to finish before it is counted, so the
 // time in stats() is the device's time per op, not the host's time to enqueue it (for

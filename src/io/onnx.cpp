@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -86,9 +87,60 @@ Tensor to_tensor(const onnx::TensorProto& t, Backend& host, const std::string& w
           where);
       return Tensor::from_host(shape, DType::u8, v.data(), host);
     }
+    // Narrower integers are held as i64 on the host, where Loom keeps integer values.
+    case onnx::TensorProto_DataType_INT8: {
+      auto v = values_of<std::int64_t, std::int8_t>(
+          t, shape, count, t.int32_data(),
+          [](auto x) { return static_cast<std::int64_t>(static_cast<std::int8_t>(x)); }, where);
+      return Tensor::from_host(shape, DType::i64, v.data(), host);
+    }
+    case onnx::TensorProto_DataType_INT16: {
+      auto v = values_of<std::int64_t, std::int16_t>(
+          t, shape, count, t.int32_data(),
+          [](auto x) { return static_cast<std::int64_t>(static_cast<std::int16_t>(x)); }, where);
+      return Tensor::from_host(shape, DType::i64, v.data(), host);
+    }
+    case onnx::TensorProto_DataType_UINT16: {
+      auto v = values_of<std::int64_t, std::uint16_t>(
+          t, shape, count, t.int32_data(),
+          [](auto x) { return static_cast<std::int64_t>(static_cast<std::uint16_t>(x)); }, where);
+      return Tensor::from_host(shape, DType::i64, v.data(), host);
+    }
+    case onnx::TensorProto_DataType_UINT32: {
+      auto v = values_of<std::int64_t, std::uint32_t>(
+          t, shape, count, t.uint64_data(),
+          [](auto x) { return static_cast<std::int64_t>(static_cast<std::uint32_t>(x)); }, where);
+      return Tensor::from_host(shape, DType::i64, v.data(), host);
+    }
+    case onnx::TensorProto_DataType_UINT64: {
+      auto v = values_of<std::uint64_t, std::uint64_t>(
+          t, shape, count, t.uint64_data(), [](std::uint64_t x) { return x; }, where);
+      std::vector<std::int64_t> wide(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        check(v[i] <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+              where + ": UINT64 value " + std::to_string(v[i]) +
+                  " is above 2^63 - 1, the largest integer Loom holds");
+        wide[i] = static_cast<std::int64_t>(v[i]);
+      }
+      return Tensor::from_host(shape, DType::i64, wide.data(), host);
+    }
+    // Half-precision floats are computed in f32 (the bits sit in int32_data or raw_data).
+    case onnx::TensorProto_DataType_FLOAT16: {
+      auto v = values_of<float, std::uint16_t>(
+          t, shape, count, t.int32_data(),
+          [](auto x) { return f16_to_float(static_cast<std::uint16_t>(x)); }, where);
+      return Tensor::from_host(shape, DType::f32, v.data(), host);
+    }
+    case onnx::TensorProto_DataType_BFLOAT16: {
+      auto v = values_of<float, std::uint16_t>(
+          t, shape, count, t.int32_data(),
+          [](auto x) { return bf16_to_float(static_cast<std::uint16_t>(x)); }, where);
+      return Tensor::from_host(shape, DType::f32, v.data(), host);
+    }
     default:
       throw Error(where + ": element type " + data_type_name(t.data_type()) +
-                  " is not supported (expected FLOAT, DOUBLE, INT64, INT32, BOOL or UINT8)");
+                  " is not supported (expected FLOAT, FLOAT16, BFLOAT16, DOUBLE, an integer type "
+                  "of 8 to 64 bits, or BOOL)");
   }
 }
 
@@ -98,6 +150,12 @@ DType dtype_of(int elem_type) {
       return DType::i64;
     case onnx::TensorProto_DataType_INT32:
       return DType::i32;
+    case onnx::TensorProto_DataType_INT8:
+    case onnx::TensorProto_DataType_INT16:
+    case onnx::TensorProto_DataType_UINT16:
+    case onnx::TensorProto_DataType_UINT32:
+    case onnx::TensorProto_DataType_UINT64:
+      return DType::i64;
     case onnx::TensorProto_DataType_BOOL:
     case onnx::TensorProto_DataType_UINT8:
       return DType::u8;

@@ -32,7 +32,10 @@ const std::vector<std::string>& onnx_supported_ops();
 // input_N.pb, output_N.pb): the model on those inputs against those outputs, with the
 // ONNX runner's default tolerance (rtol 1e-3, atol 1e-7; integers exactly).
 struct OnnxTestResult {
-  std::string test, status, detail;  // status: pass | fail | error | unsupported (detail: the ops)
+  // status: pass | fail | error | unsupported (detail: the ops) | random (the expected
+  // output was drawn from numpy's generator: Dropout in training mode, the Random* ops,
+  // Bernoulli; a mismatch there says nothing, and it is never counted as a pass)
+  std::string test, status, detail;
 };
 OnnxTestResult run_onnx_backend_test(const std::string& folder, Backend& device);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -64,26 +65,28 @@ void matmul(Runner& r, const io::OnnxNode& n) {
   r.set(n, 0, y);
 }
 
+// Softmax and LogSoftmax: F over `axis`.
+template <ag::Var (*F)(ag::Tape&, const ag::Var&)>
 void softmax(Runner& r, const io::OnnxNode& n) {
   const ag::Var& x = r.var(n, 0);
   const int rank = static_cast<int>(x.shape().size());
   const bool opset13 = r.opset() >= 13;
   const int axis = axis_of(r.attr_int(n, "axis", opset13 ? -1 : 1), rank, r.where(n));
   if (axis == rank - 1) {
-    r.set(n, 0, ag::softmax(r.tape, x));
+    r.set(n, 0, F(r.tape, x));
   } else if (opset13) {
     // Move the axis last, normalise there, move it back.
     std::vector<int> order(static_cast<std::size_t>(rank));
     std::iota(order.begin(), order.end(), 0);
     std::swap(order[static_cast<std::size_t>(axis)], order.back());
-    r.set(n, 0, ag::permute(r.tape, ag::softmax(r.tape, ag::permute(r.tape, x, order)), order));
+    r.set(n, 0, ag::permute(r.tape, F(r.tape, ag::permute(r.tape, x, order)), order));
   } else {
     // Before opset 13: the input is read as a matrix [prod(dims < axis), prod(dims >= axis)].
     const Shape& s = x.shape();
     std::int64_t rows =
         std::accumulate(s.begin(), s.begin() + axis, std::int64_t{1}, std::multiplies<>());
     ag::Var flat = ag::reshape(r.tape, x, {rows, shape_numel(s) / std::max<std::int64_t>(rows, 1)});
-    r.set(n, 0, ag::reshape(r.tape, ag::softmax(r.tape, flat), s));
+    r.set(n, 0, ag::reshape(r.tape, F(r.tape, flat), s));
   }
 }
 
@@ -101,10 +104,11 @@ void flatten(Runner& r, const io::OnnxNode& n) {
   r.set(n, 0, ag::reshape(r.tape, x, {rows, shape_numel(s) / std::max<std::int64_t>(rows, 1)}));
 }
 
-void reshape(Runner& r, const io::OnnxNode& n) {
-  const ag::Var& x = r.var(n, 0);
+// Reshape's target: 0 copies the input's dimension (unless allowzero), one -1 is inferred.
+Shape reshape_target(Runner& r, const io::OnnxNode& n, const Shape& in) {
   std::vector<std::int64_t> target = r.ints(n, 1);
   const bool allow_zero = r.attr_int(n, "allowzero", 0) != 0;
+  const std::int64_t numel = shape_numel(in);
   Shape shape;
   std::int64_t known = 1;  // the product of the non-zero target dimensions
   bool has_zero = false;
@@ -112,10 +116,9 @@ void reshape(Runner& r, const io::OnnxNode& n) {
   for (std::size_t i = 0; i < target.size(); ++i) {
     std::int64_t d = target[i];
     if (d == 0 && !allow_zero) {
-      check(i < x.shape().size(), r.where(n) + ": shape entry 0 copies dimension " +
-                                      std::to_string(i) + " of a rank-" +
-                                      std::to_string(x.shape().size()) + " input");
-      d = x.shape()[i];
+      check(i < in.size(), r.where(n) + ": shape entry 0 copies dimension " + std::to_string(i) +
+                               " of a rank-" + std::to_string(in.size()) + " input");
+      d = in[i];
     }
     if (d == -1) {
       check(infer < 0, r.where(n) + ": more than one -1 in the target shape");
@@ -131,13 +134,24 @@ void reshape(Runner& r, const io::OnnxNode& n) {
     shape.push_back(d);
   }
   if (infer >= 0) {
-    check(!has_zero && x.value().numel() % known == 0,
-          r.where(n) + ": cannot infer the -1 of the target shape for " + x.value().describe());
-    shape[static_cast<std::size_t>(infer)] = x.value().numel() / known;
+    check(!has_zero && numel % known == 0, r.where(n) +
+                                               ": cannot infer the -1 of the target shape " +
+                                               shape_str(target) + " for " + shape_str(in));
+    shape[static_cast<std::size_t>(infer)] = numel / known;
   }
-  check(shape_numel(shape) == x.value().numel(),
-        r.where(n) + ": cannot reshape " + x.value().describe() + " to " + shape_str(shape));
-  r.set(n, 0, ag::reshape(r.tape, x, shape));
+  check(shape_numel(shape) == numel,
+        r.where(n) + ": cannot reshape " + shape_str(in) + " to " + shape_str(shape));
+  return shape;
+}
+
+void reshape(Runner& r, const io::OnnxNode& n) {
+  if (is_host(r, n, 0)) {
+    const Tensor& h = r.value(n, 0).host;
+    r.set_host(n, 0, host_ints(reshape_target(r, n, h.shape()), r.ints(n, 0)));
+    return;
+  }
+  const ag::Var& x = r.var(n, 0);
+  r.set(n, 0, ag::reshape(r.tape, x, reshape_target(r, n, x.shape())));
 }
 
 void transpose(Runner& r, const io::OnnxNode& n) {
@@ -228,11 +242,32 @@ void sigmoid(Runner& r, const io::OnnxNode& n) {  // 1 / (1 + e^{-x})
                 ag::add(r.tape, one, ag::exp(r.tape, ag::scale(r.tape, r.var(n, 0), -1.0)))));
 }
 
+// f of each element of a host integer tensor, checked for overflow by f.
+void host_unary(Runner& r, const io::OnnxNode& n,
+                std::int64_t (*f)(std::int64_t, const std::string&)) {
+  std::vector<std::int64_t> v = r.ints(n, 0);
+  for (std::int64_t& x : v)
+    x = f(x, r.where(n));
+  r.set_host(n, 0, host_ints(r.value(n, 0).host.shape(), v));
+}
+
+std::int64_t negated(std::int64_t x, const std::string& where) {
+  check(x != std::numeric_limits<std::int64_t>::min(),
+        where + ": -(" + std::to_string(x) + ") overflows int64");
+  return -x;
+}
+
 void neg(Runner& r, const io::OnnxNode& n) {
+  if (is_host(r, n, 0))
+    return host_unary(r, n, negated);
   r.set(n, 0, ag::scale(r.tape, r.var(n, 0), -1.0));
 }
 
 void abs(Runner& r, const io::OnnxNode& n) {  // relu(x) + relu(-x)
+  if (is_host(r, n, 0))
+    return host_unary(r, n, [](std::int64_t x, const std::string& where) {
+      return x < 0 ? negated(x, where) : x;
+    });
   const ag::Var& x = r.var(n, 0);
   r.set(n, 0, ag::add(r.tape, ag::relu(r.tape, x), ag::relu(r.tape, ag::scale(r.tape, x, -1.0))));
 }
@@ -259,7 +294,8 @@ void add_tensor_ops(OpTable& table) {
   table["MatMul"] = matmul;
   table["Relu"] = unary<ag::relu>;
   table["Reshape"] = reshape;
-  table["Softmax"] = softmax;
+  table["Softmax"] = softmax<ag::softmax>;
+  table["LogSoftmax"] = softmax<ag::log_softmax>;
   table["Sqrt"] = unary<ag::sqrt>;
   table["Tanh"] = unary<ag::tanh>;
   table["Transpose"] = transpose;

@@ -12,6 +12,7 @@
 #include "autograd/functions.h"
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "dispatch/dispatch.h"
 #include "io/onnx.h"
 #include "nn/model.h"
 
@@ -28,6 +29,9 @@ struct Value {
   // embedding lookup reads them there, with no host copy that graph capture would freeze.
   Tensor device_ids;
 };
+
+// An integer (or bool) host tensor's values as int64.
+std::vector<std::int64_t> host_values(const Tensor& t);
 
 class Runner {
  public:
@@ -60,18 +64,7 @@ class Runner {
     check(v.host.defined(), where(node) + ": input '" + node.inputs[i] +
                                 "' must be a constant integer tensor (shapes computed at run time "
                                 "from tensor values are not supported yet)");
-    std::vector<std::int64_t> out(static_cast<std::size_t>(v.host.numel()));
-    if (v.host.dtype() == DType::i64) {
-      const auto* p = v.host.data<std::int64_t>();
-      std::copy(p, p + v.host.numel(), out.begin());
-    } else if (v.host.dtype() == DType::u8) {
-      const auto* p = v.host.data<std::uint8_t>();
-      std::copy(p, p + v.host.numel(), out.begin());
-    } else {
-      std::vector<std::int32_t> i32 = v.host.to_ints();
-      std::copy(i32.begin(), i32.end(), out.begin());
-    }
-    return out;
+    return host_values(v.host);
   }
   std::int64_t attr_int(const io::OnnxNode& node, const std::string& name,
                         std::int64_t fallback) const {
@@ -95,6 +88,33 @@ class Runner {
     env[node.outputs[i]] = Value{ag::Var(), std::move(t), Tensor()};
   }
   ag::Var constant(const Tensor& host_tensor) { return ag::Var(host_tensor.to(backend), false); }
+  ag::Var scalar(float v) {
+    return constant(Tensor::from_floats({}, std::span<const float>(&v, 1), cpu::backend()));
+  }
+  // Input i's shape, float or integer.
+  Shape shape_of(const io::OnnxNode& node, std::size_t i) const {
+    const Value& v = value(node, i);
+    return v.var.defined() ? v.var.shape() : v.host.shape();
+  }
+  // Input i as a float: a float input as it is, an integer one as a float constant.
+  ag::Var as_float(const io::OnnxNode& node, std::size_t i) {
+    const Value& v = value(node, i);
+    if (v.var.defined())
+      return v.var;
+    std::vector<std::int64_t> values = ints(node, i);
+    std::vector<float> f(values.begin(), values.end());
+    return constant(Tensor::from_floats(v.host.shape(), f, cpu::backend()));
+  }
+  // A device tensor's values, read on the host (for results that have no gradient and
+  // feed host computations: comparisons, ArgMax, Range's limits). Refused while a graph is
+  // captured, since a replay would repeat this step's values.
+  Tensor read_on_host(const io::OnnxNode& node, const Tensor& t) const {
+    check(!dispatch::recording(),
+          where(node) +
+              ": reads a device tensor's values on the host, which a captured graph "
+              "would freeze at this step's values (run this model in eager mode)");
+    return t.to(cpu::backend());
+  }
   std::int64_t opset() const { return graph_.opset; }
 
   const io::OnnxGraph& graph_;
@@ -114,6 +134,10 @@ void add_tensor_ops(OpTable& table);  // onnx_ops.cpp: arithmetic, matmul, softm
 void add_shape_ops(
     OpTable& table);                // onnx_shape_ops.cpp: host shape arithmetic, gather, slice, ...
 void add_conv_ops(OpTable& table);  // onnx_conv_ops.cpp: convolution, pooling, normalisation
+void add_logic_ops(OpTable& table);      // onnx_logic_ops.cpp: comparisons, logic, Where, Max, Min
+void add_reduce_ops(OpTable& table);     // onnx_reduce_ops.cpp: reductions, norms, losses
+void add_attention_ops(OpTable& table);  // onnx_attention_ops.cpp: Attention, TopK, OneHot
+void add_layout_ops(OpTable& table);     // onnx_layout_ops.cpp: Split, Pad, Range, activations
 
 inline int axis_of(std::int64_t axis, int rank, const std::string& where) {
   check(axis >= -rank && axis < rank, where + ": axis " + std::to_string(axis) +
@@ -125,6 +149,11 @@ inline int axis_of(std::int64_t axis, int rank, const std::string& where) {
 inline Tensor host_ints(const Shape& shape, const std::vector<std::int64_t>& values) {
   return Tensor::from_host(shape, DType::i64, values.data(), cpu::backend());
 }
+
+// out[i] = f(a[i], b[i]) over host integer tensors with numpy broadcasting, as `dtype`
+// (i64, or u8 for a boolean result).
+Tensor host_broadcast(const Tensor& a, const Tensor& b, DType dtype,
+                      std::int64_t (*f)(std::int64_t, std::int64_t), const std::string& where);
 
 // Whether input i is an integer tensor on the host.
 inline bool is_host(const Runner& r, const io::OnnxNode& n, std::size_t i) {

@@ -211,23 +211,116 @@ void concat(Runner& r, const io::OnnxNode& n) {
                    axis_of(axis, static_cast<int>(parts[0].shape().size()), r.where(n))));
 }
 
-// Float stays float; integers stay integers (as i64) or become a float constant.
-void cast(Runner& r, const io::OnnxNode& n) {
-  constexpr std::int64_t kFloat = 1, kDouble = 11;
-  const std::int64_t to = r.attr_int(n, "to", kFloat);
+// ONNX element types a Cast may name.
+enum OnnxType : std::int64_t {
+  kFloat = 1,
+  kUint8 = 2,
+  kInt8 = 3,
+  kUint16 = 4,
+  kInt16 = 5,
+  kInt32 = 6,
+  kInt64 = 7,
+  kBool = 9,
+  kFloat16 = 10,
+  kDouble = 11,
+  kUint32 = 12,
+  kUint64 = 13,
+  kBfloat16 = 16
+};
+
+// Cast to `to`: float stays a float tensor on the device; integers and booleans are host
+// values (a float cast to an integer truncates toward zero, on the device, and its values
+// come to the host, where integers live).
+void cast_to(Runner& r, const io::OnnxNode& n, std::int64_t to) {
   const Value& v = r.value(n, 0);
-  const bool to_float = to == kFloat || to == kDouble;
-  if (v.var.defined()) {
-    check(to_float,
-          r.where(n) + ": casting a float tensor to an integer type is not supported yet");
+  const bool to_float = to == kFloat || to == kDouble || to == kFloat16 || to == kBfloat16;
+  const bool to_int = to == kUint8 || to == kInt8 || to == kUint16 || to == kInt16 ||
+                      to == kInt32 || to == kInt64 || to == kUint32 || to == kUint64;
+  check(to_float || to_int || to == kBool,
+        r.where(n) + ": cast to ONNX element type " + std::to_string(to) + " is not supported");
+  if (v.var.defined() && to_float) {
+    if (to == kFloat16 || to == kBfloat16) {
+      // Rounded to the narrower type and held in f32, as x + (rounded - x): the difference
+      // is exact (Sterbenz), so the sum is the rounded value, and the gradient passes
+      // straight through.
+      Attrs narrow, wide;
+      narrow.dtype = to == kFloat16 ? DType::f16 : DType::bf16;
+      wide.dtype = DType::f32;
+      const Tensor rounded =
+          dispatch::call1(OpId::cast, {dispatch::call1(OpId::cast, {v.var.value()}, narrow)}, wide);
+      const Tensor delta = dispatch::call1(OpId::sub, {rounded, v.var.value()});
+      // Where x is infinite or NaN the difference is NaN: the rounded value itself is taken.
+      Attrs eq;
+      eq.comparison = Comparison::eq;
+      const Tensor finite = dispatch::call1(OpId::compare, {delta, delta}, eq);
+      r.set(n, 0,
+            ag::where(r.tape, finite, ag::add(r.tape, v.var, ag::Var(delta, false)),
+                      ag::Var(rounded, false)));
+      return;
+    }
     r.set(n, 0, v.var);
-  } else if (to_float) {
-    std::vector<std::int64_t> ints = r.ints(n, 0);
-    std::vector<float> values(ints.begin(), ints.end());
-    r.set(n, 0, r.constant(Tensor::from_floats(v.host.shape(), values, cpu::backend())));
-  } else {
-    r.set_host(n, 0, host_ints(v.host.shape(), r.ints(n, 0)));
+    return;
   }
+  if (!v.var.defined() && to_float) {
+    r.set(n, 0, r.as_float(n, 0));
+    return;
+  }
+  std::vector<std::int64_t> values;
+  if (v.var.defined()) {
+    if (to == kBool) {  // x != 0
+      Attrs eq;
+      eq.comparison = Comparison::eq;
+      Tensor zero = dispatch::call1(OpId::compare, {v.var.value(), r.scalar(0.0f).value()}, eq);
+      values = host_values(r.read_on_host(n, zero));
+      for (std::int64_t& x : values)
+        x = x == 0;
+    } else {
+      Attrs i32;
+      i32.dtype = DType::i32;
+      values = host_values(r.read_on_host(n, dispatch::call1(OpId::cast, {v.var.value()}, i32)));
+    }
+  } else {
+    values = r.ints(n, 0);
+  }
+  const Shape& shape = v.var.defined() ? v.var.shape() : v.host.shape();
+  // Narrower integer types wrap, as a C cast does.
+  for (std::int64_t& x : values) {
+    if (to == kBool)
+      x = x != 0;
+    else if (to == kUint8)
+      x = static_cast<std::uint8_t>(x);
+    else if (to == kInt8)
+      x = static_cast<std::int8_t>(x);
+    else if (to == kUint16)
+      x = static_cast<std::uint16_t>(x);
+    else if (to == kInt16)
+      x = static_cast<std::int16_t>(x);
+    else if (to == kInt32)
+      x = static_cast<std::int32_t>(x);
+    else if (to == kUint32)
+      x = static_cast<std::uint32_t>(x);
+  }
+  if (to == kBool || to == kUint8) {
+    std::vector<std::uint8_t> bytes(values.begin(), values.end());
+    r.set_host(n, 0, Tensor::from_host(shape, DType::u8, bytes.data(), cpu::backend()));
+  } else {
+    r.set_host(n, 0, host_ints(shape, values));
+  }
+}
+
+void cast(Runner& r, const io::OnnxNode& n) {
+  cast_to(r, n, r.attr_int(n, "to", kFloat));
+}
+
+// CastLike: to the element type of input 1 (a float, or an integer type).
+void cast_like(Runner& r, const io::OnnxNode& n) {
+  const Value& like = r.value(n, 1);
+  if (like.var.defined()) {
+    cast_to(r, n, kFloat);
+    return;
+  }
+  const DType t = like.host.dtype();
+  cast_to(r, n, t == DType::u8 ? kUint8 : t == DType::i32 ? kInt32 : kInt64);
 }
 
 void reduce_mean(Runner& r, const io::OnnxNode& n) {
@@ -245,6 +338,23 @@ void reduce_mean(Runner& r, const io::OnnxNode& n) {
 // as in every framework, negative bases included); 0.5 is sqrt; anything else is
 // e^{y log x}, which needs x > 0.
 void pow(Runner& r, const io::OnnxNode& n) {
+  if (is_host(r, n, 0) && is_host(r, n, 1)) {  // integers: repeated products, checked
+    std::string where = r.where(n);
+    r.set_host(n, 0,
+               host_broadcast(
+                   r.value(n, 0).host, r.value(n, 1).host, DType::i64,
+                   [](std::int64_t x, std::int64_t y) -> std::int64_t {
+                     if (y < 0)  // 1, -1 stay; larger bases truncate to 0
+                       return x == 1 ? 1 : x == -1 ? (y % 2 == 0 ? 1 : -1) : 0;
+                     std::int64_t p = 1;
+                     for (std::int64_t k = 0; k < y && p != 0; ++k)
+                       if (__builtin_mul_overflow(p, x, &p))
+                         throw Error("integer Pow overflows int64");
+                     return p;
+                   },
+                   where));
+    return;
+  }
   const ag::Var& x = r.var(n, 0);
   std::optional<double> constant;
   if (is_host(r, n, 1) && r.value(n, 1).host.numel() == 1)
@@ -284,6 +394,7 @@ void pow(Runner& r, const io::OnnxNode& n) {
 void add_shape_ops(OpTable& table) {
   table["Add"] = arithmetic<ag::add>;
   table["Cast"] = cast;
+  table["CastLike"] = cast_like;
   table["Concat"] = concat;
   table["Div"] = arithmetic<ag::div>;
   table["Gather"] = gather;

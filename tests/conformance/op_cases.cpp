@@ -1,6 +1,8 @@
 #include "conformance/op_cases.h"
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "core/fused_elementwise.h"
 #include "dispatch/dispatch.h"
@@ -425,6 +427,38 @@ void fused_cases(Builder& b) {
         {b.r({6, 1031}), b.nc({6, 1031}), b.r({6, 1}, 0.5f, 2.0f)}, row_sum);
 }
 
+// Selection and comparison (after the others, so their random inputs stay as they were).
+void selection_cases(Builder& b) {
+  // where: a 0/1 mask from a comparison of random values, broadcast against both sides;
+  // one side holds infinities that the mask must keep out.
+  auto mask = [&](const Shape& s) {
+    Attrs gt;
+    gt.comparison = Comparison::gt;
+    return run_reference(OpId::compare, {b.r(s), b.r({1}, 0.0f, 0.0f)}, gt)[0];
+  };
+  b.add("same", OpId::where, {mask({3, 4}), b.r({3, 4}), b.r({3, 4})});
+  b.add("broadcast", OpId::where, {mask({4, 1}), b.r({1, 5}), b.r({4, 5})});
+  b.add("large", OpId::where, {mask({67, 301}), b.r({67, 301}), b.r({301})});
+  std::vector<float> infinities(12, -std::numeric_limits<float>::infinity());
+  b.add("infinite_other_side", OpId::where,
+        {mask({3, 4}), b.r({3, 4}), Tensor::from_floats({3, 4}, infinities, cpu())});
+  // compare: every comparison, with ties (values drawn from a few integers) and broadcasts.
+  auto few = [&](const Shape& s) {
+    std::vector<float> v = b.r(s, 0.0f, 3.0f).to_floats();
+    for (float& x : v)
+      x = std::floor(x);
+    return Tensor::from_floats(s, v, cpu());
+  };
+  for (Comparison how :
+       {Comparison::eq, Comparison::lt, Comparison::le, Comparison::gt, Comparison::ge}) {
+    Attrs cmp;
+    cmp.comparison = how;
+    const std::string name = std::to_string(static_cast<int>(how));
+    b.add("same_" + name, OpId::compare, {few({5, 7}), few({5, 7})}, cmp);
+    b.add("broadcast_" + name, OpId::compare, {few({4, 1, 3}), few({2, 1})}, cmp);
+  }
+}
+
 std::vector<OpCase> all_op_cases() {
   Builder b;
   utility_cases(b);
@@ -434,6 +468,7 @@ std::vector<OpCase> all_op_cases() {
   matmul_cases(b);
   nn_cases(b);
   fused_cases(b);
+  selection_cases(b);
   return std::move(b.cases);
 }
 
