@@ -29,6 +29,7 @@ const OpTable& op_table() {
     onnx_import::add_reduce_ops(t);
     onnx_import::add_layout_ops(t);
     onnx_import::add_attention_ops(t);
+    onnx_import::add_resize_ops(t);
     return t;
   }();
   return table;

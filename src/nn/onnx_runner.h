@@ -137,6 +137,7 @@ void add_conv_ops(OpTable& table);  // onnx_conv_ops.cpp: convolution, pooling, 
 void add_logic_ops(OpTable& table);      // onnx_logic_ops.cpp: comparisons, logic, Where, Max, Min
 void add_reduce_ops(OpTable& table);     // onnx_reduce_ops.cpp: reductions, norms, losses
 void add_attention_ops(OpTable& table);  // onnx_attention_ops.cpp: Attention, TopK, OneHot
+void add_resize_ops(OpTable& table);  // onnx_resize_ops.cpp: Resize, CumSum, BitShift
 void add_layout_ops(OpTable& table);     // onnx_layout_ops.cpp: Split, Pad, Range, activations
 
 inline int axis_of(std::int64_t axis, int rank, const std::string& where) {
