@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cmath>
+#include <limits>
 
 namespace loom {
 
@@ -124,6 +125,98 @@ float f16_to_float(std::uint16_t bits) {
     return std::bit_cast<float>(sign | 0x7f800000 | (mantissa << 13));
   return std::bit_cast<float>(sign | (static_cast<std::uint32_t>(exponent - 15 + 127) << 23) |
                               (mantissa << 13));
+}
+
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+struct NarrowLayout {
+  int exponent_bits, mantissa_bits, bias;
+  bool infinities, negative_zero, nan;
+};
+
+NarrowLayout layout_of(NarrowFloat format) {
+  switch (format) {
+    case NarrowFloat::e4m3fn:
+      return {4, 3, 7, false, true, true};
+    case NarrowFloat::e4m3fnuz:
+      return {4, 3, 8, false, false, true};
+    case NarrowFloat::e5m2:
+      return {5, 2, 15, true, true, true};
+    case NarrowFloat::e5m2fnuz:
+      return {5, 2, 16, false, false, true};
+    case NarrowFloat::e2m1fn:
+      return {2, 1, 1, false, true, false};
+  }
+  return {4, 3, 7, false, true, true};
+}
+
+}  // namespace
+
+float narrow_float_max(NarrowFloat format) {
+  switch (format) {
+    case NarrowFloat::e4m3fn:
+      return 448.0f;
+    case NarrowFloat::e4m3fnuz:
+      return 240.0f;
+    case NarrowFloat::e5m2:
+    case NarrowFloat::e5m2fnuz:
+      return 57344.0f;
+    case NarrowFloat::e2m1fn:
+      return 6.0f;
+  }
+  return 0.0f;
+}
+
+float narrow_float_decode(std::uint8_t bits, NarrowFloat format) {
+  const NarrowLayout l = layout_of(format);
+  const int width = 1 + l.exponent_bits + l.mantissa_bits;
+  bits = static_cast<std::uint8_t>(bits & ((1u << width) - 1));
+  const bool negative = (bits >> (width - 1)) & 1;
+  const int exponent = (bits >> l.mantissa_bits) & ((1 << l.exponent_bits) - 1);
+  const int mantissa = bits & ((1 << l.mantissa_bits) - 1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  if (!l.negative_zero && bits == (1u << (width - 1)))
+    return nan;  // fnuz: the pattern of -0 is the NaN
+  const int top = (1 << l.exponent_bits) - 1;
+  if (l.infinities && exponent == top)
+    return mantissa == 0 ? (negative ? -1.0f : 1.0f) * std::numeric_limits<float>::infinity() : nan;
+  if (format == NarrowFloat::e4m3fn && exponent == top && mantissa == (1 << l.mantissa_bits) - 1)
+    return nan;
+  const float magnitude =
+      exponent == 0
+          ? std::ldexp(static_cast<float>(mantissa), 1 - l.bias - l.mantissa_bits)
+          : std::ldexp(static_cast<float>(mantissa + (1 << l.mantissa_bits)),
+                       exponent - l.bias - l.mantissa_bits);
+  return negative ? -magnitude : magnitude;
+}
+
+float narrow_float_round(float value, NarrowFloat format, bool saturate) {
+  const NarrowLayout l = layout_of(format);
+  const float max = narrow_float_max(format);
+  if (std::isnan(value))
+    return l.nan ? value : -0.0f;
+  if (format == NarrowFloat::e2m1fn)
+    saturate = true;
+  double a = std::fabs(static_cast<double>(value));
+  const bool negative = std::signbit(value);
+  if (saturate && a > max)
+    a = max;
+  // The spacing of the format's values around a: that of its binade, or the subnormals'.
+  const int min_exponent = 1 - l.bias;
+  const int e = a == 0 ? min_exponent : std::max(std::ilogb(a), min_exponent);
+  const double spacing = std::ldexp(1.0, e - l.mantissa_bits);
+  double rounded = std::nearbyint(a / spacing) * spacing;  // ties to even (default mode)
+  if (rounded > max)
+    rounded = l.infinities ? std::numeric_limits<double>::infinity()
+                           : std::numeric_limits<double>::quiet_NaN();
+  if (std::isinf(a) && !saturate)
+    rounded = l.infinities ? a : std::numeric_limits<double>::quiet_NaN();
+  if (rounded == 0 && !l.negative_zero)
+    return 0.0f;
+  return static_cast<float>(negative ? -rounded : rounded);
 }
 
 }  // namespace loom

@@ -2,6 +2,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -50,6 +51,80 @@ std::vector<Out> values_of(const onnx::TensorProto& t, const Shape& shape, std::
   for (std::int64_t i = 0; i < count; ++i)
     out[static_cast<std::size_t>(i)] = convert(field.Get(static_cast<int>(i)));
   return out;
+}
+
+// Element types newer than Debian's compiled ONNX schema (onnx 1.14 to 1.20), by number.
+enum NarrowType : int {
+  kFloat8E4M3FN = 17, kFloat8E4M3FNUZ = 18, kFloat8E5M2 = 19, kFloat8E5M2FNUZ = 20,
+  kUint4 = 21, kInt4 = 22, kFloat4E2M1 = 23, kFloat8E8M0 = 24, kUint2 = 25, kInt2 = 26
+};
+
+// The bytes of a tensor whose values are `bits` wide (8, 4 or 2), packed low bits first:
+// from raw_data, or one byte per int32_data entry. Checked against the shape.
+std::vector<std::uint8_t> packed_bytes(const onnx::TensorProto& t, const Shape& shape,
+                                       std::int64_t count, int bits, const std::string& where) {
+  const auto needed = static_cast<std::size_t>((count * bits + 7) / 8);
+  std::vector<std::uint8_t> bytes;
+  if (!t.raw_data().empty()) {
+    bytes.assign(t.raw_data().begin(), t.raw_data().end());
+  } else {
+    for (int i = 0; i < t.int32_data_size(); ++i)
+      bytes.push_back(static_cast<std::uint8_t>(t.int32_data(i)));
+  }
+  check(bytes.size() == needed, where + ": holds " + std::to_string(bytes.size()) +
+                                    " bytes, the shape " + shape_str(shape) + " needs " +
+                                    std::to_string(needed) + " (" + std::to_string(bits) +
+                                    "-bit values)");
+  return bytes;
+}
+
+// Value k of `bytes` packed `bits` wide, low bits first; sign-extended when `is_signed`.
+std::int64_t unpack(const std::vector<std::uint8_t>& bytes, std::int64_t k, int bits,
+                    bool is_signed) {
+  const std::int64_t bit = k * bits;
+  const int v = (bytes[static_cast<std::size_t>(bit / 8)] >> (bit % 8)) & ((1 << bits) - 1);
+  return is_signed && (v >> (bits - 1)) ? v - (1 << bits) : v;
+}
+
+// The narrow float formats (FP8, FP4) as f32, and INT4/UINT4/INT2/UINT2 as i64.
+Tensor narrow_tensor(const onnx::TensorProto& t, const Shape& shape, std::int64_t count,
+                     Backend& host, const std::string& where) {
+  const int type = t.data_type();
+  const int bits = type == kFloat4E2M1 || type == kInt4 || type == kUint4 ? 4
+                   : type == kInt2 || type == kUint2                       ? 2
+                                                                           : 8;
+  const std::vector<std::uint8_t> bytes = packed_bytes(t, shape, count, bits, where);
+  if (type == kInt4 || type == kUint4 || type == kInt2 || type == kUint2) {
+    std::vector<std::int64_t> v(static_cast<std::size_t>(count));
+    for (std::int64_t k = 0; k < count; ++k)
+      v[static_cast<std::size_t>(k)] = unpack(bytes, k, bits, type == kInt4 || type == kInt2);
+    return Tensor::from_host(shape, DType::i64, v.data(), host);
+  }
+  std::vector<float> v(static_cast<std::size_t>(count));
+  for (std::int64_t k = 0; k < count; ++k) {
+    const auto b = static_cast<std::uint8_t>(unpack(bytes, k, bits, false));
+    float& out = v[static_cast<std::size_t>(k)];
+    switch (type) {
+      case kFloat8E4M3FN:
+        out = narrow_float_decode(b, NarrowFloat::e4m3fn);
+        break;
+      case kFloat8E4M3FNUZ:
+        out = narrow_float_decode(b, NarrowFloat::e4m3fnuz);
+        break;
+      case kFloat8E5M2:
+        out = narrow_float_decode(b, NarrowFloat::e5m2);
+        break;
+      case kFloat8E5M2FNUZ:
+        out = narrow_float_decode(b, NarrowFloat::e5m2fnuz);
+        break;
+      case kFloat4E2M1:
+        out = narrow_float_decode(b, NarrowFloat::e2m1fn);
+        break;
+      default:  // FLOAT8E8M0: a power of two, 2^(b - 127); 0xFF is NaN
+        out = b == 0xFF ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, b - 127);
+    }
+  }
+  return Tensor::from_host(shape, DType::f32, v.data(), host);
 }
 
 Tensor to_tensor(const onnx::TensorProto& t, Backend& host, const std::string& where) {
@@ -137,10 +212,21 @@ Tensor to_tensor(const onnx::TensorProto& t, Backend& host, const std::string& w
           [](auto x) { return bf16_to_float(static_cast<std::uint16_t>(x)); }, where);
       return Tensor::from_host(shape, DType::f32, v.data(), host);
     }
+    case kFloat8E4M3FN:
+    case kFloat8E4M3FNUZ:
+    case kFloat8E5M2:
+    case kFloat8E5M2FNUZ:
+    case kFloat8E8M0:
+    case kFloat4E2M1:
+    case kInt4:
+    case kUint4:
+    case kInt2:
+    case kUint2:
+      return narrow_tensor(t, shape, count, host, where);
     default:
       throw Error(where + ": element type " + data_type_name(t.data_type()) +
-                  " is not supported (expected FLOAT, FLOAT16, BFLOAT16, DOUBLE, an integer type "
-                  "of 8 to 64 bits, or BOOL)");
+                  " is not supported (expected FLOAT, FLOAT16, BFLOAT16, DOUBLE, FLOAT8*, "
+                  "FLOAT4E2M1, an integer type of 2 to 64 bits, or BOOL)");
   }
 }
 
@@ -155,6 +241,10 @@ DType dtype_of(int elem_type) {
     case onnx::TensorProto_DataType_UINT16:
     case onnx::TensorProto_DataType_UINT32:
     case onnx::TensorProto_DataType_UINT64:
+    case kInt4:
+    case kUint4:
+    case kInt2:
+    case kUint2:
       return DType::i64;
     case onnx::TensorProto_DataType_BOOL:
     case onnx::TensorProto_DataType_UINT8:
@@ -169,6 +259,7 @@ OnnxValueInfo value_info(const onnx::ValueInfoProto& v) {
   info.name = v.name();
   if (v.type().has_tensor_type()) {
     info.dtype = dtype_of(v.type().tensor_type().elem_type());
+    info.onnx_type = v.type().tensor_type().elem_type();
     for (const auto& d : v.type().tensor_type().shape().dim())
       info.shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
   }

@@ -38,6 +38,7 @@ struct OnnxValueInfo {
   std::string name;
   std::vector<std::int64_t> shape;  // -1 where the dimension is symbolic or unknown
   DType dtype = DType::f32;
+  int onnx_type = 0;  // the declared TensorProto element type (0: not a tensor)
 };
 
 struct OnnxGraph {

@@ -146,6 +146,7 @@ std::vector<std::pair<ag::Var, Tensor>> OnnxModel::run_graph(ag::Tape& tape,
           Value{ag::Var(in_place ? given : given.to(backend_), false), Tensor(), Tensor()};
     else
       r.env[info.name] = Value{ag::Var(), given.to(cpu::backend()), device_ids};
+    r.env[info.name].onnx_type = info.onnx_type;
   }
   for (const auto& [name, index] : param_index_)
     r.env[name] = Value{params_[index].var, Tensor(), Tensor()};

@@ -28,6 +28,9 @@ struct Value {
   // A graph input of token ids as Loom gave them (i32, on the model's device): an
   // embedding lookup reads them there, with no host copy that graph capture would freeze.
   Tensor device_ids;
+  // The ONNX element type a graph input declares (0: not known); CastLike reads it, since
+  // narrow types (float16, FP8, INT4) are held widened.
+  int onnx_type = 0;
 };
 
 // An integer (or bool) host tensor's values as int64.

@@ -213,20 +213,24 @@ void concat(Runner& r, const io::OnnxNode& n) {
 
 // ONNX element types a Cast may name.
 enum OnnxType : std::int64_t {
-  kFloat = 1,
-  kUint8 = 2,
-  kInt8 = 3,
-  kUint16 = 4,
-  kInt16 = 5,
-  kInt32 = 6,
-  kInt64 = 7,
-  kBool = 9,
-  kFloat16 = 10,
-  kDouble = 11,
-  kUint32 = 12,
-  kUint64 = 13,
-  kBfloat16 = 16
+  kFloat = 1, kUint8 = 2, kInt8 = 3, kUint16 = 4, kInt16 = 5, kInt32 = 6, kInt64 = 7,
+  kBool = 9, kFloat16 = 10, kDouble = 11, kUint32 = 12, kUint64 = 13, kBfloat16 = 16,
+  kFloat8E4M3FN = 17, kFloat8E4M3FNUZ = 18, kFloat8E5M2 = 19, kFloat8E5M2FNUZ = 20,
+  kUint4 = 21, kInt4 = 22, kFloat4E2M1 = 23, kUint2 = 25, kInt2 = 26
 };
+
+// x held in f32 but rounded to a narrower format: x + (rounded - x), which is exactly the
+// rounded value (the difference is exact, by Sterbenz) and lets the gradient straight
+// through; where x is infinite or NaN (x - x is NaN) the rounded value itself is taken.
+ag::Var rounded_like(Runner& r, const ag::Var& x, const Tensor& rounded) {
+  const Tensor delta = dispatch::call1(OpId::sub, {rounded, x.value()});
+  Attrs eq;
+  eq.comparison = Comparison::eq;
+  const Tensor zero_where_finite = dispatch::call1(OpId::sub, {x.value(), x.value()});
+  const Tensor finite = dispatch::call1(OpId::compare, {zero_where_finite, zero_where_finite}, eq);
+  return ag::where(r.tape, finite, ag::add(r.tape, x, ag::Var(delta, false)),
+                   ag::Var(rounded, false));
+}
 
 // Cast to `to`: float stays a float tensor on the device; integers and booleans are host
 // values (a float cast to an integer truncates toward zero, on the device, and its values
@@ -235,27 +239,33 @@ void cast_to(Runner& r, const io::OnnxNode& n, std::int64_t to) {
   const Value& v = r.value(n, 0);
   const bool to_float = to == kFloat || to == kDouble || to == kFloat16 || to == kBfloat16;
   const bool to_int = to == kUint8 || to == kInt8 || to == kUint16 || to == kInt16 ||
-                      to == kInt32 || to == kInt64 || to == kUint32 || to == kUint64;
-  check(to_float || to_int || to == kBool,
+                      to == kInt32 || to == kInt64 || to == kUint32 || to == kUint64 ||
+                      to == kUint4 || to == kInt4 || to == kUint2 || to == kInt2;
+  const bool to_narrow_float = (to >= kFloat8E4M3FN && to <= kFloat8E5M2FNUZ) || to == kFloat4E2M1;
+  check(to_float || to_int || to_narrow_float || to == kBool,
         r.where(n) + ": cast to ONNX element type " + std::to_string(to) + " is not supported");
+  if (to_narrow_float) {  // FP8 and FP4: rounded on the host (no kernel computes in them)
+    const ag::Var x = r.as_float(n, 0);
+    const NarrowFloat format = to == kFloat8E4M3FN     ? NarrowFloat::e4m3fn
+                               : to == kFloat8E4M3FNUZ ? NarrowFloat::e4m3fnuz
+                               : to == kFloat8E5M2     ? NarrowFloat::e5m2
+                               : to == kFloat8E5M2FNUZ ? NarrowFloat::e5m2fnuz
+                                                       : NarrowFloat::e2m1fn;
+    const bool saturate = r.attr_int(n, "saturate", 1) != 0;
+    std::vector<float> values = r.read_on_host(n, x.value()).to_floats();
+    for (float& f : values)
+      f = narrow_float_round(f, format, saturate);
+    r.set(n, 0, rounded_like(r, x, Tensor::from_floats(x.shape(), values, cpu::backend()).to(r.backend)));
+    return;
+  }
   if (v.var.defined() && to_float) {
-    if (to == kFloat16 || to == kBfloat16) {
-      // Rounded to the narrower type and held in f32, as x + (rounded - x): the difference
-      // is exact (Sterbenz), so the sum is the rounded value, and the gradient passes
-      // straight through.
+    if (to == kFloat16 || to == kBfloat16) {  // rounded on the device by the catalog's cast
       Attrs narrow, wide;
       narrow.dtype = to == kFloat16 ? DType::f16 : DType::bf16;
       wide.dtype = DType::f32;
-      const Tensor rounded =
-          dispatch::call1(OpId::cast, {dispatch::call1(OpId::cast, {v.var.value()}, narrow)}, wide);
-      const Tensor delta = dispatch::call1(OpId::sub, {rounded, v.var.value()});
-      // Where x is infinite or NaN the difference is NaN: the rounded value itself is taken.
-      Attrs eq;
-      eq.comparison = Comparison::eq;
-      const Tensor finite = dispatch::call1(OpId::compare, {delta, delta}, eq);
-      r.set(n, 0,
-            ag::where(r.tape, finite, ag::add(r.tape, v.var, ag::Var(delta, false)),
-                      ag::Var(rounded, false)));
+      const Tensor rounded = dispatch::call1(
+          OpId::cast, {dispatch::call1(OpId::cast, {v.var.value()}, narrow)}, wide);
+      r.set(n, 0, rounded_like(r, v.var, rounded));
       return;
     }
     r.set(n, 0, v.var);
@@ -299,6 +309,14 @@ void cast_to(Runner& r, const io::OnnxNode& n, std::int64_t to) {
       x = static_cast<std::int32_t>(x);
     else if (to == kUint32)
       x = static_cast<std::uint32_t>(x);
+    else if (to == kUint4 || to == kUint2)  // the low bits, as a C cast to a narrower type
+      x &= to == kUint4 ? 0xF : 0x3;
+    else if (to == kInt4 || to == kInt2) {
+      const int bits = to == kInt4 ? 4 : 2;
+      x &= (1 << bits) - 1;
+      if (x >> (bits - 1))
+        x -= std::int64_t{1} << bits;
+    }
   }
   if (to == kBool || to == kUint8) {
     std::vector<std::uint8_t> bytes(values.begin(), values.end());
@@ -315,6 +333,10 @@ void cast(Runner& r, const io::OnnxNode& n) {
 // CastLike: to the element type of input 1 (a float, or an integer type).
 void cast_like(Runner& r, const io::OnnxNode& n) {
   const Value& like = r.value(n, 1);
+  if (like.onnx_type != 0) {
+    cast_to(r, n, like.onnx_type);
+    return;
+  }
   if (like.var.defined()) {
     cast_to(r, n, kFloat);
     return;
