@@ -186,10 +186,9 @@ float narrow_float_decode(std::uint8_t bits, NarrowFloat format) {
   if (format == NarrowFloat::e4m3fn && exponent == top && mantissa == (1 << l.mantissa_bits) - 1)
     return nan;
   const float magnitude =
-      exponent == 0
-          ? std::ldexp(static_cast<float>(mantissa), 1 - l.bias - l.mantissa_bits)
-          : std::ldexp(static_cast<float>(mantissa + (1 << l.mantissa_bits)),
-                       exponent - l.bias - l.mantissa_bits);
+      exponent == 0 ? std::ldexp(static_cast<float>(mantissa), 1 - l.bias - l.mantissa_bits)
+                    : std::ldexp(static_cast<float>(mantissa + (1 << l.mantissa_bits)),
+                                 exponent - l.bias - l.mantissa_bits);
   return negative ? -magnitude : magnitude;
 }
 

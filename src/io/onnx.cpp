@@ -55,8 +55,16 @@ std::vector<Out> values_of(const onnx::TensorProto& t, const Shape& shape, std::
 
 // Element types newer than Debian's compiled ONNX schema (onnx 1.14 to 1.20), by number.
 enum NarrowType : int {
-  kFloat8E4M3FN = 17, kFloat8E4M3FNUZ = 18, kFloat8E5M2 = 19, kFloat8E5M2FNUZ = 20,
-  kUint4 = 21, kInt4 = 22, kFloat4E2M1 = 23, kFloat8E8M0 = 24, kUint2 = 25, kInt2 = 26
+  kFloat8E4M3FN = 17,
+  kFloat8E4M3FNUZ = 18,
+  kFloat8E5M2 = 19,
+  kFloat8E5M2FNUZ = 20,
+  kUint4 = 21,
+  kInt4 = 22,
+  kFloat4E2M1 = 23,
+  kFloat8E8M0 = 24,
+  kUint2 = 25,
+  kInt2 = 26
 };
 
 // The bytes of a tensor whose values are `bits` wide (8, 4 or 2), packed low bits first:
@@ -91,8 +99,8 @@ Tensor narrow_tensor(const onnx::TensorProto& t, const Shape& shape, std::int64_
                      Backend& host, const std::string& where) {
   const int type = t.data_type();
   const int bits = type == kFloat4E2M1 || type == kInt4 || type == kUint4 ? 4
-                   : type == kInt2 || type == kUint2                       ? 2
-                                                                           : 8;
+                   : type == kInt2 || type == kUint2                      ? 2
+                                                                          : 8;
   const std::vector<std::uint8_t> bytes = packed_bytes(t, shape, count, bits, where);
   if (type == kInt4 || type == kUint4 || type == kInt2 || type == kUint2) {
     std::vector<std::int64_t> v(static_cast<std::size_t>(count));

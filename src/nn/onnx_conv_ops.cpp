@@ -32,6 +32,30 @@ std::int64_t uniform_stride(const Runner& r, const io::OnnxNode& n) {
   return v[0];
 }
 
+// Whether the catalog's 2-D ops take the node as it is: an NCHW input, no dilation, no
+// auto_pad SAME_*, one stride for both dimensions (and for pools a square window, and no
+// ceil mode for AveragePool). Anything else goes to the general window ops
+// (onnx_window_ops.cpp).
+bool fits_2d_ops(const Runner& r, const io::OnnxNode& n, bool pool) {
+  if (r.var(n, 0).shape().size() != 4 || !all_equal(r.attr_ints(n, "dilations"), 1))
+    return false;
+  auto pad = n.attributes.find("auto_pad");
+  if (pad != n.attributes.end() && pad->second.s != "NOTSET" && pad->second.s != "VALID" &&
+      !pad->second.s.empty())
+    return false;
+  std::vector<std::int64_t> strides = r.attr_ints(n, "strides");
+  if (!strides.empty() && !all_equal(strides, strides[0]))
+    return false;
+  if (pool) {
+    std::vector<std::int64_t> kernel = r.attr_ints(n, "kernel_shape");
+    if (kernel.size() != 2 || kernel[0] != kernel[1])
+      return false;
+    if (n.op_type == "AveragePool" && r.attr_int(n, "ceil_mode", 0) != 0)
+      return false;
+  }
+  return true;
+}
+
 void check_no_dilation(const Runner& r, const io::OnnxNode& n) {
   auto it = n.attributes.find("auto_pad");
   check(it == n.attributes.end() || it->second.s == "NOTSET" || it->second.s == "VALID",
@@ -86,6 +110,8 @@ ag::Var pad_spatial(Runner& r, const ag::Var& x, const std::array<std::int64_t, 
 // Convolution: symmetric padding goes to conv2d itself, other padding is added first;
 // groups are separate convolutions over channel slices, concatenated.
 void conv(Runner& r, const io::OnnxNode& n) {
+  if (!fits_2d_ops(r, n, false))
+    return general_conv(r, n);
   ag::Var x = r.var(n, 0);
   const ag::Var& w = r.var(n, 1);
   check(x.shape().size() == 4, r.where(n) + ": only 2-D convolution (NCHW input) is supported yet");
@@ -157,6 +183,8 @@ void max_pool(Runner& r, const io::OnnxNode& n) {
         r.where(n) + ": the Indices output is not supported yet");
   check(r.attr_int(n, "storage_order", 0) == 0,
         r.where(n) + ": storage_order 1 is not supported yet");
+  if (!fits_2d_ops(r, n, true))
+    return general_pool(r, n);
   auto [kernel, stride] = pool_window(r, n);
   const ag::Var& x = r.var(n, 0);
   std::array<std::int64_t, 4> pads = with_ceil(r, n, x, pads_of(r, n), kernel, stride);
@@ -167,8 +195,8 @@ void max_pool(Runner& r, const io::OnnxNode& n) {
 // Padding counts as zeros (count_include_pad = 1), or the sum is divided by the number of
 // real elements in each window: avg(x padded with 0) / avg(ones padded with 0).
 void average_pool(Runner& r, const io::OnnxNode& n) {
-  check(r.attr_int(n, "ceil_mode", 0) == 0,
-        r.where(n) + ": ceil_mode is not supported yet for AveragePool");
+  if (!fits_2d_ops(r, n, true))
+    return general_pool(r, n);
   auto [kernel, stride] = pool_window(r, n);
   const ag::Var& x = r.var(n, 0);
   std::array<std::int64_t, 4> pads = pads_of(r, n);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include "autograd/functions.h"
 #include "backends/cpu/cpu_backend.h"
@@ -30,6 +32,7 @@ const OpTable& op_table() {
     onnx_import::add_layout_ops(t);
     onnx_import::add_attention_ops(t);
     onnx_import::add_resize_ops(t);
+    onnx_import::add_window_ops(t);
     return t;
   }();
   return table;
@@ -47,14 +50,42 @@ const std::vector<std::string>& onnx_supported_ops() {
   return names;
 }
 
+namespace {
+
+// Inputs that are an op's settings, not data a gradient reaches: Resize's roi and scales,
+// Upsample's scales, Pad's value, Range's limits, Clip's bounds, Dropout's ratio.
+bool setting_input(const std::string& op, std::size_t input) {
+  if (op == "Resize")
+    return input == 1 || input == 2;
+  if (op == "Upsample" || op == "Dropout")
+    return input == 1;
+  if (op == "Pad")
+    return input == 2;
+  if (op == "Range")
+    return true;
+  if (op == "Clip")
+    return input == 1 || input == 2;
+  return false;
+}
+
+}  // namespace
+
 OnnxModel::OnnxModel(const std::string& path, Backend& backend)
     : graph_(io::read_onnx(path, cpu::backend())), backend_(backend) {
+  // Initializers some node reads as data (the others are only settings, constants).
+  std::set<std::string> data_inputs;
+  for (const io::OnnxNode& node : graph_.nodes)
+    for (std::size_t i = 0; i < node.inputs.size(); ++i)
+      if (!setting_input(node.op_type, i))
+        data_inputs.insert(node.inputs[i]);
   std::map<std::string, Tensor> floats;
   for (const auto& [name, tensor] : graph_.initializers) {
     if (tensor.dtype() == DType::f32) {
       std::vector<float> values = tensor.to_floats();
-      if (!std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); })) {
-        // A mask with -inf (attention) is a constant, not something to train.
+      if (!std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); }) ||
+          !data_inputs.count(name)) {
+        // A mask with -inf (attention) is a constant, not something to train; so is an
+        // op's setting (Resize's scales, Clip's bounds).
         float_constants_[name] = ag::Var(tensor.to(backend), false);
         continue;
       }

@@ -57,7 +57,7 @@ std::vector<double> coefficients(const ResizeRule& rule, double ratio, double sc
     const auto start = static_cast<std::int64_t>(std::floor(-2 / sc) + 1);
     for (std::int64_t i = start; i < 2 - start; ++i) {
       const double x = std::fabs(sc * (static_cast<double>(i) - ratio));
-      c.push_back(x <= 1   ? ((a + 2) * x - (a + 3)) * x * x + 1
+      c.push_back(x <= 1  ? ((a + 2) * x - (a + 3)) * x * x + 1
                   : x < 2 ? ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
                           : 0.0);
     }
@@ -163,7 +163,8 @@ void resize(Runner& r, const io::OnnxNode& n) {
     return it == n.attributes.end() ? std::string(fallback) : it->second.s;
   };
   rule.mode = text("mode", "nearest");
-  rule.coordinates = text("coordinate_transformation_mode", r.opset() < 11 ? "asymmetric" : "half_pixel");
+  rule.coordinates =
+      text("coordinate_transformation_mode", r.opset() < 11 ? "asymmetric" : "half_pixel");
   rule.nearest = text("nearest_mode", r.opset() < 11 ? "floor" : "round_prefer_floor");
   rule.cubic_a = r.attr_float(n, "cubic_coeff_a", -0.75);
   rule.antialias = r.attr_int(n, "antialias", 0) != 0;
@@ -171,7 +172,8 @@ void resize(Runner& r, const io::OnnxNode& n) {
   rule.extrapolation = r.attr_float(n, "extrapolation_value", 0.0);
   check(rule.mode == "nearest" || rule.mode == "linear" || rule.mode == "cubic",
         r.where(n) + ": mode '" + rule.mode + "' is not nearest, linear or cubic");
-  check(!(rule.antialias && rule.mode == "nearest"), r.where(n) + ": antialias needs linear or cubic");
+  check(!(rule.antialias && rule.mode == "nearest"),
+        r.where(n) + ": antialias needs linear or cubic");
   // Opset 10: (X, scales); later: (X, roi, scales, sizes).
   const std::vector<double> roi = r.opset() < 11 ? std::vector<double>{} : constant_floats(r, n, 1);
   const std::vector<double> scales_given = constant_floats(r, n, r.opset() < 11 ? 1 : 2);
@@ -188,11 +190,13 @@ void resize(Runner& r, const io::OnnxNode& n) {
   std::vector<double> scale(static_cast<std::size_t>(rank), 1.0);
   std::vector<std::int64_t> out(in_shape.begin(), in_shape.end());
   if (!sizes_given.empty()) {
-    check(sizes_given.size() == k, r.where(n) + ": sizes has " + std::to_string(sizes_given.size()) +
-                                       " entries for " + std::to_string(k) + " axes");
+    check(sizes_given.size() == k, r.where(n) + ": sizes has " +
+                                       std::to_string(sizes_given.size()) + " entries for " +
+                                       std::to_string(k) + " axes");
     for (std::size_t i = 0; i < k; ++i)
       scale[static_cast<std::size_t>(axes[i])] =
-          static_cast<double>(sizes_given[i]) / static_cast<double>(in_shape[static_cast<std::size_t>(axes[i])]);
+          static_cast<double>(sizes_given[i]) /
+          static_cast<double>(in_shape[static_cast<std::size_t>(axes[i])]);
     const std::string policy = text("keep_aspect_ratio_policy", "stretch");
     if (policy == "stretch") {
       for (std::size_t i = 0; i < k; ++i)
@@ -206,14 +210,15 @@ void resize(Runner& r, const io::OnnxNode& n) {
                                    : std::max(s, scale[static_cast<std::size_t>(a)]);
       for (std::int64_t a : axes) {
         scale[static_cast<std::size_t>(a)] = s;
-        out[static_cast<std::size_t>(a)] =
-            static_cast<std::int64_t>(s * static_cast<double>(in_shape[static_cast<std::size_t>(a)]) + 0.5);
+        out[static_cast<std::size_t>(a)] = static_cast<std::int64_t>(
+            s * static_cast<double>(in_shape[static_cast<std::size_t>(a)]) + 0.5);
       }
     }
   } else {
     check(scales_given.size() == k, r.where(n) + ": give scales (one per axis) or sizes");
     for (std::size_t i = 0; i < k; ++i) {
-      check(scales_given[i] > 0, r.where(n) + ": scale " + std::to_string(scales_given[i]) + " is not positive");
+      check(scales_given[i] > 0,
+            r.where(n) + ": scale " + std::to_string(scales_given[i]) + " is not positive");
       const auto a = static_cast<std::size_t>(axes[i]);
       scale[a] = scales_given[i];
       out[a] = static_cast<std::int64_t>(scales_given[i] * static_cast<double>(in_shape[a]));
@@ -226,12 +231,15 @@ void resize(Runner& r, const io::OnnxNode& n) {
       axis_roi = std::make_pair(roi[i], roi[k + i]);
     else if (roi.size() == 2 * static_cast<std::size_t>(rank))
       axis_roi = std::make_pair(roi[a], roi[static_cast<std::size_t>(rank) + a]);
-    const bool trivial_roi = !axis_roi || (std::fabs(axis_roi->first) < 1e-9 && std::fabs(axis_roi->second - 1) < 1e-9);
+    const bool trivial_roi =
+        !axis_roi || (std::fabs(axis_roi->first) < 1e-9 && std::fabs(axis_roi->second - 1) < 1e-9);
     if (std::fabs(scale[a] - 1.0) < 1e-9 && out[a] == in_shape[a] && trivial_roi)
       continue;
-    check(out[a] >= 0 && out[a] <= (1 << 24), r.where(n) + ": output size " + std::to_string(out[a]) + " is out of range");
+    check(out[a] >= 0 && out[a] <= (1 << 24),
+          r.where(n) + ": output size " + std::to_string(out[a]) + " is out of range");
     std::vector<bool> extrapolated;
-    const std::vector<double> w = resize_matrix(rule, in_shape[a], out[a], scale[a], axis_roi, extrapolated, r.where(n));
+    const std::vector<double> w =
+        resize_matrix(rule, in_shape[a], out[a], scale[a], axis_roi, extrapolated, r.where(n));
     // y [..., in_a, ...] -> move axis a last, multiply by W^T [in, out], move it back.
     std::vector<int> order(static_cast<std::size_t>(rank));
     std::iota(order.begin(), order.end(), 0);
@@ -239,15 +247,18 @@ void resize(Runner& r, const io::OnnxNode& n) {
     std::vector<float> wt(w.size());
     for (std::int64_t o = 0; o < out[a]; ++o)
       for (std::int64_t s = 0; s < in_shape[a]; ++s)
-        wt[static_cast<std::size_t>(s * out[a] + o)] = static_cast<float>(w[static_cast<std::size_t>(o * in_shape[a] + s)]);
+        wt[static_cast<std::size_t>(s * out[a] + o)] =
+            static_cast<float>(w[static_cast<std::size_t>(o * in_shape[a] + s)]);
     ag::Var moved = ag::permute(r.tape, y, order);
-    ag::Var product = times_last(r, moved, r.constant(Tensor::from_floats({in_shape[a], out[a]}, wt, cpu::backend())));
+    ag::Var product = times_last(
+        r, moved, r.constant(Tensor::from_floats({in_shape[a], out[a]}, wt, cpu::backend())));
     if (std::find(extrapolated.begin(), extrapolated.end(), true) != extrapolated.end()) {
       std::vector<float> fill(static_cast<std::size_t>(out[a]), 0.0f);
       for (std::size_t o = 0; o < fill.size(); ++o)
         if (extrapolated[o])
           fill[o] = static_cast<float>(rule.extrapolation);
-      product = ag::add(r.tape, product, r.constant(Tensor::from_floats({out[a]}, fill, cpu::backend())));
+      product =
+          ag::add(r.tape, product, r.constant(Tensor::from_floats({out[a]}, fill, cpu::backend())));
     }
     y = ag::permute(r.tape, product, order);
   }
@@ -260,7 +271,8 @@ void cum_sum(Runner& r, const io::OnnxNode& n) {
   const Shape s = r.shape_of(n, 0);
   const int rank = static_cast<int>(s.size());
   const int axis = axis_of(r.ints(n, 1).at(0), rank, r.where(n));
-  const bool exclusive = r.attr_int(n, "exclusive", 0) != 0, reverse = r.attr_int(n, "reverse", 0) != 0;
+  const bool exclusive = r.attr_int(n, "exclusive", 0) != 0,
+             reverse = r.attr_int(n, "reverse", 0) != 0;
   const std::int64_t len = s[static_cast<std::size_t>(axis)];
   // m[i][j] = 1 when input i contributes to output j.
   auto contributes = [&](std::int64_t i, std::int64_t j) {
@@ -276,7 +288,8 @@ void cum_sum(Runner& r, const io::OnnxNode& n) {
         for (std::int64_t j = 0; j < len; ++j)
           for (std::int64_t i = 0; i < len; ++i)
             if (contributes(i, j))
-              out[static_cast<std::size_t>((o * len + j) * inner + in)] += v[static_cast<std::size_t>((o * len + i) * inner + in)];
+              out[static_cast<std::size_t>((o * len + j) * inner + in)] +=
+                  v[static_cast<std::size_t>((o * len + i) * inner + in)];
     r.set_host(n, 0, host_ints(s, out));
     return;
   }
@@ -288,7 +301,8 @@ void cum_sum(Runner& r, const io::OnnxNode& n) {
   std::iota(order.begin(), order.end(), 0);
   std::swap(order[static_cast<std::size_t>(axis)], order.back());
   ag::Var moved = ag::permute(r.tape, r.var(n, 0), order);
-  ag::Var summed = times_last(r, moved, r.constant(Tensor::from_floats({len, len}, m, cpu::backend())));
+  ag::Var summed =
+      times_last(r, moved, r.constant(Tensor::from_floats({len, len}, m, cpu::backend())));
   r.set(n, 0, ag::permute(r.tape, summed, order));
 }
 
@@ -297,7 +311,8 @@ void cum_prod(Runner& r, const io::OnnxNode& n) {
   if (is_host(r, n, 0)) {  // integers: float stand-ins would round large products
     const Shape s = r.shape_of(n, 0);
     const int axis = axis_of(r.ints(n, 1).at(0), static_cast<int>(s.size()), r.where(n));
-    const bool exclusive = r.attr_int(n, "exclusive", 0) != 0, reverse = r.attr_int(n, "reverse", 0) != 0;
+    const bool exclusive = r.attr_int(n, "exclusive", 0) != 0,
+               reverse = r.attr_int(n, "reverse", 0) != 0;
     const std::vector<std::int64_t> v = r.ints(n, 0);
     const std::int64_t len = s[static_cast<std::size_t>(axis)];
     const std::int64_t inner = shape_numel(Shape(s.begin() + axis + 1, s.end()));
@@ -310,7 +325,8 @@ void cum_prod(Runner& r, const io::OnnxNode& n) {
           const std::int64_t j = reverse ? len - 1 - step : step;
           const auto at = static_cast<std::size_t>((o * len + j) * inner + in);
           std::int64_t next = 0;
-          check(!__builtin_mul_overflow(running, v[at], &next), r.where(n) + ": the product overflows int64");
+          check(!__builtin_mul_overflow(running, v[at], &next),
+                r.where(n) + ": the product overflows int64");
           out[at] = exclusive ? running : next;
           running = next;
         }
@@ -320,12 +336,14 @@ void cum_prod(Runner& r, const io::OnnxNode& n) {
   }
   const ag::Var& x = r.var(n, 0);
   const int axis = axis_of(r.ints(n, 1).at(0), static_cast<int>(x.shape().size()), r.where(n));
-  const bool exclusive = r.attr_int(n, "exclusive", 0) != 0, reverse = r.attr_int(n, "reverse", 0) != 0;
+  const bool exclusive = r.attr_int(n, "exclusive", 0) != 0,
+             reverse = r.attr_int(n, "reverse", 0) != 0;
   const std::int64_t len = x.dim(axis);
   std::vector<ag::Var> parts(static_cast<std::size_t>(len));
   Shape one = x.shape();
   one[static_cast<std::size_t>(axis)] = 1;
-  ag::Var ones = r.constant(Tensor::from_floats(one, std::vector<float>(static_cast<std::size_t>(shape_numel(one)), 1.0f), cpu::backend()));
+  ag::Var ones = r.constant(Tensor::from_floats(
+      one, std::vector<float>(static_cast<std::size_t>(shape_numel(one)), 1.0f), cpu::backend()));
   ag::Var running = ones;
   for (std::int64_t step = 0; step < len; ++step) {
     const std::int64_t j = reverse ? len - 1 - step : step;
@@ -340,26 +358,33 @@ void cum_prod(Runner& r, const io::OnnxNode& n) {
 // BitShift of unsigned integers (held as int64): LEFT or RIGHT by the second operand.
 void bit_shift(Runner& r, const io::OnnxNode& n) {
   check(is_host(r, n, 0) && is_host(r, n, 1), r.where(n) + ": operands must be integer tensors");
-  const std::string direction = n.attributes.count("direction") ? n.attributes.at("direction").s : "";
-  check(direction == "LEFT" || direction == "RIGHT", r.where(n) + ": direction '" + direction + "' is not LEFT or RIGHT");
+  const std::string direction =
+      n.attributes.count("direction") ? n.attributes.at("direction").s : "";
+  check(direction == "LEFT" || direction == "RIGHT",
+        r.where(n) + ": direction '" + direction + "' is not LEFT or RIGHT");
   auto left = [](std::int64_t x, std::int64_t b) -> std::int64_t {
     return b < 0 || b >= 64 ? 0 : static_cast<std::int64_t>(static_cast<std::uint64_t>(x) << b);
   };
   auto right = [](std::int64_t x, std::int64_t b) -> std::int64_t {
     return b < 0 || b >= 64 ? 0 : static_cast<std::int64_t>(static_cast<std::uint64_t>(x) >> b);
   };
-  r.set_host(n, 0, host_broadcast(r.value(n, 0).host, r.value(n, 1).host, DType::i64,
-                                  direction == "LEFT" ? +left : +right, r.where(n)));
+  r.set_host(n, 0,
+             host_broadcast(r.value(n, 0).host, r.value(n, 1).host, DType::i64,
+                            direction == "LEFT" ? +left : +right, r.where(n)));
 }
 
 // LpNormalization: x / ||x||_p along axis (p 1 or 2).
 void lp_normalization(Runner& r, const io::OnnxNode& n) {
   const ag::Var& x = r.var(n, 0);
-  const int axis = axis_of(r.attr_int(n, "axis", -1), static_cast<int>(x.shape().size()), r.where(n));
+  const int axis =
+      axis_of(r.attr_int(n, "axis", -1), static_cast<int>(x.shape().size()), r.where(n));
   const std::int64_t p = r.attr_int(n, "p", 2);
   check(p == 1 || p == 2, r.where(n) + ": p " + std::to_string(p) + " is not 1 or 2");
   ag::Var norm = p == 2 ? ag::sqrt(r.tape, ag::sum(r.tape, ag::mul(r.tape, x, x), {axis}, true))
-                        : ag::sum(r.tape, ag::add(r.tape, ag::relu(r.tape, x), ag::relu(r.tape, ag::scale(r.tape, x, -1.0))), {axis}, true);
+                        : ag::sum(r.tape,
+                                  ag::add(r.tape, ag::relu(r.tape, x),
+                                          ag::relu(r.tape, ag::scale(r.tape, x, -1.0))),
+                                  {axis}, true);
   // A zero vector stays zero (as the reference), not 0/0.
   Attrs eq;
   eq.comparison = Comparison::eq;

@@ -140,8 +140,13 @@ void add_conv_ops(OpTable& table);  // onnx_conv_ops.cpp: convolution, pooling, 
 void add_logic_ops(OpTable& table);      // onnx_logic_ops.cpp: comparisons, logic, Where, Max, Min
 void add_reduce_ops(OpTable& table);     // onnx_reduce_ops.cpp: reductions, norms, losses
 void add_attention_ops(OpTable& table);  // onnx_attention_ops.cpp: Attention, TopK, OneHot
-void add_resize_ops(OpTable& table);  // onnx_resize_ops.cpp: Resize, CumSum, BitShift
-void add_layout_ops(OpTable& table);     // onnx_layout_ops.cpp: Split, Pad, Range, activations
+void add_resize_ops(OpTable& table);     // onnx_resize_ops.cpp: Resize, CumSum, BitShift
+void add_window_ops(OpTable& table);     // onnx_window_ops.cpp: ConvTranspose, LpPool
+// Convolution and pooling of any rank, stride, dilation and padding (onnx_window_ops.cpp);
+// Conv, MaxPool and AveragePool use them where the catalog's 2-D ops do not fit.
+void general_conv(Runner& r, const io::OnnxNode& n);
+void general_pool(Runner& r, const io::OnnxNode& n);
+void add_layout_ops(OpTable& table);  // onnx_layout_ops.cpp: Split, Pad, Range, activations
 
 inline int axis_of(std::int64_t axis, int rank, const std::string& where) {
   check(axis >= -rank && axis < rank, where + ": axis " + std::to_string(axis) +

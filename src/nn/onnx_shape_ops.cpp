@@ -213,10 +213,28 @@ void concat(Runner& r, const io::OnnxNode& n) {
 
 // ONNX element types a Cast may name.
 enum OnnxType : std::int64_t {
-  kFloat = 1, kUint8 = 2, kInt8 = 3, kUint16 = 4, kInt16 = 5, kInt32 = 6, kInt64 = 7,
-  kBool = 9, kFloat16 = 10, kDouble = 11, kUint32 = 12, kUint64 = 13, kBfloat16 = 16,
-  kFloat8E4M3FN = 17, kFloat8E4M3FNUZ = 18, kFloat8E5M2 = 19, kFloat8E5M2FNUZ = 20,
-  kUint4 = 21, kInt4 = 22, kFloat4E2M1 = 23, kUint2 = 25, kInt2 = 26
+  kFloat = 1,
+  kUint8 = 2,
+  kInt8 = 3,
+  kUint16 = 4,
+  kInt16 = 5,
+  kInt32 = 6,
+  kInt64 = 7,
+  kBool = 9,
+  kFloat16 = 10,
+  kDouble = 11,
+  kUint32 = 12,
+  kUint64 = 13,
+  kBfloat16 = 16,
+  kFloat8E4M3FN = 17,
+  kFloat8E4M3FNUZ = 18,
+  kFloat8E5M2 = 19,
+  kFloat8E5M2FNUZ = 20,
+  kUint4 = 21,
+  kInt4 = 22,
+  kFloat4E2M1 = 23,
+  kUint2 = 25,
+  kInt2 = 26
 };
 
 // x held in f32 but rounded to a narrower format: x + (rounded - x), which is exactly the
@@ -255,7 +273,8 @@ void cast_to(Runner& r, const io::OnnxNode& n, std::int64_t to) {
     std::vector<float> values = r.read_on_host(n, x.value()).to_floats();
     for (float& f : values)
       f = narrow_float_round(f, format, saturate);
-    r.set(n, 0, rounded_like(r, x, Tensor::from_floats(x.shape(), values, cpu::backend()).to(r.backend)));
+    r.set(n, 0,
+          rounded_like(r, x, Tensor::from_floats(x.shape(), values, cpu::backend()).to(r.backend)));
     return;
   }
   if (v.var.defined() && to_float) {
@@ -263,8 +282,8 @@ void cast_to(Runner& r, const io::OnnxNode& n, std::int64_t to) {
       Attrs narrow, wide;
       narrow.dtype = to == kFloat16 ? DType::f16 : DType::bf16;
       wide.dtype = DType::f32;
-      const Tensor rounded = dispatch::call1(
-          OpId::cast, {dispatch::call1(OpId::cast, {v.var.value()}, narrow)}, wide);
+      const Tensor rounded =
+          dispatch::call1(OpId::cast, {dispatch::call1(OpId::cast, {v.var.value()}, narrow)}, wide);
       r.set(n, 0, rounded_like(r, v.var, rounded));
       return;
     }

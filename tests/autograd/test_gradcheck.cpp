@@ -97,6 +97,18 @@ TEST_P(Gradcheck, AddSubWithBroadcast) {
   gradcheck({r({2, 1, 4}), r({3, 1})}, [](ag::Tape& t, auto& v) { return ag::sub(t, v[0], v[1]); });
 }
 
+// where: each element's gradient goes to the side it was taken from, broadcasting summed
+// back; expand sums its gradient back to the input's shape.
+TEST_P(Gradcheck, WhereAndExpandWithBroadcast) {
+  Attrs gt;
+  gt.comparison = Comparison::gt;
+  Tensor cond = dispatch::call1(OpId::compare, {r({3, 4}), r({1})}, gt);
+  gradcheck({r({3, 4}), r({4})}, [cond](ag::Tape& t, auto& v) {
+    return ag::where(t, cond.to(v[0].value().backend()), v[0], v[1]);
+  });
+  gradcheck({r({3, 1})}, [](ag::Tape& t, auto& v) { return ag::expand(t, v[0], {2, 3, 5}); });
+}
+
 TEST_P(Gradcheck, MulDivWithBroadcast) {
   gradcheck({r({3, 4}), r({1, 4})}, [](ag::Tape& t, auto& v) { return ag::mul(t, v[0], v[1]); });
   gradcheck({r({3, 4}), r({3, 4}, 0.5f, 2.0f)},

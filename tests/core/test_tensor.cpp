@@ -140,6 +140,43 @@ TEST(Checked, ArithmeticOnFileNumbersNamesWhereValueAndExpectation) {
   EXPECT_NE(e.find("expected a whole number in 0..9007199254740992"), std::string::npos) << e;
 }
 
+// The narrow float formats as their definitions (and ml_dtypes, the ONNX reference) give
+// them: every code decodes to a value that rounds back to itself; the largest values, the
+// NaN codes, saturation and the overflow each format has.
+TEST(DType, NarrowFloatsDecodeAndRoundAsTheFormatsDefine) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (NarrowFloat f : {NarrowFloat::e4m3fn, NarrowFloat::e4m3fnuz, NarrowFloat::e5m2,
+                        NarrowFloat::e5m2fnuz, NarrowFloat::e2m1fn}) {
+    const int codes = f == NarrowFloat::e2m1fn ? 16 : 256;
+    float largest = 0;
+    for (int b = 0; b < codes; ++b) {
+      const float v = narrow_float_decode(static_cast<std::uint8_t>(b), f);
+      if (std::isnan(v))
+        continue;
+      EXPECT_EQ(narrow_float_round(v, f, false), v) << b;
+      if (std::isinf(v))
+        continue;  // e5m2's infinities
+      largest = std::max(largest, std::fabs(v));
+    }
+    EXPECT_EQ(largest, narrow_float_max(f));
+    EXPECT_EQ(narrow_float_round(inf, f, true), narrow_float_max(f));
+    EXPECT_EQ(narrow_float_round(-1e9f, f, true), -narrow_float_max(f));
+  }
+  EXPECT_EQ(narrow_float_decode(0x7E, NarrowFloat::e4m3fn), 448.0f);
+  EXPECT_TRUE(std::isnan(narrow_float_decode(0x7F, NarrowFloat::e4m3fn)));
+  EXPECT_TRUE(std::isnan(narrow_float_decode(0x80, NarrowFloat::e4m3fnuz)));
+  EXPECT_EQ(narrow_float_decode(0x01, NarrowFloat::e4m3fn), std::ldexp(1.0f, -9));  // subnormal
+  EXPECT_EQ(narrow_float_round(460.0f, NarrowFloat::e4m3fn, false), 448.0f);        // below the tie
+  EXPECT_TRUE(std::isnan(narrow_float_round(470.0f, NarrowFloat::e4m3fn, false)));
+  EXPECT_EQ(narrow_float_round(1e9f, NarrowFloat::e5m2, false), inf);  // e5m2 has infinities
+  EXPECT_TRUE(std::isnan(narrow_float_round(1e9f, NarrowFloat::e5m2fnuz, false)));
+  EXPECT_FALSE(std::signbit(narrow_float_round(-0.0f, NarrowFloat::e4m3fnuz, false)));  // no -0
+  EXPECT_EQ(narrow_float_round(5.0f, NarrowFloat::e2m1fn, false), 4.0f);   // tie to even
+  EXPECT_EQ(narrow_float_round(0.25f, NarrowFloat::e2m1fn, false), 0.0f);  // tie to even
+  EXPECT_EQ(narrow_float_round(7.0f, NarrowFloat::e2m1fn, false), 6.0f);   // FP4 saturates
+  EXPECT_EQ(narrow_float_round(0.3f, NarrowFloat::e4m3fn, false), 0.3125f);
+}
+
 TEST(DType, HalfPrecisionRoundTrips) {
   for (float x : {0.0f, 1.0f, -2.5f, 3.14159f, 65504.0f, 1e-5f, -1e-7f}) {
     EXPECT_NEAR(f16_to_float(float_to_f16(x)), x, std::abs(x) * 1e-3 + 6e-8) << x;
