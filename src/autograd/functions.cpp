@@ -145,6 +145,72 @@ Var sqrt(Tape& tape, const Var& x) {
   });
 }
 
+Var math(Tape& tape, const Var& x, MathFunction f) {
+  Tensor xv = x.value();
+  Attrs a;
+  a.function = f;
+  Tensor y = call1(OpId::math, {xv}, a);
+  return tape.record({x}, y, [xv, y, f](const Tensor& g) {
+    auto of = [&](MathFunction h) {
+      Attrs b;
+      b.function = h;
+      return call1(OpId::math, {xv}, b);
+    };
+    auto constant = [&](double value) {
+      Attrs c;
+      c.shape = {};
+      c.alpha = value;
+      return call(OpId::fill, {}, c, &g.backend()).front();
+    };
+    auto mul = [](const Tensor& p, const Tensor& q) { return call1(OpId::mul, {p, q}); };
+    auto add = [](const Tensor& p, const Tensor& q) { return call1(OpId::add, {p, q}); };
+    auto sub = [](const Tensor& p, const Tensor& q) { return call1(OpId::sub, {p, q}); };
+    auto div = [](const Tensor& p, const Tensor& q) { return call1(OpId::div, {p, q}); };
+    auto neg = [](const Tensor& p) { return call1(OpId::scale, {p}, with_alpha(-1.0)); };
+    const Tensor one = constant(1.0), xx = mul(xv, xv);
+    Tensor dx;
+    switch (f) {
+      case MathFunction::sin:
+        dx = mul(g, of(MathFunction::cos));
+        break;  // cos x
+      case MathFunction::cos:
+        dx = neg(mul(g, of(MathFunction::sin)));
+        break;  // -sin x
+      case MathFunction::tan:
+        dx = mul(g, add(one, mul(y, y)));
+        break;  // 1 + tan^2
+      case MathFunction::asin:
+        dx = div(g, call1(OpId::sqrt, {sub(one, xx)}));
+        break;
+      case MathFunction::acos:
+        dx = neg(div(g, call1(OpId::sqrt, {sub(one, xx)})));
+        break;
+      case MathFunction::atan:
+        dx = div(g, add(one, xx));
+        break;
+      case MathFunction::sinh:
+        dx = mul(g, of(MathFunction::cosh));
+        break;
+      case MathFunction::cosh:
+        dx = mul(g, of(MathFunction::sinh));
+        break;
+      case MathFunction::asinh:
+        dx = div(g, call1(OpId::sqrt, {add(xx, one)}));
+        break;
+      case MathFunction::acosh:
+        dx = div(g, call1(OpId::sqrt, {sub(xx, one)}));
+        break;
+      case MathFunction::atanh:
+        dx = div(g, sub(one, xx));
+        break;
+      default:
+        dx = call1(OpId::scale, {g}, with_alpha(0.0));
+        break;  // piecewise constant
+    }
+    return std::vector<Tensor>{dx};
+  });
+}
+
 // d erf(x) = dy * 2/sqrt(pi) * e^{-x^2}
 Var erf(Tape& tape, const Var& x) {
   Tensor xv = x.value();

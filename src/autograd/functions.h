@@ -28,6 +28,9 @@ Var log(Tape& tape, const Var& x);
 Var tanh(Tape& tape, const Var& x);
 Var sqrt(Tape& tape, const Var& x);
 Var erf(Tape& tape, const Var& x);
+// f(x) for one of the catalog's math functions; floor, ceil, round and sign have a zero
+// gradient (almost everywhere).
+Var math(Tape& tape, const Var& x, MathFunction f);
 Var relu(Tape& tape, const Var& x);
 Var gelu(Tape& tape, const Var& x);
 Var dropout(Tape& tape, const Var& x, double p, std::uint64_t seed);

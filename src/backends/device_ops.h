@@ -70,6 +70,10 @@ enum class UnaryKernel : int {
   sqrt = 6,
   erf = 7
 };
+// The `unary` kernel's code for the catalog's math function f: 8 + f (kernels.cl, kernels.cu).
+inline int math_unary_code(MathFunction f) {
+  return 8 + static_cast<int>(f);
+}
 // Codes of the `unary_backward` kernels: relu (dy, x), gelu (dy, x), tanh (dy, y).
 enum class UnaryBackwardKernel : int { relu = 0, gelu = 1, tanh = 2 };
 

@@ -144,6 +144,9 @@ Specs infer_log(Inputs in, const Attrs&) {
 Specs infer_tanh(Inputs in, const Attrs&) {
   return infer_unary_f32(in, "tanh");
 }
+Specs infer_math(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "math");
+}
 Specs infer_sqrt(Inputs in, const Attrs&) {
   return infer_unary_f32(in, "sqrt");
 }

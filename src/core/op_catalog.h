@@ -29,6 +29,32 @@ struct ElementwiseProgram;  // core/fused_elementwise.h
 // What `compare` tests: a == b, a < b, a <= b, a > b, a >= b.
 enum class Comparison : std::uint8_t { eq, lt, le, gt, ge };
 
+// What `math` computes.
+enum class MathFunction : std::uint8_t {
+  sin,
+  cos,
+  tan,
+  asin,
+  acos,
+  atan,
+  sinh,
+  cosh,
+  asinh,
+  acosh,
+  atanh,
+  floor,
+  ceil,
+  round,
+  sign
+};
+inline constexpr MathFunction kMathFunctions[] = {
+    MathFunction::sin,   MathFunction::cos,   MathFunction::tan,   MathFunction::asin,
+    MathFunction::acos,  MathFunction::atan,  MathFunction::sinh,  MathFunction::cosh,
+    MathFunction::asinh, MathFunction::acosh, MathFunction::atanh, MathFunction::floor,
+    MathFunction::ceil,  MathFunction::round, MathFunction::sign};
+// f(x) in float, as the reference kernel computes it (round: half to even).
+float math_function(MathFunction f, float x);
+
 // Attributes of an operator call; each op reads the fields its ops.def line names.
 struct Attrs {
   std::vector<std::int64_t> axes;  // sum, mean: reduced axes (empty: all)
@@ -49,6 +75,7 @@ struct Attrs {
   std::int64_t kernel = 2, stride = 1, padding = 0;  // conv2d, pooling
   DType dtype = DType::f32;                          // cast, fill
   Comparison comparison = Comparison::eq;            // compare
+  MathFunction function = MathFunction::sin;         // math
   // adamw_step
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, weight_decay = 0.0;
   std::int64_t step = 1;

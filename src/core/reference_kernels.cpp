@@ -12,6 +12,46 @@
 #include "core/op_catalog.h"
 #include "core/reference_util.h"
 
+namespace loom {
+
+float math_function(MathFunction f, float x) {
+  switch (f) {
+    case MathFunction::sin:
+      return std::sin(x);
+    case MathFunction::cos:
+      return std::cos(x);
+    case MathFunction::tan:
+      return std::tan(x);
+    case MathFunction::asin:
+      return std::asin(x);
+    case MathFunction::acos:
+      return std::acos(x);
+    case MathFunction::atan:
+      return std::atan(x);
+    case MathFunction::sinh:
+      return std::sinh(x);
+    case MathFunction::cosh:
+      return std::cosh(x);
+    case MathFunction::asinh:
+      return std::asinh(x);
+    case MathFunction::acosh:
+      return std::acosh(x);
+    case MathFunction::atanh:
+      return std::atanh(x);
+    case MathFunction::floor:
+      return std::floor(x);
+    case MathFunction::ceil:
+      return std::ceil(x);
+    case MathFunction::round:
+      return std::nearbyint(x);  // the default mode: half to even
+    case MathFunction::sign:
+      return x > 0 ? 1.0f : x < 0 ? -1.0f : x;  // sign(NaN) = NaN, 0 = 0
+  }
+  return x;
+}
+
+}  // namespace loom
+
 namespace loom::reference {
 
 void copy(const OpCall& call) {
@@ -252,6 +292,10 @@ void log(const OpCall& call) {
 }
 void tanh(const OpCall& call) {
   unary(call, [](float x) { return std::tanh(x); });
+}
+void math(const OpCall& call) {
+  const MathFunction f = call.attrs.function;
+  unary(call, [f](float x) { return math_function(f, x); });
 }
 void sqrt(const OpCall& call) {
   unary(call, [](float x) { return std::sqrt(x); });

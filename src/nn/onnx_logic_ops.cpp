@@ -1,6 +1,7 @@
-// nn/onnx_logic_ops.cpp — ONNX comparisons, logic, Where, and the variadic Max, Min, Sum,
-// Mean. Float operands run through the catalog (compare, where) on the model's device;
-// integer and boolean operands are host values, computed here with numpy broadcasting.
+// nn/onnx_logic_ops.cpp — ONNX comparisons, logic, Where, the variadic Max, Min, Sum,
+// Mean, Mod, and the trigonometric and rounding functions (the catalog's `math`). Float operands
+// run through the catalog (compare, where) on the model's device; integer and boolean operands are
+// host values, computed here with numpy broadcasting.
 #include <cmath>
 #include <limits>
 
@@ -128,9 +129,36 @@ void logical_not(Runner& r, const io::OnnxNode& n) {
 
 // Mod: integers on the host. fmod 0 takes the divisor's sign (Python's %), fmod 1 the
 // dividend's (C's %).
+ag::Var math_of(Runner& r, const ag::Var& x, MathFunction f) {
+  return ag::math(r.tape, x, f);
+}
+
+template <MathFunction F>
+void math_op(Runner& r, const io::OnnxNode& n) {
+  r.set(n, 0, math_of(r, r.var(n, 0), F));
+}
+
+// Mod of floats: a - b trunc(a / b) (fmod 1, C's fmod) or a - b floor(a / b) (fmod 0, the
+// divisor's sign), trunc being floor for x >= 0 and ceil below.
+void float_mod(Runner& r, const io::OnnxNode& n) {
+  const ag::Var a = r.as_float(n, 0), b = r.as_float(n, 1);
+  ag::Var q = ag::div(r.tape, a, b);
+  ag::Var whole;
+  if (r.attr_int(n, "fmod", 0) != 0) {
+    Attrs ge;
+    ge.comparison = Comparison::ge;
+    Tensor positive = dispatch::call1(OpId::compare, {q.value(), r.scalar(0.0f).value()}, ge);
+    whole = ag::where(r.tape, positive, math_of(r, q, MathFunction::floor),
+                      math_of(r, q, MathFunction::ceil));
+  } else {
+    whole = math_of(r, q, MathFunction::floor);
+  }
+  r.set(n, 0, ag::sub(r.tape, a, ag::mul(r.tape, b, whole)));
+}
+
 void mod(Runner& r, const io::OnnxNode& n) {
-  check(is_host(r, n, 0) && is_host(r, n, 1),
-        r.where(n) + ": Mod of float tensors is not supported yet (integers only)");
+  if (!is_host(r, n, 0) || !is_host(r, n, 1))
+    return float_mod(r, n);
   const bool c_style = r.attr_int(n, "fmod", 0) != 0;
   auto f = c_style ? +[](std::int64_t x, std::int64_t y) -> std::int64_t {
     return y == 0 || (y == -1) ? 0 : x % y;
@@ -269,6 +297,21 @@ void add_logic_ops(OpTable& table) {
   table["Sum"] = total<false>;
   table["Where"] = where_op;
   table["Xor"] = host_logic<logical_xor>;
+  table["Sin"] = math_op<MathFunction::sin>;
+  table["Cos"] = math_op<MathFunction::cos>;
+  table["Tan"] = math_op<MathFunction::tan>;
+  table["Asin"] = math_op<MathFunction::asin>;
+  table["Acos"] = math_op<MathFunction::acos>;
+  table["Atan"] = math_op<MathFunction::atan>;
+  table["Sinh"] = math_op<MathFunction::sinh>;
+  table["Cosh"] = math_op<MathFunction::cosh>;
+  table["Asinh"] = math_op<MathFunction::asinh>;
+  table["Acosh"] = math_op<MathFunction::acosh>;
+  table["Atanh"] = math_op<MathFunction::atanh>;
+  table["Floor"] = math_op<MathFunction::floor>;
+  table["Ceil"] = math_op<MathFunction::ceil>;
+  table["Round"] = math_op<MathFunction::round>;
+  table["Sign"] = math_op<MathFunction::sign>;
 }
 
 }  // namespace loom::nn::onnx_import

@@ -99,6 +99,22 @@ TEST_P(Gradcheck, AddSubWithBroadcast) {
 
 // where: each element's gradient goes to the side it was taken from, broadcasting summed
 // back; expand sums its gradient back to the input's shape.
+// The math functions with a gradient, each inside its domain.
+TEST_P(Gradcheck, MathFunctions) {
+  for (MathFunction f :
+       {MathFunction::sin, MathFunction::cos, MathFunction::tan, MathFunction::asin,
+        MathFunction::acos, MathFunction::atan, MathFunction::sinh, MathFunction::cosh,
+        MathFunction::asinh, MathFunction::acosh, MathFunction::atanh}) {
+    SCOPED_TRACE(static_cast<int>(f));
+    const bool unit =
+        f == MathFunction::asin || f == MathFunction::acos || f == MathFunction::atanh;
+    Tensor x = f == MathFunction::acosh ? r({3, 4}, 1.5f, 3.0f)
+               : unit                   ? r({3, 4}, -0.7f, 0.7f)
+                                        : r({3, 4}, -1.2f, 1.2f);
+    gradcheck({x}, [f](ag::Tape& t, auto& v) { return ag::math(t, v[0], f); });
+  }
+}
+
 TEST_P(Gradcheck, WhereAndExpandWithBroadcast) {
   Attrs gt;
   gt.comparison = Comparison::gt;

@@ -427,8 +427,29 @@ void fused_cases(Builder& b) {
         {b.r({6, 1031}), b.nc({6, 1031}), b.r({6, 1}, 0.5f, 2.0f)}, row_sum);
 }
 
-// Selection and comparison (after the others, so their random inputs stay as they were).
+// Selection, comparison and the math functions (after the others, so their random
+// inputs stay as they were).
 void selection_cases(Builder& b) {
+  for (MathFunction f : kMathFunctions) {
+    Attrs a;
+    a.function = f;
+    // Inside each function's domain: (-1, 1) for asin, acos, atanh; above 1 for acosh.
+    const bool unit =
+        f == MathFunction::asin || f == MathFunction::acos || f == MathFunction::atanh;
+    const float lo = unit ? -0.95f : f == MathFunction::acosh ? 1.05f : -3.0f;
+    const float hi = unit ? 0.95f : f == MathFunction::acosh ? 4.0f : 3.0f;
+    const std::string name = std::to_string(static_cast<int>(f));
+    b.add("small_" + name, OpId::math, {b.r({7, 13}, lo, hi)}, a);
+    b.add("large_" + name, OpId::math, {b.r({300, 17}, lo, hi)}, a);
+  }
+  {
+    Attrs round;  // halves round to even
+    round.function = MathFunction::round;
+    b.add("halves", OpId::math,
+          {Tensor::from_floats({6}, std::vector<float>{-2.5f, -1.5f, -0.5f, 0.5f, 1.5f, 2.5f},
+                               cpu())},
+          round);
+  }
   // where: a 0/1 mask from a comparison of random values, broadcast against both sides;
   // one side holds infinities that the mask must keep out.
   auto mask = [&](const Shape& s) {

@@ -376,6 +376,12 @@ void CudaBackend::unary(const OpCall& call) {
          static_cast<float>(call.attrs.alpha));
 }
 
+void CudaBackend::math(const OpCall& call) {
+  Tensor& y = call.outputs[0];
+  run_1d("unary", numel(y), device_ops::math_unary_code(call.attrs.function), ptr(call.inputs[0]),
+         ptr(y), numel(y), static_cast<float>(call.attrs.alpha));
+}
+
 template <device_ops::UnaryBackwardKernel Code>
 void CudaBackend::unary_backward(const OpCall& call) {
   Tensor& dx = call.outputs[0];
@@ -639,6 +645,7 @@ const KernelTable<CudaBackend>& CudaBackend::kernels() {
                   {OpId::scale, f32, &B::unary<UnaryKernel::scale>},
                   {OpId::sqrt, f32, &B::unary<UnaryKernel::sqrt>},
                   {OpId::erf, f32, &B::unary<UnaryKernel::erf>},
+                  {OpId::math, f32, &B::math},
                   {OpId::relu_backward, f32, &B::unary_backward<UnaryBackwardKernel::relu>},
                   {OpId::gelu_backward, f32, &B::unary_backward<UnaryBackwardKernel::gelu>},
                   {OpId::tanh_backward, f32, &B::unary_backward<UnaryBackwardKernel::tanh>},

@@ -90,7 +90,9 @@ LOOM_KERNEL binary(int op, const float* full, const float* other, float* c, i64 
   }
 }
 
-// op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha, 6 sqrt, 7 erf
+// op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha, 6 sqrt, 7 erf; 8 + the
+// catalog's math function (sin cos tan asin acos atan sinh cosh asinh acosh atanh floor
+// ceil round sign)
 LOOM_KERNEL unary(int op, const float* x, float* y, i64 n, float alpha) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     float v = x[i], r;
@@ -102,6 +104,21 @@ LOOM_KERNEL unary(int op, const float* x, float* y, i64 n, float alpha) {
       case 4: r = gelu_tanh(v); break;
       case 6: r = sqrtf(v); break;
       case 7: r = erff(v); break;
+      case 8: r = sinf(v); break;
+      case 9: r = cosf(v); break;
+      case 10: r = tanf(v); break;
+      case 11: r = asinf(v); break;
+      case 12: r = acosf(v); break;
+      case 13: r = atanf(v); break;
+      case 14: r = sinhf(v); break;
+      case 15: r = coshf(v); break;
+      case 16: r = asinhf(v); break;
+      case 17: r = acoshf(v); break;
+      case 18: r = atanhf(v); break;
+      case 19: r = floorf(v); break;
+      case 20: r = ceilf(v); break;
+      case 21: r = rintf(v); break;
+      case 22: r = v > 0.0f ? 1.0f : v < 0.0f ? -1.0f : v; break;
       default: r = alpha * v; break;
     }
     y[i] = r;

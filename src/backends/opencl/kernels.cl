@@ -28,7 +28,9 @@ __kernel void binary(const int op, __global const float* full, const ulong full_
 
 // gelu_tanh and gelu_tanh_grad: elementwise.cl, compiled ahead of this file.
 
-// op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha, 6 sqrt, 7 erf
+// op: 0 exp, 1 log, 2 tanh, 3 relu, 4 gelu, 5 scale by alpha, 6 sqrt, 7 erf; 8 + the
+// catalog's math function (MathFunction: sin cos tan asin acos atan sinh cosh asinh acosh
+// atanh floor ceil round sign)
 __kernel void unary(const int op, __global const float* x, const ulong x_off, __global float* y, const ulong y_off,
                     const float alpha) {
   size_t i = get_global_id(0);
@@ -42,6 +44,21 @@ __kernel void unary(const int op, __global const float* x, const ulong x_off, __
     case 4: r = gelu_tanh(v); break;
     case 6: r = sqrt(v); break;
     case 7: r = erf(v); break;
+    case 8: r = sin(v); break;
+    case 9: r = cos(v); break;
+    case 10: r = tan(v); break;
+    case 11: r = asin(v); break;
+    case 12: r = acos(v); break;
+    case 13: r = atan(v); break;
+    case 14: r = sinh(v); break;
+    case 15: r = cosh(v); break;
+    case 16: r = asinh(v); break;
+    case 17: r = acosh(v); break;
+    case 18: r = atanh(v); break;
+    case 19: r = floor(v); break;
+    case 20: r = ceil(v); break;
+    case 21: r = rint(v); break;
+    case 22: r = v > 0.0f ? 1.0f : v < 0.0f ? -1.0f : v; break;
     default: r = alpha * v; break;
   }
   y[y_off + i] = r;

@@ -390,6 +390,13 @@ void OpenClBackend::unary(const OpCall& call) {
       static_cast<cl_float>(call.attrs.alpha));
 }
 
+void OpenClBackend::math(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  Tensor& y = call.outputs[0];
+  run("unary", count(y), static_cast<cl_int>(device_ops::math_unary_code(call.attrs.function)),
+      mem_of(x), off_of(x), mem_of(y), off_of(y), static_cast<cl_float>(call.attrs.alpha));
+}
+
 template <device_ops::UnaryBackwardKernel Code>
 void OpenClBackend::unary_backward(const OpCall& call) {
   const auto& in = call.inputs;
@@ -881,6 +888,7 @@ const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
                     {OpId::scale, f32, &B::unary<UnaryKernel::scale>},
                     {OpId::sqrt, f32, &B::unary<UnaryKernel::sqrt>},
                     {OpId::erf, f32, &B::unary<UnaryKernel::erf>},
+                    {OpId::math, f32, &B::math},
                     {OpId::relu_backward, f32, &B::unary_backward<UnaryBackwardKernel::relu>},
                     {OpId::gelu_backward, f32, &B::unary_backward<UnaryBackwardKernel::gelu>},
                     {OpId::tanh_backward, f32, &B::unary_backward<UnaryBackwardKernel::tanh>},

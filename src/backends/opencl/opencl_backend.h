@@ -102,6 +102,7 @@ class OpenClBackend final : public Backend {
   void binary(const OpCall& call);
   template <device_ops::UnaryKernel Code>
   void unary(const OpCall& call);
+  void math(const OpCall& call);  // the unary kernel with the math function's code
   template <device_ops::UnaryBackwardKernel Code>
   void unary_backward(const OpCall& call);
   void reduce(const OpCall& call);
