@@ -178,15 +178,19 @@ std::vector<std::int32_t> linear_indices(const Shape& data, const Shape& out,
   return linear;
 }
 
+}  // namespace
+
 // Elements of x at linear positions, shaped `out`: an embedding lookup of x as a column,
 // so the gradient scatters back to the positions picked.
-ag::Var pick(Runner& r, const ag::Var& x, const std::vector<std::int32_t>& linear,
-             const Shape& out) {
+ag::Var pick_elements(Runner& r, const ag::Var& x, const std::vector<std::int32_t>& linear,
+                      const Shape& out) {
   ag::Var column = ag::reshape(r.tape, x, {x.value().numel(), 1});
   Tensor ids = Tensor::from_ints({static_cast<std::int64_t>(linear.size())}, linear, cpu::backend())
                    .to(r.backend);
   return ag::reshape(r.tape, ag::embedding(r.tape, column, ids), out);
 }
+
+namespace {
 
 void gather_elements(Runner& r, const io::OnnxNode& n) {
   const Shape data = r.shape_of(n, 0);
@@ -209,7 +213,7 @@ void gather_elements(Runner& r, const io::OnnxNode& n) {
     r.set_host(n, 0, host_ints(indices.shape(), out));
     return;
   }
-  r.set(n, 0, pick(r, r.var(n, 0), linear, indices.shape()));
+  r.set(n, 0, pick_elements(r, r.var(n, 0), linear, indices.shape()));
 }
 
 // TopK: the k largest (or smallest) along `axis`, sorted (ties by lower index); the
@@ -244,7 +248,7 @@ void top_k(Runner& r, const io::OnnxNode& n) {
         chosen[static_cast<std::size_t>((o * k + j) * inner + i)] =
             order[static_cast<std::size_t>(j)];
     }
-  r.set(n, 0, pick(r, x, linear_indices(s, out, chosen, axis, r.where(n)), out));
+  r.set(n, 0, pick_elements(r, x, linear_indices(s, out, chosen, axis, r.where(n)), out));
   if (n.outputs.size() > 1 && !n.outputs[1].empty())
     r.set_host(n, 1, host_ints(out, chosen));
 }

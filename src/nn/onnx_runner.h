@@ -164,6 +164,11 @@ inline Tensor host_ints(const Shape& shape, const std::vector<std::int64_t>& val
 Tensor host_broadcast(const Tensor& a, const Tensor& b, DType dtype,
                       std::int64_t (*f)(std::int64_t, std::int64_t), const std::string& where);
 
+// The elements of x at linear positions, shaped `out`: one embedding lookup of x read as a
+// column, so the gradient scatters back to the positions taken (onnx_attention_ops.cpp).
+ag::Var pick_elements(Runner& r, const ag::Var& x, const std::vector<std::int32_t>& linear,
+                      const Shape& out);
+
 // Whether input i is an integer tensor on the host.
 inline bool is_host(const Runner& r, const io::OnnxNode& n, std::size_t i) {
   return r.has_input(n, i) && r.value(n, i).host.defined();

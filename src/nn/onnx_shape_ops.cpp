@@ -142,11 +142,66 @@ void slice(Runner& r, const io::OnnxNode& n) {
   check(steps.empty() || steps.size() == axes.size(),
         r.where(n) + ": steps has " + std::to_string(steps.size()) + " entries for " +
             std::to_string(axes.size()) + " axes");
+  if (std::any_of(steps.begin(), steps.end(), [](std::int64_t st) { return st != 1; })) {
+    // Other steps (negative ones too): the indices kept along each axis, then every
+    // combination of them, taken at its linear position.
+    std::vector<std::vector<std::int64_t>> kept(s.size());
+    for (std::size_t d = 0; d < s.size(); ++d) {
+      kept[d].resize(static_cast<std::size_t>(s[d]));
+      std::iota(kept[d].begin(), kept[d].end(), std::int64_t{0});
+    }
+    for (std::size_t i = 0; i < axes.size(); ++i) {
+      const auto axis = static_cast<std::size_t>(axis_of(axes[i], rank, r.where(n)));
+      const std::int64_t dim = s[axis], step = steps[i];
+      check(step != 0, r.where(n) + ": a step of 0");
+      std::int64_t at = starts[i] < 0 ? starts[i] + dim : starts[i];
+      std::int64_t end = ends[i] < 0 ? ends[i] + dim : ends[i];
+      std::vector<std::int64_t>& k = kept[axis];
+      k.clear();
+      if (step > 0) {
+        at = std::clamp<std::int64_t>(at, 0, dim);
+        end = std::clamp<std::int64_t>(end, 0, dim);
+        for (; at < end; at += step)
+          k.push_back(at);
+      } else if (dim > 0) {  // as the spec clamps: starts to [0, dim - 1], ends to [-1, dim - 1]
+        at = std::clamp<std::int64_t>(at, 0, dim - 1);
+        end = std::clamp<std::int64_t>(end, -1, dim - 1);
+        for (; at > end; at += step)
+          k.push_back(at);
+      }
+    }
+    Shape out;
+    for (const auto& k : kept)
+      out.push_back(static_cast<std::int64_t>(k.size()));
+    const Strides strides = contiguous_strides(s);
+    std::vector<std::int32_t> linear;
+    std::vector<std::int64_t> index(s.size(), 0);
+    for (std::int64_t e = 0; e < shape_numel(out); ++e) {
+      std::int64_t offset = 0;
+      for (std::size_t d = 0; d < s.size(); ++d)
+        offset += kept[d][static_cast<std::size_t>(index[d])] * strides[d];
+      linear.push_back(static_cast<std::int32_t>(offset));
+      for (std::size_t d = s.size(); d-- > 0;) {
+        if (++index[d] < out[d])
+          break;
+        index[d] = 0;
+      }
+    }
+    check(shape_numel(s) < (std::int64_t{1} << 31), r.where(n) + ": more than 2^31 elements");
+    if (v.var.defined()) {
+      r.set(n, 0, pick_elements(r, v.var, linear, out));
+    } else {
+      const std::vector<std::int64_t> values = r.ints(n, 0);
+      std::vector<std::int64_t> picked;
+      for (std::int32_t at : linear)
+        picked.push_back(values[static_cast<std::size_t>(at)]);
+      r.set_host(n, 0, host_ints(out, picked));
+    }
+    return;
+  }
   ag::Var x = v.var;
   Tensor host = v.host;
   for (std::size_t i = 0; i < axes.size(); ++i) {
-    check(steps.empty() || steps[i] == 1,
-          r.where(n) + ": slices with a step other than 1 are not supported yet");
     const int axis = axis_of(axes[i], rank, r.where(n));
     const std::int64_t dim = s[static_cast<std::size_t>(axis)];
     auto clamp = [&](std::int64_t at) {
