@@ -53,19 +53,7 @@ std::vector<Out> values_of(const onnx::TensorProto& t, const Shape& shape, std::
   return out;
 }
 
-// Element types newer than Debian's compiled ONNX schema (onnx 1.14 to 1.20), by number.
-enum NarrowType : int {
-  kFloat8E4M3FN = 17,
-  kFloat8E4M3FNUZ = 18,
-  kFloat8E5M2 = 19,
-  kFloat8E5M2FNUZ = 20,
-  kUint4 = 21,
-  kInt4 = 22,
-  kFloat4E2M1 = 23,
-  kFloat8E8M0 = 24,
-  kUint2 = 25,
-  kInt2 = 26
-};
+using namespace onnx_type;  // kFloat8E4M3FN, kInt4, ...
 
 // The bytes of a tensor whose values are `bits` wide (8, 4 or 2), packed low bits first:
 // from raw_data, or one byte per int32_data entry. Checked against the shape.

@@ -16,6 +16,36 @@
 
 namespace loom::io {
 
+// ONNX TensorProto element types, by number: Debian's compiled schema predates the 8-, 4-
+// and 2-bit ones (onnx 1.14 to 1.20), and Cast names its target this way.
+namespace onnx_type {
+enum : std::int64_t {
+  kFloat = 1,
+  kUint8 = 2,
+  kInt8 = 3,
+  kUint16 = 4,
+  kInt16 = 5,
+  kInt32 = 6,
+  kInt64 = 7,
+  kBool = 9,
+  kFloat16 = 10,
+  kDouble = 11,
+  kUint32 = 12,
+  kUint64 = 13,
+  kBfloat16 = 16,
+  kFloat8E4M3FN = 17,
+  kFloat8E4M3FNUZ = 18,
+  kFloat8E5M2 = 19,
+  kFloat8E5M2FNUZ = 20,
+  kUint4 = 21,
+  kInt4 = 22,
+  kFloat4E2M1 = 23,
+  kFloat8E8M0 = 24,
+  kUint2 = 25,
+  kInt2 = 26
+};
+}  // namespace onnx_type
+
 struct OnnxAttribute {
   enum class Kind { none, f, i, s, t, floats, ints, strings };
   Kind kind = Kind::none;

@@ -266,31 +266,7 @@ void concat(Runner& r, const io::OnnxNode& n) {
                    axis_of(axis, static_cast<int>(parts[0].shape().size()), r.where(n))));
 }
 
-// ONNX element types a Cast may name.
-enum OnnxType : std::int64_t {
-  kFloat = 1,
-  kUint8 = 2,
-  kInt8 = 3,
-  kUint16 = 4,
-  kInt16 = 5,
-  kInt32 = 6,
-  kInt64 = 7,
-  kBool = 9,
-  kFloat16 = 10,
-  kDouble = 11,
-  kUint32 = 12,
-  kUint64 = 13,
-  kBfloat16 = 16,
-  kFloat8E4M3FN = 17,
-  kFloat8E4M3FNUZ = 18,
-  kFloat8E5M2 = 19,
-  kFloat8E5M2FNUZ = 20,
-  kUint4 = 21,
-  kInt4 = 22,
-  kFloat4E2M1 = 23,
-  kUint2 = 25,
-  kInt2 = 26
-};
+using namespace io::onnx_type;  // kFloat, kInt64, kFloat8E4M3FN, ...
 
 // x held in f32 but rounded to a narrower format: x + (rounded - x), which is exactly the
 // rounded value (the difference is exact, by Sterbenz) and lets the gradient straight
