@@ -144,7 +144,13 @@ expect_error "absent.onnx: cannot open" onnx "$dir/absent.onnx"
 expect_error "give a MODEL.onnx or --conformance DIR" onnx
 expect_error "$dir/none: not a folder" onnx --conformance "$dir/none"
 expect_error "no test folders with a model.onnx" onnx --conformance "$dir"
-"$loom" onnx --conformance "$fx/node" > "$dir/conformance.log" 2>&1 && grep -qE '^([0-9]+) tests on cpu: \1 pass, 0 fail, 0 error' "$dir/conformance.log" \
+# The command's report on a few fixtures (test_io runs all of them on every backend), and a
+# test whose op Loom does not import.
+mkdir -p "$dir/node"
+for t in test_abs test_attention_4d test_resize_upsample_scales_linear test_where_example; do cp -r "$fx/node/$t" "$dir/node/"; done
+cp -r "$fx/node/test_abs" "$dir/node/test_unknown_op" && sed -i 's/Abs/Zzz/' "$dir/node/test_unknown_op/model.onnx"
+"$loom" onnx --conformance "$dir/node" > "$dir/conformance.log" 2>&1
+grep -qE '^5 tests on cpu: 4 pass, 0 fail, 0 error, 1 use an op Loom does not import' "$dir/conformance.log" \
   || { echo "FAIL: loom onnx --conformance on the fixtures: $(tail -n 2 "$dir/conformance.log")"; failures=$((failures + 1)); }
 "$loom" onnx "$fx/mlp_mnist.onnx" --nodes | grep -qE '^  Gemm \(.*transB=1' \
   || { echo "FAIL: loom onnx --nodes"; failures=$((failures + 1)); }
