@@ -277,9 +277,6 @@ void range(Runner& r, const io::OnnxNode& n) {
 ag::Var negative_part(Runner& r, const ag::Var& x) {  // min(x, 0) = -relu(-x)
   return ag::scale(r.tape, ag::relu(r.tape, ag::scale(r.tape, x, -1.0)), -1.0);
 }
-ag::Var absolute(Runner& r, const ag::Var& x) {
-  return ag::add(r.tape, ag::relu(r.tape, x), ag::relu(r.tape, ag::scale(r.tape, x, -1.0)));
-}
 // alpha (e^{min(x,0)/s} - 1): the negative branch of Elu, Selu, Celu.
 ag::Var exp_branch(Runner& r, const ag::Var& x, double alpha, double s) {
   ag::Var e = ag::exp(r.tape, ag::scale(r.tape, negative_part(r, x), 1.0 / s));
@@ -349,10 +346,8 @@ void mish(Runner& r, const io::OnnxNode& n) {  // x tanh(softplus(x))
 }
 void thresholded_relu(Runner& r, const io::OnnxNode& n) {  // x where x > alpha, else 0
   const ag::Var& x = r.var(n, 0);
-  Attrs gt;
-  gt.comparison = Comparison::gt;
   ag::Var alpha = r.scalar(static_cast<float>(r.attr_float(n, "alpha", 1.0)));
-  Tensor above = dispatch::call1(OpId::compare, {x.value(), alpha.value()}, gt);
+  Tensor above = compare_on_device(x.value(), alpha.value(), Comparison::gt);
   r.set(n, 0, ag::where(r.tape, above, x, r.scalar(0.0f)));
 }
 // Gelu: exact, 0.5 x (1 + erf(x / sqrt 2)), or the catalog's tanh form.

@@ -46,14 +46,17 @@ Tensor host_broadcast(const Tensor& a, const Tensor& b, DType dtype,
   return Tensor::from_host(shape, DType::u8, bytes.data(), cpu::backend());
 }
 
-namespace {
+ag::Var absolute(Runner& r, const ag::Var& x) {
+  return ag::add(r.tape, ag::relu(r.tape, x), ag::relu(r.tape, ag::scale(r.tape, x, -1.0)));
+}
 
-// A u8 tensor of 0/1 from a device comparison, on the device.
-Tensor compare_on_device(const ag::Var& a, const ag::Var& b, Comparison how) {
+Tensor compare_on_device(const Tensor& a, const Tensor& b, Comparison how) {
   Attrs attrs;
   attrs.comparison = how;
-  return dispatch::call1(OpId::compare, {a.value(), b.value()}, attrs);
+  return dispatch::call1(OpId::compare, {a, b}, attrs);
 }
+
+namespace {
 
 template <Comparison How>
 bool holds(std::int64_t x, std::int64_t y) {
@@ -85,7 +88,9 @@ void comparison(Runner& r, const io::OnnxNode& n) {
                    r.where(n)));
     return;
   }
-  r.set_host(n, 0, r.read_on_host(n, compare_on_device(r.as_float(n, 0), r.as_float(n, 1), How)));
+  r.set_host(n, 0,
+             r.read_on_host(
+                 n, compare_on_device(r.as_float(n, 0).value(), r.as_float(n, 1).value(), How)));
 }
 
 template <std::int64_t (*F)(std::int64_t, std::int64_t)>
@@ -145,9 +150,7 @@ void float_mod(Runner& r, const io::OnnxNode& n) {
   ag::Var q = ag::div(r.tape, a, b);
   ag::Var whole;
   if (r.attr_int(n, "fmod", 0) != 0) {
-    Attrs ge;
-    ge.comparison = Comparison::ge;
-    Tensor positive = dispatch::call1(OpId::compare, {q.value(), r.scalar(0.0f).value()}, ge);
+    Tensor positive = compare_on_device(q.value(), r.scalar(0.0f).value(), Comparison::ge);
     whole = ag::where(r.tape, positive, math_of(r, q, MathFunction::floor),
                       math_of(r, q, MathFunction::ceil));
   } else {
@@ -230,7 +233,8 @@ void extreme(Runner& r, const io::OnnxNode& n) {
   ag::Var acc = r.as_float(n, 0);
   for (std::size_t i = 1; i < n.inputs.size(); ++i) {
     ag::Var next = r.as_float(n, i);
-    Tensor keep = compare_on_device(acc, next, Largest ? Comparison::ge : Comparison::le);
+    Tensor keep =
+        compare_on_device(acc.value(), next.value(), Largest ? Comparison::ge : Comparison::le);
     acc = ag::where(r.tape, keep, acc, next);
   }
   r.set(n, 0, acc);
@@ -252,7 +256,7 @@ void total(Runner& r, const io::OnnxNode& n) {
 void is_nan(Runner& r, const io::OnnxNode& n) {
   const ag::Var& x = r.var(n, 0);
   std::vector<std::int64_t> equal =
-      host_values(r.read_on_host(n, compare_on_device(x, x, Comparison::eq)));
+      host_values(r.read_on_host(n, compare_on_device(x.value(), x.value(), Comparison::eq)));
   std::vector<std::uint8_t> out(equal.size());
   for (std::size_t i = 0; i < equal.size(); ++i)
     out[i] = equal[i] == 0;
@@ -264,10 +268,10 @@ void is_inf(Runner& r, const io::OnnxNode& n) {
   const bool negative = r.attr_int(n, "detect_negative", 1) != 0;
   const bool positive = r.attr_int(n, "detect_positive", 1) != 0;
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<std::int64_t> pos =
-      host_values(r.read_on_host(n, compare_on_device(x, r.scalar(inf), Comparison::eq)));
-  std::vector<std::int64_t> neg =
-      host_values(r.read_on_host(n, compare_on_device(x, r.scalar(-inf), Comparison::eq)));
+  std::vector<std::int64_t> pos = host_values(
+      r.read_on_host(n, compare_on_device(x.value(), r.scalar(inf).value(), Comparison::eq)));
+  std::vector<std::int64_t> neg = host_values(
+      r.read_on_host(n, compare_on_device(x.value(), r.scalar(-inf).value(), Comparison::eq)));
   std::vector<std::uint8_t> out(pos.size());
   for (std::size_t i = 0; i < pos.size(); ++i)
     out[i] = (positive && pos[i] != 0) || (negative && neg[i] != 0);

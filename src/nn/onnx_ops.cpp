@@ -269,7 +269,7 @@ void abs(Runner& r, const io::OnnxNode& n) {  // relu(x) + relu(-x)
       return x < 0 ? negated(x, where) : x;
     });
   const ag::Var& x = r.var(n, 0);
-  r.set(n, 0, ag::add(r.tape, ag::relu(r.tape, x), ag::relu(r.tape, ag::scale(r.tape, x, -1.0))));
+  r.set(n, 0, absolute(r, x));
 }
 
 void reciprocal(Runner& r, const io::OnnxNode& n) {

@@ -57,10 +57,6 @@ ag::Var extreme_over(Runner& r, ag::Var x, const std::vector<std::int64_t>& axes
 
 enum class Reduction { sum, max, min, prod, l1, l2, sum_square, log_sum, log_sum_exp };
 
-ag::Var absolute(Runner& r, const ag::Var& x) {  // relu(x) + relu(-x)
-  return ag::add(r.tape, ag::relu(r.tape, x), ag::relu(r.tape, ag::scale(r.tape, x, -1.0)));
-}
-
 template <Reduction How>
 void reduce(Runner& r, const io::OnnxNode& n) {
   const ag::Var& x = r.var(n, 0);

@@ -381,14 +381,9 @@ void lp_normalization(Runner& r, const io::OnnxNode& n) {
   const std::int64_t p = r.attr_int(n, "p", 2);
   check(p == 1 || p == 2, r.where(n) + ": p " + std::to_string(p) + " is not 1 or 2");
   ag::Var norm = p == 2 ? ag::sqrt(r.tape, ag::sum(r.tape, ag::mul(r.tape, x, x), {axis}, true))
-                        : ag::sum(r.tape,
-                                  ag::add(r.tape, ag::relu(r.tape, x),
-                                          ag::relu(r.tape, ag::scale(r.tape, x, -1.0))),
-                                  {axis}, true);
+                        : ag::sum(r.tape, absolute(r, x), {axis}, true);
   // A zero vector stays zero (as the reference), not 0/0.
-  Attrs eq;
-  eq.comparison = Comparison::eq;
-  const Tensor zero = dispatch::call1(OpId::compare, {norm.value(), r.scalar(0.0f).value()}, eq);
+  const Tensor zero = compare_on_device(norm.value(), r.scalar(0.0f).value(), Comparison::eq);
   r.set(n, 0, ag::where(r.tape, zero, r.scalar(0.0f), ag::div(r.tape, x, norm)));
 }
 

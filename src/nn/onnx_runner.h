@@ -169,6 +169,11 @@ Tensor host_broadcast(const Tensor& a, const Tensor& b, DType dtype,
 ag::Var pick_elements(Runner& r, const ag::Var& x, const std::vector<std::int32_t>& linear,
                       const Shape& out);
 
+// |x| = relu(x) + relu(-x), differentiable (onnx_logic_ops.cpp).
+ag::Var absolute(Runner& r, const ag::Var& x);
+// A u8 tensor on x's device: 1 where a (how) b holds; a and b broadcast (onnx_logic_ops.cpp).
+Tensor compare_on_device(const Tensor& a, const Tensor& b, Comparison how);
+
 // Whether input i is an integer tensor on the host.
 inline bool is_host(const Runner& r, const io::OnnxNode& n, std::size_t i) {
   return r.has_input(n, i) && r.value(n, i).host.defined();

@@ -273,10 +273,8 @@ using namespace io::onnx_type;  // kFloat, kInt64, kFloat8E4M3FN, ...
 // through; where x is infinite or NaN (x - x is NaN) the rounded value itself is taken.
 ag::Var rounded_like(Runner& r, const ag::Var& x, const Tensor& rounded) {
   const Tensor delta = dispatch::call1(OpId::sub, {rounded, x.value()});
-  Attrs eq;
-  eq.comparison = Comparison::eq;
   const Tensor zero_where_finite = dispatch::call1(OpId::sub, {x.value(), x.value()});
-  const Tensor finite = dispatch::call1(OpId::compare, {zero_where_finite, zero_where_finite}, eq);
+  const Tensor finite = compare_on_device(zero_where_finite, zero_where_finite, Comparison::eq);
   return ag::where(r.tape, finite, ag::add(r.tape, x, ag::Var(delta, false)),
                    ag::Var(rounded, false));
 }
@@ -328,9 +326,7 @@ void cast_to(Runner& r, const io::OnnxNode& n, std::int64_t to) {
   std::vector<std::int64_t> values;
   if (v.var.defined()) {
     if (to == kBool) {  // x != 0
-      Attrs eq;
-      eq.comparison = Comparison::eq;
-      Tensor zero = dispatch::call1(OpId::compare, {v.var.value(), r.scalar(0.0f).value()}, eq);
+      Tensor zero = compare_on_device(v.var.value(), r.scalar(0.0f).value(), Comparison::eq);
       values = host_values(r.read_on_host(n, zero));
       for (std::int64_t& x : values)
         x = x == 0;

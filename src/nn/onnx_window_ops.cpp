@@ -287,8 +287,7 @@ void general_pool(Runner& r, const io::OnnxNode& n) {
   if (is_lp) {
     const std::int64_t p = r.attr_int(n, "p", 2);
     check(p >= 1 && p <= 16, r.where(n) + ": p " + std::to_string(p) + " is not in 1..16");
-    ag::Var a =
-        ag::add(r.tape, ag::relu(r.tape, cols), ag::relu(r.tape, ag::scale(r.tape, cols, -1.0)));
+    ag::Var a = absolute(r, cols);
     ag::Var power = a;
     for (std::int64_t k = 1; k < p; ++k)
       power = ag::mul(r.tape, power, a);
