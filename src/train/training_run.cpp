@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 
 #include "autograd/functions.h"
 #include "backends/cpu/cpu_backend.h"
@@ -55,10 +56,12 @@ void check_imported_model(const nn::Model& model, const TrainConfig& cfg, const 
 
 // A resumed run repeats the steps after its checkpoint: their lines (written before the
 // interruption) are dropped, so metrics.jsonl holds each step once. Atomic rewrite.
-void keep_metrics_through(const std::string& path, std::int64_t step) {
+// Returns the loss logged at `step` (the checkpoint's), when there is one.
+std::optional<double> keep_metrics_through(const std::string& path, std::int64_t step) {
   std::ifstream in(path);
   if (!in.good())
-    return;
+    return std::nullopt;
+  std::optional<double> loss_at_step;
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);)
     lines.push_back(line);
@@ -76,8 +79,12 @@ void keep_metrics_through(const std::string& path, std::int64_t step) {
                      " is not a metrics record with an integer 'step'; cannot resume its log");
     if (record["step"].get<std::int64_t>() <= step)
       kept += line + "\n";
+    if (record["step"].get<std::int64_t>() == step && record.contains("loss") &&
+        record["loss"].is_number())
+      loss_at_step = record["loss"].get<double>();
   }
   io::write_file_atomically(path, kept);
+  return loss_at_step;
 }
 
 double median(std::vector<double> v) {
@@ -253,7 +260,7 @@ Report::Report(TrainingRun& run)
   const TrainConfig& cfg = run.cfg;
   if (run.lead) {
     if (run.resumed)
-      keep_metrics_through(cfg.out + "/metrics.jsonl", run.start);
+      resumed_loss_ = keep_metrics_through(cfg.out + "/metrics.jsonl", run.start);
     metrics_.open(cfg.out + "/metrics.jsonl", run.resumed ? std::ios::app : std::ios::trunc);
     check(metrics_.good(), cfg.out + "/metrics.jsonl: cannot open for writing");
   }
@@ -302,6 +309,11 @@ Summary Report::finish(std::int64_t steps) {
   summary.steps = steps;
   summary.loss_first = loss_first_;
   summary.loss_last = loss_last_;
+  if (step_seconds_.empty() && resumed_loss_) {
+    // Resumed at its last step, the run had nothing left to do: its losses are the ones
+    // logged at that step, not a made-up 0.
+    summary.loss_first = summary.loss_last = *resumed_loss_;
+  }
   // The first step pays one-time costs (allocations, oneDNN kernel selection).
   std::vector<double> timed(step_seconds_.begin() + (step_seconds_.size() > 1 ? 1 : 0),
                             step_seconds_.end());

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,7 @@ class Report {
   std::ofstream metrics_;  // rank 0's; writes to a closed stream do nothing
   std::vector<double> step_seconds_;
   double loss_first_ = 0, loss_last_ = 0;
+  std::optional<double> resumed_loss_;  // the loss logged at the step a resumed run starts from
 };
 
 // Validation estimates every eval_every steps (text models) and the final evaluation.

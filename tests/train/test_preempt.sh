@@ -99,19 +99,35 @@ PY
 fi
 
 # --- kill -9 at random instants, checkpointing every step -----------------------------
+# Each kill lands a random 1-20 steps into the run, then 0-8 ms later (a checkpoint write
+# is in flight at most instants), so it interrupts the run however fast the machine is.
 out="$dir/killed"
 RANDOM=7
+logged() {  # steps in metrics.jsonl so far (grep -c prints 0, and fails, when none)
+  local n=0
+  [[ -f "$out/metrics.jsonl" ]] && n=$(grep -c '"loss"' "$out/metrics.jsonl")
+  echo "${n:-0}"
+}
+interrupted=0
 for kill in 1 2 3 4 5 6; do
+  target=$(( $(logged) + RANDOM % 20 + 1 ))
   "$loom" train "${common[@]}" --ckpt_every 1 --auto_resume --out "$out" > "$dir/kill-$kill.log" 2>&1 &
   pid=$!
-  sleep "0.$(( RANDOM % 9 + 1 ))"
-  kill -KILL "$pid" 2>/dev/null
+  while kill -0 "$pid" 2>/dev/null && (( $(logged) < target )); do sleep 0.002; done
+  sleep "0.00$(( RANDOM % 9 ))"
+  kill -KILL "$pid" 2>/dev/null && interrupted=$((interrupted + 1))
   wait "$pid" 2>/dev/null
   if [[ -e "$out/checkpoint" && ! -f "$out/checkpoint/train_state.safetensors" ]]; then
     fail "kill $kill: OUT/checkpoint is incomplete"
   fi
 done
 "$loom" train "${common[@]}" --ckpt_every 1 --auto_resume --out "$out" > "$dir/kill-end.log" 2>&1 || fail "after the kills: $(tail -n 3 "$dir/kill-end.log")"
+# Resumed once more, the finished run has no step left: it reports the losses logged at
+# its last step, not zeros.
+"$loom" train "${common[@]}" --ckpt_every 1 --auto_resume --out "$out" > "$dir/kill-again.log" 2>&1 || fail "resuming a finished run: $(tail -n 3 "$dir/kill-again.log")"
+[[ "$(last_loss "$dir/kill-again.log")" == "$ref" ]] ||
+  fail "a finished run resumed: loss_last $(last_loss "$dir/kill-again.log"), expected $ref"
+(( interrupted >= 4 )) || fail "only $interrupted of 6 kills interrupted a run: the kill -9 check checked little"
 [[ "$(last_loss "$dir/kill-end.log")" == "$ref" ]] ||
   fail "after 6 kill -9: final loss $(last_loss "$dir/kill-end.log"), uninterrupted $ref"
 python3 - "$dir/ref/metrics.jsonl" "$out/metrics.jsonl" "$steps" <<'PY' || fail "metrics.jsonl after kill -9 (above)"
