@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -158,10 +159,17 @@ int run_onnx(const OnnxOptions& options) {
         std::vector<float> got = y.to_floats(), ref = want.to_floats();
         double worst_abs = 0, worst_ratio = 0;
         for (std::size_t k = 0; k < got.size(); ++k) {
-          double diff = std::fabs(static_cast<double>(got[k]) - ref[k]);
+          // Equal values (infinities included) and NaN against NaN agree; any other NaN or
+          // infinity is an infinite error, so it cannot hide behind std::max.
+          const bool same = got[k] == ref[k] || (std::isnan(got[k]) && std::isnan(ref[k]));
+          double diff = same ? 0.0 : std::fabs(static_cast<double>(got[k]) - ref[k]);
+          if (std::isnan(diff))
+            diff = std::numeric_limits<double>::infinity();
           worst_abs = std::max(worst_abs, diff);
-          worst_ratio =
-              std::max(worst_ratio, diff / (options.atol + options.rtol * std::fabs(ref[k])));
+          const double bound = options.atol + options.rtol * std::fabs(ref[k]);
+          const double ratio = diff == 0 ? 0.0 : diff / bound;
+          worst_ratio = std::max(
+              worst_ratio, std::isnan(ratio) ? std::numeric_limits<double>::infinity() : ratio);
         }
         const bool ok = worst_ratio <= 1.0;
         status = ok ? status : 1;

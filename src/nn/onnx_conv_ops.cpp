@@ -108,9 +108,13 @@ ag::Var pad_spatial(Runner& r, const ag::Var& x, const std::array<std::int64_t, 
 }
 
 // Convolution: symmetric padding goes to conv2d itself, other padding is added first;
-// groups are separate convolutions over channel slices, concatenated.
+// groups are separate convolutions over channel slices, concatenated, except depthwise ones.
 void conv(Runner& r, const io::OnnxNode& n) {
-  if (!fits_2d_ops(r, n, false))
+  // Depthwise convolutions (one input channel per group) take general_conv's one-product
+  // form: a conv2d per channel would be C small launches forward and backward.
+  const std::int64_t group = r.attr_int(n, "group", 1);
+  if (!fits_2d_ops(r, n, false) ||
+      (group > 1 && r.var(n, 1).shape().size() == 4 && r.var(n, 1).dim(1) == 1))
     return general_conv(r, n);
   ag::Var x = r.var(n, 0);
   const ag::Var& w = r.var(n, 1);

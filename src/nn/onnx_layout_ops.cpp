@@ -128,7 +128,7 @@ void pad(Runner& r, const io::OnnxNode& n) {
                                             " axes");
   float value = static_cast<float>(r.attr_float(n, "value", 0.0));
   if (r.has_input(n, 2))
-    value = r.as_float(n, 2).value().to(cpu::backend()).to_floats().at(0);
+    value = r.input_on_host(n, 2).to_floats().at(0);
   for (std::size_t k = 0; k < axes.size(); ++k) {
     const int axis = static_cast<int>(axes[k]);
     const std::int64_t before = pads[k], after = pads[k + axes.size()];

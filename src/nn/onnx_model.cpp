@@ -83,9 +83,12 @@ OnnxModel::OnnxModel(const std::string& path, Backend& backend)
     if (tensor.dtype() == DType::f32) {
       std::vector<float> values = tensor.to_floats();
       if (!std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); }) ||
-          !data_inputs.count(name)) {
+          !data_inputs.count(name) || tensor.rank() == 0) {
         // A mask with -inf (attention) is a constant, not something to train; so is an
-        // op's setting (Resize's scales, Clip's bounds).
+        // op's setting (Resize's scales, Clip's bounds), and so is a rank-0 value: that is
+        // how exporters store a literal of the model's code (PyTorch's dynamo exporter:
+        // GELU's 0.044715, a Pow's exponent), where the TorchScript exporter writes a
+        // Constant node. A trainable scalar of a PyTorch module keeps its shape [1].
         float_constants_[name] = ag::Var(tensor.to(backend), false);
         continue;
       }
@@ -185,13 +188,23 @@ std::vector<std::pair<ag::Var, Tensor>> OnnxModel::run_graph(ag::Tape& tape,
     r.env[name] = Value{ag::Var(), tensor, Tensor()};
   for (const auto& [name, var] : float_constants_)
     r.env[name] = Value{var, Tensor(), Tensor()};
+  for (const auto& [name, tensor] : host_constants_)
+    r.env[name].fixed = true;
+  for (const auto& [name, var] : float_constants_)
+    r.env[name].fixed = true;
   for (const io::OnnxNode& node : graph_.nodes) {
     auto it = op_table().find(node.op_type);
     check(node.domain.empty() && it != op_table().end(),
           r.where(node) + ": ONNX op " + (node.domain.empty() ? "" : node.domain + ".") +
               node.op_type +
               " is not supported by Loom's importer yet (`loom onnx MODEL` lists the model's ops)");
+    // A shape is the same at every step of a captured graph (capture fixes the shapes), so
+    // Shape's and Size's results are fixed whatever they read.
+    const bool fixed = node.op_type == "Shape" || node.op_type == "Size" || r.fixed_inputs(node);
     it->second(r, node);
+    for (const std::string& out : node.outputs)
+      if (auto v = r.env.find(out); v != r.env.end())
+        v->second.fixed = fixed;
     ++r.node_index;
   }
   std::vector<std::pair<ag::Var, Tensor>> outputs;

@@ -4,7 +4,8 @@
 // imported model runs on every backend through dispatch (native, decomposed or counted
 // fallback) and trains like a native one. Its parameters are the float initializers,
 // under their ONNX names, except those holding non-finite values (attention masks with
-// -inf), which stay constants; an initializer that the exporter shared between several
+// -inf), those that are only an op's setting (Clip's bounds) and rank-0 ones (literals of
+// the exported code), which stay constants; an initializer that the exporter shared between several
 // names through Identity nodes becomes one parameter per name. ONNX does not tell
 // parameters from buffers, so a finite buffer (e.g. a positional table registered as a
 // buffer) trains too. Integer initializers and constants (shapes, axes) stay on the host,

@@ -186,7 +186,7 @@ void dropout(Runner& r, const io::OnnxNode& n) {
   double ratio = r.attr_float(n, "ratio", 0.5);
   if (r.has_input(n, 1))
     ratio = r.value(n, 1).host.defined() ? static_cast<double>(r.ints(n, 1).at(0))
-                                         : static_cast<double>(r.var(n, 1).value().item());
+                                         : static_cast<double>(r.input_on_host(n, 1).item());
   // ONNX's training_mode input overrides the run's mode when given.
   const bool training = r.has_input(n, 2) ? r.ints(n, 2).at(0) != 0 : r.options.training;
   if (!training || ratio == 0.0) {

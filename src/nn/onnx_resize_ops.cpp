@@ -149,7 +149,7 @@ std::vector<double> constant_floats(Runner& r, const io::OnnxNode& n, std::size_
     std::vector<std::int64_t> v = r.ints(n, i);
     return {v.begin(), v.end()};
   }
-  std::vector<float> v = r.var(n, i).value().to(cpu::backend()).to_floats();
+  std::vector<float> v = r.input_on_host(n, i).to_floats();
   return {v.begin(), v.end()};
 }
 

@@ -31,6 +31,11 @@ struct Value {
   // The ONNX element type a graph input declares (0: not known); CastLike reads it, since
   // narrow types (float16, FP8, INT4) are held widened.
   int onnx_type = 0;
+  // The same at every step: computed from constants and shapes alone, not from the graph's
+  // inputs or parameters (the causal mask an exporter builds from ones and Trilu). Its
+  // values may be read on the host while a graph is captured, since a replay could not see
+  // them change.
+  bool fixed = false;
 };
 
 // An integer (or bool) host tensor's values as int64.
@@ -110,15 +115,32 @@ class Runner {
   }
   // A device tensor's values, read on the host (for results that have no gradient and
   // feed host computations: comparisons, ArgMax, Range's limits). Refused while a graph is
-  // captured, since a replay would repeat this step's values.
+  // captured, since a replay would repeat this step's values, unless the node's inputs are
+  // fixed (the same at every step).
   Tensor read_on_host(const io::OnnxNode& node, const Tensor& t) const {
-    check(!dispatch::recording(),
+    check(!dispatch::recording() || fixed_inputs(node),
           where(node) +
               ": reads a device tensor's values on the host, which a captured graph "
               "would freeze at this step's values (run this model in eager mode)");
     return t.to(cpu::backend());
   }
+  // Float input i's values on the host (an op's setting: Pad's value, Resize's scales).
+  // Refused while a graph is captured unless the input is fixed.
+  Tensor input_on_host(const io::OnnxNode& node, std::size_t i) {
+    check(!dispatch::recording() || value(node, i).fixed,
+          where(node) + ": reads input '" + node.inputs[i] +
+              "' on the host, which a captured graph would freeze at this step's values, and "
+              "the input may change between steps (run this model in eager mode)");
+    return as_float(node, i).value().to(cpu::backend());
+  }
   std::int64_t opset() const { return graph_.opset; }
+  // Whether every input the node is given is fixed (see Value::fixed).
+  bool fixed_inputs(const io::OnnxNode& node) const {
+    for (std::size_t i = 0; i < node.inputs.size(); ++i)
+      if (has_input(node, i) && !value(node, i).fixed)
+        return false;
+    return true;
+  }
 
   const io::OnnxGraph& graph_;
   ag::Tape& tape;

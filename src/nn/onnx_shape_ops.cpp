@@ -427,8 +427,8 @@ void pow(Runner& r, const io::OnnxNode& n) {
   std::optional<double> constant;
   if (is_host(r, n, 1) && r.value(n, 1).host.numel() == 1)
     constant = static_cast<double>(r.ints(n, 1).at(0));
-  else if (!is_host(r, n, 1) && r.var(n, 1).value().numel() == 1 && !r.var(n, 1).requires_grad())
-    constant = r.var(n, 1).value().item();
+  else if (!is_host(r, n, 1) && r.var(n, 1).value().numel() == 1 && r.value(n, 1).fixed)
+    constant = r.input_on_host(n, 1).item();
   auto one = [&] {
     return r.constant(Tensor::from_floats({}, std::vector<float>{1.0f}, cpu::backend()));
   };
@@ -454,7 +454,27 @@ void pow(Runner& r, const io::OnnxNode& n) {
   } else {
     exponent = r.var(n, 1);
   }
-  r.set(n, 0, ag::exp(r.tape, ag::mul(r.tape, exponent, ag::log(r.tape, x))));
+  // x^y as float pow defines it (C, numpy, ONNX): |x|^y = exp(y log|x|); a negative base
+  // gives (-1)^y |x|^y when y is an integer, the sign from y's parity y - 2 floor(y/2), and
+  // NaN otherwise; y = 0 gives 1 for every x.
+  auto scalar = [&](float v) {
+    return r.constant(Tensor::from_floats({}, std::vector<float>{v}, cpu::backend()));
+  };
+  ag::Tape& tape = r.tape;
+  const ag::Var zero = scalar(0.0f);
+  ag::Var magnitude = ag::exp(tape, ag::mul(tape, exponent, ag::log(tape, absolute(r, x))));
+  ag::Var odd = ag::sub(
+      tape, exponent,
+      ag::scale(tape, ag::math(tape, ag::scale(tape, exponent, 0.5), MathFunction::floor), 2.0));
+  ag::Var sign = ag::sub(tape, one(), ag::scale(tape, odd, 2.0));
+  const Tensor integral = compare_on_device(ag::math(tape, exponent, MathFunction::floor).value(),
+                                            exponent.value(), Comparison::eq);
+  ag::Var negative_base = ag::where(tape, integral, ag::mul(tape, sign, magnitude),
+                                    scalar(std::numeric_limits<float>::quiet_NaN()));
+  ag::Var y = ag::where(tape, compare_on_device(x.value(), zero.value(), Comparison::lt),
+                        negative_base, magnitude);
+  y = ag::where(tape, compare_on_device(exponent.value(), zero.value(), Comparison::eq), one(), y);
+  r.set(n, 0, y);
 }
 
 }  // namespace

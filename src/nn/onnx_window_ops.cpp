@@ -205,6 +205,39 @@ void general_conv(Runner& r, const io::OnnxNode& n) {
   const Geometry g = window_geometry(r, n, x.shape(), kernel, false);
   ag::Var cols = forward_windows(r, x, g, 0.0f);
   const std::int64_t per_out = out_channels / groups, rows = w.dim(1) * shape_numel(kernel);
+  if (groups > 1 && w.dim(1) == 1) {
+    // Depthwise (one input channel per group, MobileNet's 3x3 layers), as one product and
+    // one row sum instead of a product per channel: y[n, c m' + j, o] = sum over k of
+    // cols[n, c, o, k] w[c m' + j, 0, k], with m' = M / C outputs per channel. The windows
+    // are laid out [N O, C m' K] so the weights broadcast along rows and the sum runs over
+    // the last axis: the forms the device backends run natively, forward and backward.
+    const std::int64_t batch = x.dim(0), channels = x.dim(1), k_size = shape_numel(kernel);
+    const std::int64_t out_size = shape_numel(g.out);
+    const int rank = static_cast<int>(cols.shape().size());
+    std::vector<int> order{0};  // [N, C, out..., K] -> [N, out..., C, K]
+    for (int d = 2; d < rank - 1; ++d)
+      order.push_back(d);
+    order.push_back(1);
+    order.push_back(rank - 1);
+    ag::Var windows = ag::reshape(r.tape, ag::permute(r.tape, cols, order),
+                                  {batch * out_size, channels, 1, k_size});
+    if (per_out > 1)
+      windows = ag::expand(r.tape, windows, {batch * out_size, channels, per_out, k_size});
+    windows = ag::reshape(r.tape, windows, {batch * out_size, out_channels * k_size});
+    ag::Var product = ag::mul(r.tape, windows, ag::reshape(r.tape, w, {out_channels * k_size}));
+    ag::Var y = ag::sum(
+        r.tape, ag::reshape(r.tape, product, {batch * out_size * out_channels, k_size}), {1});
+    if (r.has_input(n, 2))  // the bias along rows too: [N O, M] + [M]
+      y = ag::add(r.tape, ag::reshape(r.tape, y, {batch * out_size, out_channels}), r.var(n, 2));
+    Shape shaped{batch};  // [N, out..., M] -> [N, M, out...]
+    shaped.insert(shaped.end(), g.out.begin(), g.out.end());
+    shaped.push_back(out_channels);
+    std::vector<int> back{0, rank - 2};
+    for (int d = 1; d < rank - 2; ++d)
+      back.push_back(d);
+    r.set(n, 0, ag::permute(r.tape, ag::reshape(r.tape, y, shaped), back));
+    return;
+  }
   ag::Var flat_w = ag::reshape(r.tape, w, {out_channels, rows});  // [M, C/g * K]
   ag::Var y = windows_times_weights(r, cols, groups, out_channels, [&](std::int64_t gi) {
     ag::Var wg =

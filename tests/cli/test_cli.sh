@@ -139,6 +139,11 @@ fx=tests/fixtures/onnx
 "$loom" onnx "$fx/tiny_gpt_block.onnx" --input "$fx/tiny_gpt_block/input_0.pb" --expect "$fx/tiny_gpt_block/output_0.pb" \
   --json | grep -q '"op":"Erf","count":1,"supported":true.*"within_tolerance":true' \
   || { echo "FAIL: loom onnx tiny_gpt_block"; failures=$((failures + 1)); }
+# A NaN where a number is expected is outside every tolerance (log of negative values).
+"$loom" onnx "$fx/node/test_log/model.onnx" --input "$fx/node/test_neg/test_data_set_0/input_0.pb" \
+  --expect "$fx/node/test_neg/test_data_set_0/input_0.pb" > "$dir/onnx_nan.log" 2>&1
+[[ $? -eq 1 ]] && grep -q "max |error| inf .*OUTSIDE TOLERANCE" "$dir/onnx_nan.log" \
+  || { echo "FAIL: loom onnx --expect passed a NaN output: $(tail -n 1 "$dir/onnx_nan.log")"; failures=$((failures + 1)); }
 expect_error "expected shape [2,1,28,28]" onnx "$fx/mlp_mnist.onnx" --input "$fx/mlp_mnist/input_0.pb" --expect "$fx/mlp_mnist/input_0.pb"
 expect_error "absent.onnx: cannot open" onnx "$dir/absent.onnx"
 expect_error "give a MODEL.onnx or --conformance DIR" onnx

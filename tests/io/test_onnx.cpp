@@ -207,11 +207,22 @@ TEST(Onnx, AnOpsSettingsAreConstantsNotParameters) {
   clip->add_input("lo");
   clip->add_input("hi");
   clip->add_output("y");
-  for (auto [name, value] : {std::pair{"w", 2.0f}, std::pair{"lo", 0.0f}, std::pair{"hi", 6.0f}}) {
+  // Then a product with a rank-0 initializer: how PyTorch's dynamo exporter stores a
+  // literal of the model's code (GELU's 0.044715), a constant too. The trainable w is [1].
+  onnx::NodeProto* literal = graph->add_node();
+  literal->set_op_type("Mul");
+  literal->add_input("clipped");
+  literal->add_input("one");
+  literal->add_output("y");
+  clip->set_output(0, "clipped");
+  for (auto [name, value] : {std::pair{"w", 2.0f}, std::pair{"lo", 0.0f}, std::pair{"hi", 6.0f},
+                             std::pair{"one", 1.0f}}) {
     onnx::TensorProto* t = graph->add_initializer();
     t->set_name(name);
     t->set_data_type(onnx::TensorProto_DataType_FLOAT);
     t->add_float_data(value);
+    if (std::string(name) == "w")
+      t->add_dims(1);
   }
   onnx::ValueInfoProto* in = graph->add_input();
   in->set_name("x");
@@ -276,6 +287,156 @@ TEST(Onnx, ReadingDeviceValuesOnTheHostIsRefusedWhileCapturing) {
   dispatch::set_recorder(previous);
   EXPECT_NE(message.find("node 'same' (Equal)"), std::string::npos) << message;
   EXPECT_NE(message.find("a captured graph"), std::string::npos) << message;
+}
+
+// A comparison of values fixed at every step (an exporter's causal mask: ones, Trilu, Equal
+// 0) is read on the host while a graph is captured too: a replay could not see it change.
+TEST(Onnx, ComparisonsOfConstantsAreReadOnTheHostWhileCapturing) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(19);
+  onnx::GraphProto* graph = model.mutable_graph();
+  auto constant = [&](const char* name, std::vector<float> values) {
+    onnx::NodeProto* node = graph->add_node();
+    node->set_op_type("Constant");
+    node->add_output(name);
+    onnx::AttributeProto* value = node->add_attribute();
+    value->set_name("value");
+    value->set_type(onnx::AttributeProto::TENSOR);
+    value->mutable_t()->set_data_type(onnx::TensorProto_DataType_FLOAT);
+    value->mutable_t()->add_dims(static_cast<std::int64_t>(values.size()));
+    for (float v : values)
+      value->mutable_t()->add_float_data(v);
+  };
+  constant("k", {1, 0, 1});
+  constant("zero", {0});
+  onnx::NodeProto* equal = graph->add_node();
+  equal->set_op_type("Equal");
+  equal->add_input("k");
+  equal->add_input("zero");
+  equal->add_output("c");
+  onnx::NodeProto* pick = graph->add_node();
+  pick->set_op_type("Where");
+  pick->add_input("c");
+  pick->add_input("a");
+  pick->add_input("b");
+  pick->add_output("y");
+  for (const char* name : {"a", "b"}) {
+    onnx::ValueInfoProto* in = graph->add_input();
+    in->set_name(name);
+    in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
+  }
+  graph->add_output()->set_name("y");
+  std::string path = temp_dir("onnx_fixed_equal") + "/equal.onnx";
+  {
+    std::ofstream out(path, std::ios::binary);
+    model.SerializeToOstream(&out);
+  }
+  Tensor a = Tensor::from_floats({3}, std::vector<float>{1, 2, 3}, cpu());
+  Tensor b = Tensor::from_floats({3}, std::vector<float>{7, 8, 9}, cpu());
+  struct Listener : dispatch::Recorder {
+    void executed(Backend&, OpId, std::span<const Tensor>, std::span<const Tensor>, const Attrs&,
+                  bool) override {}
+  } listener;
+  nn::OnnxModel m(path, cpu());
+  dispatch::Recorder* previous = dispatch::set_recorder(&listener);
+  std::vector<float> y;
+  std::string message = error_of([&] { y = m.evaluate({a, b}).front().to_floats(); });
+  dispatch::set_recorder(previous);
+  EXPECT_EQ(message, "");
+  EXPECT_EQ(y, (std::vector<float>{7, 2, 9}));  // where(k == 0, a, b)
+}
+
+// Pow with an exponent that is a tensor input (neither a constant nor an integer): float
+// pow's values on every backend, a negative base included ((-2)^3 = -8, (-8)^(1/3) NaN).
+TEST(Onnx, PowWithATensorExponentIsFloatPow) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(15);
+  onnx::GraphProto* graph = model.mutable_graph();
+  onnx::NodeProto* pow = graph->add_node();
+  pow->set_op_type("Pow");
+  pow->add_input("x");
+  pow->add_input("e");
+  pow->add_output("y");
+  for (const char* name : {"x", "e"}) {
+    onnx::ValueInfoProto* in = graph->add_input();
+    in->set_name(name);
+    in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
+  }
+  graph->add_output()->set_name("y");
+  std::string path = temp_dir("onnx_pow") + "/pow.onnx";
+  {
+    std::ofstream out(path, std::ios::binary);
+    model.SerializeToOstream(&out);
+  }
+  const std::vector<float> xs{-2, -2, 2, 0, -8, -3, 0.5f}, es{3, 2, 0.5f, 0, 1.0f / 3, -1, -2};
+  Tensor x = Tensor::from_floats({7}, xs, cpu()), e = Tensor::from_floats({7}, es, cpu());
+  for (Backend* device : backends()) {
+    SCOPED_TRACE(device->name());
+    std::vector<float> y = nn::OnnxModel(path, *device).evaluate({x, e}).front().to_floats();
+    ASSERT_EQ(y.size(), xs.size());
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const float want = std::pow(xs[i], es[i]);
+      if (std::isnan(want))
+        EXPECT_TRUE(std::isnan(y[i])) << i << ": " << y[i];
+      else
+        EXPECT_NEAR(y[i], want, 1e-6 * std::max(1.0f, std::fabs(want))) << i;
+    }
+  }
+}
+
+// A depthwise convolution with two outputs per channel (group = C, weight [2C, 1, 3, 3]),
+// stride 2, against one conv2d per output channel over its input channel.
+TEST(Onnx, DepthwiseConvolutionIsAConvolutionPerChannel) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(13);
+  onnx::GraphProto* graph = model.mutable_graph();
+  onnx::NodeProto* conv = graph->add_node();
+  conv->set_op_type("Conv");
+  for (const char* name : {"x", "w", "b"})
+    conv->add_input(name);
+  conv->add_output("y");
+  auto ints = [&](const char* name, std::vector<std::int64_t> values) {
+    onnx::AttributeProto* a = conv->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (std::int64_t v : values)
+      a->add_ints(v);
+  };
+  ints("strides", {2, 2});
+  ints("pads", {1, 1, 1, 1});
+  onnx::AttributeProto* group = conv->add_attribute();
+  group->set_name("group");
+  group->set_type(onnx::AttributeProto::INT);
+  group->set_i(3);
+  for (const char* name : {"x", "w", "b"}) {
+    onnx::ValueInfoProto* in = graph->add_input();
+    in->set_name(name);
+    in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
+  }
+  graph->add_output()->set_name("y");
+  std::string path = temp_dir("onnx_depthwise") + "/depthwise.onnx";
+  {
+    std::ofstream out(path, std::ios::binary);
+    model.SerializeToOstream(&out);
+  }
+  nn::Rng rng(23);
+  Tensor x = random({2, 3, 7, 7}, rng), w = random({6, 1, 3, 3}, rng), b = random({6}, rng);
+  ag::Tape tape;
+  tape.set_recording(false);
+  std::vector<ag::Var> per_channel;
+  for (std::int64_t o = 0; o < 6; ++o)
+    per_channel.push_back(ag::conv2d(tape, ag::slice(tape, ag::Var(x), 1, o / 2, o / 2 + 1),
+                                     ag::slice(tape, ag::Var(w), 0, o, o + 1),
+                                     ag::slice(tape, ag::Var(b), 0, o, o + 1), 2, 1));
+  const std::vector<double> want = values(ag::concat(tape, per_channel, 1).value());
+  for (Backend* device : backends()) {
+    Tensor y = nn::OnnxModel(path, *device).evaluate({x, w, b}).front();
+    EXPECT_EQ(y.shape(), (Shape{2, 6, 4, 4})) << device->name();
+    EXPECT_LE(worst_ratio(values(y), want, 1e-5, 1e-6), 1.0) << device->name();
+  }
 }
 
 TEST(Onnx, ModelsThatReadIntegerInputsOnTheHostAreNotCapturable) {
