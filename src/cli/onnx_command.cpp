@@ -90,6 +90,8 @@ int run_onnx(const OnnxOptions& options) {
   nlohmann::ordered_json report{
       {"model", options.model}, {"producer", g.producer},  {"ir_version", g.ir_version},
       {"opset", g.opset},       {"nodes", g.nodes.size()}, {"parameters", model.parameter_count()}};
+  if (g.upgraded_from > 0)
+    report["upgraded_from_opset"] = g.upgraded_from;
   int unsupported = 0;
   nlohmann::ordered_json ops = nlohmann::ordered_json::array();
   for (const auto& use : model.coverage()) {
@@ -98,9 +100,11 @@ int run_onnx(const OnnxOptions& options) {
   }
   report["ops"] = ops;
   if (!options.json) {
-    std::printf("%s: %s, IR %lld, opset %lld, %zu nodes, %lld parameters\n", options.model.c_str(),
-                g.producer.c_str(), static_cast<long long>(g.ir_version),
-                static_cast<long long>(g.opset), g.nodes.size(),
+    const std::string upgraded =
+        g.upgraded_from > 0 ? " (upgraded from opset " + std::to_string(g.upgraded_from) + ")" : "";
+    std::printf("%s: %s, IR %lld, opset %lld%s, %zu nodes, %lld parameters\n",
+                options.model.c_str(), g.producer.c_str(), static_cast<long long>(g.ir_version),
+                static_cast<long long>(g.opset), upgraded.c_str(), g.nodes.size(),
                 static_cast<long long>(model.parameter_count()));
     std::printf("%-22s %6s  %s\n", "ONNX op", "nodes", "Loom");
     for (const auto& use : model.coverage())

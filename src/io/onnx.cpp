@@ -1,9 +1,13 @@
 #include "io/onnx.h"
 
 #include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+#include <onnx/version_converter/convert.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -123,11 +127,65 @@ Tensor narrow_tensor(const onnx::TensorProto& t, const Shape& shape, std::int64_
   return Tensor::from_host(shape, DType::f32, v.data(), host);
 }
 
+// A tensor stored outside the model (models over protobuf's 2 GB, saved with
+// save_as_external_data): its bytes from `location` (relative to the model's folder, never
+// leaving it), `offset` and `length`, as raw data.
+onnx::TensorProto with_external_data(const onnx::TensorProto& t, const std::string& folder,
+                                     const std::string& where) {
+  std::string location;
+  std::int64_t offset = 0, length = -1;
+  for (const auto& entry : t.external_data()) {
+    auto number = [&](const std::string& v) {
+      std::int64_t x = -1;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+      check(ec == std::errc() && end == v.data() + v.size() && x >= 0,
+            where + ": external_data '" + entry.key() + "' is '" + v +
+                "', expected a non-negative integer");
+      return x;
+    };
+    if (entry.key() == "location")
+      location = entry.value();
+    else if (entry.key() == "offset")
+      offset = number(entry.value());
+    else if (entry.key() == "length")
+      length = number(entry.value());
+  }
+  check(!location.empty(), where + ": external data without a 'location'");
+  const std::filesystem::path relative(location);
+  bool inside = relative.is_relative();
+  for (const auto& part : relative)
+    inside = inside && part != "..";
+  check(inside, where + ": external data location '" + location +
+                    "' must be a path inside the model's folder (relative, without '..')");
+  const std::string file = (std::filesystem::path(folder) / relative).string();
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(file, ec);
+  check(!ec, where + ": external data file " + file + " cannot be read (" + ec.message() + ")");
+  const auto file_size = static_cast<std::int64_t>(size);
+  if (length < 0)
+    length = file_size - std::min(offset, file_size);
+  check(checked_add(offset, length, where + " external data") <= file_size,
+        where + ": external data at offset " + std::to_string(offset) + ", length " +
+            std::to_string(length) + " runs past the end of " + file + " (" +
+            std::to_string(file_size) + " bytes)");
+  std::ifstream in(file, std::ios::binary);
+  check(in.good(), where + ": external data file " + file + " cannot be opened");
+  std::string bytes(static_cast<std::size_t>(length), '\0');
+  in.seekg(offset);
+  in.read(bytes.data(), length);
+  check(in.good() || (length == 0 && !in.bad()), where + ": reading " + file + " failed");
+  onnx::TensorProto inlined = t;
+  inlined.clear_external_data();
+  inlined.set_data_location(onnx::TensorProto_DataLocation_DEFAULT);
+  inlined.set_raw_data(std::move(bytes));
+  return inlined;
+}
+
 Tensor to_tensor(const onnx::TensorProto& t, Backend& host, const std::string& where) {
   check(t.data_location() != onnx::TensorProto_DataLocation_EXTERNAL,
         where +
-            ": tensor data in an external file is not supported; save the model with its data "
-            "inside");
+            ": tensor data in an external file, which only a model's initializers may "
+            "have");
   const Shape shape(t.dims().begin(), t.dims().end());
   const std::int64_t count = checked_numel(shape, where);
   switch (t.data_type()) {
@@ -262,7 +320,10 @@ OnnxValueInfo value_info(const onnx::ValueInfoProto& v) {
   return info;
 }
 
-OnnxAttribute attribute(const onnx::AttributeProto& a, Backend& host, const std::string& where) {
+void read_graph(const onnx::GraphProto& graph, Backend& host, OnnxGraph& g, int depth);
+
+OnnxAttribute attribute(const onnx::AttributeProto& a, Backend& host, const std::string& where,
+                        int depth, const OnnxGraph& parent) {
   OnnxAttribute out;
   using A = onnx::AttributeProto;
   switch (a.type()) {
@@ -291,34 +352,41 @@ OnnxAttribute attribute(const onnx::AttributeProto& a, Backend& host, const std:
       out.kind = OnnxAttribute::Kind::strings;
       out.strings.assign(a.strings().begin(), a.strings().end());
       break;
+    case A::GRAPH: {
+      // Subgraphs nest (a Loop in an If branch); a hostile file could nest them deeper
+      // than any model does, so the depth is bounded.
+      check(depth < 32, where + " attribute '" + a.name() + "': subgraphs nest more than 32 deep");
+      auto sub = std::make_shared<OnnxGraph>();
+      sub->path = where + " attribute '" + a.name() + "'";
+      sub->producer = parent.producer;
+      sub->file = parent.file;
+      sub->ir_version = parent.ir_version;
+      sub->opset = parent.opset;
+      read_graph(a.g(), host, *sub, depth + 1);
+      out.kind = OnnxAttribute::Kind::graph;
+      out.graph = std::move(sub);
+      break;
+    }
     default:
-      // Graph-valued attributes (If, Loop, Scan) and sparse tensors: kept as "none"; the
-      // importer reports the node's op as unsupported.
+      // Lists of graphs and sparse tensors: kept as "none"; the op that reads them says so.
       break;
   }
   return out;
 }
 
-}  // namespace
-
-OnnxGraph read_onnx(const std::string& path, Backend& host) {
-  onnx::ModelProto model;
-  check(model.ParseFromString(read_whole_file(path)),
-        path + ": not an ONNX model (the protobuf ModelProto does not parse)");
-  check(model.has_graph(), path + ": the model has no graph");
-  OnnxGraph g;
-  g.path = path;
-  g.producer = model.producer_name() +
-               (model.producer_version().empty() ? "" : " " + model.producer_version());
-  g.ir_version = model.ir_version();
-  for (const auto& opset : model.opset_import())
-    if (opset.domain().empty() || opset.domain() == "ai.onnx")
-      g.opset = opset.version();
-  const onnx::GraphProto& graph = model.graph();
+// The graph's initializers, inputs (those not initialized), outputs and nodes into g, whose
+// path names the file (or, for a subgraph, the node and attribute holding it).
+void read_graph(const onnx::GraphProto& graph, Backend& host, OnnxGraph& g, int depth) {
+  const std::string& path = g.path;
   std::set<std::string> initialized;
   for (const onnx::TensorProto& t : graph.initializer()) {
-    g.initializers.emplace_back(t.name(),
-                                to_tensor(t, host, path + ": initializer '" + t.name() + "'"));
+    const std::string where = path + ": initializer '" + t.name() + "'";
+    const std::string folder = std::filesystem::path(g.file).parent_path().string();
+    g.initializers.emplace_back(
+        t.name(),
+        t.data_location() == onnx::TensorProto_DataLocation_EXTERNAL
+            ? to_tensor(with_external_data(t, folder.empty() ? "." : folder, where), host, where)
+            : to_tensor(t, host, where));
     initialized.insert(t.name());
   }
   for (const auto& v : graph.input())
@@ -335,9 +403,54 @@ OnnxGraph read_onnx(const std::string& path, Backend& host) {
     node.outputs.assign(n.output().begin(), n.output().end());
     const std::string where = path + ": node '" + n.name() + "' (" + n.op_type() + ")";
     for (const auto& a : n.attribute())
-      node.attributes[a.name()] = attribute(a, host, where);
+      node.attributes[a.name()] = attribute(a, host, where, depth, g);
     g.nodes.push_back(std::move(node));
   }
+}
+
+}  // namespace
+
+OnnxGraph read_onnx(const std::string& path, Backend& host) {
+  onnx::ModelProto model;
+  check(model.ParseFromString(read_whole_file(path)),
+        path + ": not an ONNX model (the protobuf ModelProto does not parse)");
+  check(model.has_graph(), path + ": the model has no graph");
+  // Models written for opsets before 7 (attribute-driven broadcasting, Reshape's shape
+  // attribute, ...) are first upgraded to opset 7 with ONNX's own version converter, so
+  // the importer reads one set of op definitions from opset 7 on.
+  std::int64_t declared = 0;
+  for (const auto& opset : model.opset_import())
+    if (opset.domain().empty() || opset.domain() == "ai.onnx")
+      declared = opset.version();
+  if (declared > 0 && declared < kOldestReadOpset) {
+    try {
+      // The converter's adapters (broadcasting ones) need the values' shapes.
+      onnx::shape_inference::InferShapes(model);
+      model = onnx::version_conversion::ConvertVersion(model, kOldestReadOpset);
+      // Debian's converter (onnx 1.12) writes the shape constant of Reshape_4_5 without
+      // its dims: a rank-0 tensor holding n > 1 values, which is the 1-D [n] it meant.
+      for (onnx::NodeProto& node : *model.mutable_graph()->mutable_node())
+        for (onnx::AttributeProto& a : *node.mutable_attribute())
+          if (node.op_type() == "Constant" && a.has_t() && a.t().dims_size() == 0 &&
+              a.t().int64_data_size() > 1)
+            a.mutable_t()->add_dims(a.t().int64_data_size());
+    } catch (const std::exception& e) {
+      throw Error(path + ": written for opset " + std::to_string(declared) +
+                  ", which ONNX's version converter cannot upgrade to opset " +
+                  std::to_string(kOldestReadOpset) + ": " + e.what());
+    }
+  }
+  OnnxGraph g;
+  g.path = path;
+  g.file = path;
+  g.upgraded_from = declared > 0 && declared < kOldestReadOpset ? declared : 0;
+  g.producer = model.producer_name() +
+               (model.producer_version().empty() ? "" : " " + model.producer_version());
+  g.ir_version = model.ir_version();
+  for (const auto& opset : model.opset_import())
+    if (opset.domain().empty() || opset.domain() == "ai.onnx")
+      g.opset = opset.version();
+  read_graph(model.graph(), host, g, 0);
   return g;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,8 +47,10 @@ enum : std::int64_t {
 };
 }  // namespace onnx_type
 
+struct OnnxGraph;
+
 struct OnnxAttribute {
-  enum class Kind { none, f, i, s, t, floats, ints, strings };
+  enum class Kind { none, f, i, s, t, floats, ints, strings, graph };
   Kind kind = Kind::none;
   double f = 0;
   std::int64_t i = 0;
@@ -56,6 +59,7 @@ struct OnnxAttribute {
   std::vector<double> floats;
   std::vector<std::int64_t> ints;
   std::vector<std::string> strings;
+  std::shared_ptr<const OnnxGraph> graph;  // a subgraph: If's branches, Loop's and Scan's body
 };
 
 struct OnnxNode {
@@ -71,14 +75,22 @@ struct OnnxValueInfo {
   int onnx_type = 0;  // the declared TensorProto element type (0: not a tensor)
 };
 
+// A model's main graph, or a subgraph of a node (its `path` then names the node and the
+// attribute, so errors inside it say where it is).
 struct OnnxGraph {
   std::string path, producer;
+  std::string file;                        // the model file (external data is found beside it)
   std::int64_t ir_version = 0, opset = 0;  // the default domain's opset
-  std::vector<OnnxNode> nodes;             // in topological order, as the format requires
+  std::int64_t upgraded_from = 0;  // the opset the file declared, when it was upgraded (else 0)
+  std::vector<OnnxNode> nodes;     // in topological order, as the format requires
   std::vector<std::pair<std::string, Tensor>> initializers;  // host tensors
   std::vector<OnnxValueInfo> inputs;  // graph inputs that are not initializers
   std::vector<OnnxValueInfo> outputs;
 };
+
+// The oldest default-domain opset the importer reads as written; older models are
+// upgraded to it with ONNX's version converter on reading.
+inline constexpr std::int64_t kOldestReadOpset = 7;
 
 // Reads an ONNX model file. Tensors (initializers, Constant values) are f32, i64 or i32
 // host tensors on `host` (a host-accessible backend); f64 data is narrowed to f32.

@@ -150,8 +150,8 @@ void attention(Runner& r, const io::OnnxNode& n) {
   }
 }
 
-// The linear index into `data` of every element that GatherElements, TopK and the like
-// pick: indices[..] along `axis`, the other coordinates as the output's.
+}  // namespace
+
 std::vector<std::int32_t> linear_indices(const Shape& data, const Shape& out,
                                          const std::vector<std::int64_t>& index, int axis,
                                          const std::string& where) {
@@ -177,8 +177,6 @@ std::vector<std::int32_t> linear_indices(const Shape& data, const Shape& out,
   }
   return linear;
 }
-
-}  // namespace
 
 // Elements of x at linear positions, shaped `out`: an embedding lookup of x as a column,
 // so the gradient scatters back to the positions picked.

@@ -224,11 +224,16 @@ void global_average_pool(Runner& r, const io::OnnxNode& n) {
   r.set(n, 0, ag::mean(r.tape, x, spatial, true));
 }
 
-// Inference form: y = (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1).
+// y = (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1). Inference form:
+// mean and var are the inputs (running statistics). Training form (training_mode = 1):
+// the batch's own, over every axis but the channel (var biased), and the outputs 1 and 2
+// are the updated running statistics: input * momentum + batch's * (1 - momentum).
 void batch_normalization(Runner& r, const io::OnnxNode& n) {
-  check(r.attr_int(n, "training_mode", 0) == 0 && (n.outputs.size() < 2 || n.outputs[1].empty()),
-        r.where(n) +
-            ": BatchNormalization in training mode is not supported yet (export in eval mode)");
+  const bool training = r.attr_int(n, "training_mode", 0) != 0;
+  check(training || n.outputs.size() < 2 ||
+            std::all_of(n.outputs.begin() + 1, n.outputs.end(),
+                        [](const auto& o) { return o.empty(); }),
+        r.where(n) + ": the running statistics are outputs only in training mode");
   const ag::Var& x = r.var(n, 0);
   const int rank = static_cast<int>(x.shape().size());
   check(rank >= 2, r.where(n) + ": the input needs a channel axis");
@@ -237,10 +242,27 @@ void batch_normalization(Runner& r, const io::OnnxNode& n) {
     per_channel.push_back(1);  // [C,1,1]: broadcasts over N and the spatial axes
   auto channel = [&](std::size_t i) { return ag::reshape(r.tape, r.var(n, i), per_channel); };
   const double eps = r.attr_float(n, "epsilon", 1e-5);
-  ag::Var eps_tensor = r.constant(
-      Tensor::from_floats({}, std::vector<float>{static_cast<float>(eps)}, cpu::backend()));
-  ag::Var rstd = ag::sqrt(r.tape, ag::add(r.tape, channel(4), eps_tensor));
-  ag::Var normed = ag::div(r.tape, ag::sub(r.tape, x, channel(3)), rstd);
+  ag::Var mean = channel(3), var = channel(4);
+  if (training) {
+    std::vector<std::int64_t> axes{0};
+    for (int d = 2; d < rank; ++d)
+      axes.push_back(d);
+    mean = ag::reshape(r.tape, ag::mean(r.tape, x, axes, true), per_channel);
+    ag::Var centred = ag::sub(r.tape, x, mean);
+    var = ag::reshape(r.tape, ag::mean(r.tape, ag::mul(r.tape, centred, centred), axes, true),
+                      per_channel);
+    const double momentum = r.attr_float(n, "momentum", 0.9);
+    for (std::size_t out = 1; out <= 2 && out < n.outputs.size(); ++out) {
+      if (n.outputs[out].empty())
+        continue;
+      ag::Var batch = ag::reshape(r.tape, out == 1 ? mean : var, {x.dim(1)});
+      r.set(n, out,
+            ag::add(r.tape, ag::scale(r.tape, r.var(n, 2 + out), momentum),
+                    ag::scale(r.tape, batch, 1.0 - momentum)));
+    }
+  }
+  ag::Var rstd = ag::sqrt(r.tape, ag::add(r.tape, var, r.scalar(static_cast<float>(eps))));
+  ag::Var normed = ag::div(r.tape, ag::sub(r.tape, x, mean), rstd);
   r.set(n, 0, ag::add(r.tape, ag::mul(r.tape, normed, channel(1)), channel(2)));
 }
 

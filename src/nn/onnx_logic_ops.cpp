@@ -50,6 +50,61 @@ ag::Var absolute(Runner& r, const ag::Var& x) {
   return ag::add(r.tape, ag::relu(r.tape, x), ag::relu(r.tape, ag::scale(r.tape, x, -1.0)));
 }
 
+void through_floats(Runner& r, const io::OnnxNode& n, const OpFn& f,
+                    const std::vector<std::size_t>& inputs) {
+  if (!r.has_input(n, 0) || !is_host(r, n, 0))
+    return f(r, n);
+  const DType dtype = r.value(n, 0).host.dtype() == DType::u8 ? DType::u8 : DType::i64;
+  // The inputs held as floats while f runs, and their values to put back after.
+  std::vector<std::pair<std::string, Value>> originals;
+  for (std::size_t i : inputs) {
+    if (!is_host(r, n, i))
+      continue;
+    const Value original = r.value(n, i);
+    const std::vector<std::int64_t> ints = host_values(original.host);
+    constexpr std::int64_t exact = std::int64_t{1} << 24;
+    std::vector<float> floats(ints.size());
+    for (std::size_t k = 0; k < ints.size(); ++k) {
+      check(ints[k] >= -exact && ints[k] <= exact,
+            r.where(n) + ": integer input value " + std::to_string(ints[k]) +
+                " is beyond 2^24, where f32 (which this op computes in) is no longer exact");
+      floats[k] = static_cast<float>(ints[k]);
+    }
+    Value as_float;
+    as_float.var = r.constant(Tensor::from_floats(original.host.shape(), floats, cpu::backend()));
+    as_float.fixed = original.fixed;
+    originals.emplace_back(n.inputs[i], original);
+    r.env[n.inputs[i]] = as_float;
+  }
+  auto restore = [&] {
+    for (auto it = originals.rbegin(); it != originals.rend(); ++it)
+      r.env[it->first] = it->second;
+  };
+  try {
+    f(r, n);
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  for (std::size_t o = 0; o < n.outputs.size(); ++o) {
+    auto it = r.env.find(n.outputs[o]);
+    if (n.outputs[o].empty() || it == r.env.end() || !it->second.var.defined())
+      continue;
+    const Tensor y = it->second.var.value();
+    const std::vector<float> v = r.read_on_host(n, y).to_floats();
+    std::vector<std::int64_t> rounded(v.size());
+    for (std::size_t k = 0; k < v.size(); ++k)
+      rounded[k] = std::llround(v[k]);
+    Tensor host = host_ints(y.shape(), rounded);
+    if (dtype == DType::u8) {
+      std::vector<std::uint8_t> bytes(rounded.begin(), rounded.end());
+      host = Tensor::from_host(y.shape(), DType::u8, bytes.data(), cpu::backend());
+    }
+    r.set_host(n, o, host);
+  }
+}
+
 Tensor compare_on_device(const Tensor& a, const Tensor& b, Comparison how) {
   Attrs attrs;
   attrs.comparison = how;

@@ -33,12 +33,46 @@ const OpTable& op_table() {
     onnx_import::add_attention_ops(t);
     onnx_import::add_resize_ops(t);
     onnx_import::add_window_ops(t);
+    onnx_import::add_control_ops(t);
+    onnx_import::add_index_ops(t);
+    // Ops defined on integers too, whose float translation gives the same values when
+    // every integer is exact in f32: an integer data input goes through it (Clip, Pad,
+    // MaxPool, TopK, ReduceMax of int8/uint8/int64/bool, Split of shape values).
+    const std::vector<std::pair<const char*, std::vector<std::size_t>>> integer_ops{
+        {"Clip", {0, 1, 2}}, {"Pad", {0}},       {"MaxPool", {0}}, {"TopK", {0}},
+        {"ReduceMax", {0}},  {"ReduceMin", {0}}, {"Split", {0}},   {"Pow", {0}}};
+    for (const auto& [name, inputs] : integer_ops)
+      t[name] = [f = t.at(name), inputs = inputs](Runner& r, const io::OnnxNode& n) {
+        onnx_import::through_floats(r, n, f, inputs);
+      };
     return t;
   }();
   return table;
 }
 
 }  // namespace
+
+namespace onnx_import {
+
+void run_nodes(Runner& r, const std::vector<io::OnnxNode>& nodes) {
+  for (const io::OnnxNode& node : nodes) {
+    auto it = op_table().find(node.op_type);
+    check(node.domain.empty() && it != op_table().end(),
+          r.where(node) + ": ONNX op " + (node.domain.empty() ? "" : node.domain + ".") +
+              node.op_type +
+              " is not supported by Loom's importer yet (`loom onnx MODEL` lists the model's ops)");
+    // A shape is the same at every step of a captured graph (capture fixes the shapes), so
+    // Shape's and Size's results are fixed whatever they read.
+    const bool fixed = node.op_type == "Shape" || node.op_type == "Size" || r.fixed_inputs(node);
+    it->second(r, node);
+    for (const std::string& out : node.outputs)
+      if (auto v = r.env.find(out); v != r.env.end())
+        v->second.fixed = fixed;
+    ++r.node_index;
+  }
+}
+
+}  // namespace onnx_import
 
 const std::vector<std::string>& onnx_supported_ops() {
   static const std::vector<std::string> names = [] {
@@ -73,11 +107,19 @@ bool setting_input(const std::string& op, std::size_t input) {
 OnnxModel::OnnxModel(const std::string& path, Backend& backend)
     : graph_(io::read_onnx(path, cpu::backend())), backend_(backend) {
   // Initializers some node reads as data (the others are only settings, constants).
+  // Subgraphs (If's branches, Loop's body) may read them by name too.
   std::set<std::string> data_inputs;
-  for (const io::OnnxNode& node : graph_.nodes)
-    for (std::size_t i = 0; i < node.inputs.size(); ++i)
-      if (!setting_input(node.op_type, i))
-        data_inputs.insert(node.inputs[i]);
+  auto collect = [&](const std::vector<io::OnnxNode>& nodes, auto& self) -> void {
+    for (const io::OnnxNode& node : nodes) {
+      for (std::size_t i = 0; i < node.inputs.size(); ++i)
+        if (!setting_input(node.op_type, i))
+          data_inputs.insert(node.inputs[i]);
+      for (const auto& [name, a] : node.attributes)
+        if (a.kind == io::OnnxAttribute::Kind::graph && a.graph != nullptr)
+          self(a.graph->nodes, self);
+    }
+  };
+  collect(graph_.nodes, collect);
   std::map<std::string, Tensor> floats;
   for (const auto& [name, tensor] : graph_.initializers) {
     if (tensor.dtype() == DType::f32) {
@@ -116,30 +158,47 @@ OnnxModel::OnnxModel(const std::string& path, Backend& backend)
 }
 
 bool OnnxModel::capturable() const {
+  return capture_refusal().empty();
+}
+
+std::string OnnxModel::capture_refusal() const {
   std::set<std::string> integer_inputs;
   for (const io::OnnxValueInfo& in : graph_.inputs)
     if (in.dtype != DType::f32)
       integer_inputs.insert(in.name);
-  for (const io::OnnxNode& node : graph_.nodes)
+  for (const io::OnnxNode& node : graph_.nodes) {
     for (std::size_t i = 0; i < node.inputs.size(); ++i)
       if (integer_inputs.count(node.inputs[i]) && !(node.op_type == "Gather" && i == 1) &&
           node.op_type != "Shape")
-        return false;  // their values are read on the host
-  return true;
+        return "node '" + node.name + "' (" + node.op_type + ") reads the integer input '" +
+               node.inputs[i] + "' on the host, which a captured step cannot replay";
+    for (const auto& [name, a] : node.attributes)
+      if (a.kind == io::OnnxAttribute::Kind::graph)
+        return "node '" + node.name + "' (" + node.op_type + ") runs a subgraph ('" + name +
+               "'), which graph mode does not capture yet";
+  }
+  return "";
 }
 
 std::vector<OnnxModel::OpUse> OnnxModel::coverage() const {
   std::vector<OpUse> uses;
-  for (const io::OnnxNode& node : graph_.nodes) {
-    auto it = std::find_if(uses.begin(), uses.end(),
-                           [&](const OpUse& u) { return u.op == node.op_type; });
-    if (it == uses.end()) {
-      const bool supported = node.domain.empty() && op_table().count(node.op_type) > 0;
-      uses.push_back({node.op_type, 0, supported});
-      it = uses.end() - 1;
+  // The nodes of the graph and of its subgraphs (If's branches, Loop's and Scan's bodies).
+  auto count = [&](const std::vector<io::OnnxNode>& nodes, auto& self) -> void {
+    for (const io::OnnxNode& node : nodes) {
+      auto it = std::find_if(uses.begin(), uses.end(),
+                             [&](const OpUse& u) { return u.op == node.op_type; });
+      if (it == uses.end()) {
+        const bool supported = node.domain.empty() && op_table().count(node.op_type) > 0;
+        uses.push_back({node.op_type, 0, supported});
+        it = uses.end() - 1;
+      }
+      ++it->count;
+      for (const auto& [name, a] : node.attributes)
+        if (a.kind == io::OnnxAttribute::Kind::graph && a.graph != nullptr)
+          self(a.graph->nodes, self);
     }
-    ++it->count;
-  }
+  };
+  count(graph_.nodes, count);
   return uses;
 }
 
@@ -192,21 +251,7 @@ std::vector<std::pair<ag::Var, Tensor>> OnnxModel::run_graph(ag::Tape& tape,
     r.env[name].fixed = true;
   for (const auto& [name, var] : float_constants_)
     r.env[name].fixed = true;
-  for (const io::OnnxNode& node : graph_.nodes) {
-    auto it = op_table().find(node.op_type);
-    check(node.domain.empty() && it != op_table().end(),
-          r.where(node) + ": ONNX op " + (node.domain.empty() ? "" : node.domain + ".") +
-              node.op_type +
-              " is not supported by Loom's importer yet (`loom onnx MODEL` lists the model's ops)");
-    // A shape is the same at every step of a captured graph (capture fixes the shapes), so
-    // Shape's and Size's results are fixed whatever they read.
-    const bool fixed = node.op_type == "Shape" || node.op_type == "Size" || r.fixed_inputs(node);
-    it->second(r, node);
-    for (const std::string& out : node.outputs)
-      if (auto v = r.env.find(out); v != r.env.end())
-        v->second.fixed = fixed;
-    ++r.node_index;
-  }
+  onnx_import::run_nodes(r, graph_.nodes);
   std::vector<std::pair<ag::Var, Tensor>> outputs;
   for (const io::OnnxValueInfo& out : graph_.outputs) {
     auto it = r.env.find(out.name);

@@ -64,8 +64,11 @@ class OnnxModel final : public Model {
   };
   // True when a training step of this model can be captured as a graph: integer inputs
   // (token ids) are only used as Gather indices or for their shape, never read as values
-  // on the host, where a captured replay could not see them change.
+  // on the host, where a captured replay could not see them change, and no node runs a
+  // subgraph (If, Loop, Scan: their trip counts and branches are decided on the host).
   bool capturable() const;
+  // Why a training step cannot be captured ("" when it can): the node and the reason.
+  std::string capture_refusal() const;
   // Each op type of the graph, in first-use order, with its count and support.
   std::vector<OpUse> coverage() const;
   const io::OnnxGraph& graph() const { return graph_; }

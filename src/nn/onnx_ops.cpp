@@ -197,9 +197,18 @@ void dropout(Runner& r, const io::OnnxNode& n) {
     }
     return;
   }
-  check(n.outputs.size() < 2 || n.outputs[1].empty(),
-        r.where(n) + ": the mask output of dropout in training is not supported yet");
   r.set(n, 0, ag::dropout(r.tape, x, ratio, r.options.dropout_seed, r.node_index));
+  if (n.outputs.size() > 1 && !n.outputs[1].empty()) {
+    // The mask: the same draw (seed and site) applied to ones gives 1 / (1 - ratio) where
+    // an element is kept and 0 where it is dropped.
+    ag::Var ones = r.constant(Tensor::from_floats(
+        x.shape(), std::vector<float>(static_cast<std::size_t>(x.value().numel()), 1.0f),
+        cpu::backend()));
+    ag::Var kept = ag::dropout(r.tape, ones, ratio, r.options.dropout_seed, r.node_index);
+    r.set_host(
+        n, 1,
+        r.read_on_host(n, compare_on_device(kept.value(), r.scalar(0.0f).value(), Comparison::gt)));
+  }
 }
 
 void constant(Runner& r, const io::OnnxNode& n) {

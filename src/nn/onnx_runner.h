@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -151,7 +152,7 @@ class Runner {
 };
 
 // One ONNX op's translation into autograd calls.
-using OpFn = void (*)(Runner& r, const io::OnnxNode& node);
+using OpFn = std::function<void(Runner& r, const io::OnnxNode& node)>;
 using OpTable = std::map<std::string, OpFn>;
 
 // Each file's ops, added to `table` under their ONNX names.
@@ -168,7 +169,18 @@ void add_window_ops(OpTable& table);     // onnx_window_ops.cpp: ConvTranspose, 
 // Conv, MaxPool and AveragePool use them where the catalog's 2-D ops do not fit.
 void general_conv(Runner& r, const io::OnnxNode& n);
 void general_pool(Runner& r, const io::OnnxNode& n);
-void add_layout_ops(OpTable& table);  // onnx_layout_ops.cpp: Split, Pad, Range, activations
+void add_layout_ops(OpTable& table);   // onnx_layout_ops.cpp: Split, Pad, Range, activations
+void add_control_ops(OpTable& table);  // onnx_control_ops.cpp: If, Loop, Scan
+void add_index_ops(OpTable& table);    // onnx_index_ops.cpp: Scatter*, GatherND, GroupNorm, Einsum
+// Runs op f, when input 0 is an integer host tensor, with the integer host tensors among
+// `inputs` held as f32 values (each exact there: |v| <= 2^24, else a named error), and
+// gives f's float outputs back as integers of input 0's type (rounded to the nearest;
+// onnx_logic_ops.cpp). With a float input 0, f runs as it is.
+void through_floats(Runner& r, const io::OnnxNode& n, const OpFn& f,
+                    const std::vector<std::size_t>& inputs);
+// Runs `nodes` in order on r (onnx_model.cpp): each op's translation, then the fixedness
+// of its outputs (Value::fixed).
+void run_nodes(Runner& r, const std::vector<io::OnnxNode>& nodes);
 
 inline int axis_of(std::int64_t axis, int rank, const std::string& where) {
   check(axis >= -rank && axis < rank, where + ": axis " + std::to_string(axis) +
@@ -190,6 +202,13 @@ Tensor host_broadcast(const Tensor& a, const Tensor& b, DType dtype,
 // column, so the gradient scatters back to the positions taken (onnx_attention_ops.cpp).
 ag::Var pick_elements(Runner& r, const ag::Var& x, const std::vector<std::int32_t>& linear,
                       const Shape& out);
+
+// The linear index into `data` of every element that GatherElements, TopK and the like
+// pick (ScatterElements writes): index[e] along `axis`, the other coordinates those of
+// element e of a tensor shaped `out` (onnx_attention_ops.cpp).
+std::vector<std::int32_t> linear_indices(const Shape& data, const Shape& out,
+                                         const std::vector<std::int64_t>& index, int axis,
+                                         const std::string& where);
 
 // |x| = relu(x) + relu(-x), differentiable (onnx_logic_ops.cpp).
 ag::Var absolute(Runner& r, const ag::Var& x);

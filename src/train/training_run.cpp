@@ -45,9 +45,7 @@ void check_imported_model(const nn::Model& model, const TrainConfig& cfg, const 
     return;
   const bool tokens = imported->graph().inputs.front().dtype != DType::f32;
   check(cfg.mode != "graph" || imported->capturable(),
-        cfg.onnx +
-            ": mode = graph: the model reads its integer inputs on the host, which a "
-            "captured step cannot replay; use mode = eager");
+        cfg.onnx + ": mode = graph: " + imported->capture_refusal() + "; use mode = eager");
   check(tokens == source.text(), cfg.onnx + ": the model takes " +
                                      (tokens ? "token ids" : "float images") +
                                      (source.text() ? ", not text (data = " + cfg.data + ")"
