@@ -29,6 +29,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -117,10 +118,18 @@ def save_pb(array, path):
 
 
 def first_blocking_op(model, unsupported):
-    for node in model.graph.node:
-        if node.op_type in unsupported:
-            return f"{node.op_type} (node '{node.name}')"
-    return None
+    """The first node, in graph order and through subgraphs, whose op Loom lacks."""
+    def walk(graph):
+        for node in graph.node:
+            if node.op_type in unsupported:
+                return f"{node.op_type} (node '{node.name}')"
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    found = walk(sub)
+                    if found:
+                        return found
+        return None
+    return walk(model.graph)
 
 
 def run_loom(loom, model_path, device, input_files, expect_files):
@@ -141,8 +150,15 @@ def check_model(args, model_path, folder, rng):
     model = onnx.load(model_path)
     opset = default_opset(model)
     result["opset"] = opset
-    run_path = model_path
     tmp = tempfile.mkdtemp(prefix="onnx_check_ort.")
+    try:
+        return check_in(args, model_path, folder, rng, result, model, opset, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_in(args, model_path, folder, rng, result, model, opset, tmp):
+    run_path = model_path
     if args.upgrade_below and opset < args.upgrade_below:
         model = version_converter.convert_version(model, args.upgrade_below)
         run_path = os.path.join(tmp, "upgraded.onnx")

@@ -92,6 +92,10 @@ int run_onnx(const OnnxOptions& options) {
       {"opset", g.opset},       {"nodes", g.nodes.size()}, {"parameters", model.parameter_count()}};
   if (g.upgraded_from > 0)
     report["upgraded_from_opset"] = g.upgraded_from;
+  nlohmann::ordered_json types = nlohmann::ordered_json::array();
+  for (int type : g.element_types)
+    types.push_back({{"type", io::onnx_type_name(type)}, {"held_as", io::onnx_type_held_as(type)}});
+  report["element_types"] = types;
   int unsupported = 0;
   nlohmann::ordered_json ops = nlohmann::ordered_json::array();
   for (const auto& use : model.coverage()) {
@@ -106,6 +110,7 @@ int run_onnx(const OnnxOptions& options) {
                 options.model.c_str(), g.producer.c_str(), static_cast<long long>(g.ir_version),
                 static_cast<long long>(g.opset), upgraded.c_str(), g.nodes.size(),
                 static_cast<long long>(model.parameter_count()));
+    std::printf("element types: %s\n", io::describe_element_types(g).c_str());
     std::printf("%-22s %6s  %s\n", "ONNX op", "nodes", "Loom");
     for (const auto& use : model.coverage())
       std::printf("%-22s %6d  %s\n", use.op.c_str(), use.count,

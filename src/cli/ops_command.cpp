@@ -15,6 +15,7 @@
 #include "dispatch/dispatch.h"
 #include "graph/graph.h"
 #include "nn/init.h"
+#include "io/onnx.h"
 #include "nn/onnx_model.h"
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
@@ -49,6 +50,8 @@ struct Report {
   std::map<OpId, Cell> cells;
   double step_seconds = 0;
   std::optional<FusionResult> fusion;
+  // An imported model's element types and how each is held (io::describe_element_types).
+  std::optional<std::string> element_types;
 };
 
 // The version of `loom ops --json`'s objects (the fleet service checks it). 1: backend,
@@ -213,6 +216,8 @@ Report measure(const OpsOptions& o, Backend& device) {
   r.step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / o.steps;
   r.fusion = std::move(fusion);
+  if (const auto* imported = dynamic_cast<const nn::OnnxModel*>(model.get()))
+    r.element_types = io::describe_element_types(imported->graph());
   for (const auto& [key, count] : dispatch::stats().counts) {
     const auto& [backend, op, path] = key;
     if (backend != device.name())
@@ -330,6 +335,8 @@ int run_ops(const OpsOptions& given) {
       for (const auto& [op, c] : reports[b].cells)
         launches += c.native.calls + c.fallback.calls;
       j["launches_per_step"] = launches;
+      if (reports[b].element_types)
+        j["element_types"] = *reports[b].element_types;
       if (o.model == "gpt")  // what the performance model needs (the fleet service reads it)
         j["transformer"] = {{"layers", o.layers}, {"hidden", o.width},       {"heads", o.heads},
                             {"ffn", 4 * o.width}, {"vocab", o.vocab},        {"seq", o.context},
@@ -358,6 +365,9 @@ int run_ops(const OpsOptions& given) {
     }
     return 0;
   }
+  if (reports.front().element_types)
+    std::printf("element types of %s: %s\n", o.onnx.c_str(),
+                reports.front().element_types->c_str());
   std::printf("training step of %s (%s products): calls per step by path, and %s\n%-26s %-10s",
               o.model.c_str(), o.precision.c_str(),
               o.sync

@@ -159,6 +159,11 @@ onnx::TensorProto with_external_data(const onnx::TensorProto& t, const std::stri
                     "' must be a path inside the model's folder (relative, without '..')");
   const std::string file = (std::filesystem::path(folder) / relative).string();
   std::error_code ec;
+  // Through a symbolic link too, the data must stay inside the model's folder.
+  const auto real = std::filesystem::weakly_canonical(file, ec).string();
+  const auto base = std::filesystem::weakly_canonical(folder, ec).string();
+  check(!ec && real.rfind(base + "/", 0) == 0 && std::filesystem::is_regular_file(real, ec),
+        where + ": external data file " + file + " is not a file inside the model's folder");
   const auto size = std::filesystem::file_size(file, ec);
   check(!ec, where + ": external data file " + file + " cannot be read (" + ec.message() + ")");
   const auto file_size = static_cast<std::int64_t>(size);
@@ -379,7 +384,14 @@ OnnxAttribute attribute(const onnx::AttributeProto& a, Backend& host, const std:
 void read_graph(const onnx::GraphProto& graph, Backend& host, OnnxGraph& g, int depth) {
   const std::string& path = g.path;
   std::set<std::string> initialized;
+  for (const auto& v : graph.input())
+    g.element_types.insert(v.type().tensor_type().elem_type());
+  for (const auto& v : graph.output())
+    g.element_types.insert(v.type().tensor_type().elem_type());
+  for (const auto& v : graph.value_info())
+    g.element_types.insert(v.type().tensor_type().elem_type());
   for (const onnx::TensorProto& t : graph.initializer()) {
+    g.element_types.insert(t.data_type());
     const std::string where = path + ": initializer '" + t.name() + "'";
     const std::string folder = std::filesystem::path(g.file).parent_path().string();
     g.initializers.emplace_back(
@@ -402,13 +414,81 @@ void read_graph(const onnx::GraphProto& graph, Backend& host, OnnxGraph& g, int 
     node.inputs.assign(n.input().begin(), n.input().end());
     node.outputs.assign(n.output().begin(), n.output().end());
     const std::string where = path + ": node '" + n.name() + "' (" + n.op_type() + ")";
-    for (const auto& a : n.attribute())
-      node.attributes[a.name()] = attribute(a, host, where, depth, g);
+    for (const auto& a : n.attribute()) {
+      if (a.type() == onnx::AttributeProto::TENSOR)
+        g.element_types.insert(a.t().data_type());
+      if ((n.op_type() == "Cast" || n.op_type() == "ConstantOfShape") && a.name() == "to" &&
+          a.type() == onnx::AttributeProto::INT)
+        g.element_types.insert(static_cast<int>(a.i()));
+      OnnxAttribute& read = node.attributes[a.name()] = attribute(a, host, where, depth, g);
+      if (read.graph != nullptr)
+        g.element_types.insert(read.graph->element_types.begin(), read.graph->element_types.end());
+    }
     g.nodes.push_back(std::move(node));
   }
+  g.element_types.erase(0);  // values declared without a tensor type
 }
 
 }  // namespace
+
+std::string onnx_type_name(int type) {
+  static const char* const names[] = {
+      "UNDEFINED",      "FLOAT",    "UINT8",        "INT8",           "UINT16",
+      "INT16",          "INT32",    "INT64",        "STRING",         "BOOL",
+      "FLOAT16",        "DOUBLE",   "UINT32",       "UINT64",         "COMPLEX64",
+      "COMPLEX128",     "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+      "FLOAT8E5M2FNUZ", "UINT4",    "INT4",         "FLOAT4E2M1",     "FLOAT8E8M0",
+      "UINT2",          "INT2"};
+  if (type >= 0 && type < static_cast<int>(std::size(names)))
+    return names[type];
+  return "type " + std::to_string(type);
+}
+
+std::string onnx_type_held_as(int type) {
+  switch (type) {
+    case kFloat:
+      return "f32";
+    case kDouble:
+      return "f32, narrowed: computed in single precision";
+    case kFloat16:
+    case kBfloat16:
+    case kFloat8E4M3FN:
+    case kFloat8E4M3FNUZ:
+    case kFloat8E5M2:
+    case kFloat8E5M2FNUZ:
+    case kFloat4E2M1:
+    case kFloat8E8M0:
+      return "f32, widened: computed in f32, a Cast to it rounds";
+    case kInt32:
+      return "i32 on the host";
+    case kBool:
+    case kUint8:
+      return "u8 on the host";
+    case kInt64:
+    case kInt8:
+    case kInt16:
+    case kUint16:
+    case kUint32:
+    case kUint64:
+    case kInt4:
+    case kUint4:
+    case kInt2:
+    case kUint2:
+      return "i64 on the host";
+    case 0:
+      return "not a tensor";
+    default:
+      return "not supported";
+  }
+}
+
+std::string describe_element_types(const OnnxGraph& g) {
+  std::string text;
+  for (int type : g.element_types)
+    text +=
+        (text.empty() ? "" : ", ") + onnx_type_name(type) + " (" + onnx_type_held_as(type) + ")";
+  return text.empty() ? "none declared" : text;
+}
 
 OnnxGraph read_onnx(const std::string& path, Backend& host) {
   onnx::ModelProto model;

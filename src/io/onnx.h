@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,9 @@ struct OnnxGraph {
   std::int64_t upgraded_from = 0;  // the opset the file declared, when it was upgraded (else 0)
   std::vector<OnnxNode> nodes;     // in topological order, as the format requires
   std::vector<std::pair<std::string, Tensor>> initializers;  // host tensors
+  // The TensorProto element types the file uses (initializers, Constant values, declared
+  // inputs, outputs and intermediate values, Cast targets), its subgraphs' included.
+  std::set<int> element_types;
   std::vector<OnnxValueInfo> inputs;  // graph inputs that are not initializers
   std::vector<OnnxValueInfo> outputs;
 };
@@ -91,6 +95,13 @@ struct OnnxGraph {
 // The oldest default-domain opset the importer reads as written; older models are
 // upgraded to it with ONNX's version converter on reading.
 inline constexpr std::int64_t kOldestReadOpset = 7;
+
+// An ONNX element type's name ("FLOAT16"), and how Loom holds and computes its values
+// ("f32, widened: computed in f32; a Cast to it rounds").
+std::string onnx_type_name(int type);
+std::string onnx_type_held_as(int type);
+// g's element types, each with how it is held: "FLOAT (f32), INT64 (i64 on the host)".
+std::string describe_element_types(const OnnxGraph& g);
 
 // Reads an ONNX model file. Tensors (initializers, Constant values) are f32, i64 or i32
 // host tensors on `host` (a host-accessible backend); f64 data is narrowed to f32.

@@ -3,7 +3,9 @@
 // its own initializers as constants, and the values the op binds to its inputs. The tape
 // records the subgraph's calls like any others, so gradients flow through the branch
 // taken and through every iteration. The condition and trip count are host values; a
-// graph with control flow is not captured (OnnxModel::capturable says so).
+// graph with control flow is not captured (OnnxModel::capturable says so). Every node a
+// subgraph runs counts against the graph's one budget of node executions (Runner), so no
+// file can loop without end.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -15,10 +17,6 @@
 namespace loom::nn::onnx_import {
 
 namespace {
-
-// A Loop with neither a trip count nor a condition that turns false would never end; a
-// file cannot make Loom hang, so iterations stop here with an error.
-constexpr std::int64_t kMaxIterations = std::int64_t{1} << 24;
 
 const io::OnnxGraph& subgraph(const Runner& r, const io::OnnxNode& n, const std::string& name) {
   auto it = n.attributes.find(name);
@@ -37,6 +35,11 @@ std::vector<Value> run_subgraph(Runner& r, const io::OnnxNode& n, const io::Onnx
             r.where(n) + " gives it " + std::to_string(inputs.size()));
   Runner inner(body, r.tape, r.options, r.backend);
   inner.env = r.env;
+  // One count of nodes run and one budget for the whole graph: dropout sites stay distinct
+  // across iterations, and nested loops cannot multiply their way past the budget.
+  inner.node_index = r.node_index;
+  inner.node_budget = r.node_budget;
+  inner.node_limit = r.node_limit;
   for (const auto& [name, tensor] : body.initializers) {
     Value v;
     if (tensor.dtype() == DType::f32)
@@ -49,6 +52,8 @@ std::vector<Value> run_subgraph(Runner& r, const io::OnnxNode& n, const io::Onnx
   for (std::size_t i = 0; i < inputs.size(); ++i)
     inner.env[body.inputs[i].name] = inputs[i];
   run_nodes(inner, body.nodes);
+  r.node_index = inner.node_index;
+  r.node_budget = inner.node_budget;
   std::vector<Value> outputs;
   for (const io::OnnxValueInfo& out : body.outputs) {
     auto it = inner.env.find(out.name);
@@ -60,12 +65,7 @@ std::vector<Value> run_subgraph(Runner& r, const io::OnnxNode& n, const io::Onnx
 
 Value host_scalar(std::int64_t v, DType dtype) {
   Value out;
-  if (dtype == DType::u8) {
-    const auto b = static_cast<std::uint8_t>(v != 0);
-    out.host = Tensor::from_host({}, DType::u8, &b, cpu::backend());
-  } else {
-    out.host = host_ints({}, {v});
-  }
+  out.host = host_tensor({}, {dtype == DType::u8 ? std::int64_t{v != 0} : v}, dtype);
   return out;
 }
 
@@ -99,19 +99,32 @@ Tensor host_take(const Tensor& t, int axis, std::int64_t index) {
       out.push_back(all[static_cast<std::size_t>((o * len + index) * inner + i)]);
   Shape shape = s;
   shape.erase(shape.begin() + axis);
-  Tensor result = host_ints(shape, out);
-  if (t.dtype() == DType::u8) {
-    std::vector<std::uint8_t> bytes(out.begin(), out.end());
-    result = Tensor::from_host(shape, DType::u8, bytes.data(), cpu::backend());
-  }
-  return result;
+  return host_tensor(shape, out, t.dtype());
 }
 
 // The values of one scan output over the iterations, stacked along a new `axis` (all
 // float or all host; each iteration's the same shape).
 Value stack(Runner& r, const io::OnnxNode& n, const std::vector<Value>& parts, std::int64_t axis,
-            const std::string& what) {
-  check(!parts.empty(), r.where(n) + ": " + what + " has no iterations to stack");
+            const io::OnnxValueInfo& declared, const std::string& what) {
+  if (parts.empty()) {
+    // No iteration ran (a trip count of 0, a condition false from the start): an empty
+    // tensor, shaped as the body declares its element with 0 along the new axis.
+    bool known = !declared.shape.empty() || declared.onnx_type != 0;
+    for (std::int64_t d : declared.shape)
+      known = known && d >= 0;
+    check(known, r.where(n) + ": " + what +
+                     " ran no iteration, and the body does not declare "
+                     "the shape of '" +
+                     declared.name + "' to make it empty");
+    Shape shape(declared.shape.begin(), declared.shape.end());
+    shape.insert(shape.begin() + axis_of(axis, static_cast<int>(shape.size()) + 1, r.where(n)), 0);
+    Value out;
+    if (declared.dtype == DType::f32)
+      out.var = r.constant(Tensor::from_floats(shape, std::vector<float>{}, cpu::backend()));
+    else
+      out.host = host_tensor(shape, {}, declared.dtype);
+    return out;
+  }
   const bool on_host = parts.front().host.defined();
   const Shape& one = on_host ? parts.front().host.shape() : parts.front().var.shape();
   const int rank = static_cast<int>(one.size()) + 1;
@@ -146,11 +159,7 @@ Value stack(Runner& r, const io::OnnxNode& n, const std::vector<Value>& parts, s
         all.push_back(v[static_cast<std::size_t>(o * inner + i)]);
   Shape shape = one;
   shape.insert(shape.begin() + at, static_cast<std::int64_t>(parts.size()));
-  out.host = host_ints(shape, all);
-  if (parts.front().host.dtype() == DType::u8) {
-    std::vector<std::uint8_t> bytes(all.begin(), all.end());
-    out.host = Tensor::from_host(shape, DType::u8, bytes.data(), cpu::backend());
-  }
+  out.host = host_tensor(shape, all, parts.front().host.dtype());
   return out;
 }
 
@@ -189,8 +198,6 @@ void loop(Runner& r, const io::OnnxNode& n) {
         r.where(n) + ": has more outputs than the body's loop-carried and scan values");
   std::vector<std::vector<Value>> scanned(scans);
   for (std::int64_t i = 0; i < trips && go; ++i) {
-    check(i < kMaxIterations, r.where(n) + ": more than " + std::to_string(kMaxIterations) +
-                                  " iterations (no trip count, and the condition stays true)");
     std::vector<Value> in{host_scalar(i, DType::i64), host_scalar(go ? 1 : 0, cond_type)};
     in.insert(in.end(), carried.begin(), carried.end());
     std::vector<Value> out = run_subgraph(r, n, body, in);
@@ -206,7 +213,8 @@ void loop(Runner& r, const io::OnnxNode& n) {
   for (std::size_t k = 0; k < scans && carried.size() + k < n.outputs.size(); ++k)
     if (!n.outputs[carried.size() + k].empty())
       r.env[n.outputs[carried.size() + k]] =
-          stack(r, n, scanned[k], 0, "scan output " + std::to_string(k));
+          stack(r, n, scanned[k], 0, body.outputs[1 + carried.size() + k],
+                "scan output " + std::to_string(k));
 }
 
 // Scan (opset 9 on): state... and scan inputs sliced along their axes, one element per
@@ -281,8 +289,8 @@ void scan(Runner& r, const io::OnnxNode& n) {
     std::vector<Value>& parts = scanned[k];
     if (out_dirs[k] != 0)
       std::reverse(parts.begin(), parts.end());
-    r.env[n.outputs[states + k]] =
-        stack(r, n, parts, out_axes[k], "scan output " + std::to_string(k));
+    r.env[n.outputs[states + k]] = stack(r, n, parts, out_axes[k], body.outputs[states + k],
+                                         "scan output " + std::to_string(k));
   }
 }
 

@@ -29,6 +29,9 @@ void scatter(Runner& r, const io::OnnxNode& n, const std::vector<std::int32_t>& 
   check(reduction == "none" || reduction == "add" || reduction == "mul" || reduction == "max" ||
             reduction == "min",
         r.where(n) + ": reduction '" + reduction + "' is not none, add, mul, max or min");
+  check(r.shape_of(n, 2) == updates_shape, r.where(n) + ": updates are " +
+                                               shape_str(r.shape_of(n, 2)) + ", expected " +
+                                               shape_str(updates_shape));
   if (is_host(r, n, 0)) {  // integers (shapes, indices): on the host
     std::vector<std::int64_t> out = r.ints(n, 0);
     const std::vector<std::int64_t> upd = r.ints(n, 2);
@@ -41,13 +44,10 @@ void scatter(Runner& r, const io::OnnxNode& n, const std::vector<std::int32_t>& 
           : reduction == "max" ? std::max(y, v)
                                : std::min(y, v);
     }
-    r.set_host(n, 0, host_ints(r.shape_of(n, 0), out));
+    r.set_host(n, 0, host_tensor(r.shape_of(n, 0), out, r.value(n, 0).host.dtype()));
     return;
   }
   const ag::Var data = r.as_float(n, 0), updates = r.as_float(n, 2);
-  check(updates.shape() == updates_shape, r.where(n) + ": updates are " +
-                                              shape_str(updates.shape()) + ", expected " +
-                                              shape_str(updates_shape));
   const std::int64_t size = data.value().numel(), count = updates.value().numel();
   check(size + count < (std::int64_t{1} << 31),
         r.where(n) + ": data and updates hold more than 2^31 elements");
@@ -69,6 +69,13 @@ void scatter(Runner& r, const io::OnnxNode& n, const std::vector<std::int32_t>& 
   std::size_t rounds = 0;
   for (const auto& [p, us] : writers)
     rounds = std::max(rounds, us.size());
+  // Each round is one pass over data and updates: many updates meeting at one position
+  // would cost rounds x (data + updates) on the device and on the tape.
+  check(static_cast<double>(rounds) * static_cast<double>(size + count) <= double(1 << 28),
+        r.where(n) + ": " + std::to_string(rounds) + " updates meet at one position; with " +
+            std::to_string(size + count) +
+            " elements that is more work than Loom does for one "
+            "scatter (2^28 element passes)");
   ag::Var y = data;
   for (std::size_t k = 0; k < rounds; ++k) {
     // Each position's k-th update, or (where it has none) the value that leaves y as it is.
@@ -126,7 +133,8 @@ std::pair<std::vector<std::int64_t>, std::int64_t> nd_slices(const Runner& r, co
                                                              std::int64_t batch_dims) {
   check(indices.rank() >= 1, r.where(n) + ": indices need at least one axis");
   const std::int64_t k = indices.shape().back();
-  check(batch_dims >= 0 && k >= 1 && batch_dims + k <= static_cast<std::int64_t>(data.size()),
+  check(batch_dims >= 0 && batch_dims <= static_cast<std::int64_t>(data.size()) && k >= 1 &&
+            batch_dims + k <= static_cast<std::int64_t>(data.size()),
         r.where(n) + ": indices' last dimension " + std::to_string(k) + " with batch_dims " +
             std::to_string(batch_dims) + " does not fit data " + shape_str(data));
   const Strides strides = contiguous_strides(data);
@@ -134,11 +142,16 @@ std::pair<std::vector<std::int64_t>, std::int64_t> nd_slices(const Runner& r, co
   for (std::size_t d = static_cast<std::size_t>(batch_dims + k); d < data.size(); ++d)
     slice *= data[d];
   std::int64_t batch = 1;
-  for (std::int64_t d = 0; d < batch_dims; ++d)
-    batch *= data[static_cast<std::size_t>(d)];
+  for (std::int64_t d = 0; d < batch_dims; ++d) {
+    const auto du = static_cast<std::size_t>(d);
+    check(du + 1 < indices.shape().size() && indices.shape()[du] == data[du],
+          r.where(n) + ": indices " + shape_str(indices.shape()) + " and data " + shape_str(data) +
+              " differ in their first " + std::to_string(batch_dims) + " (batch) dimensions");
+    batch *= data[du];
+  }
   const std::vector<std::int64_t> idx = host_values(indices);
   const std::int64_t tuples = static_cast<std::int64_t>(idx.size()) / k;
-  check(batch_dims == 0 || tuples % batch == 0,
+  check(batch_dims == 0 || (batch > 0 && tuples % batch == 0),
         r.where(n) + ": indices do not split over the " + std::to_string(batch) + " batches");
   std::vector<std::int64_t> starts;
   for (std::int64_t t = 0; t < tuples; ++t) {
@@ -165,6 +178,9 @@ void scatter_nd(Runner& r, const io::OnnxNode& n) {
   check(shape_numel(data) < (std::int64_t{1} << 31),
         r.where(n) + ": the data holds more than 2^31 elements");
   const auto [starts, slice] = nd_slices(r, n, data, indices, 0);
+  check(checked_mul(static_cast<std::int64_t>(starts.size()), slice, r.where(n)) <
+            (std::int64_t{1} << 31),
+        r.where(n) + ": the updates hold more than 2^31 elements");
   std::vector<std::int32_t> targets;
   for (std::int64_t s : starts)
     for (std::int64_t e = 0; e < slice; ++e)
@@ -182,6 +198,9 @@ void gather_nd(Runner& r, const io::OnnxNode& n) {
         r.where(n) + ": the data holds more than 2^31 elements");
   const std::int64_t batch_dims = r.attr_int(n, "batch_dims", 0);
   const auto [starts, slice] = nd_slices(r, n, data, indices, batch_dims);
+  check(checked_mul(static_cast<std::int64_t>(starts.size()), slice, r.where(n)) <
+            (std::int64_t{1} << 31),
+        r.where(n) + ": the output holds more than 2^31 elements");
   std::vector<std::int32_t> linear;
   for (std::int64_t s : starts)
     for (std::int64_t e = 0; e < slice; ++e)
@@ -193,7 +212,7 @@ void gather_nd(Runner& r, const io::OnnxNode& n) {
     std::vector<std::int64_t> picked;
     for (std::int32_t i : linear)
       picked.push_back(values[static_cast<std::size_t>(i)]);
-    r.set_host(n, 0, host_ints(out, picked));
+    r.set_host(n, 0, host_tensor(out, picked, r.value(n, 0).host.dtype()));
     return;
   }
   r.set(n, 0, pick_elements(r, r.var(n, 0), linear, out));
@@ -210,6 +229,7 @@ void group_normalization(Runner& r, const io::OnnxNode& n) {
   check(groups >= 1 && channels % groups == 0, r.where(n) + ": num_groups " +
                                                    std::to_string(groups) + " does not divide " +
                                                    std::to_string(channels) + " channels");
+  check(shape_numel(s) > 0, r.where(n) + ": the input " + shape_str(s) + " is empty");
   const double eps = r.attr_float(n, "epsilon", 1e-5);
   ag::Var grouped = ag::reshape(r.tape, x, {s[0], groups, shape_numel(s) / (s[0] * groups)});
   ag::Var mean = ag::mean(r.tape, grouped, {2}, true);
@@ -262,7 +282,7 @@ std::vector<int> parse_term(const std::string& term, int rank, const std::string
 }
 
 // x with the axes of each repeated label reduced to their diagonal (x[i, i] for "ii").
-Labelled diagonal(Runner& r, Labelled x) {
+Labelled diagonal(Runner& r, const io::OnnxNode& n, Labelled x) {
   for (;;) {
     std::size_t p = 0, q = 0;
     for (std::size_t a = 0; a < x.labels.size() && q == 0; ++a)
@@ -274,6 +294,8 @@ Labelled diagonal(Runner& r, Labelled x) {
     if (q == 0)
       return x;
     const Shape& s = x.value.shape();
+    check(s[p] == s[q], r.where(n) + ": a label repeated in one operand spans dimensions " +
+                            std::to_string(s[p]) + " and " + std::to_string(s[q]));
     Shape out = s;
     out.erase(out.begin() + static_cast<std::ptrdiff_t>(q));
     const Strides strides = contiguous_strides(s);
@@ -395,9 +417,9 @@ void einsum(Runner& r, const io::OnnxNode& n) {
     Labelled x;
     x.value = r.as_float(n, i);
     x.labels = parse_term(terms[i], static_cast<int>(x.value.shape().size()), r.where(n));
-    x = diagonal(r, x);
-    for (int l : x.labels)
+    for (int l : x.labels)  // before the diagonal: implicit "ii" is the trace, as numpy's
       ++uses[l];
+    x = diagonal(r, n, x);
     operands.push_back(x);
   }
   std::vector<int> output;

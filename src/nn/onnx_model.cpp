@@ -37,10 +37,11 @@ const OpTable& op_table() {
     onnx_import::add_index_ops(t);
     // Ops defined on integers too, whose float translation gives the same values when
     // every integer is exact in f32: an integer data input goes through it (Clip, Pad,
-    // MaxPool, TopK, ReduceMax of int8/uint8/int64/bool, Split of shape values).
+    // MaxPool, TopK, ReduceMax of int8/uint8/int64/bool, Split of shape values). Pow of
+    // integers is computed on the host (onnx_shape_ops.cpp).
     const std::vector<std::pair<const char*, std::vector<std::size_t>>> integer_ops{
         {"Clip", {0, 1, 2}}, {"Pad", {0}},       {"MaxPool", {0}}, {"TopK", {0}},
-        {"ReduceMax", {0}},  {"ReduceMin", {0}}, {"Split", {0}},   {"Pow", {0}}};
+        {"ReduceMax", {0}},  {"ReduceMin", {0}}, {"Split", {0}}};
     for (const auto& [name, inputs] : integer_ops)
       t[name] = [f = t.at(name), inputs = inputs](Runner& r, const io::OnnxNode& n) {
         onnx_import::through_floats(r, n, f, inputs);
@@ -61,9 +62,18 @@ void run_nodes(Runner& r, const std::vector<io::OnnxNode>& nodes) {
           r.where(node) + ": ONNX op " + (node.domain.empty() ? "" : node.domain + ".") +
               node.op_type +
               " is not supported by Loom's importer yet (`loom onnx MODEL` lists the model's ops)");
+    check(--r.node_budget >= 0,
+          r.where(node) + ": the graph ran more than " + std::to_string(r.node_limit) +
+              " nodes, its loops' iterations included (OnnxModel::set_node_limit)");
     // A shape is the same at every step of a captured graph (capture fixes the shapes), so
-    // Shape's and Size's results are fixed whatever they read.
-    const bool fixed = node.op_type == "Shape" || node.op_type == "Size" || r.fixed_inputs(node);
+    // Shape's and Size's results are fixed whatever they read. Dropout draws a new mask
+    // each step, and a node with a subgraph reads values its inputs do not list: neither
+    // is fixed.
+    bool has_subgraph = false;
+    for (const auto& [name, a] : node.attributes)
+      has_subgraph = has_subgraph || a.kind == io::OnnxAttribute::Kind::graph;
+    const bool fixed = node.op_type == "Shape" || node.op_type == "Size" ||
+                       (node.op_type != "Dropout" && !has_subgraph && r.fixed_inputs(node));
     it->second(r, node);
     for (const std::string& out : node.outputs)
       if (auto v = r.env.find(out); v != r.env.end())
@@ -87,7 +97,8 @@ const std::vector<std::string>& onnx_supported_ops() {
 namespace {
 
 // Inputs that are an op's settings, not data a gradient reaches: Resize's roi and scales,
-// Upsample's scales, Pad's value, Range's limits, Clip's bounds, Dropout's ratio.
+// Upsample's scales, Pad's value, Range's limits, Clip's bounds, Dropout's ratio, Pow's
+// exponent.
 bool setting_input(const std::string& op, std::size_t input) {
   if (op == "Resize")
     return input == 1 || input == 2;
@@ -99,7 +110,22 @@ bool setting_input(const std::string& op, std::size_t input) {
     return true;
   if (op == "Clip")
     return input == 1 || input == 2;
+  if (op == "Pow")  // the exponent: a learnable power is not what exporters write
+    return input == 1;
   return false;
+}
+
+// A rank-0 initializer that PyTorch's dynamo exporter made from a literal of the model's
+// code (GELU's 0.044715, sqrt(2/pi)): it names them val_N, where a module's parameters,
+// scalar ones too (CLIP's logit_scale), keep their module path. The TorchScript exporter
+// writes such literals as Constant nodes instead.
+bool exporter_literal(const std::string& name, const Tensor& tensor) {
+  if (tensor.rank() != 0)
+    return false;
+  std::size_t digits = name.rfind("val_", 0) == 0 ? 4 : name.rfind("_val_", 0) == 0 ? 5 : 0;
+  return digits > 0 && name.size() > digits &&
+         std::all_of(name.begin() + static_cast<std::ptrdiff_t>(digits), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
 }
 
 }  // namespace
@@ -125,12 +151,10 @@ OnnxModel::OnnxModel(const std::string& path, Backend& backend)
     if (tensor.dtype() == DType::f32) {
       std::vector<float> values = tensor.to_floats();
       if (!std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); }) ||
-          !data_inputs.count(name) || tensor.rank() == 0) {
+          !data_inputs.count(name) || exporter_literal(name, tensor)) {
         // A mask with -inf (attention) is a constant, not something to train; so is an
-        // op's setting (Resize's scales, Clip's bounds), and so is a rank-0 value: that is
-        // how exporters store a literal of the model's code (PyTorch's dynamo exporter:
-        // GELU's 0.044715, a Pow's exponent), where the TorchScript exporter writes a
-        // Constant node. A trainable scalar of a PyTorch module keeps its shape [1].
+        // op's setting (Resize's scales, Clip's bounds, Pow's exponent), and so is a literal
+        // of the exported code (exporter_literal).
         float_constants_[name] = ag::Var(tensor.to(backend), false);
         continue;
       }
@@ -209,6 +233,7 @@ std::vector<std::pair<ag::Var, Tensor>> OnnxModel::run_graph(ag::Tape& tape,
                                                    std::to_string(graph_.inputs.size()) +
                                                    " inputs, got " + std::to_string(inputs.size()));
   Runner r(graph_, tape, options, backend_);
+  r.node_limit = r.node_budget = node_limit_;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const io::OnnxValueInfo& info = graph_.inputs[i];
     Tensor given = inputs[i];

@@ -4,9 +4,10 @@
 // imported model runs on every backend through dispatch (native, decomposed or counted
 // fallback) and trains like a native one. Its parameters are the float initializers,
 // under their ONNX names, except those holding non-finite values (attention masks with
-// -inf), those that are only an op's setting (Clip's bounds) and rank-0 ones (literals of
-// the exported code), which stay constants; an initializer that the exporter shared between several
-// names through Identity nodes becomes one parameter per name. ONNX does not tell
+// -inf), those that are only an op's setting (Clip's bounds) and the literals of the
+// exported code (the dynamo exporter's rank-0 val_N), which stay constants; an initializer
+// that the exporter shared between several names through Identity nodes becomes one
+// parameter per name. ONNX does not tell
 // parameters from buffers, so a finite buffer (e.g. a positional table registered as a
 // buffer) trains too. Integer initializers and constants (shapes, axes) stay on the host,
 // where shape arithmetic belongs.
@@ -72,6 +73,9 @@ class OnnxModel final : public Model {
   // Each op type of the graph, in first-use order, with its count and support.
   std::vector<OpUse> coverage() const;
   const io::OnnxGraph& graph() const { return graph_; }
+  // The most nodes one run of the graph may execute, its loops' iterations included (by
+  // default 2^22): a file whose Loop never ends stops with an error, never a hang.
+  void set_node_limit(std::int64_t limit) { node_limit_ = limit; }
 
  private:
   // Each output as a Var (float) or a host tensor (integers).
@@ -80,6 +84,7 @@ class OnnxModel final : public Model {
                                                           const ForwardOptions& options);
   io::OnnxGraph graph_;
   Backend& backend_;
+  std::int64_t node_limit_ = std::int64_t{1} << 22;
   std::vector<Parameter> params_;
   std::map<std::string, std::size_t> param_index_;        // initializer name -> params_ index
   std::map<std::string, Tensor> host_constants_;          // non-float initializers

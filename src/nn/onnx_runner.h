@@ -148,7 +148,10 @@ class Runner {
   const ForwardOptions& options;
   Backend& backend;
   std::map<std::string, Value> env;
-  std::size_t node_index = 0;
+  std::size_t node_index = 0;  // counts every node run, subgraphs' too (dropout sites)
+  // Node executions left to this run of the graph, shared with its subgraphs: a file whose
+  // loops would run without end, or nest into billions of iterations, stops with an error.
+  std::int64_t node_budget = std::int64_t{1} << 22, node_limit = std::int64_t{1} << 22;
 };
 
 // One ONNX op's translation into autograd calls.
@@ -173,7 +176,7 @@ void add_layout_ops(OpTable& table);   // onnx_layout_ops.cpp: Split, Pad, Range
 void add_control_ops(OpTable& table);  // onnx_control_ops.cpp: If, Loop, Scan
 void add_index_ops(OpTable& table);    // onnx_index_ops.cpp: Scatter*, GatherND, GroupNorm, Einsum
 // Runs op f, when input 0 is an integer host tensor, with the integer host tensors among
-// `inputs` held as f32 values (each exact there: |v| <= 2^24, else a named error), and
+// `inputs` held as f32 values (|v| <= 2^23, so sums of two stay exact; else a named error), and
 // gives f's float outputs back as integers of input 0's type (rounded to the nearest;
 // onnx_logic_ops.cpp). With a float input 0, f runs as it is.
 void through_floats(Runner& r, const io::OnnxNode& n, const OpFn& f,
@@ -191,6 +194,15 @@ inline int axis_of(std::int64_t axis, int rank, const std::string& where) {
 // An i64 tensor on the host.
 inline Tensor host_ints(const Shape& shape, const std::vector<std::int64_t>& values) {
   return Tensor::from_host(shape, DType::i64, values.data(), cpu::backend());
+}
+
+// A host tensor of `dtype` (u8 for booleans, i64 otherwise) holding `values`.
+inline Tensor host_tensor(const Shape& shape, const std::vector<std::int64_t>& values,
+                          DType dtype) {
+  if (dtype != DType::u8)
+    return host_ints(shape, values);
+  std::vector<std::uint8_t> bytes(values.begin(), values.end());
+  return Tensor::from_host(shape, DType::u8, bytes.data(), cpu::backend());
 }
 
 // out[i] = f(a[i], b[i]) over host integer tensors with numpy broadcasting, as `dtype`

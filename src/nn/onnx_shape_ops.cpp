@@ -7,6 +7,8 @@
 #include <numeric>
 #include <optional>
 
+#include "core/broadcast.h"
+#include "core/reference_util.h"
 #include "nn/onnx_runner.h"
 
 namespace loom::nn::onnx_import {
@@ -402,9 +404,10 @@ void reduce_mean(Runner& r, const io::OnnxNode& n) {
   r.set(n, 0, ag::mean(r.tape, x, axes, keepdims));
 }
 
-// x ^ y. A constant exponent that is a small integer is repeated multiplication (exact
-// as in every framework, negative bases included); 0.5 is sqrt; anything else is
-// e^{y log x}, which needs x > 0.
+// x ^ y. Integers on the host (an integer exponent: checked repeated products; a float
+// one: double pow truncated). A fixed exponent that is a small integer is repeated
+// multiplication (exact, negative bases included); 0.5 is sqrt; anything else is float
+// pow from e^{y log|x|}.
 void pow(Runner& r, const io::OnnxNode& n) {
   if (is_host(r, n, 0) && is_host(r, n, 1)) {  // integers: repeated products, checked
     std::string where = r.where(n);
@@ -421,6 +424,29 @@ void pow(Runner& r, const io::OnnxNode& n) {
                      return p;
                    },
                    where));
+    return;
+  }
+  if (is_host(r, n, 0)) {
+    // An integer base and a float exponent: as ONNX Runtime computes it, pow in double,
+    // truncated toward zero to the base's type.
+    const Tensor& base = r.value(n, 0).host;
+    const Tensor exponent = r.input_on_host(n, 1);
+    const std::string where = r.where(n);
+    const Shape shape = broadcast_shapes(base.shape(), exponent.shape(), where);
+    const std::vector<std::int64_t> xs = host_values(base);
+    const std::vector<float> ys = exponent.to_floats();
+    const Strides sx = broadcast_strides(base.shape(), shape),
+                  sy = broadcast_strides(exponent.shape(), shape);
+    std::vector<std::int64_t> out(static_cast<std::size_t>(shape_numel(shape)));
+    for_each_index(shape, [&](std::int64_t k, const std::vector<std::int64_t>& index) {
+      const double v = std::trunc(
+          std::pow(static_cast<double>(xs[static_cast<std::size_t>(offset_of(index, sx))]),
+                   static_cast<double>(ys[static_cast<std::size_t>(offset_of(index, sy))])));
+      check(std::isfinite(v) && std::fabs(v) < 9.2e18,
+            where + ": integer Pow gives " + std::to_string(v) + ", outside int64");
+      out[static_cast<std::size_t>(k)] = static_cast<std::int64_t>(v);
+    });
+    r.set_host(n, 0, host_tensor(shape, out, base.dtype()));
     return;
   }
   const ag::Var& x = r.var(n, 0);
@@ -456,21 +482,20 @@ void pow(Runner& r, const io::OnnxNode& n) {
   }
   // x^y as float pow defines it (C, numpy, ONNX): |x|^y = exp(y log|x|); a negative base
   // gives (-1)^y |x|^y when y is an integer, the sign from y's parity y - 2 floor(y/2), and
-  // NaN otherwise; y = 0 gives 1 for every x.
-  auto scalar = [&](float v) {
-    return r.constant(Tensor::from_floats({}, std::vector<float>{v}, cpu::backend()));
-  };
+  // NaN otherwise; y = 0 gives 1 for every x. The sign and the masks are computed from y's
+  // values, off the tape: d/dy of sign |x|^y is sign |x|^y log|x|, through the magnitude.
   ag::Tape& tape = r.tape;
-  const ag::Var zero = scalar(0.0f);
+  const ag::Var zero = r.scalar(0.0f);
   ag::Var magnitude = ag::exp(tape, ag::mul(tape, exponent, ag::log(tape, absolute(r, x))));
+  const ag::Var y_values(exponent.value(), false);
   ag::Var odd = ag::sub(
-      tape, exponent,
-      ag::scale(tape, ag::math(tape, ag::scale(tape, exponent, 0.5), MathFunction::floor), 2.0));
+      tape, y_values,
+      ag::scale(tape, ag::math(tape, ag::scale(tape, y_values, 0.5), MathFunction::floor), 2.0));
   ag::Var sign = ag::sub(tape, one(), ag::scale(tape, odd, 2.0));
-  const Tensor integral = compare_on_device(ag::math(tape, exponent, MathFunction::floor).value(),
+  const Tensor integral = compare_on_device(ag::math(tape, y_values, MathFunction::floor).value(),
                                             exponent.value(), Comparison::eq);
   ag::Var negative_base = ag::where(tape, integral, ag::mul(tape, sign, magnitude),
-                                    scalar(std::numeric_limits<float>::quiet_NaN()));
+                                    r.scalar(std::numeric_limits<float>::quiet_NaN()));
   ag::Var y = ag::where(tape, compare_on_device(x.value(), zero.value(), Comparison::lt),
                         negative_base, magnitude);
   y = ag::where(tape, compare_on_device(exponent.value(), zero.value(), Comparison::eq), one(), y);

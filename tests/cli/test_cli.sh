@@ -139,6 +139,9 @@ fx=tests/fixtures/onnx
 "$loom" onnx "$fx/tiny_gpt_block.onnx" --input "$fx/tiny_gpt_block/input_0.pb" --expect "$fx/tiny_gpt_block/output_0.pb" \
   --json | grep -q '"op":"Erf","count":1,"supported":true.*"within_tolerance":true' \
   || { echo "FAIL: loom onnx tiny_gpt_block"; failures=$((failures + 1)); }
+# The element types a model uses, and how Loom holds each (float16 widened to f32).
+"$loom" onnx "$fx/node/test_cast_FLOAT_to_FLOAT16/model.onnx" | grep -q "^element types: FLOAT (f32), FLOAT16 (f32, widened" \
+  || { echo "FAIL: loom onnx does not report the model's element types"; failures=$((failures + 1)); }
 # A NaN where a number is expected is outside every tolerance (log of negative values).
 "$loom" onnx "$fx/node/test_log/model.onnx" --input "$fx/node/test_neg/test_data_set_0/input_0.pb" \
   --expect "$fx/node/test_neg/test_data_set_0/input_0.pb" > "$dir/onnx_nan.log" 2>&1

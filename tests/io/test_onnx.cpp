@@ -207,16 +207,22 @@ TEST(Onnx, AnOpsSettingsAreConstantsNotParameters) {
   clip->add_input("lo");
   clip->add_input("hi");
   clip->add_output("y");
-  // Then a product with a rank-0 initializer: how PyTorch's dynamo exporter stores a
-  // literal of the model's code (GELU's 0.044715), a constant too. The trainable w is [1].
+  // Then products with two rank-0 initializers: val_7, a literal of the model's code as
+  // PyTorch's dynamo exporter names them (GELU's 0.044715), a constant too; and a module's
+  // scalar parameter under its module path (CLIP's logit_scale), which trains.
   onnx::NodeProto* literal = graph->add_node();
   literal->set_op_type("Mul");
   literal->add_input("clipped");
-  literal->add_input("one");
-  literal->add_output("y");
+  literal->add_input("val_7");
+  literal->add_output("scaled");
+  onnx::NodeProto* learned = graph->add_node();
+  learned->set_op_type("Mul");
+  learned->add_input("scaled");
+  learned->add_input("logit_scale");
+  learned->add_output("y");
   clip->set_output(0, "clipped");
   for (auto [name, value] : {std::pair{"w", 2.0f}, std::pair{"lo", 0.0f}, std::pair{"hi", 6.0f},
-                             std::pair{"one", 1.0f}}) {
+                             std::pair{"val_7", 1.0f}, std::pair{"logit_scale", 1.0f}}) {
     onnx::TensorProto* t = graph->add_initializer();
     t->set_name(name);
     t->set_data_type(onnx::TensorProto_DataType_FLOAT);
@@ -234,8 +240,9 @@ TEST(Onnx, AnOpsSettingsAreConstantsNotParameters) {
     model.SerializeToOstream(&out);
   }
   nn::OnnxModel m(path, cpu());
-  ASSERT_EQ(m.parameters().size(), 1u);
-  EXPECT_EQ(m.parameters()[0].name, "w");
+  ASSERT_EQ(m.parameters().size(), 2u);
+  EXPECT_NE(m.find("w"), nullptr);
+  EXPECT_NE(m.find("logit_scale"), nullptr);
   Tensor x = Tensor::from_floats({3}, std::vector<float>{-1, 1, 5}, cpu());
   EXPECT_EQ(m.evaluate({x}).front().to_floats(), (std::vector<float>{0, 2, 6}));
 }
@@ -716,6 +723,124 @@ TEST(Onnx, EinsumGroupNormAndScatterGradientsMatchFiniteDifferences) {
       EXPECT_NEAR(grad[i], (up - down) / (2 * h), 2e-2 * std::max(1.0, std::fabs(grad[i]))) << i;
     }
   }
+}
+
+// A Loop whose condition never turns false and that has no trip count stops at the
+// graph's limit of node executions with an error naming the node, never a hang; a Loop of
+// zero trips gives an empty scan output shaped as its body declares.
+TEST(Onnx, LoopsEndAndZeroTripsGiveEmptyScans) {
+  auto write = [&](bool endless) {
+    onnx::ModelProto model;
+    model.set_ir_version(8);
+    model.add_opset_import()->set_version(16);
+    onnx::GraphProto* graph = model.mutable_graph();
+    onnx::TensorProto* trips = graph->add_initializer();
+    trips->set_name("trips");
+    trips->set_data_type(onnx::TensorProto_DataType_INT64);
+    trips->add_int64_data(0);
+    onnx::TensorProto* yes = graph->add_initializer();
+    yes->set_name("yes");
+    yes->set_data_type(onnx::TensorProto_DataType_BOOL);
+    yes->add_int32_data(1);
+    onnx::NodeProto* loop = graph->add_node();
+    loop->set_op_type("Loop");
+    loop->set_name("spin");
+    loop->add_input(endless ? "" : "trips");
+    loop->add_input("yes");
+    loop->add_input("x");
+    loop->add_output("v");
+    loop->add_output("each");
+    onnx::AttributeProto* a = loop->add_attribute();
+    a->set_name("body");
+    a->set_type(onnx::AttributeProto::GRAPH);
+    onnx::GraphProto* body = a->mutable_g();
+    for (const char* in : {"i", "c", "v_in"})
+      body->add_input()->set_name(in);
+    onnx::NodeProto* keep = body->add_node();
+    keep->set_op_type("Identity");
+    keep->add_input("c");
+    keep->add_output("c_out");
+    onnx::NodeProto* neg = body->add_node();
+    neg->set_op_type("Neg");
+    neg->add_input("v_in");
+    neg->add_output("v_out");
+    onnx::NodeProto* copy = body->add_node();
+    copy->set_op_type("Identity");
+    copy->add_input("v_out");
+    copy->add_output("e");
+    body->add_output()->set_name("c_out");
+    body->add_output()->set_name("v_out");
+    onnx::ValueInfoProto* e = body->add_output();
+    e->set_name("e");
+    e->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
+    e->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(2);
+    onnx::ValueInfoProto* in = graph->add_input();
+    in->set_name("x");
+    in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
+    graph->add_output()->set_name("v");
+    graph->add_output()->set_name("each");
+    std::string path = temp_dir(endless ? "onnx_endless" : "onnx_zero_trips") + "/loop.onnx";
+    std::ofstream out(path, std::ios::binary);
+    model.SerializeToOstream(&out);
+    return path;
+  };
+  Tensor x = Tensor::from_floats({2}, std::vector<float>{1, 2}, cpu());
+  std::vector<Tensor> outs = nn::OnnxModel(write(false), cpu()).evaluate({x});
+  EXPECT_EQ(outs[0].to_floats(), (std::vector<float>{1, 2}));
+  EXPECT_EQ(outs[1].shape(), (Shape{0, 2}));
+  nn::OnnxModel endless(write(true), cpu());
+  endless.set_node_limit(3000);  // the default, 2^22, takes seconds to reach here
+  const std::string message = error_of([&] { endless.evaluate({x}); });
+  EXPECT_NE(message.find("node 'spin' (Loop) attribute 'body'"), std::string::npos) << message;
+  EXPECT_NE(message.find("ran more than 3000 nodes"), std::string::npos) << message;
+}
+
+// Pow of an integer base: an integer exponent by checked products ((2)^-1 = 0, as integer
+// pow), a float one by double pow truncated toward zero (3^0.5 = 1), as ONNX Runtime.
+TEST(Onnx, IntegerPowIsComputedOnTheHost) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(15);
+  onnx::GraphProto* graph = model.mutable_graph();
+  onnx::NodeProto* pow = graph->add_node();
+  pow->set_op_type("Pow");
+  pow->add_input("x");
+  pow->add_input("e");
+  pow->add_output("y");
+  onnx::NodeProto* pow_int = graph->add_node();
+  pow_int->set_op_type("Pow");
+  pow_int->add_input("x");
+  pow_int->add_input("k");
+  pow_int->add_output("z");
+  onnx::TensorProto* x = graph->add_initializer();
+  x->set_name("x");
+  x->set_data_type(onnx::TensorProto_DataType_INT64);
+  x->add_dims(3);
+  for (std::int64_t v : {1, 3, 2})
+    x->add_int64_data(v);
+  onnx::TensorProto* k = graph->add_initializer();
+  k->set_name("k");
+  k->set_data_type(onnx::TensorProto_DataType_INT64);
+  k->add_int64_data(-1);
+  onnx::ValueInfoProto* in = graph->add_input();
+  in->set_name("e");
+  in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
+  graph->add_output()->set_name("y");
+  graph->add_output()->set_name("z");
+  std::string path = temp_dir("onnx_int_pow") + "/pow.onnx";
+  {
+    std::ofstream out(path, std::ios::binary);
+    model.SerializeToOstream(&out);
+  }
+  Tensor e = Tensor::from_floats({3}, std::vector<float>{4, 0.5f, 5}, cpu());
+  std::vector<Tensor> outs = nn::OnnxModel(path, cpu()).evaluate({e});
+  auto ints = [](const Tensor& t) {
+    EXPECT_EQ(t.dtype(), DType::i64);
+    const std::int64_t* p = t.data<std::int64_t>();
+    return std::vector<std::int64_t>(p, p + t.numel());
+  };
+  EXPECT_EQ(ints(outs[0]), (std::vector<std::int64_t>{1, 1, 32}));
+  EXPECT_EQ(ints(outs[1]), (std::vector<std::int64_t>{1, 0, 0}));
 }
 
 TEST(Onnx, ModelsThatReadIntegerInputsOnTheHostAreNotCapturable) {

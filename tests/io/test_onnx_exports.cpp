@@ -124,8 +124,8 @@ TrainingRun train(const std::string& name, Backend& device, bool graph_mode, int
   return run;
 }
 
-// 20 steps (a handful under the sanitizers, which check memory, not numbers): the loss
-// falls, and the captured graph's losses equal the eager ones within 1e-5 relative.
+// 20 steps (4 under the sanitizers, which check memory, not numbers): the loss falls by a
+// tenth, and the captured graph's losses equal the eager ones within 1e-5 relative.
 TEST_P(PyTorch2Exports, TrainEagerlyAndAsAGraphAlike) {
   Backend& device = backend_named(GetParam());
   const int steps = kSanitizedBuild ? 4 : 20;
@@ -133,6 +133,10 @@ TEST_P(PyTorch2Exports, TrainEagerlyAndAsAGraphAlike) {
     // Under the sanitizers, one export of each model: the importer's host code is what
     // they check, and the second exporter adds minutes, not coverage of it.
     if (kSanitizedBuild && name.find(".torchscript") != std::string::npos)
+      continue;
+    // Nor MobileNet on the CUDA emulator there: its depthwise layers' column sums take
+    // minutes emulated under the sanitizers, and the host code they run is cpu's too.
+    if (kSanitizedBuild && GetParam() == "cuda" && name.rfind("mobilenet", 0) == 0)
       continue;
     SCOPED_TRACE(name);
     TrainingRun eager = train(name, device, false, steps);
@@ -143,7 +147,9 @@ TEST_P(PyTorch2Exports, TrainEagerlyAndAsAGraphAlike) {
     for (std::size_t s = 0; s < eager.losses.size(); ++s)
       EXPECT_NEAR(graph.losses[s], eager.losses[s], 1e-5 * std::fabs(eager.losses[s]))
           << "step " << s;
-    EXPECT_LT(eager.losses.back(), 0.9 * eager.losses.front()) << "the loss did not fall";
+    // By a tenth over 20 steps; over the sanitizers' 4, at all.
+    EXPECT_LT(eager.losses.back(), (kSanitizedBuild ? 1.0 : 0.9) * eager.losses.front())
+        << "the loss did not fall";
   }
 }
 
