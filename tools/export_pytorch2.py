@@ -16,7 +16,8 @@ Models (random weights from torch.manual_seed(0); nothing is downloaded or pretr
                   1x1 project; ReLU6; BatchNorm) for 32x32 images
 
 Each model is exported twice, in eval mode, with static shapes (gpt2 also with its batch
-and sequence axes symbolic, as gpt2_dynamic.<exporter>):
+and sequence axes symbolic, as gpt2_dynamic.<exporter>; resnet also by the TorchScript
+exporter in training mode, BatchNormalization on batch statistics, as resnet_train):
   <name>.dynamo.onnx         torch.onnx.export(..., dynamo=True), opset 18 (the default exporter)
   <name>.torchscript.onnx    torch.onnx.export(..., dynamo=False), opset 17 (the TorchScript one)
 and for each export a folder in the layout of ONNX's backend tests:
@@ -192,7 +193,7 @@ def models():
     yield "mobilenet", mobilenet, torch.randn(2, 3, 32, 32)
 
 
-def export(model, x, path, exporter, dynamic):
+def export(model, x, path, exporter, dynamic, training=False):
     """dynamic: the batch and sequence axes of a token model's input stay symbolic, so the
     graph computes its shapes at run time (Shape, Range, Trilu, ...) as exports for serving do."""
     if exporter == "dynamo":
@@ -205,9 +206,11 @@ def export(model, x, path, exporter, dynamic):
         program.save(path)  # weights inline: these models are small
     else:
         axes = {"input": {0: "batch", 1: "seq"}, "output": {0: "batch", 1: "seq"}}
+        mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
         torch.onnx.export(model, (x,), path, dynamo=False, opset_version=TORCHSCRIPT_OPSET,
                           input_names=["input"], output_names=["output"],
-                          dynamic_axes=axes if dynamic else None)
+                          dynamic_axes=axes if dynamic else None, training=mode,
+                          do_constant_folding=not training)
     m = onnx.load(path)
     onnx.checker.check_model(m)
     return m
@@ -233,13 +236,22 @@ def main():
         model.eval()
         with torch.no_grad():
             want_torch = model(x).numpy()
-        variants = [(name, exporter, False) for exporter in ("dynamo", "torchscript")]
+        variants = [(name, exporter, False, False) for exporter in ("dynamo", "torchscript")]
         if name == "gpt2":
-            variants += [(name + "_dynamic", exporter, True) for exporter in ("dynamo", "torchscript")]
-        for stem, exporter, dynamic in variants:
+            variants += [(name + "_dynamic", e, True, False) for e in ("dynamo", "torchscript")]
+        if name == "resnet":  # BatchNormalization kept in training form (training_mode = 1)
+            variants.append((name + "_train", "torchscript", False, True))
+        for stem, exporter, dynamic, training in variants:
             tag = f"{stem}.{exporter}"
             path = os.path.join(out, tag + ".onnx")
-            m = export(model, x, path, exporter, dynamic)
+            model.train(training)
+            m = export(model, x, path, exporter, dynamic, training)
+            model.eval()  # a training export runs the model once in training mode
+            if training:
+                with torch.no_grad():
+                    model.train(True)
+                    want_torch = model(x).numpy()  # batch statistics, as the graph computes
+                    model.eval()
             session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
             feed = {session.get_inputs()[0].name: x.numpy()}
             ort_out = session.run(None, feed)[0]

@@ -98,7 +98,9 @@ namespace {
 
 // Inputs that are an op's settings, not data a gradient reaches: Resize's roi and scales,
 // Upsample's scales, Pad's value, Range's limits, Clip's bounds, Dropout's ratio, Pow's
-// exponent.
+// exponent, BatchNormalization's running mean and variance (PyTorch's buffers: in the
+// inference form they stay as imported, as when a model is fine-tuned with BatchNorm in
+// eval mode; the training form computes the updated ones as outputs).
 bool setting_input(const std::string& op, std::size_t input) {
   if (op == "Resize")
     return input == 1 || input == 2;
@@ -112,6 +114,8 @@ bool setting_input(const std::string& op, std::size_t input) {
     return input == 1 || input == 2;
   if (op == "Pow")  // the exponent: a learnable power is not what exporters write
     return input == 1;
+  if (op == "BatchNormalization")  // the running statistics: buffers, not trained
+    return input == 3 || input == 4;
   return false;
 }
 

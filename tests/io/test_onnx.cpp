@@ -27,6 +27,15 @@ std::string fixture(const std::string& name) {
   return source_dir() + "/tests/fixtures/onnx/" + name;
 }
 
+// Writes a model built in a test to a fresh folder `dir` as `file`; returns its path.
+std::string save_model(const onnx::ModelProto& model, const std::string& dir,
+                       const std::string& file) {
+  const std::string path = temp_dir(dir) + "/" + file;
+  std::ofstream out(path, std::ios::binary);
+  model.SerializeToOstream(&out);
+  return path;
+}
+
 class OnnxOnBackend : public ::testing::TestWithParam<std::string> {};
 
 // Each PyTorch export against PyTorch's own output for its example input.
@@ -234,11 +243,7 @@ TEST(Onnx, AnOpsSettingsAreConstantsNotParameters) {
   in->set_name("x");
   in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
   graph->add_output()->set_name("y");
-  std::string path = temp_dir("onnx_clip") + "/clip.onnx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    model.SerializeToOstream(&out);
-  }
+  const std::string path = save_model(model, "onnx_clip", "clip.onnx");
   nn::OnnxModel m(path, cpu());
   ASSERT_EQ(m.parameters().size(), 2u);
   EXPECT_NE(m.find("w"), nullptr);
@@ -272,11 +277,7 @@ TEST(Onnx, ReadingDeviceValuesOnTheHostIsRefusedWhileCapturing) {
     in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
   }
   graph->add_output()->set_name("y");
-  std::string path = temp_dir("onnx_equal") + "/equal.onnx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    model.SerializeToOstream(&out);
-  }
+  const std::string path = save_model(model, "onnx_equal", "equal.onnx");
   Tensor a = Tensor::from_floats({3}, std::vector<float>{1, 2, 3}, cpu());
   Tensor b = Tensor::from_floats({3}, std::vector<float>{1, 5, 3}, cpu());
   for (Backend* device : backends()) {  // where(a == b, b, a) is a
@@ -334,11 +335,7 @@ TEST(Onnx, ComparisonsOfConstantsAreReadOnTheHostWhileCapturing) {
     in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
   }
   graph->add_output()->set_name("y");
-  std::string path = temp_dir("onnx_fixed_equal") + "/equal.onnx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    model.SerializeToOstream(&out);
-  }
+  const std::string path = save_model(model, "onnx_fixed_equal", "equal.onnx");
   Tensor a = Tensor::from_floats({3}, std::vector<float>{1, 2, 3}, cpu());
   Tensor b = Tensor::from_floats({3}, std::vector<float>{7, 8, 9}, cpu());
   struct Listener : dispatch::Recorder {
@@ -372,11 +369,7 @@ TEST(Onnx, PowWithATensorExponentIsFloatPow) {
     in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
   }
   graph->add_output()->set_name("y");
-  std::string path = temp_dir("onnx_pow") + "/pow.onnx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    model.SerializeToOstream(&out);
-  }
+  const std::string path = save_model(model, "onnx_pow", "pow.onnx");
   const std::vector<float> xs{-2, -2, 2, 0, -8, -3, 0.5f}, es{3, 2, 0.5f, 0, 1.0f / 3, -1, -2};
   Tensor x = Tensor::from_floats({7}, xs, cpu()), e = Tensor::from_floats({7}, es, cpu());
   for (Backend* device : backends()) {
@@ -424,11 +417,7 @@ TEST(Onnx, DepthwiseConvolutionIsAConvolutionPerChannel) {
     in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
   }
   graph->add_output()->set_name("y");
-  std::string path = temp_dir("onnx_depthwise") + "/depthwise.onnx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    model.SerializeToOstream(&out);
-  }
+  const std::string path = save_model(model, "onnx_depthwise", "depthwise.onnx");
   nn::Rng rng(23);
   Tensor x = random({2, 3, 7, 7}, rng), w = random({6, 1, 3, 3}, rng), b = random({6}, rng);
   ag::Tape tape;
@@ -522,11 +511,7 @@ TEST(Onnx, ControlFlowRunsAndTrainsEagerly) {
   float_value(graph->add_input(), "x");
   graph->add_output()->set_name("y");
   graph->add_output()->set_name("v_each");
-  std::string path = temp_dir("onnx_control") + "/control.onnx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    model.SerializeToOstream(&out);
-  }
+  const std::string path = save_model(model, "onnx_control", "control.onnx");
   Tensor x = Tensor::from_floats({2}, std::vector<float>{2, 3}, cpu());
   for (Backend* device : backends()) {
     SCOPED_TRACE(device->name());
@@ -626,11 +611,7 @@ TEST(Onnx, OldOpsetsAreUpgradedOnReading) {
   for (std::int64_t d : {2, 3})
     in->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
   graph->add_output()->set_name("y");
-  std::string path = temp_dir("onnx_old_opset") + "/reshape4.onnx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    model.SerializeToOstream(&out);
-  }
+  const std::string path = save_model(model, "onnx_old_opset", "reshape4.onnx");
   nn::OnnxModel m(path, cpu());
   EXPECT_EQ(m.graph().upgraded_from, 4);
   EXPECT_EQ(m.graph().opset, 7);
@@ -693,11 +674,7 @@ TEST(Onnx, EinsumGroupNormAndScatterGradientsMatchFiniteDifferences) {
   in->set_name("x");
   in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
   graph->add_output()->set_name("y");
-  std::string path = temp_dir("onnx_einsum") + "/model.onnx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    model.SerializeToOstream(&out);
-  }
+  const std::string path = save_model(model, "onnx_einsum", "model.onnx");
   nn::OnnxModel m(path, cpu());
   ASSERT_EQ(m.parameters().size(), 4u);
   const Tensor x = random({2, 3, 4}, rng), probe = random({2, 3, 3}, rng);
@@ -827,11 +804,7 @@ TEST(Onnx, IntegerPowIsComputedOnTheHost) {
   in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_FLOAT);
   graph->add_output()->set_name("y");
   graph->add_output()->set_name("z");
-  std::string path = temp_dir("onnx_int_pow") + "/pow.onnx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    model.SerializeToOstream(&out);
-  }
+  const std::string path = save_model(model, "onnx_int_pow", "pow.onnx");
   Tensor e = Tensor::from_floats({3}, std::vector<float>{4, 0.5f, 5}, cpu());
   std::vector<Tensor> outs = nn::OnnxModel(path, cpu()).evaluate({e});
   auto ints = [](const Tensor& t) {
@@ -863,11 +836,7 @@ TEST(Onnx, ModelsThatReadIntegerInputsOnTheHostAreNotCapturable) {
   in->set_name("ids");
   in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto_DataType_INT64);
   graph->add_output()->set_name("y");
-  std::string path = temp_dir("onnx_cast") + "/cast.onnx";
-  {
-    std::ofstream out(path, std::ios::binary);
-    model.SerializeToOstream(&out);
-  }
+  const std::string path = save_model(model, "onnx_cast", "cast.onnx");
   EXPECT_FALSE(nn::OnnxModel(path, cpu()).capturable());
 }
 

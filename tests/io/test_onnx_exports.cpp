@@ -46,8 +46,10 @@ class PyTorch2Exports : public ::testing::TestWithParam<std::string> {};
 TEST_P(PyTorch2Exports, GiveOnnxRuntimesOutputs) {
   Backend& device = backend_named(GetParam());
   const std::vector<std::string> names = export_names();
-  // gpt2, gpt2_dynamic, resnet, mobilenet; each from the dynamo and the TorchScript exporter.
-  ASSERT_EQ(names.size(), 8u);
+  // gpt2, gpt2_dynamic, resnet, mobilenet, each from the dynamo and the TorchScript
+  // exporter; resnet_train, the TorchScript exporter's training-mode export (its
+  // BatchNormalization on batch statistics).
+  ASSERT_EQ(names.size(), 9u);
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
     nn::OnnxModel model(exports_dir() + "/" + name + ".onnx", device);

@@ -691,7 +691,14 @@ Api make_api() {
 }  // namespace
 
 const Api& api() {
-  static const Api table = make_api();
+  static const Api table = [] {
+    // The kernel registry is a function-local static too: built here, before the backend
+    // that launches from it (which opens this table), it is destroyed after that backend,
+    // whose destructor may still run a stream's deferred launches at exit (statics end in
+    // the reverse order of their construction).
+    find_kernel("");
+    return make_api();
+  }();
   return table;
 }
 
