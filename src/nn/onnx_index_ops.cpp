@@ -481,9 +481,62 @@ void einsum(Runner& r, const io::OnnxNode& n) {
   r.set(n, 0, arrange(r, result, output));
 }
 
+// ---- DequantizeLinear ----------------------------------------------------------------
+
+// A quantisation parameter (scale or zero point) shaped to broadcast against x: a scalar;
+// one value per index of `axis` (per-axis); or, with block_size b > 0, one per block of b
+// along `axis` (blocked: the parameter has x's shape with ceil(dim / b) there).
+ag::Var along_axis(Runner& r, const io::OnnxNode& n, ag::Var v, const Shape& x,
+                   std::int64_t axis_attr, std::int64_t block) {
+  const Shape s = v.shape();
+  if (shape_numel(s) == 1 && s.size() <= 1)  // per tensor: the axis is not used
+    return ag::reshape(r.tape, v, {});
+  const int axis = axis_of(axis_attr, static_cast<int>(x.size()), r.where(n));
+  const auto a = static_cast<std::size_t>(axis);
+  if (block <= 0) {
+    check(s.size() == 1 && s[0] == x[a],
+          r.where(n) + ": a per-axis parameter " + shape_str(s) + " needs " + std::to_string(x[a]) +
+              " values along axis " + std::to_string(axis) + " of " + shape_str(x));
+    Shape shaped(x.size(), 1);
+    shaped[a] = x[a];
+    return ag::reshape(r.tape, v, shaped);
+  }
+  const std::int64_t blocks = (x[a] + block - 1) / block;
+  bool fits = s.size() == x.size() && s[a] == blocks;
+  for (std::size_t d = 0; fits && d < x.size(); ++d)
+    fits = d == a || s[d] == x[d];
+  check(fits, r.where(n) + ": a blocked parameter " + shape_str(s) + " does not fit " +
+                  shape_str(x) + " with block_size " + std::to_string(block) + " on axis " +
+                  std::to_string(axis));
+  // [.., blocks, ..] -> [.., blocks, 1, ..] -> [.., blocks, block, ..] -> [.., dim, ..]
+  Shape split = s;
+  split.insert(split.begin() + static_cast<std::ptrdiff_t>(a) + 1, 1);
+  Shape wide = split;
+  wide[a + 1] = block;
+  Shape merged = s;
+  merged[a] = blocks * block;
+  ag::Var spread =
+      ag::reshape(r.tape, ag::expand(r.tape, ag::reshape(r.tape, v, split), wide), merged);
+  return merged[a] == x[a] ? spread : ag::slice(r.tape, spread, axis, 0, x[a]);
+}
+
+// DequantizeLinear: y = (x - zero_point) * scale, in f32 (integer x and zero point are
+// exact there up to 2^24; FP8 and FP4 x arrive widened).
+void dequantize_linear(Runner& r, const io::OnnxNode& n) {
+  const Shape x_shape = r.shape_of(n, 0);
+  const std::int64_t axis = r.attr_int(n, "axis", 1);
+  const std::int64_t block = r.attr_int(n, "block_size", 0);
+  check(block >= 0, r.where(n) + ": block_size " + std::to_string(block) + " is negative");
+  ag::Var x = r.as_float(n, 0);
+  if (r.has_input(n, 2))
+    x = ag::sub(r.tape, x, along_axis(r, n, r.as_float(n, 2), x_shape, axis, block));
+  r.set(n, 0, ag::mul(r.tape, x, along_axis(r, n, r.as_float(n, 1), x_shape, axis, block)));
+}
+
 }  // namespace
 
 void add_index_ops(OpTable& table) {
+  table["DequantizeLinear"] = dequantize_linear;
   table["Einsum"] = einsum;
   table["ScatterElements"] = scatter_elements;
   table["Scatter"] = scatter_elements;

@@ -98,7 +98,8 @@ namespace {
 
 // Inputs that are an op's settings, not data a gradient reaches: Resize's roi and scales,
 // Upsample's scales, Pad's value, Range's limits, Clip's bounds, Dropout's ratio, Pow's
-// exponent, BatchNormalization's running mean and variance (PyTorch's buffers: in the
+// exponent, the quantisation scale and zero point, BatchNormalization's running mean and
+// variance (PyTorch's buffers: in the
 // inference form they stay as imported, as when a model is fine-tuned with BatchNorm in
 // eval mode; the training form computes the updated ones as outputs).
 bool setting_input(const std::string& op, std::size_t input) {
@@ -116,6 +117,8 @@ bool setting_input(const std::string& op, std::size_t input) {
     return input == 1;
   if (op == "BatchNormalization")  // the running statistics: buffers, not trained
     return input == 3 || input == 4;
+  if (op == "DequantizeLinear" || op == "QuantizeLinear")  // the scale and zero point
+    return input == 1 || input == 2;
   return false;
 }
 
