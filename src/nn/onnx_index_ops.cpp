@@ -171,42 +171,35 @@ std::pair<std::vector<std::int64_t>, std::int64_t> nd_slices(const Runner& r, co
   return {starts, slice};
 }
 
-void scatter_nd(Runner& r, const io::OnnxNode& n) {
+// Every linear position in data that ScatterND writes or GatherND reads, in order, and the
+// shape they make: indices' leading dims, then the addressed slices' dims.
+std::pair<std::vector<std::int32_t>, Shape> nd_positions(const Runner& r, const io::OnnxNode& n,
+                                                         std::int64_t batch_dims) {
   const Shape data = r.shape_of(n, 0);
   const Tensor& indices = r.value(n, 1).host;
   check(indices.defined(), r.where(n) + ": indices must be an integer tensor");
   check(shape_numel(data) < (std::int64_t{1} << 31),
         r.where(n) + ": the data holds more than 2^31 elements");
-  const auto [starts, slice] = nd_slices(r, n, data, indices, 0);
-  check(checked_mul(static_cast<std::int64_t>(starts.size()), slice, r.where(n)) <
-            (std::int64_t{1} << 31),
-        r.where(n) + ": the updates hold more than 2^31 elements");
-  std::vector<std::int32_t> targets;
-  for (std::int64_t s : starts)
-    for (std::int64_t e = 0; e < slice; ++e)
-      targets.push_back(static_cast<std::int32_t>(s + e));
-  Shape updates(indices.shape().begin(), indices.shape().end() - 1);
-  updates.insert(updates.end(), data.begin() + indices.shape().back(), data.end());
-  scatter(r, n, targets, updates);
-}
-
-void gather_nd(Runner& r, const io::OnnxNode& n) {
-  const Shape data = r.shape_of(n, 0);
-  const Tensor& indices = r.value(n, 1).host;
-  check(indices.defined(), r.where(n) + ": indices must be an integer tensor");
-  check(shape_numel(data) < (std::int64_t{1} << 31),
-        r.where(n) + ": the data holds more than 2^31 elements");
-  const std::int64_t batch_dims = r.attr_int(n, "batch_dims", 0);
   const auto [starts, slice] = nd_slices(r, n, data, indices, batch_dims);
   check(checked_mul(static_cast<std::int64_t>(starts.size()), slice, r.where(n)) <
             (std::int64_t{1} << 31),
-        r.where(n) + ": the output holds more than 2^31 elements");
+        r.where(n) + ": the indices address more than 2^31 elements");
   std::vector<std::int32_t> linear;
   for (std::int64_t s : starts)
     for (std::int64_t e = 0; e < slice; ++e)
       linear.push_back(static_cast<std::int32_t>(s + e));
-  Shape out(indices.shape().begin(), indices.shape().end() - 1);
-  out.insert(out.end(), data.begin() + batch_dims + indices.shape().back(), data.end());
+  Shape shape(indices.shape().begin(), indices.shape().end() - 1);
+  shape.insert(shape.end(), data.begin() + batch_dims + indices.shape().back(), data.end());
+  return {linear, shape};
+}
+
+void scatter_nd(Runner& r, const io::OnnxNode& n) {
+  const auto [targets, updates] = nd_positions(r, n, 0);
+  scatter(r, n, targets, updates);
+}
+
+void gather_nd(Runner& r, const io::OnnxNode& n) {
+  const auto [linear, out] = nd_positions(r, n, r.attr_int(n, "batch_dims", 0));
   if (is_host(r, n, 0)) {
     const std::vector<std::int64_t> values = r.ints(n, 0);
     std::vector<std::int64_t> picked;
