@@ -210,6 +210,54 @@ int run_validate(const Catalog& catalog, const PlanOptions& o) {
   return 0;
 }
 
+// Each source's runs predicted with the catalog's rates and with each chip's rate refitted
+// on the other sources (leave_one_source_out): how much a source's fit transfers.
+int run_leave_one_source_out(const Catalog& catalog, const PlanOptions& o) {
+  const std::vector<SourceTransfer> report = leave_one_source_out(catalog, o.leave_one_source_out);
+  if (!o.json)
+    std::printf("%-22s %5s %17s %21s  refitted gemm_efficiency (catalog -> refit, from runs/sources)\n", "source",
+                "runs", "in-sample med/max", "held-out runs med/max");
+  for (const SourceTransfer& t : report) {
+    if (o.json) {
+      nlohmann::ordered_json refits = nlohmann::ordered_json::array();
+      for (const SourceTransfer::Refit& r : t.refits)
+        refits.push_back({{"chip", r.chip}, {"catalog", r.catalog}, {"refitted", r.refitted},
+                          {"from_runs", r.from_runs}, {"from_sources", r.from_sources}});
+      nlohmann::ordered_json held = nlohmann::ordered_json::array();
+      for (const Validation& v : t.held_out)
+        held.push_back({{"id", v.id}, {"chip", v.chip}, {"published", v.published}, {"predicted", v.predicted},
+                        {"error", v.error}});
+      std::printf("%s\n", nlohmann::ordered_json{{"source", t.source}, {"runs", t.runs},
+                                                 {"in_sample_median_abs_error", t.in_sample_median},
+                                                 {"in_sample_max_abs_error", t.in_sample_max},
+                                                 {"held_out_runs", t.held_out_runs},
+                                                 {"held_out_median_abs_error", t.held_out_median},
+                                                 {"held_out_max_abs_error", t.held_out_max},
+                                                 {"refits", refits}, {"untested", t.untested},
+                                                 {"held_out", held}}
+                               .dump()
+                               .c_str());
+      continue;
+    }
+    std::string refits;
+    for (const SourceTransfer::Refit& r : t.refits) {
+      char part[160];
+      std::snprintf(part, sizeof part, "%s%s %.3f -> %.3f (%zu/%zu)", refits.empty() ? "" : "; ", r.chip.c_str(),
+                    r.catalog, r.refitted, r.from_runs, r.from_sources);
+      refits += part;
+    }
+    for (const std::string& chip : t.untested)
+      refits += (refits.empty() ? "" : "; ") + chip + ": no other source, untested";
+    char held[64] = "-";
+    if (t.held_out_runs)
+      std::snprintf(held, sizeof held, "%zu %5.1f%% %5.1f%%", t.held_out_runs, 100 * t.held_out_median,
+                    100 * t.held_out_max);
+    std::printf("%-22s %5zu %8.1f%% %7.1f%% %21s  %s\n", t.source.c_str(), t.runs, 100 * t.in_sample_median,
+                100 * t.in_sample_max, held, refits.c_str());
+  }
+  return 0;
+}
+
 // The best feasible layout on `chips` chips, if any.
 std::optional<Candidate> best_on(const Model& m, const Chip& chip, std::int64_t chips, const Constraints& c) {
   std::vector<Candidate> found = search(m, chip, chips, c);
@@ -265,6 +313,10 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   plan->add_option("--max-error", validation_limits().max_error_pct,
                    "PCT: with --validate, fail when any run's |error| exceeds PCT percent")
       ->check(CLI::NonNegativeNumber);
+  plan->add_option("--leave-one-source-out", o.leave_one_source_out,
+                   "runs FILES pooled: each source's runs predicted with each chip's gemm_efficiency refitted on "
+                   "the other sources' runs (a transfer report; the catalog is not changed)")
+      ->expected(1, -1);
   plan->add_flag("--json", o.json, "one JSON object per layout");
   return plan;
 }
@@ -273,6 +325,7 @@ int run_plan(const PlanOptions& o) {
   Catalog catalog = Catalog::load(o.catalog.empty() ? default_catalog_dir() : o.catalog);
   if (!o.models_file.empty()) catalog.add_models_from(o.models_file);
   if (!o.validate.empty()) return run_validate(catalog, o);
+  if (!o.leave_one_source_out.empty()) return run_leave_one_source_out(catalog, o);
   Model m = resolve_model(catalog, o);
   Constraints c = constraints_of(o);
   double tokens = parse_count(o.tokens);

@@ -10,6 +10,7 @@ namespace loom::cli {
 
 struct PlanOptions {
   std::string profile;
+  std::vector<std::string> leave_one_source_out;  // runs files to pool
   std::string model, chip, system, compare, tokens = "15T", validate, catalog, models_file,
                                             precision = "bf16";
   std::optional<std::int64_t> chips, tp, pp, dp, ep, cp, micro_batch, global_batch, seq, interleave,

@@ -61,6 +61,10 @@ expect_error "median |error| 2.1% exceeds --max-median-error 0.5 by" plan --vali
 "$loom" plan --validate "$runs" --max-median-error 4 --max-error 5 > /dev/null \
   || { echo "FAIL: plan --validate within its limits"; failures=$((failures + 1)); }
 expect_error "--max-error: Value -1 not in range" plan --validate "$runs" --max-error -1
+# Leave one source out: in the calibration set alone every chip has one source, so no run can be held out.
+loso=$("$loom" plan --leave-one-source-out "$runs" --json 2>&1)
+[[ $(grep -c '"held_out_runs":0,.*"untested":\["' <<< "$loso") -eq 3 ]] \
+  || { echo "FAIL: plan --leave-one-source-out on the calibration set: $loso"; failures=$((failures + 1)); }
 both=$("$loom" plan --model llama3-405b --compare 910c:98304,b200:36864 --global-batch 4096 2>/dev/null | grep -c -E '^(910c|b200) ')
 [[ $both -eq 2 ]] || { echo "FAIL: --compare with counts printed $both rows"; failures=$((failures + 1)); }
 "$loom" ops --model gpt --backend all | grep -q '^partial: .* decomposed, .* fall back' \

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 
 #include <cstdio>
 #include <map>
@@ -347,6 +348,69 @@ TEST(Plan, APublishedRunMayListItsPipelineStages) {
   std::ofstream(dir + "/runs.yaml") << "runs:\n" << row << "stages: [7, x]}\n";
   e = error_of([&] { validate(catalog(), dir + "/runs.yaml"); });
   EXPECT_NE(e.find("field 'stages[1]' is not a whole number of layers"), std::string::npos) << e;
+}
+
+// Two sources on one chip that disagree by 25%, and a third on a chip no other source has:
+// holding a source out refits the chip's rate on the other one, so each is predicted with a
+// rate it did not set.
+TEST(Plan, LeaveOneSourceOutRefitsEachChipOnTheOtherSources) {
+  const std::string dir = temp_dir("plan_loso");
+  const std::string a100 =
+      "chip: a100-80gb, chips: 32, tp: 1, pp: 1, global_batch: 512, seq: 2048, "
+      "vocab: 51200, recompute: full, counts: hardware, ";
+  const std::vector<std::string> shapes = {"params_b: 1.7, heads: 24, hidden: 2304, layers: 24, ",
+                                           "params_b: 3.6, heads: 32, hidden: 3072, layers: 30, "};
+  const std::string h100 =
+      "source: gamma, chip: h100-sxm, chips: 8192, model: llama3-405b, tp: 8, cp: 1, "
+      "pp: 16, dp: 64, seq: 8192, sequences_per_dp_rank: 32, zero: 2, recompute: none, "
+      "counts: model, ";
+  auto write = [&](const std::vector<double>& published) {
+    std::ofstream f(dir + "/runs.yaml");
+    f << std::setprecision(17) << "runs:\n";
+    for (std::size_t i = 0; i < 4; ++i)
+      f << "  - {id: r" << i << ", source: " << (i < 2 ? "alpha" : "beta") << ", " << a100
+        << shapes[i % 2] << "tflops_per_chip: " << published[i] << "}\n";
+    f << "  - {id: r4, " << h100 << "tflops_per_chip: " << published[4] << "}\n";
+  };
+  write({100, 100, 100, 100, 400});
+  const std::vector<Validation> first = validate(catalog(), dir + "/runs.yaml");
+  ASSERT_EQ(first.size(), 5u);
+  // alpha's runs are published at what the catalog predicts; beta's 25% below it.
+  write({first[0].predicted, first[1].predicted, first[2].predicted / 1.25,
+         first[3].predicted / 1.25, 400});
+  const std::vector<SourceTransfer> report = leave_one_source_out(catalog(), {dir + "/runs.yaml"});
+  ASSERT_EQ(report.size(), 3u);
+  const SourceTransfer &alpha = report[0], &beta = report[1], &gamma = report[2];
+  ASSERT_EQ(alpha.source, "alpha");
+  ASSERT_EQ(beta.source, "beta");
+  ASSERT_EQ(gamma.source, "gamma");
+
+  EXPECT_LT(alpha.in_sample_median, 1e-6);
+  ASSERT_EQ(alpha.refits.size(), 1u);
+  EXPECT_EQ(alpha.refits[0].chip, "a100-80gb");
+  EXPECT_EQ(alpha.refits[0].from_runs, 2u);
+  EXPECT_EQ(alpha.refits[0].from_sources, 1u);
+  EXPECT_DOUBLE_EQ(alpha.refits[0].catalog,
+                   catalog().chip("a100-80gb").gemm_efficiency.value.value());
+  // Fitted on beta, the rate drops, and alpha is underpredicted by about a fifth.
+  EXPECT_LT(alpha.refits[0].refitted, 0.9 * alpha.refits[0].catalog);
+  ASSERT_EQ(alpha.held_out_runs, 2u);
+  EXPECT_GT(alpha.held_out_median, 0.10);
+  EXPECT_LT(alpha.held_out_median, 0.25);
+  for (const Validation& v : alpha.held_out)
+    EXPECT_LT(v.error, 0) << v.id;
+
+  // Fitted on alpha, the rate is the catalog's, and beta keeps its 25% over.
+  EXPECT_NEAR(beta.in_sample_median, 0.25, 1e-6);
+  ASSERT_EQ(beta.refits.size(), 1u);
+  EXPECT_NEAR(beta.refits[0].refitted, beta.refits[0].catalog, 0.01 * beta.refits[0].catalog);
+  EXPECT_NEAR(beta.held_out_median, 0.25, 0.02);
+
+  // Only gamma has h100 runs: nothing can be held out for it.
+  EXPECT_EQ(gamma.runs, 1u);
+  EXPECT_TRUE(gamma.refits.empty());
+  EXPECT_EQ(gamma.untested, std::vector<std::string>{"h100-sxm"});
+  EXPECT_EQ(gamma.held_out_runs, 0u);
 }
 
 TEST(Plan, SearchIsExhaustiveOverTheGivenFreedom) {

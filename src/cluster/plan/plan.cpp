@@ -207,7 +207,8 @@ std::map<std::string, Software> read_software(const std::string& software_path) 
   return stacks;
 }
 
-std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path) {
+std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path,
+                                 const ValidateOptions& options) {
   return with_yaml_errors(runs_path, [&] {
     const YAML::Node root = read_yaml_file(runs_path);
     check(root["runs"] && root["runs"].IsSequence(), runs_path + ": expected a 'runs' list");
@@ -323,6 +324,11 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
         c.recompute = parse_recompute(text(where, "recompute"));
       c.zero = run["zero"] ? static_cast<int>(count("zero", 0, 3)) : 1;
       const std::string source = text(where, "source");
+      if (options.include && !options.include(chip_id, source))
+        continue;
+      if (auto refit = options.gemm_efficiency.find(chip_id);
+          refit != options.gemm_efficiency.end())
+        chip.gemm_efficiency.value = refit->second;
       const std::string stack = run["software"] ? text(where, "software") : source;
       check(!run["software"] || stacks.count(stack), where + ": field 'software' names stack '" +
                                                          stack +
@@ -383,6 +389,7 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
       v.id = id;
       v.chip = chip_id;
       v.set = set;
+      v.source = source;
       if (run["known_fit"]) {
         const std::string known = text(where, "known_fit");
         check(known == "true" || known == "false",
@@ -424,6 +431,120 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
     }
     return out;
   });
+}
+
+namespace {
+
+double median_of(std::vector<double> values) {
+  if (values.empty())
+    return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+double max_abs_error(const std::vector<Validation>& rows) {
+  double worst = 0;
+  for (const Validation& v : rows)
+    worst = std::max(worst, std::abs(v.error));
+  return worst;
+}
+
+double median_abs_error(const std::vector<Validation>& rows) {
+  std::vector<double> errors;
+  for (const Validation& v : rows)
+    errors.push_back(std::abs(v.error));
+  return median_of(errors);
+}
+
+std::vector<Validation> validate_all(const Catalog& catalog, const std::vector<std::string>& paths,
+                                     const ValidateOptions& options) {
+  std::vector<Validation> rows;
+  for (const std::string& path : paths) {
+    std::vector<Validation> part = validate(catalog, path, options);
+    rows.insert(rows.end(), part.begin(), part.end());
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::vector<SourceTransfer> leave_one_source_out(const Catalog& catalog,
+                                                 const std::vector<std::string>& runs_paths) {
+  check(!runs_paths.empty(), "leave one source out: give at least one runs file");
+  const std::vector<Validation> all = validate_all(catalog, runs_paths, {});
+  // Runs are grouped, filtered and refitted by their `chip:` field (Validation::chip).
+  std::vector<std::string> sources;
+  for (const Validation& v : all)
+    if (std::find(sources.begin(), sources.end(), v.source) == sources.end())
+      sources.push_back(v.source);
+  std::vector<SourceTransfer> out;
+  for (const std::string& source : sources) {
+    SourceTransfer t;
+    t.source = source;
+    std::vector<Validation> own;
+    std::vector<std::string> chips;
+    for (const Validation& v : all)
+      if (v.source == source) {
+        own.push_back(v);
+        if (std::find(chips.begin(), chips.end(), v.chip) == chips.end())
+          chips.push_back(v.chip);
+      }
+    t.runs = own.size();
+    t.in_sample_median = median_abs_error(own);
+    t.in_sample_max = max_abs_error(own);
+    for (const std::string& chip : chips) {
+      std::vector<std::string> others;
+      std::size_t from_runs = 0;
+      for (const Validation& v : all)
+        if (v.chip == chip && v.source != source) {
+          ++from_runs;
+          if (std::find(others.begin(), others.end(), v.source) == others.end())
+            others.push_back(v.source);
+        }
+      if (others.empty()) {
+        t.untested.push_back(chip);
+        continue;
+      }
+      // Median signed error of the other sources' runs on `chip` at rate `rate`; it rises
+      // with the rate, so bisecting log(rate) over [0.05, 1] finds the rate that zeroes it.
+      auto median_error = [&](double rate) {
+        ValidateOptions refit;
+        refit.include = [&](const std::string& c, const std::string& s) {
+          return c == chip && s != source;
+        };
+        refit.gemm_efficiency[chip] = rate;
+        std::vector<double> errors;
+        for (const Validation& v : validate_all(catalog, runs_paths, refit))
+          errors.push_back(v.error);
+        return median_of(errors);
+      };
+      double lo = std::log(0.05), hi = std::log(1.0);
+      for (int step = 0; step < 16; ++step) {  // 2^-16 of the log range: < 0.01% in rate
+        const double mid = 0.5 * (lo + hi);
+        (median_error(std::exp(mid)) < 0 ? lo : hi) = mid;
+      }
+      SourceTransfer::Refit r;
+      r.chip = chip;
+      r.catalog = catalog.chip(chip).gemm_efficiency.value.value_or(0);
+      r.refitted = std::exp(0.5 * (lo + hi));
+      r.from_runs = from_runs;
+      r.from_sources = others.size();
+      t.refits.push_back(r);
+      ValidateOptions held;
+      held.include = [&](const std::string& c, const std::string& s) {
+        return c == chip && s == source;
+      };
+      held.gemm_efficiency[chip] = r.refitted;
+      for (const Validation& v : validate_all(catalog, runs_paths, held))
+        t.held_out.push_back(v);
+    }
+    t.held_out_runs = t.held_out.size();
+    t.held_out_median = median_abs_error(t.held_out);
+    t.held_out_max = max_abs_error(t.held_out);
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 }  // namespace loom::cluster

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -65,6 +66,7 @@ struct Validation {
   std::string id, chip, counts;                    // counts: hardware | model | tokens
   std::string metric;                              // "tokens/s/chip" or "TFLOP/s/chip"
   std::string set;                                 // the file's `set:` (calibration, validation)
+  std::string source;                              // the run's `source:` (a paper, a table)
   double published = 0, predicted = 0, error = 0;  // in `metric`; error = (pred - pub) / pub
   double memory_gb = 0, capacity_gb = 0;  // the model's memory estimate and what the chip holds
   bool fits = true;                       // some layout matching the published one fits in memory
@@ -81,6 +83,37 @@ std::map<std::string, Software> read_software(const std::string& path);
 // run with its published layout fixed and the unpublished parts (micro-batch, interleaving,
 // recomputation where not given) searched: the fastest layout that fits in memory, else
 // the fastest one, reported as not fitting.
-std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path);
+// `include` (when set) picks the runs to predict by catalog chip id and source, before any
+// search; `gemm_efficiency` replaces the catalog's rate of the chips it names (a refit).
+struct ValidateOptions {
+  std::function<bool(const std::string& chip, const std::string& source)> include;
+  std::map<std::string, double> gemm_efficiency;
+};
+std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path,
+                                 const ValidateOptions& options = {});
+
+// Leave one source out: how far each source's runs are predicted when nothing was fitted on
+// them. For each source S and each chip S has runs on, the chip's gemm_efficiency is refitted
+// on the other sources' runs on that chip (all files pooled) so that their median signed
+// error is 0 (throughput rises with the rate, so a bisection finds it), and S's runs are
+// predicted with the refitted rate. A chip no other source has runs on cannot be tested:
+// it is listed in `untested`, and its runs are not counted held out. The catalog is not
+// changed; this is a diagnostic of transfer, not a calibration.
+struct SourceTransfer {
+  std::string source;
+  std::size_t runs = 0, held_out_runs = 0;
+  double in_sample_median = 0, in_sample_max = 0;  // |error| with the catalog's rates
+  double held_out_median = 0, held_out_max = 0;    // |error| with the refitted rates
+  struct Refit {
+    std::string chip;
+    double catalog = 0, refitted = 0;
+    std::size_t from_runs = 0, from_sources = 0;
+  };
+  std::vector<Refit> refits;
+  std::vector<std::string> untested;  // chips that only S has runs on
+  std::vector<Validation> held_out;   // S's runs predicted with the refitted rates
+};
+std::vector<SourceTransfer> leave_one_source_out(const Catalog& catalog,
+                                                 const std::vector<std::string>& runs_paths);
 
 }  // namespace loom::cluster
