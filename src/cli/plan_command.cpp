@@ -149,12 +149,10 @@ void print_row(const Chip& chip, const Candidate& c, double tokens, std::optiona
 
 int run_validate(const Catalog& catalog, const PlanOptions& o) {
   std::vector<Validation> rows = validate(catalog, o.validate);
-  std::vector<double> errors;
   if (!o.json)
     std::printf("%-30s %-10s %-13s %10s %10s %8s  layout\n", "run", "chip", "metric", "published", "predicted", "error");
   std::size_t known_fit_misses = 0;
   for (const Validation& v : rows) {
-    errors.push_back(std::abs(v.error));
     known_fit_misses += v.known_fit && !v.fits;
     const Layout& l = v.layout;
     if (o.json) {
@@ -177,10 +175,7 @@ int run_validate(const Catalog& catalog, const PlanOptions& o) {
                   v.fits ? "" : (v.known_fit ? " (DOES NOT FIT, but ran)" : " (does not fit)"));
     }
   }
-  std::sort(errors.begin(), errors.end());
-  double median = errors.empty() ? 0 : (errors.size() % 2 ? errors[errors.size() / 2]
-                                                          : 0.5 * (errors[errors.size() / 2 - 1] + errors[errors.size() / 2]));
-  double worst = errors.empty() ? 0 : errors.back();
+  const double median = median_abs_error(rows), worst = max_abs_error(rows);
   if (o.json) {
     std::printf("%s\n", nlohmann::ordered_json{{"set", rows.empty() ? "" : rows.front().set}, {"runs", rows.size()},
                                                {"median_abs_error", median}, {"max_abs_error", worst},

@@ -443,6 +443,18 @@ double median_of(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+std::vector<Validation> validate_all(const Catalog& catalog, const std::vector<std::string>& paths,
+                                     const ValidateOptions& options) {
+  std::vector<Validation> rows;
+  for (const std::string& path : paths) {
+    std::vector<Validation> part = validate(catalog, path, options);
+    rows.insert(rows.end(), part.begin(), part.end());
+  }
+  return rows;
+}
+
+}  // namespace
+
 double max_abs_error(const std::vector<Validation>& rows) {
   double worst = 0;
   for (const Validation& v : rows)
@@ -456,18 +468,6 @@ double median_abs_error(const std::vector<Validation>& rows) {
     errors.push_back(std::abs(v.error));
   return median_of(errors);
 }
-
-std::vector<Validation> validate_all(const Catalog& catalog, const std::vector<std::string>& paths,
-                                     const ValidateOptions& options) {
-  std::vector<Validation> rows;
-  for (const std::string& path : paths) {
-    std::vector<Validation> part = validate(catalog, path, options);
-    rows.insert(rows.end(), part.begin(), part.end());
-  }
-  return rows;
-}
-
-}  // namespace
 
 std::vector<SourceTransfer> leave_one_source_out(const Catalog& catalog,
                                                  const std::vector<std::string>& runs_paths) {

@@ -92,6 +92,10 @@ struct ValidateOptions {
 std::vector<Validation> validate(const Catalog& catalog, const std::string& runs_path,
                                  const ValidateOptions& options = {});
 
+// The median and the largest |error| of a set of predicted runs (0 for none).
+double median_abs_error(const std::vector<Validation>& rows);
+double max_abs_error(const std::vector<Validation>& rows);
+
 // Leave one source out: how far each source's runs are predicted when nothing was fitted on
 // them. For each source S and each chip S has runs on, the chip's gemm_efficiency is refitted
 // on the other sources' runs on that chip (all files pooled) so that their median signed
