@@ -16,6 +16,12 @@
 
 namespace loom::testing {
 
+bool cuda_emulated(const std::string& device) {
+  const char* emulator = std::getenv("LOOM_CUDA_EMULATOR");
+  return device == "cuda" && emulator != nullptr && *emulator != '\0' &&
+         std::string(emulator) != "0";
+}
+
 Backend& cpu() {
   return cpu::backend();
 }

@@ -30,6 +30,11 @@ constexpr int steps_for_build(int release_steps, int sanitized_steps) {
   return kSanitizedBuild ? sanitized_steps : release_steps;
 }
 
+// True when `device` is "cuda" and LOOM_CUDA_EMULATOR selects the CPU emulator. Its
+// kernels run each GPU thread's code on the CPU, many times slower than the device: long
+// runs there check the backend's host code, and take fewer steps or models.
+bool cuda_emulated(const std::string& device);
+
 Backend& cpu();
 // Every backend available in this build and on this machine (the conformance suite
 // runs each of them unchanged).

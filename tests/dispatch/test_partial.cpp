@@ -57,10 +57,7 @@ TEST_P(DeviceBackend, TrainsTheDefaultGptToTheCpuLossesWithZeroFallbacks) {
   std::vector<std::string> names = dispatch::device_names();
   if (std::find(names.begin(), names.end(), device) == names.end())
     GTEST_SKIP() << "no " << device << " device";
-  const char* emulator = std::getenv("LOOM_CUDA_EMULATOR");
-  const bool emulated = device == "cuda" && emulator != nullptr && *emulator != '\0' &&
-                        std::string(emulator) != "0";
-  const int steps = emulated ? 12 : steps_for_build(50, 12);
+  const int steps = cuda_emulated(device) ? 12 : steps_for_build(50, 12);
   std::vector<double> cpu = losses_on("cpu", steps);
   ::setenv("LOOM_STRICT", "1", 1);  // any CPU fallback would throw
   dispatch::stats().reset();
