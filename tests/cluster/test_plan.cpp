@@ -350,6 +350,23 @@ TEST(Plan, APublishedRunMayListItsPipelineStages) {
   EXPECT_NE(e.find("field 'stages[1]' is not a whole number of layers"), std::string::npos) << e;
 }
 
+// A misspelt field is an error naming it, not a field silently left to the search: the
+// run below would otherwise have its micro-batch searched and its error blamed on the model.
+TEST(Plan, APublishedRunWithAFieldNoReaderKnowsIsRefused) {
+  const std::string dir = temp_dir("plan_fields");
+  const std::string row =
+      "  - {id: r1, source: megatron2021, chip: a100-80gb, chips: 32, heads: 24, hidden: 2304, "
+      "layers: 24, tp: 1, pp: 1, global_batch: 512, seq: 2048, vocab: 51200, recompute: full, "
+      "counts: hardware, tflops_per_chip: 137";
+  std::ofstream(dir + "/runs.yaml") << "runs:\n" << row << "}\n";
+  EXPECT_EQ(validate(catalog(), dir + "/runs.yaml").size(), 1u);
+  std::ofstream(dir + "/runs.yaml") << "runs:\n" << row << ", micro_bacth: 4}\n";
+  const std::string e = error_of([&] { validate(catalog(), dir + "/runs.yaml"); });
+  EXPECT_NE(e.find("run 'r1': field 'micro_bacth' is not a field of a published run"),
+            std::string::npos)
+      << e;
+}
+
 // Two sources on one chip that disagree by 25%, and a third on a chip no other source has:
 // holding a source out refits the chip's rate on the other one, so each is predicted with a
 // rate it did not set.

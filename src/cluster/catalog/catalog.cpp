@@ -156,6 +156,15 @@ Model model_from_yaml(const YAML::Node& m, const std::string& where) {
   return model;
 }
 
+const std::set<std::string>& model_field_names() {
+  static const std::set<std::string> names{
+      "layers",      "hidden",      "heads",       "kv_heads",    "ffn",         "vocab",
+      "seq",         "gated",       "experts",     "top_k",       "shared_experts",
+      "expert_ffn",  "dense_layers", "dropout",    "q_lora_rank", "kv_lora_rank",
+      "qk_nope_dim", "qk_rope_dim", "v_head_dim",  "mtp_layers",  "route_nodes", "head_dim"};
+  return names;
+}
+
 double Model::attention_params() const {
   double h = static_cast<double>(hidden);
   if (mla()) {

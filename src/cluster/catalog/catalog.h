@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,8 @@ struct Model {
 // A model's shape from a YAML mapping (a models.yaml entry, or a published run that gives
 // its model inline); id and source are left to the caller. Throws naming `where` and the field.
 Model model_from_yaml(const YAML::Node& entry, const std::string& where);
+// The fields model_from_yaml reads, for readers that reject fields they do not know.
+const std::set<std::string>& model_field_names();
 
 class Catalog {
  public:

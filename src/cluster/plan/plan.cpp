@@ -6,12 +6,25 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "core/checked.h"
 #include "core/error.h"
 
 namespace loom::cluster {
 namespace {
+
+// The fields of a published run besides an inline model's (model_field_names()).
+// params_b and tokens_per_batch are the source's own figures, kept for the reader.
+const std::set<std::string>& run_field_names() {
+  static const std::set<std::string> names{
+      "id", "source", "software", "confidence", "chip", "chips", "system", "model",
+      "tp", "pp", "dp", "cp", "ep", "interleave", "stages", "global_batch", "micro_batch",
+      "sequences_per_dp_rank", "recompute", "zero", "precision", "known_fit", "counts",
+      "tflops_per_chip", "mfu", "peak_tflops", "tokens_per_s_per_chip", "iter_time_s",
+      "gpu_hours_per_trillion_tokens", "params_b", "tokens_per_batch"};
+  return names;
+}
 
 std::vector<std::int64_t> divisors(std::int64_t n, std::int64_t limit) {
   std::vector<std::int64_t> out;
@@ -241,6 +254,14 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
       };
       const std::string id = text(entry, "id");
       const std::string where = runs_path + ": run '" + id + "'";
+      // Every field must be one this reader knows: a misspelt one ("micro_bacth") would
+      // otherwise be searched over instead of fixed, and the error blamed on the model.
+      for (const auto& field : run) {
+        const std::string name = field.first.Scalar();
+        check(run_field_names().count(name) != 0 || model_field_names().count(name) != 0,
+              where + ": field '" + name + "' is not a field of a published run (" +
+                  "docs/published-runs.md lists them)");
+      }
       // A whole number in [lo, hi]; the file's numbers were read with yaml-cpp's as<int64_t>,
       // whose exceptions ("bad conversion") were an "internal error".
       auto count = [&](const char* field, std::int64_t lo, std::int64_t hi) {
