@@ -486,6 +486,12 @@ TEST(Catalog, NumbersThatAreNotWholeOrTooLargeAreNamed) {
   e = load_error("chips: []\n",
                  "models:\n  - {id: m, layers: 2, hidden: 8, heads: .nan, vocab: 5}\n");
   EXPECT_NE(e.find("field 'heads' is nan, expected a whole number"), std::string::npos) << e;
+  // A misspelt field was ignored: this model would have had 4 x hidden as its FFN width.
+  e = load_error("chips: []\n",
+                 "models:\n  - {id: m, layers: 2, hidden: 8, heads: 2, vocab: 5, fnn: 64}\n");
+  EXPECT_NE(e.find("models.yaml: model 'm': field 'fnn' is not a field of a model"),
+            std::string::npos)
+      << e;
   // Map-valued names were a yaml-cpp exception: "internal error".
   e = load_error("chips: []\n",
                  "models:\n  - {id: {a: 1}, layers: 2, hidden: 8, heads: 2, vocab: 5}\n");

@@ -120,6 +120,11 @@ Model parse_model(const YAML::Node& m, const std::string& file, std::size_t inde
   std::string where = file + ": models[" + std::to_string(index) + "]";
   check(m.IsMap() && m["id"], where + " needs an id");
   const std::string id = text(m, "id", where);
+  for (const auto& field : m) {
+    const std::string name = field.first.Scalar();
+    check(name == "id" || name == "source" || model_field_names().count(name) != 0,
+          file + ": model '" + id + "': field '" + name + "' is not a field of a model");
+  }
   Model model = model_from_yaml(m, file + ": model '" + id + "'");
   model.id = id;
   model.source = m["source"] ? text(m, "source", where) : "";
@@ -157,11 +162,13 @@ Model model_from_yaml(const YAML::Node& m, const std::string& where) {
 }
 
 const std::set<std::string>& model_field_names() {
+  // clang-format off
   static const std::set<std::string> names{
-      "layers",      "hidden",      "heads",       "kv_heads",    "ffn",         "vocab",
-      "seq",         "gated",       "experts",     "top_k",       "shared_experts",
-      "expert_ffn",  "dense_layers", "dropout",    "q_lora_rank", "kv_lora_rank",
-      "qk_nope_dim", "qk_rope_dim", "v_head_dim",  "mtp_layers",  "route_nodes", "head_dim"};
+      "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "gated", "head_dim",
+      "experts", "top_k", "shared_experts", "expert_ffn", "dense_layers", "route_nodes",
+      "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim",
+      "mtp_layers", "dropout"};
+  // clang-format on
   return names;
 }
 

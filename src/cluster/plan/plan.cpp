@@ -17,12 +17,14 @@ namespace {
 // The fields of a published run besides an inline model's (model_field_names()).
 // params_b and tokens_per_batch are the source's own figures, kept for the reader.
 const std::set<std::string>& run_field_names() {
+  // clang-format off
   static const std::set<std::string> names{
       "id", "source", "software", "confidence", "chip", "chips", "system", "model",
       "tp", "pp", "dp", "cp", "ep", "interleave", "stages", "global_batch", "micro_batch",
       "sequences_per_dp_rank", "recompute", "zero", "precision", "known_fit", "counts",
       "tflops_per_chip", "mfu", "peak_tflops", "tokens_per_s_per_chip", "iter_time_s",
       "gpu_hours_per_trillion_tokens", "params_b", "tokens_per_batch"};
+  // clang-format on
   return names;
 }
 
