@@ -35,37 +35,58 @@ double ring_allreduce(double bytes, std::int64_t n, double bw, double alpha) {
 
 // Bytes per parameter of weights, gradients and optimizer: bf16 weights (2), fp32
 // gradients (4), fp32 master weights and Adam moments (12), as Megatron's theoretical
-// memory formula; ZeRO stage 1 shards the optimizer over data parallel, 2 the gradients
-// too, 3 the weights too.
+// memory formula; ZeRO stage 1 shards the optimizer over the `shards` chips that hold
+// the same parameter, 2 the gradients too, 3 the weights too.
 struct ParamBytes {
   double weights, gradients, optimizer;
   double total() const { return weights + gradients + optimizer; }
 };
-ParamBytes param_bytes(int zero, std::int64_t dp) {
-  const double d = static_cast<double>(dp);
+ParamBytes param_bytes(int zero, std::int64_t shards) {
+  const double d = static_cast<double>(shards);
   return {zero >= 3 ? 2.0 / d : 2.0, zero >= 2 ? 4.0 / d : 4.0, zero >= 1 ? 12.0 / d : 12.0};
 }
 
-// Weights held by one chip of a pipeline stage of `layers` layers (experts split over ep),
-// plus the embedding on the first stage, all split over tp.
 // The tensor-parallel width of each expert: tp when experts shard across data parallel,
 // 1 when they are folded over tp x cp x dp (ep does not divide dp).
 std::int64_t expert_tp(const Layout& l) { return l.dp % l.ep == 0 ? l.tp : 1; }
 
-double params_per_chip(const Model& m, const Layout& l, double layers, bool first) {
-  const double dense_share = m.dense_share();
-  double per_layer = m.attention_params() + dense_share * m.dense_mlp_params();
-  double experts = (1.0 - dense_share) * static_cast<double>(m.experts + m.shared_experts) * m.expert_params() /
-                   static_cast<double>(l.ep * expert_tp(l));
-  double embedding = first ? static_cast<double>(m.vocab) * static_cast<double>(m.hidden) : 0.0;
-  return (layers * per_layer + embedding) / static_cast<double>(l.tp) + layers * experts;
+// How many chips hold a copy of the same parameter shard: the group its gradients are
+// reduced over and its optimizer state is sharded across. Context-parallel ranks hold the
+// same weights as data-parallel ones, so dense parameters are replicated over dp x cp
+// (Megatron-Core builds its distributed optimizer and gradient buffers on the data-parallel
+// group with context parallelism); an expert shard over the expert-data-parallel group,
+// the tp x cp x dp chips of a pipeline stage over the ep x expert-tp that split the experts.
+std::int64_t dense_replicas(const Layout& l) { return l.dp * l.cp; }
+std::int64_t expert_replicas(const Layout& l) {
+  return std::max<std::int64_t>(1, l.tp * l.cp * l.dp / (l.ep * expert_tp(l)));
 }
 
-// The most weights any pipeline rank holds (its gradients are what data parallel reduces).
-double max_params_per_chip(const Model& m, const Layout& l, const std::vector<std::int64_t>& stages) {
-  double most = 0;
-  for (std::size_t i = 0; i < stages.size(); ++i)
-    most = std::max(most, params_per_chip(m, l, static_cast<double>(stages[i]), i == 0));
+// Parameters held by one chip of a pipeline stage of `layers` layers: the dense part
+// (attention, dense MLPs, shared experts, the embedding on the first stage) split over tp,
+// and the routed experts split over ep x expert-tp. A shared expert sees every token, so
+// it is sharded like a dense MLP (Megatron-Core's SharedExpertMLP), not over ep.
+struct ChipParams {
+  double dense = 0, expert = 0;
+  double total() const { return dense + expert; }
+};
+ChipParams params_per_chip(const Model& m, const Layout& l, double layers, bool first) {
+  const double dense_share = m.dense_share();
+  double per_layer = m.attention_params() + dense_share * m.dense_mlp_params() +
+                     (1.0 - dense_share) * static_cast<double>(m.shared_experts) * m.expert_params();
+  double experts = (1.0 - dense_share) * static_cast<double>(m.experts) * m.expert_params() /
+                   static_cast<double>(l.ep * expert_tp(l));
+  double embedding = first ? static_cast<double>(m.vocab) * static_cast<double>(m.hidden) : 0.0;
+  return {(layers * per_layer + embedding) / static_cast<double>(l.tp), layers * experts};
+}
+
+// The parameters of the pipeline rank that holds the most (its gradients are what data
+// parallel reduces).
+ChipParams max_params_per_chip(const Model& m, const Layout& l, const std::vector<std::int64_t>& stages) {
+  ChipParams most;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    ChipParams p = params_per_chip(m, l, static_cast<double>(stages[i]), i == 0);
+    if (p.total() > most.total()) most = p;
+  }
   return most;
 }
 
@@ -273,7 +294,8 @@ Memory memory_per_chip(const Model& m, const Layout& l, const Software& sw, doub
   const double b = static_cast<double>(l.micro_batch), h = static_cast<double>(m.hidden);
   const double t = static_cast<double>(l.tp), p = static_cast<double>(l.pp);
   const double per_layer = s * b * activation_bytes_per_token(m, l, sw);  // one micro-batch
-  const ParamBytes bytes = param_bytes(l.zero, l.dp);
+  const ParamBytes dense_bytes = param_bytes(l.zero, dense_replicas(l));
+  const ParamBytes expert_bytes = param_bytes(l.zero, expert_replicas(l));
   // Under 1F1B, rank i keeps pp - i micro-batches of its layers in flight (at most the
   // micro-batches there are). Interleaving keeps (1 + (pp - 1) / (pp v)) times as many on
   // the first rank (Korthikanti et al.); DualPipe pp + 1 on every rank, and two stages'
@@ -289,13 +311,16 @@ Memory memory_per_chip(const Model& m, const Layout& l, const Software& sw, doub
     if (l.pp > 1 && l.interleave == 1 && !dualpipe) act *= std::min(1.0, microbatches / in_flight);
     if (i + 1 == stages.size())  // the output layer's input and its fp32 logits (Megatron's formula)
       act += s * b * h * 4.0 * (1.0 + static_cast<double>(m.vocab) / h) / t * static_cast<double>(1 + m.mtp_layers);
-    const double params = params_per_chip(m, l, static_cast<double>(stages[i]), i == 0);
+    const ChipParams params = params_per_chip(m, l, static_cast<double>(stages[i]), i == 0);
+    auto held = [&](double ParamBytes::*part) {
+      return params.dense * dense_bytes.*part + params.expert * expert_bytes.*part;
+    };
     const double copies = dualpipe ? 2.0 : 1.0;
     Memory mem;
     mem.rank = static_cast<std::int64_t>(i);
-    mem.weights_gb = copies * params * bytes.weights / 1e9;
-    mem.gradients_gb = copies * params * bytes.gradients / 1e9;
-    mem.optimizer_gb = params * bytes.optimizer / 1e9;
+    mem.weights_gb = copies * held(&ParamBytes::weights) / 1e9;
+    mem.gradients_gb = copies * held(&ParamBytes::gradients) / 1e9;
+    mem.optimizer_gb = held(&ParamBytes::optimizer) / 1e9;
     mem.weights_and_optimizer_gb = mem.weights_gb + mem.gradients_gb + mem.optimizer_gb;
     mem.activations_gb = act / 1e9;
     mem.reserve_gb = kRuntimeReserveGb + kFragmentation * (mem.weights_and_optimizer_gb + mem.activations_gb);
@@ -367,16 +392,27 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   const double dense_share = m.dense_share();
 
   // ---- compute per micro-batch on one stage --------------------------------------------
+  auto gemm_eff = [&](double size) { return *chip.gemm_efficiency.value * size / (size + kGemmHalf); };
   double x = tokens_chip * h / t;
-  double eff = *chip.gemm_efficiency.value * x / (x + kGemmHalf);
+  double eff = gemm_eff(x);
   double attn_flops = attention_core_flops(m, tokens_mb, seq) / (t * cp);
   double gemm_flops = layer_forward_flops(m, tokens_mb, seq) / (t * cp) - attn_flops;
-  // The busiest expert rank computes moe_imbalance times its share of the routed tokens.
-  if (m.moe())
-    gemm_flops += (sw.moe_imbalance - 1.0) * (1.0 - dense_share) * 2.0 * tokens_chip *
-                  static_cast<double>(m.top_k) * m.expert_params() / t;
+  // Routed experts: each expert's GEMMs see only the rows routed to it. An expert group of
+  // ep x expert-tp chips receives the tokens of ep x expert-tp / tp of them (tokens_chip
+  // each per TP group), k copies of each spread over the experts, so one expert's GEMM has
+  // tokens_chip x ep x expert-tp / tp x k / E rows on weights split expert-tp ways: its size
+  // on the curve above is x x ep x k / E (Mixtral's 8 experts, top-2, ep 1: a quarter of
+  // the dense GEMMs'). The busiest expert rank computes moe_imbalance times its share.
+  double routed_flops = 0;
+  double expert_eff = eff;
+  if (m.moe()) {
+    routed_flops = (1.0 - dense_share) * 2.0 * tokens_chip * static_cast<double>(m.top_k) * m.expert_params() / t;
+    gemm_flops -= routed_flops;
+    routed_flops *= sw.moe_imbalance;
+    expert_eff = gemm_eff(x * static_cast<double>(l.ep * m.top_k) / static_cast<double>(m.experts));
+  }
   double t_attention = attn_flops / (attention_peak * eff);
-  double t_gemm = gemm_flops / (peak * eff) + t_attention;
+  double t_gemm = gemm_flops / (peak * eff) + routed_flops / (peak * expert_eff) + t_attention;
   double act_bytes = tokens_chip * h * kActivationPasses * 2.0 / (sw.sequence_parallel ? t : 1.0);
   double score_bytes = sw.flash_attention ? 0.0 : static_cast<double>(l.micro_batch) * (m.heads / t) * (seq / cp) * seq * kScorePasses * 2.0;
   // fp8 GEMMs read quantised copies of their inputs: each input element of the four GEMM
@@ -474,14 +510,19 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
     bubble = std::max(0.0, static_cast<double>(l.pp) / 2.0 - 1.0) * (2.0 + 2.0 * r) * f;
   }
   Memory mem = memory_per_chip(m, l, sw, *chip.hbm_gb.value);
-  double params_chip = max_params_per_chip(m, l, stages);
+  const ChipParams params_chip = max_params_per_chip(m, l, stages);
   auto [dp_bw, dp_alpha] = link(l.chips());
   // ZeRO-3 gathers weights for forward and backward: 1.5x an all-reduce's volume.
   double volume = l.zero >= 3 ? 1.5 : 1.0;
-  double t_dp = volume * ring_allreduce(params_chip * 2.0, l.dp * l.cp, dp_bw, dp_alpha);
+  // Dense gradients are reduced over dp x cp, an expert shard's over its expert-data-parallel
+  // group (the two run one after the other).
+  double t_dp = volume * (ring_allreduce(params_chip.dense * 2.0, dense_replicas(l), dp_bw, dp_alpha) +
+                          ring_allreduce(params_chip.expert * 2.0, expert_replicas(l), dp_bw, dp_alpha));
   double backward_total = microbatches * 2.0 * t_fwd;
   double dp_exposed = sw.overlap_dp ? std::max(0.0, t_dp - backward_total) : t_dp;
-  double t_optimizer = params_chip * param_bytes(l.zero, l.dp).total() * 2.0 / hbm;  // read + write states
+  double t_optimizer = (params_chip.dense * param_bytes(l.zero, dense_replicas(l)).total() +
+                        params_chip.expert * param_bytes(l.zero, expert_replicas(l)).total()) *
+                       2.0 / hbm;  // read + write states
 
   e.compute_s = microbatches * t_compute_mb + t_optimizer;
   e.exposed_comm_s = microbatches * (t_tp + t_cp + t_ep + t_pp) + dp_exposed;
