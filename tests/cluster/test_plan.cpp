@@ -449,6 +449,43 @@ TEST(Plan, LeaveOneSourceOutRefitsEachChipOnTheOtherSources) {
   EXPECT_EQ(gamma.held_out_runs, 0u);
 }
 
+// A user's own runs (loom plan --measured) recalibrate the chip they ran on: the fitted rate
+// predicts them with a median error of 0, and the error the catalog's rate made is kept.
+TEST(Plan, MeasuredRunsRecalibrateTheRateOfTheChipTheyRanOn) {
+  const std::string dir = temp_dir("plan_measured");
+  auto write = [&](double a, double b) {
+    std::ofstream f(dir + "/runs.yaml");
+    f << std::setprecision(17) << "runs:\n";
+    const std::string common =
+        "chip: a100-80gb, chips: 32, tp: 1, pp: 1, global_batch: 512, seq: 2048, vocab: 51200, "
+        "recompute: full, counts: hardware, heads: 24, hidden: 2304, layers: 24, ";
+    f << "  - {id: m0, source: ours, " << common << "tflops_per_chip: " << a << "}\n";
+    f << "  - {id: m1, source: ours, " << common << "micro_batch: 2, tflops_per_chip: " << b
+      << "}\n";
+  };
+  write(100, 100);
+  const std::vector<Validation> first = validate(catalog(), dir + "/runs.yaml");
+  ASSERT_EQ(first.size(), 2u);
+  // Both measured 20% below what the catalog predicts.
+  write(first[0].predicted / 1.25, first[1].predicted / 1.25);
+  const std::optional<RateFit> fit =
+      fit_gemm_efficiency(catalog(), {dir + "/runs.yaml"}, "a100-80gb");
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_EQ(fit->runs, 2u);
+  EXPECT_EQ(fit->sources, std::vector<std::string>{"ours"});
+  EXPECT_NEAR(fit->median_error_at_catalog, 0.25, 1e-6);
+  EXPECT_DOUBLE_EQ(fit->catalog, catalog().chip("a100-80gb").gemm_efficiency.value.value());
+  EXPECT_LT(fit->fitted, 0.9 * fit->catalog);
+  ValidateOptions refit;
+  refit.gemm_efficiency["a100-80gb"] = fit->fitted;
+  EXPECT_LT(median_abs_error(validate(catalog(), dir + "/runs.yaml", refit)), 0.005);
+  // No run on the chip, or none the filter keeps: nothing to fit.
+  EXPECT_FALSE(fit_gemm_efficiency(catalog(), {dir + "/runs.yaml"}, "h100-sxm").has_value());
+  EXPECT_FALSE(fit_gemm_efficiency(catalog(), {dir + "/runs.yaml"}, "a100-80gb",
+                                   [](const std::string& source) { return source != "ours"; })
+                   .has_value());
+}
+
 TEST(Plan, SearchIsExhaustiveOverTheGivenFreedom) {
   Catalog c = catalog();
   Constraints fixed;
@@ -528,6 +565,41 @@ TEST(Catalog, NumbersThatAreNotWholeOrTooLargeAreNamed) {
   e = error_of([&] { apply_device_profile(h100, dir + "/profile.json", "bf16"); });
   EXPECT_NE(e.find("profile.json: gemm[0]: field 'm' is \"big\", expected a number"),
             std::string::npos)
+      << e;
+}
+
+// A misspelt field of a chip, of one of its figures or of a system was ignored without a
+// word: the chip kept no name, the figure's bounds were dropped (so no range), the system
+// used the chip's own fabric.
+TEST(Catalog, FieldsNoReaderKnowsAreRefusedInChipsFiguresAndSystems) {
+  std::string dir = temp_dir("catalog-fields");
+  std::ofstream(dir + "/models.yaml") << "models: []\n";
+  auto load_error = [&](const std::string& chips, const std::string& systems) {
+    std::ofstream(dir + "/chips.yaml") << chips;
+    std::ofstream(dir + "/systems.yaml") << systems;
+    return error_of([&] { Catalog::load(dir); });
+  };
+  const std::string system =
+      "systems:\n  - id: s\n    chip: x\n"
+      "    scaleup_domain: {value: 8, source: s, confidence: c}\n"
+      "    scaleout_gbits: {value: 400, source: s, confidence: c}\n";
+  EXPECT_EQ(load_error(one_chip("8"), system), "");
+  std::string e = load_error(one_chip("8") + "    nmae: X\n", system);
+  EXPECT_NE(e.find("chips.yaml: chip 'x': field 'nmae' is not a field of a chip"),
+            std::string::npos)
+      << e;
+  e = load_error(one_chip("8, lo: 4, high: 16"), system);
+  EXPECT_NE(e.find("chips.yaml: chip 'x': field 'scaleup_domain': field 'lo' is not a field of "
+                   "a figure"),
+            std::string::npos)
+      << e;
+  e = load_error(one_chip("8"),
+                 system + "    scaleout_gibts: {value: 1, source: s, confidence: c}\n");
+  EXPECT_NE(e.find("systems.yaml: system 's': field 'scaleout_gibts' is not a field of a system"),
+            std::string::npos)
+      << e;
+  e = load_error(one_chip("8") + "    ? [a, b]\n    : 1\n", system);
+  EXPECT_NE(e.find("chips.yaml: chip 'x': a field's name is a list or mapping"), std::string::npos)
       << e;
 }
 

@@ -62,6 +62,8 @@ Figure figure(const YAML::Node& entry, const std::string& field, const std::stri
   check(n.IsDefined(), at + " is missing; every chip figure needs {value, source, confidence}");
   check(n.IsMap() && n["value"] && n["source"] && n["confidence"],
         at + " must be {value, source, confidence}");
+  static const std::set<std::string> figure_fields{"value", "source", "confidence", "low", "high"};
+  check_known_fields(n, figure_fields, at, "a figure (value, source, confidence, low, high)");
   Figure f;
   f.source = text(n, "source", at);
   f.confidence = text(n, "confidence", at);
@@ -120,18 +122,43 @@ Model parse_model(const YAML::Node& m, const std::string& file, std::size_t inde
   std::string where = file + ": models[" + std::to_string(index) + "]";
   check(m.IsMap() && m["id"], where + " needs an id");
   const std::string id = text(m, "id", where);
-  for (const auto& field : m) {
-    const std::string name = field.first.Scalar();
-    check(name == "id" || name == "source" || model_field_names().count(name) != 0,
-          file + ": model '" + id + "': field '" + name + "' is not a field of a model");
-  }
+  check_known_fields(m, model_field_names(), file + ": model '" + id + "'", "a model",
+                     {"id", "source"});
   Model model = model_from_yaml(m, file + ": model '" + id + "'");
   model.id = id;
   model.source = m["source"] ? text(m, "source", where) : "";
   return model;
 }
 
+// The fields of a chips.yaml entry and of a systems.yaml entry.
+const std::set<std::string>& chip_field_names() {
+  // clang-format off
+  static const std::set<std::string> names{
+      "id", "name", "status", "bf16_tflops", "fp8_tflops", "fp4_tflops", "hbm_gb", "hbm_tbps",
+      "scaleup_gbps", "scaleup_domain", "scaleout_gbits", "tdp_w", "price_per_hour",
+      "gemm_efficiency"};
+  // clang-format on
+  return names;
+}
+const std::set<std::string>& system_field_names() {
+  static const std::set<std::string> names{"id", "name", "chip", "scaleup_domain",
+                                           "scaleout_gbits"};
+  return names;
+}
+
 }  // namespace
+
+void check_known_fields(const YAML::Node& entry, const std::set<std::string>& known,
+                        const std::string& where, const std::string& what,
+                        const std::set<std::string>& also) {
+  for (const auto& field : entry) {
+    check(field.first.IsScalar(),
+          where + ": a field's name is a list or mapping, expected a single word");
+    const std::string name = field.first.Scalar();
+    check(known.count(name) != 0 || also.count(name) != 0,
+          where + ": field '" + name + "' is not a field of " + what);
+  }
+}
 
 Model model_from_yaml(const YAML::Node& m, const std::string& where) {
   Model model;
@@ -260,6 +287,7 @@ Catalog Catalog::load(const std::string& dir) {
       chip.id = text(e, "id", chips_path + ": chips[" + std::to_string(i) + "]");
       check(ids.insert(chip.id).second, chips_path + ": chip id '" + chip.id + "' appears twice");
       std::string where = chips_path + ": chip '" + chip.id + "'";
+      check_known_fields(e, chip_field_names(), where, "a chip");
       chip.name = e["name"] ? text(e, "name", where) : chip.id;
       chip.status = e["status"] ? text(e, "status", where) : "shipping";
       check(chip.status == "shipping" || chip.status == "roadmap",
@@ -292,6 +320,7 @@ Catalog Catalog::load(const std::string& dir) {
         System sys;
         sys.id = text(e, "id", systems_path + ": systems[" + std::to_string(i) + "]");
         std::string where = systems_path + ": system '" + sys.id + "'";
+        check_known_fields(e, system_field_names(), where, "a system");
         sys.name = e["name"] ? text(e, "name", where) : sys.id;
         sys.chip = text(e, "chip", where);
         try {

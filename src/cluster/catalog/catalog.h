@@ -82,6 +82,14 @@ Model model_from_yaml(const YAML::Node& entry, const std::string& where);
 // The fields model_from_yaml reads, for readers that reject fields they do not know.
 const std::set<std::string>& model_field_names();
 
+// Throws "<where>: field 'x' is not a field of <what>" for the first field of the mapping
+// `entry` that is in neither `known` nor `also`: a misspelt field would otherwise be
+// ignored without a word and its default used. A key that is not a single value (a list
+// used as a key) is named as such.
+void check_known_fields(const YAML::Node& entry, const std::set<std::string>& known,
+                        const std::string& where, const std::string& what,
+                        const std::set<std::string>& also = {});
+
 class Catalog {
  public:
   // Reads DIR/chips.yaml and DIR/models.yaml; throws naming file, entry, field, value.

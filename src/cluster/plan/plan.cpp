@@ -258,12 +258,9 @@ std::vector<Validation> validate(const Catalog& catalog, const std::string& runs
       const std::string where = runs_path + ": run '" + id + "'";
       // Every field must be one this reader knows: a misspelt one ("micro_bacth") would
       // otherwise be searched over instead of fixed, and the error blamed on the model.
-      for (const auto& field : run) {
-        const std::string name = field.first.Scalar();
-        check(run_field_names().count(name) != 0 || model_field_names().count(name) != 0,
-              where + ": field '" + name + "' is not a field of a published run (" +
-                  "docs/published-runs.md lists them)");
-      }
+      check_known_fields(run, run_field_names(), where,
+                         "a published run (docs/published-runs.md lists them)",
+                         model_field_names());
       // A whole number in [lo, hi]; the file's numbers were read with yaml-cpp's as<int64_t>,
       // whose exceptions ("bad conversion") were an "internal error".
       auto count = [&](const char* field, std::int64_t lo, std::int64_t hi) {
@@ -517,48 +514,18 @@ std::vector<SourceTransfer> leave_one_source_out(const Catalog& catalog,
     t.in_sample_median = median_abs_error(own);
     t.in_sample_max = max_abs_error(own);
     for (const std::string& chip : chips) {
-      std::vector<std::string> others;
-      std::size_t from_runs = 0;
-      for (const Validation& v : all)
-        if (v.chip == chip && v.source != source) {
-          ++from_runs;
-          if (std::find(others.begin(), others.end(), v.source) == others.end())
-            others.push_back(v.source);
-        }
-      if (others.empty()) {
+      const std::optional<RateFit> fit = fit_gemm_efficiency(
+          catalog, runs_paths, chip, [&](const std::string& s) { return s != source; });
+      if (!fit) {
         t.untested.push_back(chip);
         continue;
       }
-      // Median signed error of the other sources' runs on `chip` at rate `rate`; it rises
-      // with the rate, so bisecting log(rate) over [0.05, 1] finds the rate that zeroes it.
-      auto median_error = [&](double rate) {
-        ValidateOptions refit;
-        refit.include = [&](const std::string& c, const std::string& s) {
-          return c == chip && s != source;
-        };
-        refit.gemm_efficiency[chip] = rate;
-        std::vector<double> errors;
-        for (const Validation& v : validate_all(catalog, runs_paths, refit))
-          errors.push_back(v.error);
-        return median_of(errors);
-      };
-      double lo = std::log(0.05), hi = std::log(1.0);
-      for (int step = 0; step < 16; ++step) {  // 2^-16 of the log range: < 0.01% in rate
-        const double mid = 0.5 * (lo + hi);
-        (median_error(std::exp(mid)) < 0 ? lo : hi) = mid;
-      }
-      SourceTransfer::Refit r;
-      r.chip = chip;
-      r.catalog = catalog.chip(chip).gemm_efficiency.value.value_or(0);
-      r.refitted = std::exp(0.5 * (lo + hi));
-      r.from_runs = from_runs;
-      r.from_sources = others.size();
-      t.refits.push_back(r);
+      t.refits.push_back({chip, fit->catalog, fit->fitted, fit->runs, fit->sources.size()});
       ValidateOptions held;
       held.include = [&](const std::string& c, const std::string& s) {
         return c == chip && s == source;
       };
-      held.gemm_efficiency[chip] = r.refitted;
+      held.gemm_efficiency[chip] = fit->fitted;
       for (const Validation& v : validate_all(catalog, runs_paths, held))
         t.held_out.push_back(v);
     }
@@ -568,6 +535,46 @@ std::vector<SourceTransfer> leave_one_source_out(const Catalog& catalog,
     out.push_back(std::move(t));
   }
   return out;
+}
+
+std::optional<RateFit> fit_gemm_efficiency(const Catalog& catalog,
+                                           const std::vector<std::string>& runs_paths,
+                                           const std::string& chip,
+                                           const std::function<bool(const std::string&)>& include) {
+  ValidateOptions on_chip;
+  on_chip.include = [&](const std::string& c, const std::string& s) {
+    return c == chip && (!include || include(s));
+  };
+  const std::vector<Validation> at_catalog = validate_all(catalog, runs_paths, on_chip);
+  if (at_catalog.empty())
+    return std::nullopt;
+  RateFit fit;
+  fit.chip = chip;
+  fit.catalog = catalog.chip(chip).gemm_efficiency.value.value_or(0);
+  fit.runs = at_catalog.size();
+  std::vector<double> errors;
+  for (const Validation& v : at_catalog) {
+    errors.push_back(v.error);
+    if (std::find(fit.sources.begin(), fit.sources.end(), v.source) == fit.sources.end())
+      fit.sources.push_back(v.source);
+  }
+  fit.median_error_at_catalog = median_of(errors);
+  // The runs' median signed error at `rate`; it rises with the rate.
+  auto median_error = [&](double rate) {
+    ValidateOptions refit = on_chip;
+    refit.gemm_efficiency[chip] = rate;
+    std::vector<double> e;
+    for (const Validation& v : validate_all(catalog, runs_paths, refit))
+      e.push_back(v.error);
+    return median_of(e);
+  };
+  double lo = std::log(0.05), hi = std::log(1.0);
+  for (int step = 0; step < 16; ++step) {  // 2^-16 of the log range: < 0.01% in rate
+    const double mid = 0.5 * (lo + hi);
+    (median_error(std::exp(mid)) < 0 ? lo : hi) = mid;
+  }
+  fit.fitted = std::exp(0.5 * (lo + hi));
+  return fit;
 }
 
 }  // namespace loom::cluster

@@ -120,4 +120,20 @@ struct SourceTransfer {
 std::vector<SourceTransfer> leave_one_source_out(const Catalog& catalog,
                                                  const std::vector<std::string>& runs_paths);
 
+// A chip's gemm_efficiency fitted on runs: the rate at which the runs on `chip` in
+// `runs_paths` (pooled; those `include` keeps, by source) have a median signed error of 0.
+// Throughput rises with the rate, so a bisection of log(rate) over [0.05, 1] finds it.
+// `loom plan --measured FILE` recalibrates a chip on a user's own measured runs this way,
+// and leave_one_source_out refits with it. nullopt when no run is on the chip.
+struct RateFit {
+  std::string chip;
+  double catalog = 0, fitted = 0;  // gemm_efficiency: the catalog's, and fitted
+  std::size_t runs = 0;
+  std::vector<std::string> sources;
+  double median_error_at_catalog = 0;  // signed: how far the catalog's rate put the runs
+};
+std::optional<RateFit> fit_gemm_efficiency(
+    const Catalog& catalog, const std::vector<std::string>& runs_paths, const std::string& chip,
+    const std::function<bool(const std::string& source)>& include = {});
+
 }  // namespace loom::cluster
