@@ -63,6 +63,7 @@ Model resolve_model(const Catalog& catalog, const PlanOptions& o) {
   if (o.vocab) m.vocab = *o.vocab;
   if (o.experts) m.experts = *o.experts;
   if (o.top_k) m.top_k = *o.top_k;
+  if (o.gated) m.gated = true;
   if (m.experts > 0 && m.expert_ffn == 0) m.expert_ffn = m.ffn;
   m.validate("model '" + m.id + "'");
   return m;
@@ -118,6 +119,30 @@ nlohmann::ordered_json layout_json(const Model& m, const Chip& chip, const Candi
     j["cost_usd"] = t.cost_known ? nlohmann::json(t.cost_usd) : nlohmann::json("unknown");
   }
   return j;
+}
+
+// --measured: the chip's gemm_efficiency refitted on the user's runs on it (by the base chip
+// id, as the runs name it), replacing the catalog's; the change is printed (text) or carried
+// in each layout's JSON. Without a run on the chip the catalog's rate stays, and that is said.
+std::optional<RateFit> recalibrate(const Catalog& catalog, const std::vector<std::string>& files, Chip& chip,
+                                   bool json) {
+  const std::string base = chip.id.substr(0, chip.id.find('@'));
+  std::string names;
+  for (const std::string& f : files) names += (names.empty() ? "" : ", ") + f;
+  std::optional<RateFit> fit = fit_gemm_efficiency(catalog, files, base);
+  if (!fit) {
+    std::fprintf(json ? stderr : stdout, "%s: no measured run in %s; gemm_efficiency stays at the catalog's %.3f\n",
+                 base.c_str(), names.c_str(), chip.gemm_efficiency.value.value_or(0));
+    return fit;
+  }
+  chip.gemm_efficiency = Figure{fit->fitted, {}, {}, false,
+                                "fitted on " + std::to_string(fit->runs) + " measured run(s) in " + names, "measured"};
+  if (!json)
+    std::printf("%s: gemm_efficiency %.3f (catalog) -> %.3f, fitted on %zu measured run(s) in %s, which the "
+                "catalog's rate predicted at %+.1f%% (median)\n",
+                base.c_str(), fit->catalog, fit->fitted, fit->runs, names.c_str(),
+                100.0 * fit->median_error_at_catalog);
+  return fit;
 }
 
 void print_table_header() {
@@ -270,6 +295,9 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   plan->add_option("--chips", o.chips, "number of chips")->check(CLI::PositiveNumber);
   plan->add_option("--precision", o.precision, "bf16 | fp8 (GEMM inputs)");
   plan->add_option("--profile", o.profile, "a Loom device profile (docs/device-profile.md): measured GEMM rate and bandwidth");
+  plan->add_option("--measured", o.measured,
+                   "your own measured runs (the published-runs format, docs/published-runs.md): each planned chip's "
+                   "gemm_efficiency is refitted on its runs there, and the change printed");
   plan->add_option("--tokens", o.tokens, "training tokens (e.g. 15.6T)");
   plan->add_option("--compare", o.compare, "chip ids to compare side by side: a,b,c or a:count,b:count");
   plan->add_option("--budget", o.budget, "USD: with --compare, the fastest plan within this cost");
@@ -298,6 +326,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   plan->add_option("--vocab", o.vocab, "custom model: vocabulary");
   plan->add_option("--experts", o.experts, "custom model: MoE experts");
   plan->add_option("--top-k", o.top_k, "custom model: experts per token");
+  plan->add_flag("--gated", o.gated, "custom model: a gated MLP (SwiGLU: three matrices of hidden x ffn)");
   plan->add_option("--models-file", o.models_file, "a YAML file of extra models (catalog/models.yaml format)");
   plan->add_option("--catalog", o.catalog, "catalog folder (default: the repository's catalog/)");
   plan->add_option("--top", o.top, "layouts to show");
@@ -348,7 +377,8 @@ int run_plan(const PlanOptions& o) {
                                    std::to_string(*o.pp) + "*" + std::to_string(*o.dp) + "*" +
                                    std::to_string(o.cp.value_or(1)) + " = " + std::to_string(product));
   }
-  if (!o.json) print_table_header();
+  // The header comes before the first row, after what --measured prints about the first chip.
+  bool header_printed = o.json;
   std::vector<Chip> compared;
   for (const std::string& entry : chip_ids) {
     // "id" or "id:count" (a per-chip count, e.g. 910c:100000,b200:36000).
@@ -365,6 +395,8 @@ int run_plan(const PlanOptions& o) {
     }
     Chip chip = id[0] == '@' ? catalog.chip_in_system(id.substr(1)) : catalog.chip(id);
     if (!o.profile.empty()) apply_device_profile(chip, o.profile, o.precision);
+    std::optional<RateFit> fit;
+    if (!o.measured.empty()) fit = recalibrate(catalog, o.measured, chip, o.json);
     std::vector<Candidate> shown;
     if (count) {
       auto start = std::chrono::steady_clock::now();
@@ -440,12 +472,22 @@ int run_plan(const PlanOptions& o) {
       }
       if (o.json) {
         nlohmann::ordered_json j = layout_json(m, chip, cand, tokens, o.price);
+        if (fit)
+          j["gemm_efficiency_fit"] = {{"catalog", fit->catalog},
+                                      {"fitted", fit->fitted},
+                                      {"runs", fit->runs},
+                                      {"sources", fit->sources},
+                                      {"median_error_at_catalog", fit->median_error_at_catalog}};
         if (range)
           j["range"] = {{"tokens_per_s", {range->first.estimate.tokens_per_s, range->second.estimate.tokens_per_s}},
                         {"days", {range->second.totals.days, range->first.totals.days}},
                         {"rests_on", "estimated chip figures at their catalog bounds"}};
         std::printf("%s\n", j.dump().c_str());
       } else {
+        if (!header_printed) {
+          print_table_header();
+          header_printed = true;
+        }
         print_row(chip, cand, tokens, o.price);
         if (range)
           std::printf("%-10s   range from estimated figures: %.0f..%.0f tok/s, %.1f..%.1f days\n", "",

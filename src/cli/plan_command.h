@@ -11,6 +11,7 @@ namespace loom::cli {
 struct PlanOptions {
   std::string profile;
   std::vector<std::string> leave_one_source_out;  // runs files to pool
+  std::vector<std::string> measured;  // a user's measured runs: the chips' rates are refitted
   std::string model, chip, system, compare, tokens = "15T", validate, catalog, models_file,
                                             precision = "bf16";
   std::optional<std::int64_t> chips, tp, pp, dp, ep, cp, micro_batch, global_batch, seq, interleave,
@@ -21,6 +22,7 @@ struct PlanOptions {
   std::optional<double> budget, deadline, price;
   int top = 10;
   bool json = false;
+  bool gated = false;  // custom model: a gated (SwiGLU) MLP
 };
 
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& options);

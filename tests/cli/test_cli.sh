@@ -65,6 +65,19 @@ expect_error "--max-error: Value -1 not in range" plan --validate "$runs" --max-
 loso=$("$loom" plan --leave-one-source-out "$runs" --json 2>&1)
 [[ $(grep -c '"held_out_runs":0,.*"untested":\["' <<< "$loso") -eq 3 ]] \
   || { echo "FAIL: plan --leave-one-source-out on the calibration set: $loso"; failures=$((failures + 1)); }
+# A user's measured run recalibrates the chip it ran on, and the change is printed.
+printf 'runs:\n  - {id: mine, source: our cluster, chip: a100-80gb, chips: 32, tp: 1, pp: 1, global_batch: 512, seq: 2048, vocab: 51200, heads: 24, hidden: 2304, layers: 24, recompute: full, counts: hardware, tflops_per_chip: 180}\n' > "$dir/measured.yaml"
+measured=$("$loom" plan --model gpt3-175b --compare a100-80gb:1024,h100-sxm:1024 --measured "$dir/measured.yaml" 2>&1)
+for needle in "a100-80gb: gemm_efficiency 0.750 (catalog) -> 0.61" "fitted on 1 measured run(s) in $dir/measured.yaml" "h100-sxm: no measured run in"; do
+  [[ "$measured" == *"$needle"* ]] || { echo "FAIL: '$needle' not in plan --measured output: $measured"; failures=$((failures + 1)); }
+done
+"$loom" plan --model gpt3-175b --chip a100-80gb --chips 1024 --top 1 --json --measured "$dir/measured.yaml" 2>/dev/null \
+  | grep -q '"gemm_efficiency_fit":{"catalog":0.75,"fitted":0.61' \
+  || { echo "FAIL: plan --measured --json carries the fit"; failures=$((failures + 1)); }
+# --gated: a custom SwiGLU model has three MLP matrices, so more weights per chip than the GELU one.
+mlp_mem() { "$loom" plan --layers 8 --hidden 1024 --heads 8 --ffn 4096 --vocab 32000 "$@" --chip h100-sxm --chips 8 --tp 8 --pp 1 --dp 1 --top 1 --json 2>/dev/null | grep -o '"memory_per_chip_gb":[0-9.]*'; }
+[[ "$(mlp_mem)" != "$(mlp_mem --gated)" && -n "$(mlp_mem --gated)" ]] \
+  || { echo "FAIL: plan --gated plans a different model: $(mlp_mem) vs $(mlp_mem --gated)"; failures=$((failures + 1)); }
 both=$("$loom" plan --model llama3-405b --compare 910c:98304,b200:36864 --global-batch 4096 2>/dev/null | grep -c -E '^(910c|b200) ')
 [[ $both -eq 2 ]] || { echo "FAIL: --compare with counts printed $both rows"; failures=$((failures + 1)); }
 "$loom" ops --model gpt --backend all | grep -q '^partial: .* decomposed, .* fall back' \
