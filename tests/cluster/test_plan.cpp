@@ -283,7 +283,7 @@ TEST(Catalog, DeviceProfilesReplaceAssumedEfficiency) {
 TEST(Plan, ValidatesAgainstPublishedRuns) {
   std::vector<Validation> rows =
       validate(catalog(), source_dir() + "/catalog/calibration/calibration-runs.yaml");
-  ASSERT_EQ(rows.size(), 12u);
+  ASSERT_EQ(rows.size(), 14u);
   std::vector<double> errors;
   for (const auto& v : rows) {
     EXPECT_EQ(v.set, "calibration");
@@ -717,6 +717,95 @@ TEST(Plan, FuzzFixturesGiveNamedErrors) {
 }
 
 // A stack without selective recomputation (2021 Megatron) is never planned with it.
+// A flash kernel computes the causal half of the scores at the chip's attention rate; a
+// stack that materialises the scores pays the full s x s at the GEMM rate, whatever the
+// attention figure. At the assumed 0.5 the two charges are equal, so chips without a
+// calibrated figure are priced as before it existed.
+TEST(Perf, FlashAttentionPaysTheCausalHalfAtTheChipsAttentionRate) {
+  Catalog c = catalog();
+  const Model& m = c.model("llama3-8b");
+  Layout l{8, 1, 1, 1, 4, 1, 32, 131072, 1, Recompute::none, 1};
+  Chip chip = c.chip("h100-sxm");
+  ASSERT_DOUBLE_EQ(*chip.attention_efficiency.value, kFlashAttentionEfficiency);
+  Software flash, materialised;
+  materialised.flash_attention = false;
+  const double assumed = estimate(m, chip, l, flash).compute_s;
+  chip.attention_efficiency.value = 1.0;
+  const double fast = estimate(m, chip, l, flash).compute_s;
+  // At 128K attention is most of the work: the rate doubling must show, but less than 2x.
+  EXPECT_LT(fast, assumed * 0.75);
+  EXPECT_GT(fast, assumed * 0.5);
+  chip.attention_efficiency.value = 0.25;
+  EXPECT_GT(estimate(m, chip, l, flash).compute_s, assumed * 1.5);
+  // Materialised scores ignore the flash figure (their memory passes come on top).
+  const double scores = estimate(m, chip, l, materialised).compute_s;
+  chip.attention_efficiency.value = 1.0;
+  EXPECT_DOUBLE_EQ(estimate(m, chip, l, materialised).compute_s, scores);
+  // A chip built in code without the figure gets the assumed one.
+  Chip bare = c.chip("h100-sxm");
+  bare.attention_efficiency = Figure{};
+  EXPECT_DOUBLE_EQ(estimate(m, bare, l, flash).compute_s, assumed);
+}
+
+// A stack's moe_efficiency slows the routed experts alone: a dense model is untouched.
+TEST(Perf, AStacksMoeEfficiencySlowsOnlyTheRoutedExperts) {
+  Catalog c = catalog();
+  Software plain, slow_moe;
+  slow_moe.moe_efficiency = 0.5;
+  Layout moe{2, 8, 8, 4, 1, 1, 256, 4096, 7, Recompute::none, 1};
+  const Model& mixtral = c.model("mixtral-8x22b");
+  const double t1 = estimate(mixtral, c.chip("h100-sxm"), moe, plain).compute_s;
+  const double t2 = estimate(mixtral, c.chip("h100-sxm"), moe, slow_moe).compute_s;
+  EXPECT_GT(t2, t1 * 1.2);  // the experts are most of Mixtral's FLOPs
+  EXPECT_LT(t2, t1 * 2.0);  // attention and the rest are not slowed
+  Layout dense{8, 1, 16, 1, 1, 1, 512, 8192, 1, Recompute::selective, 1};
+  const Model& llama = c.model("llama3-70b");
+  EXPECT_DOUBLE_EQ(estimate(llama, c.chip("h100-sxm"), dense, plain).step_time_s,
+                   estimate(llama, c.chip("h100-sxm"), dense, slow_moe).step_time_s);
+}
+
+TEST(Plan, SoftwareStacksRefuseFieldsNoReaderKnowsAndRatesOutOfRange) {
+  std::string dir = temp_dir("software-fields");
+  auto read_error = [&](const std::string& body) {
+    std::ofstream(dir + "/software.yaml")
+        << "software:\n  s:\n    sequence_parallel: true\n    overlap_dp: true\n"
+        << body;
+    return error_of([&] { read_software(dir + "/software.yaml"); });
+  };
+  EXPECT_EQ(read_error("    flash_attention: true\n    moe_efficiency: 0.5\n"), "");
+  std::string e = read_error("    flash_attention: true\n    moe_efficency: 0.5\n");
+  EXPECT_NE(
+      e.find("software.yaml: software 's': field 'moe_efficency' is not a field of a software "
+             "stack"),
+      std::string::npos)
+      << e;
+  e = read_error("    flash_attention: true\n    moe_efficiency: 0\n");
+  EXPECT_NE(e.find("field 'moe_efficiency' is 0, expected"), std::string::npos) << e;
+}
+
+TEST(Catalog, AnAttentionEfficiencyOutsideZeroToOneIsRefused) {
+  std::string dir = temp_dir("catalog-attention");
+  std::ofstream(dir + "/models.yaml") << "models: []\n";
+  auto load_error = [&](const std::string& extra) {
+    std::ofstream(dir + "/chips.yaml") << one_chip("8") + extra;
+    return error_of([&] { Catalog::load(dir); });
+  };
+  EXPECT_EQ(load_error("    attention_efficiency: {value: 0.9, source: s, confidence: c}\n"), "");
+  EXPECT_DOUBLE_EQ(*Catalog::load(dir).chip("x").attention_efficiency.value, 0.9);
+  EXPECT_EQ(load_error(""), "");
+  EXPECT_DOUBLE_EQ(*Catalog::load(dir).chip("x").attention_efficiency.value,
+                   kFlashAttentionEfficiency);
+  for (const char* bad : {"1.5", "0", "unknown"}) {
+    std::string e = load_error(std::string("    attention_efficiency: {value: ") + bad +
+                               ", source: s, confidence: c}\n");
+    EXPECT_NE(
+        e.find("chips.yaml: chip 'x': field 'attention_efficiency': value must be a number in "
+               "(0, 1]"),
+        std::string::npos)
+        << bad << ": " << e;
+  }
+}
+
 TEST(Plan, TheSearchOffersOnlyTheRecomputationTheStackHas) {
   Catalog c = catalog();
   Software old_stack;

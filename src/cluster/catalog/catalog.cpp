@@ -136,7 +136,7 @@ const std::set<std::string>& chip_field_names() {
   static const std::set<std::string> names{
       "id", "name", "status", "bf16_tflops", "fp8_tflops", "fp4_tflops", "hbm_gb", "hbm_tbps",
       "scaleup_gbps", "scaleup_domain", "scaleout_gbits", "tdp_w", "price_per_hour",
-      "gemm_efficiency"};
+      "gemm_efficiency", "attention_efficiency"};
   // clang-format on
   return names;
 }
@@ -306,6 +306,19 @@ Catalog Catalog::load(const std::string& dir) {
       if (chip.gemm_efficiency.known())
         check(*chip.gemm_efficiency.value > 0 && *chip.gemm_efficiency.value <= 1,
               where + ": field 'gemm_efficiency': value must be in (0, 1]");
+      if (e["attention_efficiency"]) {
+        chip.attention_efficiency = figure(e, "attention_efficiency", where);
+        check(chip.attention_efficiency.known() && *chip.attention_efficiency.value > 0 &&
+                  *chip.attention_efficiency.value <= 1,
+              where + ": field 'attention_efficiency': value must be a number in (0, 1]");
+      } else {
+        chip.attention_efficiency = Figure{kFlashAttentionEfficiency,
+                                           {},
+                                           {},
+                                           false,
+                                           "assumed (no calibrated figure; see catalog.h)",
+                                           "assumed"};
+      }
       c.chips_.push_back(std::move(chip));
     }
     c.add_models_from(dir + "/models.yaml");

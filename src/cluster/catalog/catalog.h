@@ -30,7 +30,18 @@ struct Chip {
   std::string id, name, status;  // status: shipping | roadmap
   Figure bf16_tflops, fp8_tflops, fp4_tflops, hbm_gb, hbm_tbps, scaleup_gbps, scaleup_domain,
       scaleout_gbits, tdp_w, price_per_hour, gemm_efficiency;
+  // The rate of a fused (flash) attention kernel, forward and backward, as a fraction of
+  // the rate GEMMs of the same work reach on the chip (gemm_efficiency and the size
+  // curve): softmax, masking and the kernel's tiling cost what plain GEMMs do not. A
+  // chip's entry may calibrate it; absent, it is kFlashAttentionEfficiency (assumed).
+  Figure attention_efficiency;
 };
+
+// The assumed flash-attention rate relative to GEMMs, for chips without a calibrated one:
+// 0.5, at which a causal kernel (half the s x s scores) costs what the full scores at the
+// GEMM rate would: the charge Loom's model made before it had a calibrated figure. No
+// NVIDIA calibration run has sequences long enough to fit it (bench/RESULTS.md).
+inline constexpr double kFlashAttentionEfficiency = 0.5;
 
 // A chip in a system: its scale-up domain and scale-out fabric override the chip's.
 struct System {

@@ -411,8 +411,16 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
     routed_flops *= sw.moe_imbalance;
     expert_eff = gemm_eff(x * static_cast<double>(l.ep * m.top_k) / static_cast<double>(m.experts));
   }
-  double t_attention = attn_flops / (attention_peak * eff);
-  double t_gemm = gemm_flops / (peak * eff) + routed_flops / (peak * expert_eff) + t_attention;
+  // A flash kernel skips the score blocks above the causal diagonal (FlashAttention-2,
+  // Dao 2023, sec. 3.1.1), so it computes half the s x s scores, at its own rate (the
+  // chip's attention_efficiency of the GEMM rate). Materialised scores go through batched
+  // GEMMs over the full s x s, at the GEMM rate, with the mask applied afterwards.
+  const double attention_eff = chip.attention_efficiency.value.value_or(kFlashAttentionEfficiency);
+  double t_attention = sw.flash_attention
+                           ? 0.5 * attn_flops / (attention_peak * eff * attention_eff)
+                           : attn_flops / (attention_peak * eff);
+  double t_gemm = gemm_flops / (peak * eff) +
+                  routed_flops / (peak * expert_eff * sw.moe_efficiency) + t_attention;
   double act_bytes = tokens_chip * h * kActivationPasses * 2.0 / (sw.sequence_parallel ? t : 1.0);
   double score_bytes = sw.flash_attention ? 0.0 : static_cast<double>(l.micro_batch) * (m.heads / t) * (seq / cp) * seq * kScorePasses * 2.0;
   // fp8 GEMMs read quantised copies of their inputs: each input element of the four GEMM
@@ -556,8 +564,9 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
 }
 
 bool has_estimates(const Chip& chip) {
-  for (const Figure* f : {&chip.bf16_tflops, &chip.fp8_tflops, &chip.hbm_tbps, &chip.scaleup_gbps, &chip.scaleout_gbits,
-                          &chip.tdp_w, &chip.gemm_efficiency})
+  for (const Figure* f :
+       {&chip.bf16_tflops, &chip.fp8_tflops, &chip.hbm_tbps, &chip.scaleup_gbps,
+        &chip.scaleout_gbits, &chip.tdp_w, &chip.gemm_efficiency, &chip.attention_efficiency})
     if (f->ranged()) return true;
   return false;
 }
@@ -567,8 +576,8 @@ Chip chip_at_bounds(const Chip& chip, bool optimistic) {
   auto at = [&](Figure& f, bool high) {
     if (f.ranged()) f.value = high ? f.high : f.low;
   };
-  for (Figure* f : {&out.bf16_tflops, &out.fp8_tflops, &out.hbm_tbps, &out.scaleup_gbps, &out.scaleout_gbits,
-                    &out.gemm_efficiency})
+  for (Figure* f : {&out.bf16_tflops, &out.fp8_tflops, &out.hbm_tbps, &out.scaleup_gbps,
+                    &out.scaleout_gbits, &out.gemm_efficiency, &out.attention_efficiency})
     at(*f, optimistic);
   at(out.tdp_w, !optimistic);  // the fast end draws the least power
   return out;

@@ -58,6 +58,11 @@ struct Software {
   bool dualpipe = false;
   // Tokens on the busiest expert rank over the mean (1: perfectly balanced routing).
   double moe_imbalance = 1.0;
+  // The rate of the routed experts' GEMMs as a fraction of dense GEMMs of the same size:
+  // what the stack's MoE path (token permutation, per-expert or grouped GEMMs, the router)
+  // costs beyond the expert FLOPs. 1 where nothing says otherwise; calibrated for a stack
+  // whose published MoE runs show it (MindSpeed-LLM, catalog/calibration/software.yaml).
+  double moe_efficiency = 1.0;
 };
 
 // Memory per chip by component, GB (1e9 bytes).
