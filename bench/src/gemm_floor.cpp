@@ -1,24 +1,29 @@
 // gemm_floor: the GEMM floor of a GPT training step on the CPU — every GEMM one step runs
 // (recorded from the CPU kernels, attention's per-head products included), each shape
-// timed alone on warm buffers with dnnl_sgemm and with a oneDNN matmul primitive, the
-// faster of the two summed over the step's calls — beside the step itself.
+// timed alone on warm 64-byte-aligned buffers (as the CPU backend allocates) with
+// dnnl_sgemm and a oneDNN matmul primitive as called, and with dnnl_sgemm in the plain
+// layout (no transposes), dense and with rows padded apart; the fastest summed over the
+// step's calls (the floor) — beside the step itself.
 //
 // A step here is what `loom train` runs: forward, cross entropy, backward, AdamW; no
 // clipping. The step time is the median of --steps timed steps after --warmup, alternating
-// with as many steps that run every product as called (the CPU backend otherwise
-// transposes a large product's A into place first); each shape alone is the median of
-// --reps runs of the step's calls of it. The report lists the shapes by time in the
-// step, then the totals: the step, its GEMMs as run in it, and the floor. Products run
-// inside a parallel region (attention's per-head ones) are timed on one thread and
-// counted as sharing the threads.
+// with as many steps that run every product as called (the CPU backend otherwise lays a
+// large product's operands out first: a transposed A into place, a B with rows a multiple
+// of 2 KiB apart padded); a shape's time in the step is the median over --recorded steps,
+// and alone the median of --reps runs of the step's calls of it. The report lists the
+// shapes by time in the step, then the totals: the step, its GEMMs as run in it, and the
+// floor. Products run inside a parallel region (attention's per-head ones) are timed on
+// one thread and counted as sharing the threads.
 //
 // Usage: gemm_floor [--layers 4] [--width 256] [--heads 4] [--context 128] [--batch 8]
 //                   [--vocab 65] [--steps 15] [--warmup 3] [--reps 30] [--threads 2]
+//                   [--recorded 5]
 #include <dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,7 +52,7 @@ double median(std::vector<double> v) {
 
 struct Options {
   std::int64_t layers = 4, width = 256, heads = 4, context = 128, batch = 8, vocab = 65;
-  int steps = 15, warmup = 3, reps = 30, threads = 2;
+  int steps = 15, warmup = 3, reps = 30, threads = 2, recorded = 5;
 };
 
 Options parse(int argc, char** argv) {
@@ -77,6 +82,8 @@ Options parse(int argc, char** argv) {
       o.reps = static_cast<int>(v);
     else if (flag == "--threads")
       o.threads = static_cast<int>(v);
+    else if (flag == "--recorded")
+      o.recorded = static_cast<int>(v);
     else
       throw Error("gemm_floor: unknown flag " + flag);
   }
@@ -90,27 +97,53 @@ Key key_of(const cpu::GemmRecord& r) {
   return {r.trans_a, r.trans_b, r.m, r.n, r.k, r.lda, r.ldb, r.ldc, r.alpha, r.beta, r.in_parallel};
 }
 
+// A float buffer aligned as the CPU backend aligns its tensors (64 bytes): oneDNN's speed
+// on some shapes depends on where B's rows fall in the cache sets, so timing a shape on
+// buffers placed differently from the step's would time a different product.
+class AlignedFloats {
+ public:
+  explicit AlignedFloats(std::size_t n) : storage_(n + 16) {
+    const auto address = reinterpret_cast<std::uintptr_t>(storage_.data());
+    data_ = storage_.data() + (64 - address % 64) % 64 / sizeof(float);
+  }
+  float* data() { return data_; }
+
+ private:
+  std::vector<float> storage_;
+  float* data_;
+};
+
+// How a shape is laid out when timed alone: as the step called it; with both operands
+// as op() reads them (no transpose); and that with every row padded by 16 floats (one
+// cache line), so that no two rows are a multiple of 2 KiB apart.
+enum class Layout { as_called, plain, plain_padded };
+
 // The step's `calls` calls of the shape alone, `reps` times on warm buffers: the median
 // seconds of all of them, by dnnl_sgemm (primitive = false) or a matmul primitive created
 // once. Calls the step made inside a parallel region (attention's per-head products) run
 // as there: spread over the threads, each thread on buffers of its own.
-double time_alone(const Key& key, int calls, bool primitive, bool plain, int reps, int threads) {
+double time_alone(const Key& key, int calls, bool primitive, Layout layout, int reps, int threads) {
   auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, in_parallel] = key;
-  if (plain) {  // the same product with both operands laid out as op() reads them
+  if (layout != Layout::as_called) {  // the same product with both operands as op() reads them
+    const std::int64_t pad = layout == Layout::plain_padded ? 16 : 0;
     ta = tb = false;
-    lda = k;
-    ldb = n;
+    lda = k + pad;
+    ldb = n + pad;
+    ldc = n + pad;
   }
   const int copies = in_parallel ? threads : 1;
-  std::vector<std::vector<float>> as(copies), bs(copies), cs(copies);
+  std::vector<AlignedFloats> as, bs, cs;
   for (int t = 0; t < copies; ++t) {
-    as[t].resize(static_cast<std::size_t>((ta ? k : m) * lda));
-    bs[t].resize(static_cast<std::size_t>((tb ? n : k) * ldb));
-    cs[t].resize(static_cast<std::size_t>(m * ldc));
-    for (std::size_t i = 0; i < as[t].size(); ++i)
-      as[t][i] = static_cast<float>(i % 13) * 0.01f;
-    for (std::size_t i = 0; i < bs[t].size(); ++i)
-      bs[t][i] = static_cast<float>(i % 7) * 0.02f;
+    const std::size_t a_size = static_cast<std::size_t>((ta ? k : m) * lda),
+                      b_size = static_cast<std::size_t>((tb ? n : k) * ldb);
+    as.emplace_back(a_size);
+    bs.emplace_back(b_size);
+    cs.emplace_back(static_cast<std::size_t>(m * ldc));
+    for (std::size_t i = 0; i < a_size; ++i)
+      as[t].data()[i] = static_cast<float>(i % 13) * 0.01f;
+    for (std::size_t i = 0; i < b_size; ++i)
+      bs[t].data()[i] = static_cast<float>(i % 7) * 0.02f;
+    std::fill(cs[t].data(), cs[t].data() + m * ldc, 0.0f);
   }
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   using dt = dnnl::memory::data_type;
@@ -158,6 +191,19 @@ double time_alone(const Key& key, int calls, bool primitive, bool plain, int rep
   return median(times);
 }
 
+// What the CPU backend did to a shape's operands before its calls in the step.
+std::string relayout_label(int transposed, int padded, int calls) {
+  auto part = [calls](int count, const char* what) -> std::string {
+    if (count == 0)
+      return "";
+    return count == calls ? what : std::string(what) + " (" + std::to_string(count) + " calls)";
+  };
+  std::string a = part(transposed, "A transposed"), b = part(padded, "B padded");
+  if (a.empty() && b.empty())
+    return "as called";
+  return (a.empty() ? b : b.empty() ? a : a + ", " + b) + " first";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -198,24 +244,39 @@ int main(int argc, char** argv) try {
       (as_called ? as_called_times : step_times)
           .push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
+  // The GEMMs of --recorded steps, each shape's time in the step the median over them: one
+  // step's timings of a shape move by 30% or more from step to step on a shared machine.
   cpu::set_gemm_transpose(true);
-  std::vector<cpu::GemmRecord> records;
-  cpu::record_gemms(&records);
-  step();
-  cpu::record_gemms(nullptr);
-
   struct Row {
-    int calls = 0;
-    double in_step = 0;
-    int transposed = 0;  // calls that transposed A into place first
+    int calls = 0;  // per step
+    std::vector<double> step_seconds;
+    int transposed = 0;  // calls that transposed A into place first, per step
+    int padded = 0;      // calls that padded B's rows first, per step
+    double in_step = 0;  // median over the recorded steps
   };
   std::map<Key, Row> rows;
-  for (const cpu::GemmRecord& r : records) {
-    Row& row = rows[key_of(r)];
-    ++row.calls;
-    row.in_step += r.seconds;
-    row.transposed += r.a_transposed ? 1 : 0;
+  std::size_t calls_per_step = 0;
+  for (int s = 0; s < o.recorded; ++s) {
+    std::vector<cpu::GemmRecord> records;
+    cpu::record_gemms(&records);
+    step();
+    cpu::record_gemms(nullptr);
+    calls_per_step = records.size();
+    std::map<Key, double> seconds;
+    for (const cpu::GemmRecord& r : records) {
+      seconds[key_of(r)] += r.seconds;
+      if (s == 0) {
+        Row& row = rows[key_of(r)];
+        ++row.calls;
+        row.transposed += r.a_transposed ? 1 : 0;
+        row.padded += r.b_padded ? 1 : 0;
+      }
+    }
+    for (auto& [key, row] : rows)
+      row.step_seconds.push_back(seconds[key]);
   }
+  for (auto& [key, row] : rows)
+    row.in_step = median(row.step_seconds);
   std::vector<std::pair<Key, Row>> ordered(rows.begin(), rows.end());
   std::sort(ordered.begin(), ordered.end(),
             [](const auto& a, const auto& b) { return a.second.in_step > b.second.in_step; });
@@ -225,13 +286,14 @@ int main(int argc, char** argv) try {
       "step\n\n",
       static_cast<long long>(o.layers), static_cast<long long>(o.width),
       static_cast<long long>(o.heads), static_cast<long long>(o.context),
-      static_cast<long long>(o.batch), static_cast<long long>(o.vocab), o.threads, records.size());
+      static_cast<long long>(o.batch), static_cast<long long>(o.vocab), o.threads, calls_per_step);
   std::printf(
       "| op(A) x op(B) | M | N | K | beta | calls | in the step | in step ms | sgemm ms | "
-      "primitive ms | plain layout ms | in step GFLOP/s | best alone GFLOP/s |\n");
+      "primitive ms | plain layout ms | plain padded ms | in step GFLOP/s | best alone GFLOP/s "
+      "|\n");
   std::printf(
       "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: "
-      "|\n");
+      "| ---: |\n");
   double gemm_in_step = 0, floor = 0, as_called = 0;
   for (const auto& [key, row] : ordered) {
     const auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, in_parallel] = key;
@@ -239,34 +301,34 @@ int main(int argc, char** argv) try {
     // ran `threads` at a time: their wall time in the step is their thread time shared.
     const double in_step = row.in_step * (in_parallel ? 1.0 / o.threads : 1.0);
     // Alone: dnnl_sgemm and a oneDNN matmul primitive as called, and dnnl_sgemm on the
-    // same product with both operands laid out as op() reads them (no transpose).
-    const double sg = time_alone(key, row.calls, false, false, o.reps, o.threads),
-                 pr = time_alone(key, row.calls, true, false, o.reps, o.threads),
-                 plain = ta || tb ? time_alone(key, row.calls, false, true, o.reps, o.threads) : sg;
+    // same product with both operands laid out as op() reads them (no transpose), rows
+    // as dense as possible and padded.
+    const double sg = time_alone(key, row.calls, false, Layout::as_called, o.reps, o.threads),
+                 pr = time_alone(key, row.calls, true, Layout::as_called, o.reps, o.threads),
+                 plain = time_alone(key, row.calls, false, Layout::plain, o.reps, o.threads),
+                 padded =
+                     time_alone(key, row.calls, false, Layout::plain_padded, o.reps, o.threads);
     const double flops =
         2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * row.calls;
     gemm_in_step += in_step;
     as_called += sg;
     // A shape's floor: the fastest way seen to run its calls, in any layout, the step's own
     // included (tiny products run alone pay overheads that the step amortises).
-    const double best = std::min({sg, pr, plain});
+    const double best = std::min({sg, pr, plain, padded});
     floor += std::min(best, in_step);
     std::printf(
-        "| %s x %s%s | %lld | %lld | %lld | %g | %d | %s | %.3f | %.3f | %.3f | %.3f | %.0f | "
-        "%.0f |\n",
+        "| %s x %s%s | %lld | %lld | %lld | %g | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | "
+        "%.0f | %.0f |\n",
         ta ? "A^T" : "A", tb ? "B^T" : "B", in_parallel ? " (per head, threads in parallel)" : "",
         static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
         static_cast<double>(beta), row.calls,
-        row.transposed == row.calls ? "A transposed first"
-        : row.transposed == 0       ? "as called"
-                                    : "both",
-        in_step * 1e3, sg * 1e3, pr * 1e3, plain * 1e3, flops / in_step * 1e-9,
-        flops / best * 1e-9);
+        relayout_label(row.transposed, row.padded, row.calls).c_str(), in_step * 1e3, sg * 1e3,
+        pr * 1e3, plain * 1e3, padded * 1e3, flops / in_step * 1e-9, flops / best * 1e-9);
   }
   const double step_ms = median(step_times) * 1e3;
   std::printf(
       "\nstep (median of %d) %.2f ms; its GEMMs as run in the step %.2f ms (%.0f%% of it); "
-      "with every product as called (no transpose into place), steps in between: %.2f ms\n",
+      "with every product as called (no operand laid out first), steps in between: %.2f ms\n",
       o.steps, step_ms, gemm_in_step * 1e3, 100 * gemm_in_step * 1e3 / step_ms,
       median(as_called_times) * 1e3);
   std::printf(

@@ -221,6 +221,12 @@ void matmul_cases(Builder& b) {
         Measure::nmse, t);
   b.add("trans_ab_large", OpId::matmul, {b.r({520, 513}), b.r({515, 520})}, mm(true, true),
         Measure::nmse, t);
+  // Few rows (M < 512), B's rows 1024 floats apart, m n k >= 2^27: the CPU pads B's rows
+  // apart first, after transposing A in the second.
+  b.add("padded_b_large", OpId::matmul, {b.r({260, 520}), b.r({520, 1024})}, mm(false, false),
+        Measure::nmse, t);
+  b.add("trans_a_padded_b_large", OpId::matmul, {b.r({520, 260}), b.r({520, 1024})},
+        mm(true, false), Measure::nmse, t);
   b.add("1x1", OpId::matmul, {b.r({1, 1}), b.r({1, 1})}, mm(false, false), Measure::nmse, t);
   b.add("k1", OpId::matmul, {b.r({4, 1}), b.r({1, 3})}, mm(false, false), Measure::nmse, t);
   b.add("large_odd", OpId::matmul, {b.r({129, 67}), b.r({67, 130})}, mm(false, false),

@@ -78,14 +78,17 @@ struct GemmRecord {
   std::int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
   bool a_transposed;  // A transposed into a scratch buffer first, then the plain product
+  bool b_padded;      // B copied into rows padded apart first (rows a multiple of 2 KiB apart)
   bool in_parallel;   // called inside an OpenMP parallel region (one thread)
   double seconds;     // host time of the call
 };
 // While `records` is set, every GEMM is appended to it (benchmarks: bench/src/gemm_floor.cpp);
 // nullptr stops recording.
 void record_gemms(std::vector<GemmRecord>* records);
-// Whether a large product with a transposed A transposes A into place first (the default;
-// LOOM_CPU_GEMM=as_called starts with it off). For benchmarks that compare both.
+// Whether a large product lays its operands out first where oneDNN runs the layout as
+// called slowly: a transposed A transposed into place, a B with rows a multiple of 2 KiB
+// apart padded (the default; LOOM_CPU_GEMM=as_called starts with it off). For benchmarks
+// that compare both.
 void set_gemm_transpose(bool on);
 
 }  // namespace loom::cpu

@@ -44,6 +44,20 @@ std::atomic<bool> bf16_operands{false};
 // transpose costs what it saves. LOOM_CPU_GEMM=as_called turns it off (benchmarks).
 constexpr std::int64_t kTransposeMinWork = std::int64_t{1} << 27;  // 512^3 multiply-adds
 
+// A plain (untransposed) B whose rows are a multiple of 512 floats (2 KiB) apart, in a
+// product of few rows (M < 512), runs at about half the rate: oneDNN then reads B in place
+// rather than packing it, and rows 2 KiB apart fall into the same few L1 sets. Measured on
+// a Zen 3 with 2 threads (bench/RESULTS.md, "GEMM floor"): the small GPT's fc1 weight
+// gradient (M 256, N 1024, K 1024) 78 GFLOP/s with B as it is, 149 with B's rows 16
+// floats further apart; products of 512 rows or more, and a transposed B, do not show it.
+// Such a product, when large, gets B copied into rows padded by 16 floats first: one pass
+// over B at memory speed, 4-6% off the small GPT's step (interleaved steps 161 against 170
+// ms, 159 against 170); the tiny GPT's fc1 gradient (M 128, N 512, K 512) gained nothing,
+// so the same size threshold as the transpose applies.
+constexpr std::int64_t kPadMaxRows = 512;
+constexpr std::int64_t kPadStride = 512;  // floats
+constexpr std::int64_t kPadFloats = 16;   // one cache line
+
 std::atomic<bool>& transpose_a_setting() {
   static std::atomic<bool> on = [] {
     const char* env = std::getenv("LOOM_CPU_GEMM");
@@ -53,6 +67,14 @@ std::atomic<bool>& transpose_a_setting() {
     return v != "as_called";
   }();
   return on;
+}
+
+// bp[l * (n + kPadFloats) + j] = b[l * ldb + j] for l < k, j < n: B with its rows padded.
+void pad_into(const float* b, std::int64_t ldb, std::int64_t k, std::int64_t n, float* bp) {
+#pragma omp parallel for schedule(static) if (k * n > kParallelGrain)
+  for (std::int64_t l = 0; l < k; ++l)
+    std::memcpy(bp + l * (n + kPadFloats), b + l * ldb,
+                static_cast<std::size_t>(n) * sizeof(float));
 }
 
 // at[i * k + l] = a[l * lda + i] for i < m, l < k: op(A) = A^T laid out row-major, through
@@ -90,30 +112,38 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
     return;
   }
   std::vector<GemmRecord>* recorder = gemm_recorder.load(std::memory_order_relaxed);
+  const std::int64_t record_lda = lda, record_ldb = ldb;  // as called, before any relayout
   const auto start =
       recorder ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   // Inside a parallel region (attention's per-head products) the products are small and
   // run one per thread: they stay as called.
-  const bool transpose = trans_a && m * n * k >= kTransposeMinWork && !omp_in_parallel() &&
-                         transpose_a_setting().load(std::memory_order_relaxed);
-  dnnl_status_t status;
+  const bool relayout = !omp_in_parallel() && transpose_a_setting().load(std::memory_order_relaxed);
+  const bool transpose = relayout && trans_a && m * n * k >= kTransposeMinWork;
+  const bool pad = relayout && !trans_b && m < kPadMaxRows && ldb % kPadStride == 0 &&
+                   m * n * k >= kTransposeMinWork;
   if (transpose) {
     thread_local std::vector<float> at;
     at.resize(static_cast<std::size_t>(m * k));
     transpose_into(a, lda, m, k, at.data());
-    status =
-        dnnl_sgemm('N', trans_b ? 'T' : 'N', m, n, k, alpha, at.data(), k, b, ldb, beta, c, ldc);
-  } else {
-    status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
-                        beta, c, ldc);
+    a = at.data();
+    lda = k;
   }
+  if (pad) {
+    thread_local std::vector<float> bp;
+    bp.resize(static_cast<std::size_t>(k * (n + kPadFloats)));
+    pad_into(b, ldb, k, n, bp.data());
+    b = bp.data();
+    ldb = n + kPadFloats;
+  }
+  const dnnl_status_t status = dnnl_sgemm(trans_a && !transpose ? 'T' : 'N', trans_b ? 'T' : 'N', m,
+                                          n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   check(status == dnnl_success, "cpu: dnnl_sgemm failed with status " + std::to_string(status));
   if (recorder) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::lock_guard lock(gemm_recorder_mutex);
-    recorder->push_back({trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, transpose,
-                         omp_in_parallel() != 0, seconds});
+    recorder->push_back({trans_a, trans_b, m, n, k, record_lda, record_ldb, ldc, alpha, beta,
+                         transpose, pad, omp_in_parallel() != 0, seconds});
   }
 }
 
