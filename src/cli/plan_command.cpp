@@ -503,17 +503,24 @@ int run_plan(const PlanOptions& o) {
     for (const Chip& chip : compared) {
       std::printf("  %s (%s)\n", chip.id.c_str(), chip.name.c_str());
       const std::pair<const char*, const Figure*> figures[] = {
-          {"bf16_tflops", &chip.bf16_tflops},       {"fp8_tflops", &chip.fp8_tflops},
-          {"hbm_gb", &chip.hbm_gb},                 {"hbm_tbps", &chip.hbm_tbps},
-          {"scaleup_gbps", &chip.scaleup_gbps},     {"scaleup_domain", &chip.scaleup_domain},
-          {"scaleout_gbits", &chip.scaleout_gbits}, {"tdp_w", &chip.tdp_w},
-          {"price_per_hour", &chip.price_per_hour}, {"gemm_efficiency", &chip.gemm_efficiency}};
+          {"bf16_tflops", &chip.bf16_tflops},
+          {"fp8_tflops", &chip.fp8_tflops},
+          {"hbm_gb", &chip.hbm_gb},
+          {"hbm_tbps", &chip.hbm_tbps},
+          {"scaleup_gbps", &chip.scaleup_gbps},
+          {"scaleup_domain", &chip.scaleup_domain},
+          {"scaleout_gbits", &chip.scaleout_gbits},
+          {"tdp_w", &chip.tdp_w},
+          {"price_per_hour", &chip.price_per_hour},
+          {"gemm_efficiency", &chip.gemm_efficiency},
+          {"attention_efficiency", &chip.attention_efficiency}};
       for (const auto& [name, f] : figures) {
         char value[64];
         if (!f->known()) std::snprintf(value, sizeof value, "%s", f->unsupported ? "unsupported" : "unknown");
         else if (f->ranged()) std::snprintf(value, sizeof value, "%g [%g..%g]", *f->value, *f->low, *f->high);
         else std::snprintf(value, sizeof value, "%g", *f->value);
-        std::printf("    %-16s %-20s %s, %s\n", name, value, f->source.c_str(), f->confidence.c_str());
+        std::printf("    %-20s %-20s %s, %s\n", name, value, f->source.c_str(),
+                    f->confidence.c_str());
       }
     }
   }

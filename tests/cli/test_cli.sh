@@ -54,7 +54,9 @@ runs=catalog/calibration/calibration-runs.yaml
 expect_error "calibration-runs.yaml: max |error| 4.0% exceeds --max-error 1 by" plan --validate "$runs" --max-error 1
 # A chip with estimated figures is planned as a range, and --compare names every figure's source.
 compared=$("$loom" plan --model llama3-405b --compare 910b:16384,b200:8192 --tokens 15T 2>&1)
-for needle in "range from estimated figures:" "bf16_tflops      376 [313..414]" "NVIDIA HGX B200 specifications"; do
+for needle in "range from estimated figures:" "bf16_tflops          376 [313..414]" "NVIDIA HGX B200 specifications" \
+    "attention_efficiency 1                    calibrated on MindSpeed-LLM" \
+    "attention_efficiency 0.5                  assumed (no calibrated figure"; do
   if [[ "$compared" != *"$needle"* ]]; then echo "FAIL: '$needle' not in plan --compare output"; failures=$((failures + 1)); fi
 done
 expect_error "median |error| 2.1% exceeds --max-median-error 0.5 by" plan --validate "$runs" --max-median-error 0.5 --max-error 50

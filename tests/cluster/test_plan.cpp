@@ -804,6 +804,19 @@ TEST(Catalog, AnAttentionEfficiencyOutsideZeroToOneIsRefused) {
         std::string::npos)
         << bad << ": " << e;
   }
+  // An estimate's bounds are rates too, and gemm_efficiency is checked the same way.
+  EXPECT_NE(load_error("    attention_efficiency: {value: 0.9, low: 0, high: 0.95, source: s, "
+                       "confidence: c}\n")
+                .find("field 'attention_efficiency': low and high must be numbers in (0, 1], got "
+                      "low 0, high 0.95"),
+            std::string::npos);
+  std::string chip = one_chip("8");
+  chip.replace(chip.find("gemm_efficiency: {value: 0.5"), 28, "gemm_efficiency: {value: 1.5");
+  std::ofstream(dir + "/chips.yaml") << chip;
+  EXPECT_NE(error_of([&] {
+              Catalog::load(dir);
+            }).find("chip 'x': field 'gemm_efficiency': value must be a number in (0, 1], got 1.5"),
+            std::string::npos);
 }
 
 TEST(Plan, TheSearchOffersOnlyTheRecomputationTheStackHas) {

@@ -92,6 +92,23 @@ Figure figure(const YAML::Node& entry, const std::string& field, const std::stri
   return f;
 }
 
+// A rate relative to a peak (gemm_efficiency, attention_efficiency): a number in (0, 1], and
+// so are an estimate's bounds. `required`: "unknown" is refused too (a figure the model
+// cannot do without once the field is given).
+Figure rate_figure(const YAML::Node& entry, const std::string& field, const std::string& where,
+                   bool required) {
+  Figure f = figure(entry, field, where);
+  const YAML::Node n = entry[field];
+  const std::string at = where + ": field '" + field + "'";
+  auto in_range = [](double v) { return v > 0 && v <= 1; };
+  if ((required && !f.known()) || f.unsupported || (f.known() && !in_range(*f.value)))
+    throw Error(at + ": value must be a number in (0, 1], got " + n["value"].Scalar());
+  if (f.ranged() && !(in_range(*f.low) && in_range(*f.high)))
+    throw Error(at + ": low and high must be numbers in (0, 1], got low " + n["low"].Scalar() +
+                ", high " + n["high"].Scalar());
+  return f;
+}
+
 // A scale-up domain is a chip count: the performance model and the planner use it as an
 // integer, so a fraction, 0 or 1e30 (undefined behaviour when cast) is refused at load.
 constexpr std::int64_t kMaxScaleupDomain = std::int64_t{1} << 20;
@@ -302,15 +319,9 @@ Catalog Catalog::load(const std::string& dir) {
       chip.scaleout_gbits = figure(e, "scaleout_gbits", where);
       chip.tdp_w = figure(e, "tdp_w", where);
       chip.price_per_hour = figure(e, "price_per_hour", where);
-      chip.gemm_efficiency = figure(e, "gemm_efficiency", where);
-      if (chip.gemm_efficiency.known())
-        check(*chip.gemm_efficiency.value > 0 && *chip.gemm_efficiency.value <= 1,
-              where + ": field 'gemm_efficiency': value must be in (0, 1]");
+      chip.gemm_efficiency = rate_figure(e, "gemm_efficiency", where, false);
       if (e["attention_efficiency"]) {
-        chip.attention_efficiency = figure(e, "attention_efficiency", where);
-        check(chip.attention_efficiency.known() && *chip.attention_efficiency.value > 0 &&
-                  *chip.attention_efficiency.value <= 1,
-              where + ": field 'attention_efficiency': value must be a number in (0, 1]");
+        chip.attention_efficiency = rate_figure(e, "attention_efficiency", where, true);
       } else {
         chip.attention_efficiency = Figure{kFlashAttentionEfficiency,
                                            {},
