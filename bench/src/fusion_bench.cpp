@@ -1,5 +1,6 @@
 // fusion_bench: an imported model's training step in eager mode, in graph mode without
-// fusion and in graph mode with fusion, side by side in one process (bench/compare_fusion).
+// fusion and in graph mode with fusion (and fusion without its row reductions, and without
+// folding GEMM biases), side by side in one process (bench/compare_fusion).
 //
 // Each round runs every mode for --steps steps (each mode with a fresh model loaded from
 // the file, so all start from the same weights) and keeps the median step time of each;
@@ -30,12 +31,13 @@ namespace {
 using namespace loom;
 namespace ag = loom::autograd;
 
-enum class Mode { eager, graph, fused_elementwise, fused };
+enum class Mode { eager, graph, fused_elementwise, fused_without_gemm_biases, fused };
 const char* mode_name(Mode m) {
-  return m == Mode::eager               ? "eager"
-         : m == Mode::graph             ? "graph"
-         : m == Mode::fused_elementwise ? "graph + fusion without reductions"
-                                        : "graph + fusion";
+  return m == Mode::eager                       ? "eager"
+         : m == Mode::graph                     ? "graph"
+         : m == Mode::fused_elementwise         ? "graph + fusion without reductions"
+         : m == Mode::fused_without_gemm_biases ? "graph + fusion without GEMM biases"
+                                                : "graph + fusion";
 }
 
 struct Run {
@@ -79,8 +81,9 @@ Run run_mode(const std::string& path, Backend& device, Mode mode, int steps, int
   }
   optim::AdamW optimizer(model.parameters(), {0.9, 0.999, 1e-8, 0.01});
   graph::Passes passes;
-  passes.fuse_elementwise = mode == Mode::fused || mode == Mode::fused_elementwise;
-  passes.fusion.reductions = mode == Mode::fused;
+  passes.fuse_elementwise = mode != Mode::eager && mode != Mode::graph;
+  passes.fold_gemm_biases = passes.fuse_elementwise && mode != Mode::fused_without_gemm_biases;
+  passes.fusion.reductions = mode != Mode::fused_elementwise;
   graph::CapturedStep captured(passes);
   auto forward_backward = [&] {
     ag::Tape tape;
@@ -168,15 +171,17 @@ int main(int argc, char** argv) {
     std::printf("device %s, %d threads, %d rounds of %d timed steps\n\n",
                 device.info().name.c_str(), threads, rounds, steps);
     std::printf(
-        "| model | eager ms/step | graph ms/step | fusion without reductions ms/step | graph + "
-        "fusion ms/step | eager / fused | graph / fused | graph nodes (without reductions; "
-        "fused) | fused chains (without reductions; fused) |\n");
-    std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        "| model | eager ms/step | graph ms/step | fusion without reductions ms/step | fusion "
+        "without GEMM biases ms/step | graph + fusion ms/step | eager / fused | graph / fused | "
+        "graph nodes (without reductions; without GEMM biases; fused) | fused chains (without "
+        "reductions; fused) |\n");
+    std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (const std::string& path : models) {
       std::map<Mode, std::vector<double>> ms;
       std::map<Mode, Run> last;
       for (int r = 0; r < rounds; ++r)
-        for (Mode mode : {Mode::eager, Mode::graph, Mode::fused_elementwise, Mode::fused}) {
+        for (Mode mode : {Mode::eager, Mode::graph, Mode::fused_elementwise,
+                          Mode::fused_without_gemm_biases, Mode::fused}) {
           Run run = run_mode(path, device, mode, steps, warmup);
           ms[mode].push_back(run.median_ms);
           last[mode] = run;
@@ -184,13 +189,15 @@ int main(int argc, char** argv) {
                        run.median_ms);
         }
       const double e = median(ms[Mode::eager]), g = median(ms[Mode::graph]),
-                   w = median(ms[Mode::fused_elementwise]), f = median(ms[Mode::fused]);
+                   w = median(ms[Mode::fused_elementwise]),
+                   nb = median(ms[Mode::fused_without_gemm_biases]), f = median(ms[Mode::fused]);
       std::string name = path.substr(path.find_last_of('/') + 1);
       std::printf(
-          "| %s | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %zu (%zu; %zu) | %zu; %zu |\n",
-          name.c_str(), e, g, w, f, e / f, g / f, last[Mode::graph].nodes,
-          last[Mode::fused_elementwise].nodes, last[Mode::fused].nodes,
-          last[Mode::fused_elementwise].chains, last[Mode::fused].chains);
+          "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %zu (%zu; %zu; %zu) | %zu; "
+          "%zu |\n",
+          name.c_str(), e, g, w, nb, f, e / f, g / f, last[Mode::graph].nodes,
+          last[Mode::fused_elementwise].nodes, last[Mode::fused_without_gemm_biases].nodes,
+          last[Mode::fused].nodes, last[Mode::fused_elementwise].chains, last[Mode::fused].chains);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fusion_bench: %s\n", e.what());

@@ -1,5 +1,6 @@
 // Graph::fuse_elementwise: chains of elementwise nodes become one fused_elementwise node
 // (core/fused_elementwise.h). See graph.h for when a chain may be fused.
+// Graph::fold_gemm_biases: a matmul and the bias add after it become one linear node.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -28,7 +29,104 @@ bool contiguous_from_start(const Operand& o) {
   return true;
 }
 
+// Who reads and who writes each storage, in node order.
+struct Access {
+  std::vector<std::vector<std::size_t>> readers, writers;
+};
+Access accesses(const std::vector<Node>& nodes, std::size_t storages) {
+  Access a{std::vector<std::vector<std::size_t>>(storages),
+           std::vector<std::vector<std::size_t>>(storages)};
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    for (const Operand& o : nodes[i].inputs)
+      if (o.storage >= 0 && (a.readers[o.storage].empty() || a.readers[o.storage].back() != i))
+        a.readers[o.storage].push_back(i);
+    for (const Operand& o : nodes[i].outputs)
+      a.writers[o.storage].push_back(i);
+  }
+  return a;
+}
+
+// A zero-size tensor of `operand`'s rank and dtype on `backend`: asks a kernel table
+// whether it takes a call, whose conditions read ranks and dtypes, without the data.
+Tensor probe_of(const Operand& operand, Backend& backend) {
+  return Tensor::empty(Shape(operand.shape.size(), 0), operand.dtype, backend);
+}
+
 }  // namespace
+
+std::size_t Graph::fold_gemm_biases() {
+  check(!materialized_, "graph: passes run before the first replay");
+  const Access access = accesses(nodes_, storages_.size());
+  std::vector<bool> is_output(storages_.size(), false);
+  for (const Operand& o : outputs_)
+    is_output[o.storage] = true;
+  std::vector<bool> removed(nodes_.size(), false);
+  std::size_t folded = 0;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    Node& product = nodes_[i];
+    // x[..., K] op(w) with w a matrix: what linear computes. Its product a fresh
+    // intermediate, written here alone.
+    if (product.op != OpId::matmul || product.attrs.trans_a || product.inputs.size() != 2 ||
+        product.outputs.size() != 1 || product.inputs[1].shape.size() != 2 ||
+        product.inputs[0].storage < 0 || product.inputs[1].storage < 0)
+      continue;
+    const Operand& c = product.outputs[0];
+    if (c.dtype != DType::f32 || !storages_[c.storage].internal || is_output[c.storage] ||
+        access.writers[c.storage].size() != 1 || !contiguous_from_start(c) ||
+        access.readers[c.storage].size() != 1)
+      continue;
+    const std::size_t j = access.readers[c.storage][0];
+    Node& add = nodes_[j];
+    if (add.op != OpId::add || add.inputs.size() != 2 || add.outputs.size() != 1 ||
+        add.backend != product.backend || add.outputs[0].shape != c.shape)
+      continue;
+    const int which = add.inputs[0].storage == c.storage ? 0 : 1;
+    const Operand& read = add.inputs[which];
+    const Operand& bias = add.inputs[1 - which];
+    // The add reads the whole product as written, and a bias of one value per column:
+    // shape [N] or [1, ..., 1, N].
+    const std::int64_t n = c.shape.back();
+    bool per_column = bias.storage >= 0 && bias.storage != c.storage && bias.dtype == DType::f32 &&
+                      !bias.shape.empty() && bias.shape.back() == n &&
+                      bias.shape.size() <= c.shape.size();
+    for (std::size_t d = 0; per_column && d + 1 < bias.shape.size(); ++d)
+      per_column = bias.shape[d] == 1;
+    if (read.offset != 0 || read.shape != c.shape || read.strides != c.strides || !per_column ||
+        access.writers[add.outputs[0].storage].size() != 1)
+      continue;
+    // linear runs at the matmul's place: nothing in between may rewrite the bias.
+    bool rewritten = false;
+    for (std::size_t w : access.writers[bias.storage])
+      rewritten = rewritten || (w > i && w < j);
+    if (rewritten)
+      continue;
+    Operand bias_row = bias;
+    bias_row.shape = {n};
+    bias_row.strides = {bias.strides.empty() ? 1 : bias.strides.back()};
+    Attrs attrs;
+    attrs.trans_b = product.attrs.trans_b;
+    Backend& backend = *product.backend;
+    const Tensor probes[] = {probe_of(product.inputs[0], backend),
+                             probe_of(product.inputs[1], backend), probe_of(bias_row, backend)};
+    Tensor probe_out[] = {probe_of(add.outputs[0], backend)};
+    if (!backend.supports(OpCall{OpId::linear, probes, probe_out, attrs}))
+      continue;
+    product.op = OpId::linear;
+    product.attrs = attrs;
+    product.inputs.push_back(bias_row);
+    product.outputs[0] = add.outputs[0];
+    removed[j] = true;
+    ++folded;
+  }
+  std::vector<Node> kept;
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    if (!removed[i])
+      kept.push_back(std::move(nodes_[i]));
+  nodes_ = std::move(kept);
+  stats_.nodes = nodes_.size();
+  stats_.gemm_biases += folded;
+  return folded;
+}
 
 FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
   check(!materialized_, "graph: passes run before the first replay");

@@ -394,6 +394,8 @@ std::string Graph::summary() const {
   if (stats_.nodes != stats_.captured_nodes)
     s += " (" + std::to_string(stats_.captured_nodes) + " captured" +
          (stats_.fused_chains ? ", " + std::to_string(stats_.fused_chains) + " fused chains" : "") +
+         (stats_.gemm_biases ? ", " + std::to_string(stats_.gemm_biases) + " GEMM biases folded"
+                             : "") +
          ")";
   if (materialized_) {
     s += ", " + std::to_string(stats_.internal_storages) + " intermediate tensors (" +
@@ -417,8 +419,10 @@ std::vector<Tensor> CapturedStep::run(std::span<const Tensor> inputs, const Step
     std::vector<Tensor> outputs = step();
     graph_ = capture.finish(outputs);
     graph_->eliminate_dead_nodes();
+    const std::size_t gemm_biases = passes_.fold_gemm_biases ? graph_->fold_gemm_biases() : 0;
     if (passes_.fuse_elementwise)
       fusion_ = graph_->fuse_elementwise(passes_.fusion);
+    fusion_.gemm_biases = gemm_biases;
     graph_->plan_memory();
     return outputs;
   }

@@ -56,7 +56,7 @@ class EagerStep : public StepMode {
 class GraphStep : public StepMode {
   static graph::Passes passes(const TrainConfig& cfg) {
     graph::Passes passes;
-    passes.fuse_elementwise = cfg.fusion == "true";
+    passes.fuse_elementwise = passes.fold_gemm_biases = cfg.fusion == "true";
     return passes;
   }
 
