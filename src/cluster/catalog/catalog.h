@@ -39,8 +39,8 @@ struct Chip {
 
 // The assumed flash-attention rate relative to GEMMs, for chips without a calibrated one:
 // 0.5, at which a causal kernel (half the s x s scores) costs what the full scores at the
-// GEMM rate would: the charge Loom's model made before it had a calibrated figure. No
-// NVIDIA calibration run has sequences long enough to fit it (bench/RESULTS.md).
+// GEMM rate would: the charge Loom's model made before it had a calibrated figure. The
+// H100's, fitted on NeMo's 4K-1M token sweep, is 0.475 (bench/RESULTS.md).
 inline constexpr double kFlashAttentionEfficiency = 0.5;
 
 // A chip in a system: its scale-up domain and scale-out fabric override the chip's.
