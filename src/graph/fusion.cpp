@@ -91,8 +91,13 @@ std::size_t Graph::fold_gemm_biases() {
                       bias.shape.size() <= c.shape.size();
     for (std::size_t d = 0; per_column && d + 1 < bias.shape.size(); ++d)
       per_column = bias.shape[d] == 1;
+    // The sum moves to the matmul's place: it must be a fresh intermediate that nothing
+    // between the two could have read.
+    const Operand& y = add.outputs[0];
     if (read.offset != 0 || read.shape != c.shape || read.strides != c.strides || !per_column ||
-        access.writers[add.outputs[0].storage].size() != 1)
+        !storages_[y.storage].internal || access.writers[y.storage].size() != 1 ||
+        !contiguous_from_start(y) || y.storage == bias.storage || y.storage == c.storage ||
+        (!access.readers[y.storage].empty() && access.readers[y.storage].front() <= j))
       continue;
     // linear runs at the matmul's place: nothing in between may rewrite the bias.
     bool rewritten = false;
@@ -131,14 +136,9 @@ std::size_t Graph::fold_gemm_biases() {
 FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
   check(!materialized_, "graph: passes run before the first replay");
   const std::size_t n = nodes_.size();
-  std::vector<std::vector<std::size_t>> readers(storages_.size()), writers(storages_.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    for (const Operand& o : nodes_[i].inputs)
-      if (o.storage >= 0 && (readers[o.storage].empty() || readers[o.storage].back() != i))
-        readers[o.storage].push_back(i);
-    for (const Operand& o : nodes_[i].outputs)
-      writers[o.storage].push_back(i);
-  }
+  const Access access = accesses(nodes_, storages_.size());
+  const auto& readers = access.readers;
+  const auto& writers = access.writers;
   std::vector<bool> is_output(storages_.size(), false);
   for (const Operand& o : outputs_)
     is_output[o.storage] = true;
