@@ -27,6 +27,8 @@ inline Repeat classify_broadcast(const Shape& in, const Shape& out) {
   std::int64_t n = shape_numel(in);
   if (n == 1)
     return {Repeat::scalar};
+  if (n == 0)  // an empty operand (so an empty output): no period to repeat
+    return {Repeat::other};
   std::size_t first = 0;
   while (first < in.size() && in[first] == 1)
     ++first;

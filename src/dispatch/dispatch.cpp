@@ -59,9 +59,12 @@ Backend& backend_of(OpId op, std::span<const Tensor> inputs, Backend* device) {
       continue;
     if (chosen == nullptr)
       chosen = &t.backend();
-    check(&t.backend() == chosen, std::string(op_name(op)) +
-                                      ": inputs live on different devices (" +
-                                      describe_inputs(inputs) + "); move them with to() first");
+    // The message is built only on failure: an op of many inputs (a concat of thousands of
+    // slices) would otherwise describe them all at every call.
+    check(&t.backend() == chosen, [&] {
+      return std::string(op_name(op)) + ": inputs live on different devices (" +
+             describe_inputs(inputs) + "); move them with to() first";
+    });
   }
   if (chosen != nullptr)
     return *chosen;

@@ -490,6 +490,34 @@ std::string describe_element_types(const OnnxGraph& g) {
   return text.empty() ? "none declared" : text;
 }
 
+namespace {
+
+// Every value a node reads (or the graph returns) is a graph input, an initializer or an
+// earlier node's output: ONNX's version converter dereferences each name's definition
+// without checking it.
+void check_defined_before_use(const onnx::GraphProto& graph, const std::string& path) {
+  std::set<std::string> defined;
+  for (const auto& v : graph.input())
+    defined.insert(v.name());
+  for (const auto& t : graph.initializer())
+    defined.insert(t.name());
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& node = graph.node(i);
+    for (const std::string& in : node.input())
+      check(in.empty() || defined.count(in) == 1, [&] {
+        return path + ": node " + std::to_string(i) + " (" + node.op_type() + ") reads '" + in +
+               "', which no input, initializer or earlier node defines";
+      });
+    for (const std::string& out : node.output())
+      defined.insert(out);
+  }
+  for (const auto& v : graph.output())
+    check(defined.count(v.name()) == 1,
+          [&] { return path + ": graph output '" + v.name() + "' is not a value of the graph"; });
+}
+
+}  // namespace
+
 OnnxGraph read_onnx(const std::string& path, Backend& host) {
   onnx::ModelProto model;
   check(model.ParseFromString(read_whole_file(path)),
@@ -504,6 +532,9 @@ OnnxGraph read_onnx(const std::string& path, Backend& host) {
       declared = opset.version();
   if (declared > 0 && declared < kOldestReadOpset) {
     try {
+      // The converter trusts its input: a graph that names values no node or input defines
+      // crashes it (a null dereference inside onnx's graphProtoToGraph, found by fuzzing).
+      check_defined_before_use(model.graph(), path);
       // The converter's adapters (broadcasting ones) need the values' shapes.
       onnx::shape_inference::InferShapes(model);
       model = onnx::version_conversion::ConvertVersion(model, kOldestReadOpset);

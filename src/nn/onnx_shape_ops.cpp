@@ -101,8 +101,9 @@ void gather(Runner& r, const io::OnnxNode& n) {
     const std::int64_t count = table.dim(axis);
     std::vector<ag::Var> parts;
     for (std::int64_t i : ids) {
-      check(i >= -count && i < count,
-            r.where(n) + ": index " + std::to_string(i) + " outside " + std::to_string(count));
+      check(i >= -count && i < count, [&] {
+        return r.where(n) + ": index " + std::to_string(i) + " outside " + std::to_string(count);
+      });
       const std::int64_t at = i < 0 ? i + count : i;
       parts.push_back(ag::slice(r.tape, table, axis, at, at + 1));
     }
