@@ -305,9 +305,10 @@ int main(int argc, char** argv) try {
     // as dense as possible and padded.
     const double sg = time_alone(key, row.calls, false, Layout::as_called, o.reps, o.threads),
                  pr = time_alone(key, row.calls, true, Layout::as_called, o.reps, o.threads),
-                 plain = time_alone(key, row.calls, false, Layout::plain, o.reps, o.threads),
-                 padded =
-                     time_alone(key, row.calls, false, Layout::plain_padded, o.reps, o.threads);
+                 plain = ta || tb || lda != k || ldb != n || ldc != n
+                             ? time_alone(key, row.calls, false, Layout::plain, o.reps, o.threads)
+                             : sg,  // already laid out plainly: the same call as sg's
+        padded = time_alone(key, row.calls, false, Layout::plain_padded, o.reps, o.threads);
     const double flops =
         2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * row.calls;
     gemm_in_step += in_step;

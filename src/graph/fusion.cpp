@@ -29,13 +29,17 @@ bool contiguous_from_start(const Operand& o) {
   return true;
 }
 
-// Who reads and who writes each storage, in node order.
+// Who reads and who writes each storage, in node order, and which are graph outputs.
 struct Access {
   std::vector<std::vector<std::size_t>> readers, writers;
+  std::vector<bool> is_output;
 };
-Access accesses(const std::vector<Node>& nodes, std::size_t storages) {
+Access accesses(const std::vector<Node>& nodes, std::size_t storages,
+                const std::vector<Operand>& outputs) {
   Access a{std::vector<std::vector<std::size_t>>(storages),
-           std::vector<std::vector<std::size_t>>(storages)};
+           std::vector<std::vector<std::size_t>>(storages), std::vector<bool>(storages, false)};
+  for (const Operand& o : outputs)
+    a.is_output[o.storage] = true;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     for (const Operand& o : nodes[i].inputs)
       if (o.storage >= 0 && (a.readers[o.storage].empty() || a.readers[o.storage].back() != i))
@@ -56,10 +60,8 @@ Tensor probe_of(const Operand& operand, Backend& backend) {
 
 std::size_t Graph::fold_gemm_biases() {
   check(!materialized_, "graph: passes run before the first replay");
-  const Access access = accesses(nodes_, storages_.size());
-  std::vector<bool> is_output(storages_.size(), false);
-  for (const Operand& o : outputs_)
-    is_output[o.storage] = true;
+  const Access access = accesses(nodes_, storages_.size(), outputs_);
+  const std::vector<bool>& is_output = access.is_output;
   std::vector<bool> removed(nodes_.size(), false);
   std::size_t folded = 0;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
@@ -136,12 +138,10 @@ std::size_t Graph::fold_gemm_biases() {
 FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
   check(!materialized_, "graph: passes run before the first replay");
   const std::size_t n = nodes_.size();
-  const Access access = accesses(nodes_, storages_.size());
+  const Access access = accesses(nodes_, storages_.size(), outputs_);
   const auto& readers = access.readers;
   const auto& writers = access.writers;
-  std::vector<bool> is_output(storages_.size(), false);
-  for (const Operand& o : outputs_)
-    is_output[o.storage] = true;
+  const std::vector<bool>& is_output = access.is_output;
 
   // A row reduction: sum or mean over the last axis only, kept as size 1, of a value whose
   // rows hold more than one element.
