@@ -217,6 +217,63 @@ TEST(Perf, UnevenPipelinesFollowTheirSlowestStage) {
   EXPECT_GT(slow.memory.total_gb, uneven.memory.total_gb);
 }
 
+// Under fp8 a linear layer keeps its input for the weight gradient in one byte an element
+// (Transformer Engine, DeepSeek-V3 sec. 3.3.3). Per token and layer of a GELU model that
+// saves the two norms' outputs (h each) and the down projection's input (f), and costs
+// the attention output's fp8 copy beside the bf16 one FlashAttention's backward reads (h):
+// 2h + f - h fewer bytes, split over tp by sequence parallelism. Nothing else changes.
+TEST(Perf, Fp8KeepsTheLinearLayersInputsInOneByte) {
+  Catalog c = catalog();
+  const Model& m = c.model("gpt3-175b");  // GELU, f = 4h, heads = kv heads
+  Layout l{4, 1, 8, 1, 1, 1, 64, 2048, 1, Recompute::none, 1};
+  const Software nemo;  // flash attention, sequence parallelism
+  const Memory bf16 = memory_per_chip(m, l, nemo, 80);
+  l.precision = Precision::fp8;
+  const Memory fp8 = memory_per_chip(m, l, nemo, 80);
+  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
+  // pp 1: one micro-batch of every layer in flight.
+  const double saved = 2048.0 * 1.0 * static_cast<double>(m.layers) * (2.0 * h + f - h) / 4.0;
+  EXPECT_NEAR((bf16.activations_gb - fp8.activations_gb) * 1e9, saved, 1e-9 * saved);
+  EXPECT_EQ(fp8.weights_and_optimizer_gb, bf16.weights_and_optimizer_gb);
+  // Full recomputation keeps only each layer's bf16 input, whatever the GEMMs' precision.
+  l.recompute = Recompute::full;
+  const Memory full_fp8 = memory_per_chip(m, l, nemo, 80);
+  l.precision = Precision::bf16;
+  EXPECT_EQ(memory_per_chip(m, l, nemo, 80).activations_gb, full_fp8.activations_gb);
+}
+
+// Gradient reduction overlapped with the backward pass still leaves its last bucket
+// exposed: Megatron-Core's buckets hold max(40M, 1M x dp) parameters, so at the same work
+// per replica (weak scaling) three times the replicas expose more. Without overlap the
+// whole reduction is exposed either way.
+TEST(Perf, TheLastGradientBucketStaysExposedAndGrowsWithTheDataParallelGroup) {
+  Catalog c = catalog();
+  Model m;
+  m.id = "nemotron4-15b-like";
+  m.layers = 32;
+  m.hidden = 6144;
+  m.heads = 48;
+  m.kv_heads = 8;
+  m.ffn = 24576;
+  m.vocab = 256000;
+  const Chip& h100 = c.chip("h100-sxm");
+  auto exposed = [&](std::int64_t dp, bool overlap) {
+    Software sw;
+    sw.overlap_dp = overlap;
+    Layout l{8, 1, dp, 1, 1, 4, 4 * dp, 4096, 1, Recompute::none, 1};
+    const Estimate e = estimate(m, h100, l, sw);
+    EXPECT_TRUE(e.feasible) << e.reason;
+    return e.exposed_comm_s;
+  };
+  const double tp_only = [&] {  // dp 1 exposes no data-parallel communication
+    return exposed(1, true);
+  }();
+  const double at96 = exposed(96, true) - tp_only, at288 = exposed(288, true) - tp_only;
+  EXPECT_GT(at96, 0.0);
+  EXPECT_GT(at288, 2.0 * at96);  // a bucket 3x the size over a ring 3x as long
+  EXPECT_GT(exposed(288, false) - tp_only, 3.0 * at288);  // the whole reduction
+}
+
 TEST(Perf, MoreChipsGoFasterAndSlowerLinksHurt) {
   Catalog c = catalog();
   const Model& m = c.model("llama3-70b");

@@ -94,37 +94,48 @@ ChipParams max_params_per_chip(const Model& m, const Layout& l, const std::vecto
 // the TP group; the tensors of Korthikanti et al. 2022 (Table 2) counted one by one so that
 // grouped KV heads, SwiGLU, latent attention, experts and the absence of dropout show:
 // 2-byte elements, 1-byte dropout masks.
+// Under fp8 training a linear layer keeps its input for the weight gradient in fp8, 1 byte
+// an element (Transformer Engine's Linear and LayerNormLinear save the quantised input,
+// not the bf16 one; DeepSeek-V3 sec. 3.3.3 caches "the activations in FP8 for the Linear
+// operators' backward pass"). Tensors that are also read in bf16 by a non-GEMM backward
+// (the attention core's output, which FlashAttention's backward reads) keep their bf16
+// copy beside the fp8 one.
 double activation_bytes_per_token(const Model& m, const Layout& l, const Software& sw) {
   const double h = static_cast<double>(m.hidden), t = static_cast<double>(l.tp);
   const double drop = m.dropout ? 1.0 : 0.0;
   if (l.recompute == Recompute::full)  // only the layer's input
     return 2.0 * h / (sw.sequence_parallel ? t : 1.0);
+  const bool fp8 = l.precision == Precision::fp8;
+  const double gemm_input = fp8 ? 1.0 : 2.0;  // bytes per element of a saved linear input
   // Whole-width tensors: the two norms' inputs, the attention's and the MLP's inputs (the
-  // norms' outputs), the two dropout masks. Sequence parallelism splits them across TP.
-  const double whole = 4.0 * h + 2.0 * h + 2.0 * h + 2.0 * drop * h;
+  // norms' outputs, each a linear input), the two dropout masks. Sequence parallelism
+  // splits them across TP.
+  const double whole = 4.0 * h + 2.0 * gemm_input * h + 2.0 * drop * h;
   // Head- or column-split tensors. Attention: Q, K, V and the core's output (the output
-  // projection's input); latent attention keeps its latents too.
+  // projection's input; under fp8 also its fp8 copy); latent attention keeps its latents
+  // (the up-projections' inputs) too.
+  const double core_output = 2.0 * m.v_width() + (fp8 ? m.v_width() : 0.0);
   double attention = 0;
   if (m.mla()) {
-    attention = 2.0 * static_cast<double>(m.q_lora_rank + m.kv_lora_rank + m.qk_rope_dim) +
-                2.0 * m.qk_width() * 2.0 + 2.0 * m.v_width() * 2.0;
+    attention = gemm_input * static_cast<double>(m.q_lora_rank + m.kv_lora_rank + m.qk_rope_dim) +
+                2.0 * m.qk_width() * 2.0 + 2.0 * m.v_width() + core_output;
   } else {
     const double kv = m.qk_width() * static_cast<double>(m.kv_heads) / static_cast<double>(m.heads);
-    attention = 2.0 * m.qk_width() + 2.0 * 2.0 * kv + 2.0 * m.v_width();
+    attention = 2.0 * m.qk_width() + 2.0 * 2.0 * kv + core_output;
   }
   // Materialised scores: softmax input and output (2 bytes each) and their dropout mask,
   // 5 a s per token; selective recomputation drops them (its whole point).
   if (!sw.flash_attention && l.recompute == Recompute::none)
     attention += 5.0 * static_cast<double>(m.heads) * static_cast<double>(l.seq);
-  // MLP: the activation's input and the down projection's input (GELU: 2f + 2f; SwiGLU:
-  // gate 2f, up 2f, product 2f).
-  auto mlp = [&](double width) { return (m.gated ? 6.0 : 4.0) * width; };
+  // MLP: the activation's input (bf16) and the down projection's input (a linear input).
+  // GELU: 2f + 2f; SwiGLU: gate 2f, up 2f, product 2f.
+  auto mlp = [&](double width) { return (m.gated ? 4.0 : 2.0) * width + gemm_input * width; };
   double mlp_bytes = mlp(static_cast<double>(m.ffn));
   if (m.moe()) {
-    // Each routed copy keeps its permuted input and its output for the weighted combine;
-    // the busiest rank holds moe_imbalance times the mean.
+    // Each routed copy keeps its permuted input (the experts' first linear input) and its
+    // output for the weighted combine; the busiest rank holds moe_imbalance times the mean.
     const double routed = static_cast<double>(m.top_k) * sw.moe_imbalance *
-                          (2.0 * h + mlp(static_cast<double>(m.expert_ffn)) + 2.0 * h);
+                          (gemm_input * h + mlp(static_cast<double>(m.expert_ffn)) + 2.0 * h);
     const double shared = static_cast<double>(m.shared_experts) * mlp(static_cast<double>(m.expert_ffn));
     const double dense_share = m.dense_share();
     mlp_bytes = dense_share * mlp_bytes + (1.0 - dense_share) * (routed + shared);
@@ -527,7 +538,20 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   double t_dp = volume * (ring_allreduce(params_chip.dense * 2.0, dense_replicas(l), dp_bw, dp_alpha) +
                           ring_allreduce(params_chip.expert * 2.0, expert_replicas(l), dp_bw, dp_alpha));
   double backward_total = microbatches * 2.0 * t_fwd;
-  double dp_exposed = sw.overlap_dp ? std::max(0.0, t_dp - backward_total) : t_dp;
+  double dp_exposed = t_dp;
+  if (sw.overlap_dp) {
+    // Overlapped reduction runs bucket by bucket as the backward pass completes each
+    // bucket's gradients; Megatron-Core's buckets hold max(40M, 1M x dp x cp) parameters
+    // (distributed_data_parallel.py: larger groups get larger buckets so the ring stays
+    // bandwidth-bound). The last bucket can start only when the backward pass ends, and
+    // the first bucket's parameter all-gather gates the next forward, so one bucket's
+    // all-reduce stays exposed however much backward there is to hide under.
+    const double replicas = static_cast<double>(dense_replicas(l));
+    const double bucket = std::min(params_chip.dense, std::max(40e6, 1e6 * replicas));
+    const double last_bucket =
+        volume * ring_allreduce(bucket * 2.0, dense_replicas(l), dp_bw, dp_alpha);
+    dp_exposed = std::max(last_bucket, t_dp - backward_total);
+  }
   double t_optimizer = (params_chip.dense * param_bytes(l.zero, dense_replicas(l)).total() +
                         params_chip.expert * param_bytes(l.zero, expert_replicas(l)).total()) *
                        2.0 / hbm;  // read + write states
