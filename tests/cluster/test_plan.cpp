@@ -274,6 +274,80 @@ TEST(Perf, TheLastGradientBucketStaysExposedAndGrowsWithTheDataParallelGroup) {
   EXPECT_GT(exposed(288, false) - tp_only, 3.0 * at288);  // the whole reduction
 }
 
+// DeepSeek-V3's own memory recipe (sec. 3.2.3 and 3.3.3): norms and MLA up-projections
+// recomputed, the experts' SwiGLU inputs cached in fp8 and its output recomputed. With it
+// the run fits its 80 GB H800s without full recomputation, as it did; without it, it
+// would not. Each fact keeps fewer bytes, and only the up-projections cost FLOPs.
+TEST(Perf, DeepSeekV3sPublishedRecomputationFitsItsRunWithoutFullRecomputation) {
+  Catalog c = catalog();
+  const Model& m = c.model("deepseek-v3");
+  const Chip& h800 = c.chip("h800");
+  const std::map<std::string, Software> stacks =
+      read_software(source_dir() + "/catalog/calibration/software.yaml");
+  const Software& deepseek = stacks.at("deepseek-v3");
+  ASSERT_TRUE(deepseek.recompute_norms && deepseek.recompute_mla_up_projection &&
+              deepseek.recompute_moe_activation && deepseek.dualpipe);
+  Layout l{1, 16, 128, 64, 1, 1, 15360, 4096, 1, Recompute::none, 1};
+  l.precision = Precision::fp8;
+  const Estimate published = estimate(m, h800, l, deepseek);
+  EXPECT_TRUE(published.feasible) << published.reason;
+  Software plain = deepseek;
+  plain.recompute_norms = plain.recompute_mla_up_projection = plain.recompute_moe_activation =
+      false;
+  const Estimate without = estimate(m, h800, l, plain);
+  EXPECT_FALSE(without.feasible);
+  EXPECT_NE(without.reason.find("activations"), std::string::npos) << without.reason;
+  for (bool Software::*fact : {&Software::recompute_norms, &Software::recompute_mla_up_projection,
+                               &Software::recompute_moe_activation}) {
+    Software one = plain;
+    one.*fact = true;
+    EXPECT_LT(memory_per_chip(m, l, one, 80).activations_gb, without.memory.activations_gb);
+  }
+  // Recomputing the up-projections runs their forward GEMMs again: q_lora -> heads x
+  // (nope + rope) and kv_lora -> heads x (nope + v), 2 FLOPs a multiply-add, every layer.
+  Software up_only = plain;
+  up_only.recompute_mla_up_projection = true;
+  const Estimate recomputed = estimate(m, h800, l, up_only);
+  const double tokens = 15360.0 * 4096.0;
+  const double per_token = 2.0 * (1536.0 * 128.0 * (128 + 64) + 512.0 * 128.0 * (128 + 128));
+  EXPECT_NEAR(recomputed.hardware_flops - without.hardware_flops, tokens * per_token * 61.0,
+              1e-9 * recomputed.hardware_flops);
+  EXPECT_EQ(recomputed.model_flops, without.model_flops);
+  EXPECT_GT(recomputed.step_time_s, without.step_time_s);
+  // A model without latent attention has nothing to recompute there.
+  const Model& dense = c.model("llama3-70b");
+  Layout d{8, 1, 16, 1, 1, 1, 512, 8192, 1, Recompute::none, 1};
+  EXPECT_EQ(estimate(dense, c.chip("h100-sxm"), d, up_only).step_time_s,
+            estimate(dense, c.chip("h100-sxm"), d, plain).step_time_s);
+}
+
+// The routing weight multiplies the expert's activation output before its down projection
+// (Megatron-Core's and MindSpeed's grouped MLP), so the combine is a plain sum and a routed
+// copy keeps its input and its MLP's tensors, not its output: a top-k MoE keeps
+// k x (2h + 6f) bytes a token for its routed copies, a dense MLP of width k x f 6kf.
+TEST(Perf, ARoutedCopyKeepsItsInputAndItsMlpButNotItsOutput) {
+  Model moe;
+  moe.id = "moe";
+  moe.layers = 8;
+  moe.hidden = 4096;
+  moe.heads = moe.kv_heads = 32;
+  moe.ffn = 14336;
+  moe.expert_ffn = 14336;
+  moe.gated = true;
+  moe.vocab = 32000;
+  moe.experts = 8;
+  moe.top_k = 2;
+  Model dense = moe;
+  dense.experts = dense.top_k = 0;
+  dense.ffn = 2 * 14336;  // the two routed copies' MLP tensors
+  Layout l{1, 1, 8, 1, 1, 1, 8, 4096, 1, Recompute::none, 1};
+  Software sw;
+  const double diff = memory_per_chip(moe, l, sw, 80).activations_gb -
+                      memory_per_chip(dense, l, sw, 80).activations_gb;
+  // The routed copies' inputs: 2 copies x 2 bytes x h, per token of every layer.
+  EXPECT_NEAR(diff * 1e9, 4096.0 * 8.0 * 2.0 * 2.0 * 4096.0, 1e-6 * diff * 1e9);
+}
+
 TEST(Perf, MoreChipsGoFasterAndSlowerLinksHurt) {
   Catalog c = catalog();
   const Model& m = c.model("llama3-70b");

@@ -110,15 +110,20 @@ double activation_bytes_per_token(const Model& m, const Layout& l, const Softwar
   // Whole-width tensors: the two norms' inputs, the attention's and the MLP's inputs (the
   // norms' outputs, each a linear input), the two dropout masks. Sequence parallelism
   // splits them across TP.
-  const double whole = 4.0 * h + 2.0 * gemm_input * h + 2.0 * drop * h;
+  const double norm_outputs = sw.recompute_norms ? 0.0 : 2.0 * gemm_input * h;
+  const double whole = 4.0 * h + norm_outputs + 2.0 * drop * h;
   // Head- or column-split tensors. Attention: Q, K, V and the core's output (the output
   // projection's input; under fp8 also its fp8 copy); latent attention keeps its latents
   // (the up-projections' inputs) too.
   const double core_output = 2.0 * m.v_width() + (fp8 ? m.v_width() : 0.0);
   double attention = 0;
   if (m.mla()) {
-    attention = gemm_input * static_cast<double>(m.q_lora_rank + m.kv_lora_rank + m.qk_rope_dim) +
-                2.0 * m.qk_width() * 2.0 + 2.0 * m.v_width() + core_output;
+    // The latents are the up-projections' inputs, or, when the norms between are
+    // recomputed, the norms' inputs (bf16). Recomputed up-projections keep no Q, K, V.
+    const double latents = static_cast<double>(m.q_lora_rank + m.kv_lora_rank + m.qk_rope_dim);
+    attention = (sw.recompute_norms ? 2.0 : gemm_input) * latents + core_output;
+    if (!sw.recompute_mla_up_projection)
+      attention += 2.0 * m.qk_width() * 2.0 + 2.0 * m.v_width();
   } else {
     const double kv = m.qk_width() * static_cast<double>(m.kv_heads) / static_cast<double>(m.heads);
     attention = 2.0 * m.qk_width() + 2.0 * 2.0 * kv + core_output;
@@ -133,10 +138,18 @@ double activation_bytes_per_token(const Model& m, const Layout& l, const Softwar
   double mlp_bytes = mlp(static_cast<double>(m.ffn));
   if (m.moe()) {
     // Each routed copy keeps its permuted input (the experts' first linear input) and its
-    // output for the weighted combine; the busiest rank holds moe_imbalance times the mean.
+    // MLP's tensors; the busiest rank holds moe_imbalance times the mean. The routing
+    // weight multiplies the activation's output before the down projection (Megatron-Core's
+    // and MindSpeed's grouped MLP, activation_func_with_probs), so the combine is a plain
+    // sum and keeps no expert output. A stack that recomputes the activation keeps only
+    // its input, at the GEMMs' input precision.
+    auto expert_mlp = [&](double width) {
+      return sw.recompute_moe_activation ? (m.gated ? 2.0 : 1.0) * width * gemm_input : mlp(width);
+    };
     const double routed = static_cast<double>(m.top_k) * sw.moe_imbalance *
-                          (gemm_input * h + mlp(static_cast<double>(m.expert_ffn)) + 2.0 * h);
-    const double shared = static_cast<double>(m.shared_experts) * mlp(static_cast<double>(m.expert_ffn));
+                          (gemm_input * h + expert_mlp(static_cast<double>(m.expert_ffn)));
+    const double shared =
+        static_cast<double>(m.shared_experts) * expert_mlp(static_cast<double>(m.expert_ffn));
     const double dense_share = m.dense_share();
     mlp_bytes = dense_share * mlp_bytes + (1.0 - dense_share) * (routed + shared);
   }
@@ -184,6 +197,19 @@ const char* recompute_name(Recompute r) {
 
 double attention_core_flops(const Model& m, double tokens, double seq) {
   return 2.0 * tokens * seq * (m.qk_width() + m.v_width());
+}
+
+// The forward FLOPs of MLA's up-projections that a stack recomputing them runs again
+// (none under full recomputation, which reruns the whole layer anyway).
+static double mla_up_projection_flops(const Model& m, const Layout& l, const Software& sw,
+                                      double tokens) {
+  if (!m.mla() || !sw.recompute_mla_up_projection || l.recompute == Recompute::full)
+    return 0.0;
+  const double heads = static_cast<double>(m.heads);
+  const double q = static_cast<double>(m.q_lora_rank) * m.qk_width();
+  const double kv = static_cast<double>(m.kv_lora_rank) * heads *
+                    static_cast<double>(m.qk_nope_dim + m.v_head_dim);
+  return 2.0 * tokens * (q + kv);
 }
 
 double layer_forward_flops(const Model& m, double tokens, double seq) {
@@ -449,6 +475,10 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   double t_selective = l.recompute == Recompute::selective
                            ? (t_attention + score_bytes / hbm) / compute_share(sw)
                            : 0.0;
+  // A stack that recomputes MLA's up-projections runs them again before the backward:
+  // q_lora -> heads x (nope + rope) and kv_lora -> heads x (nope + v), at the GEMM rate.
+  const double up_projection_flops = mla_up_projection_flops(m, l, sw, tokens_chip) / t;
+  t_selective += up_projection_flops / (peak * eff) / compute_share(sw);
   double logits = 2.0 * tokens_chip * h * static_cast<double>(m.vocab) / t;
   double t_layer_compute = (3.0 + r) * t_fwd + t_selective;  // one layer
   double t_logits = 3.0 * logits / (peak * eff) / compute_share(sw);
@@ -573,6 +603,9 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
           : (l.recompute == Recompute::selective
                  ? attention_core_flops(m, tokens_step, seq) * static_cast<double>(m.layers)
                  : 0.0);
+  if (l.recompute != Recompute::full)
+    recompute_flops +=
+        mla_up_projection_flops(m, l, sw, tokens_step) * static_cast<double>(m.layers);
   e.hardware_flops = e.model_flops + recompute_flops;
   double chips = static_cast<double>(l.chips());
   e.tflops_per_chip = e.model_flops / e.step_time_s / chips / 1e12;

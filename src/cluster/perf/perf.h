@@ -63,6 +63,17 @@ struct Software {
   // costs beyond the expert FLOPs. 1 where nothing says otherwise; calibrated for a stack
   // whose published MoE runs show it (MindSpeed-LLM, catalog/calibration/software.yaml).
   double moe_efficiency = 1.0;
+  // What the stack always recomputes in the backward pass short of full recomputation
+  // (published practice, not a search choice). Norms: the norms' outputs are not kept,
+  // only their inputs (DeepSeek-V3 sec. 3.2.3). MLA up-projection: latent attention keeps
+  // its latents and recomputes Q, K and V from them, a GEMM's worth of forward FLOPs
+  // (DeepSeek-V3 sec. 3.2.3; Megatron-Core's recompute module "mla_up_proj", which
+  // Megatron-Bridge's DeepSeek recipes set). MoE activation: the experts keep only the
+  // activation's input, at the GEMMs' input precision, and recompute its output, the down
+  // projection's input (DeepSeek-V3 sec. 3.3.3, SwiGLU inputs cached in fp8).
+  bool recompute_norms = false;
+  bool recompute_mla_up_projection = false;
+  bool recompute_moe_activation = false;
 };
 
 // Memory per chip by component, GB (1e9 bytes).

@@ -182,10 +182,18 @@ std::map<std::string, Software> read_software(const std::string& software_path) 
     const std::string name = item.first.Scalar();
     const std::string where = software_path + ": software '" + name + "'";
     check(item.second.IsMap(), where + " must be a mapping of flags");
-    static const std::set<std::string> known{
-        "flash_attention",  "sequence_parallel",   "overlap_dp",
-        "overlap_ep",       "selective_recompute", "dualpipe",
-        "comm_sm_fraction", "moe_imbalance",       "moe_efficiency"};
+    static const std::set<std::string> known{"flash_attention",
+                                             "sequence_parallel",
+                                             "overlap_dp",
+                                             "overlap_ep",
+                                             "selective_recompute",
+                                             "dualpipe",
+                                             "comm_sm_fraction",
+                                             "moe_imbalance",
+                                             "moe_efficiency",
+                                             "recompute_norms",
+                                             "recompute_mla_up_projection",
+                                             "recompute_moe_activation"};
     check_known_fields(item.second, known, where, "a software stack");
     auto flag = [&](const char* field, bool fallback, bool required) {
       const YAML::Node v = item.second[field];
@@ -223,6 +231,9 @@ std::map<std::string, Software> read_software(const std::string& software_path) 
     s.comm_sm_fraction = fraction("comm_sm_fraction", 0.0, 0.0, 0.9);
     s.moe_imbalance = fraction("moe_imbalance", 1.0, 1.0, 100.0);
     s.moe_efficiency = fraction("moe_efficiency", 1.0, 0.01, 1.0);
+    s.recompute_norms = flag("recompute_norms", false, false);
+    s.recompute_mla_up_projection = flag("recompute_mla_up_projection", false, false);
+    s.recompute_moe_activation = flag("recompute_moe_activation", false, false);
     stacks[name] = s;
   }
   return stacks;
