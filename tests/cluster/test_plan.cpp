@@ -971,6 +971,32 @@ TEST(Plan, TheSearchOffersOnlyTheRecomputationTheStackHas) {
   EXPECT_TRUE(selective_seen);
 }
 
+// DeepSpeed's pipeline engine (BLOOM's Megatron-DeepSpeed) runs plain 1F1B: on such a
+// stack the search offers no virtual stages, and a layout that asks for them is refused.
+TEST(Plan, TheSearchOffersInterleavingOnlyWhereTheStackHasIt) {
+  Catalog c = catalog();
+  const Model& m = c.model("megatron-145.6b");  // 80 layers
+  const Chip& a100 = c.chip("a100-80gb");
+  Constraints fixed;
+  fixed.pp = 8;
+  Software plain_1f1b;
+  plain_1f1b.interleaved_schedule = false;
+  const std::vector<Candidate> without = search(m, a100, 1536, fixed, plain_1f1b);
+  ASSERT_FALSE(without.empty());
+  for (const Candidate& cand : without)
+    EXPECT_EQ(cand.layout.interleave, 1);
+  bool interleaved_seen = false;
+  for (const Candidate& cand : search(m, a100, 1536, fixed))
+    interleaved_seen = interleaved_seen || cand.layout.interleave > 1;
+  EXPECT_TRUE(interleaved_seen);
+  Layout l{8, 8, 24, 1, 1, 1, 2304, 2048, 5, Recompute::full, 1};
+  const Estimate refused = estimate(m, a100, l, plain_1f1b);
+  EXPECT_FALSE(refused.feasible);
+  EXPECT_NE(refused.reason.find("no interleaved pipeline schedule"), std::string::npos)
+      << refused.reason;
+  EXPECT_TRUE(estimate(m, a100, l).feasible);
+}
+
 // The all-to-all's bytes per token, worked by hand for DeepSeek-V3's hidden 7168 and
 // top-8 with 1-byte elements: ep 64 over 8 nodes of 8 GPUs.
 TEST(Perf, MoeDispatchBytesFollowNodeLimitedRouting) {

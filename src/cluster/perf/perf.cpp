@@ -403,6 +403,12 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   need(chip.gemm_efficiency, "gemm_efficiency");
   if (!e.feasible) return e;
 
+  if (!sw.interleaved_schedule && l.interleave > 1) {
+    e.feasible = false;
+    e.reason = "interleave " + std::to_string(l.interleave) +
+               ": the software stack has no interleaved pipeline schedule (plain 1F1B only)";
+    return e;
+  }
   if (sw.dualpipe && l.pp > 1 && (l.pp % 2 != 0 || l.interleave != 1)) {
     e.feasible = false;
     e.reason = "DualPipe needs an even pp and no interleaving (it splits each rank's layers into two chunks itself)";

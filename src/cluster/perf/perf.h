@@ -45,6 +45,9 @@ struct Software {
   // Selective recomputation (Korthikanti et al. 2022) exists in the stack: 2021-era
   // Megatron and Megatron-DeepSpeed offered full recomputation or none.
   bool selective_recompute = true;
+  // The interleaved 1F1B schedule (virtual pipeline stages, Narayanan et al. 2021) exists
+  // in the stack: DeepSpeed's pipeline engine, under Megatron-DeepSpeed, runs plain 1F1B.
+  bool interleaved_schedule = true;
   // MoE: the expert all-to-all runs while another micro-batch computes (DualPipe's paired
   // forward and backward chunks; Megatron-Core's 1F1B all-to-all overlap), so only what
   // outlasts that compute is exposed. Off: every byte waits (the 2023-era dispatchers).

@@ -91,7 +91,8 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
         // the loss count as a layer each (Megatron-Core's account_for_embedding/loss_in_
         // pipeline_split; Llama 3 405B's 126 layers); any split when the stages are given.
         std::vector<std::int64_t> interleaves{1};
-        for (std::int64_t v = 2; pp > 1 && v <= 8 && pp * v <= model.layers + 2; ++v)
+        for (std::int64_t v = 2;
+             software.interleaved_schedule && pp > 1 && v <= 8 && pp * v <= model.layers + 2; ++v)
           if (model.layers % (pp * v) == 0 || (model.layers + 2) % (pp * v) == 0 ||
               !fixed.stages.empty())
             interleaves.push_back(v);
@@ -187,6 +188,7 @@ std::map<std::string, Software> read_software(const std::string& software_path) 
                                              "overlap_dp",
                                              "overlap_ep",
                                              "selective_recompute",
+                                             "interleaved_schedule",
                                              "dualpipe",
                                              "comm_sm_fraction",
                                              "moe_imbalance",
@@ -231,6 +233,7 @@ std::map<std::string, Software> read_software(const std::string& software_path) 
     s.comm_sm_fraction = fraction("comm_sm_fraction", 0.0, 0.0, 0.9);
     s.moe_imbalance = fraction("moe_imbalance", 1.0, 1.0, 100.0);
     s.moe_efficiency = fraction("moe_efficiency", 1.0, 0.01, 1.0);
+    s.interleaved_schedule = flag("interleaved_schedule", true, false);
     s.recompute_norms = flag("recompute_norms", false, false);
     s.recompute_mla_up_projection = flag("recompute_mla_up_projection", false, false);
     s.recompute_moe_activation = flag("recompute_moe_activation", false, false);
