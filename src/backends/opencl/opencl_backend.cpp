@@ -335,11 +335,52 @@ void OpenClBackend::matmul(const OpCall& call) {
     gemm(c.numel() / std::max<std::size_t>(n, 1), 0, 0, 0);
     return;
   }
+  // A batch of products is one CLBlast call, not one per matrix: a loop of small GEMMs
+  // (attention's per-head products) costs a kernel launch or more each. Evenly spaced
+  // operands (a stride per batch, 0 where one broadcasts) go to GemmStridedBatched,
+  // any other broadcast to GemmBatched with each matrix's offset.
   std::vector<std::pair<std::int64_t, std::int64_t>> offsets =
       matmul_batch_offsets(a.shape(), b.shape(), c.shape());
-  for (std::size_t i = 0; i < offsets.size(); ++i)
-    gemm(m, static_cast<std::size_t>(offsets[i].first), static_cast<std::size_t>(offsets[i].second),
-         i * m * n);
+  const std::size_t batch = offsets.size();
+  if (batch == 0 || m == 0 || n == 0)
+    return;
+  if (batch == 1) {
+    gemm(m, static_cast<std::size_t>(offsets[0].first), static_cast<std::size_t>(offsets[0].second),
+         0);
+    return;
+  }
+  const auto a_transpose = ta ? clblast::Transpose::kYes : clblast::Transpose::kNo;
+  const auto b_transpose = tb ? clblast::Transpose::kYes : clblast::Transpose::kNo;
+  const std::int64_t a_stride = offsets[1].first - offsets[0].first;
+  const std::int64_t b_stride = offsets[1].second - offsets[0].second;
+  bool even = offsets[0].first == 0 && offsets[0].second == 0 && a_stride >= 0 && b_stride >= 0;
+  for (std::size_t i = 0; even && i < batch; ++i)
+    even = offsets[i].first == static_cast<std::int64_t>(i) * a_stride &&
+           offsets[i].second == static_cast<std::int64_t>(i) * b_stride;
+  cl_command_queue q = current_queue();
+  clblast::StatusCode status;
+  if (even) {
+    status = clblast::GemmStridedBatched<float>(
+        clblast::Layout::kRowMajor, a_transpose, b_transpose, m, n, k, 1.0f, mem_of(a), off_of(a),
+        lda, static_cast<std::size_t>(a_stride), mem_of(b), off_of(b), ldb,
+        static_cast<std::size_t>(b_stride), 0.0f, mem_of(c), off_of(c), n, m * n, batch, &q,
+        nullptr);
+  } else {
+    std::vector<std::size_t> a_offsets(batch), b_offsets(batch), c_offsets(batch);
+    for (std::size_t i = 0; i < batch; ++i) {
+      a_offsets[i] = off_of(a) + static_cast<std::size_t>(offsets[i].first);
+      b_offsets[i] = off_of(b) + static_cast<std::size_t>(offsets[i].second);
+      c_offsets[i] = off_of(c) + i * m * n;
+    }
+    const std::vector<float> alphas(batch, 1.0f), betas(batch, 0.0f);
+    status = clblast::GemmBatched<float>(clblast::Layout::kRowMajor, a_transpose, b_transpose, m, n,
+                                         k, alphas.data(), mem_of(a), a_offsets.data(), lda,
+                                         mem_of(b), b_offsets.data(), ldb, betas.data(), mem_of(c),
+                                         c_offsets.data(), n, batch, &q, nullptr);
+  }
+  check(status == clblast::StatusCode::kSuccess,
+        "opencl: CLBlast batched Gemm failed with status " +
+            std::to_string(static_cast<int>(status)));
 }
 
 namespace {
