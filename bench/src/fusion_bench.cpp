@@ -82,6 +82,7 @@ Run run_mode(const std::string& path, Backend& device, Mode mode, int steps, int
   optim::AdamW optimizer(model.parameters(), {0.9, 0.999, 1e-8, 0.01});
   graph::Passes passes;
   passes.fuse_elementwise = mode != Mode::eager && mode != Mode::graph;
+  passes.merge_duplicates = passes.fuse_elementwise;
   passes.fold_gemm_biases = passes.fuse_elementwise && mode != Mode::fused_without_gemm_biases;
   passes.fusion.reductions = mode != Mode::fused_elementwise;
   graph::CapturedStep captured(passes);

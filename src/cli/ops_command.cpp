@@ -45,6 +45,7 @@ struct FusionResult {
   double step_seconds_unfused = 0, step_seconds_fused = 0;
   std::vector<graph::FusedChain> chains;
   std::size_t gemm_biases = 0;  // matmul + bias pairs folded into linear
+  std::size_t duplicates = 0;   // repeated copy/fill/expand/cast nodes merged
 };
 
 struct Report {
@@ -56,8 +57,8 @@ struct Report {
 };
 
 // The version of `loom ops --json`'s objects (the fleet service checks it). 1: backend,
-// model, step_s, launches_per_step, transformer, ops; with --fusion, fusion (gemm_biases
-// added later: within a version fields are only added, and readers ignore the unknown).
+// model, step_s, launches_per_step, transformer, ops; with --fusion, fusion (gemm_biases and
+// duplicates added later: within a version fields are only added, and readers ignore the unknown).
 constexpr int kReportSchemaVersion = 1;
 
 // The forward and backward pass captured in graph mode (graph::CapturedStep, as
@@ -75,9 +76,7 @@ FusionResult measure_fusion(const OpsOptions& o, Backend& device, nn::Model& mod
   Attrs probe;
   result.kernel = device.supports(OpCall{OpId::fused_elementwise, {}, {}, probe});
   for (bool fuse : {false, true}) {
-    graph::Passes passes;
-    passes.fuse_elementwise = passes.fold_gemm_biases = fuse;
-    graph::CapturedStep captured(passes);
+    graph::CapturedStep captured(graph::Passes::all(fuse));
     std::vector<std::size_t> with_grad;
     auto forward_backward = [&] {
       autograd::Tape tape;
@@ -117,6 +116,7 @@ FusionResult measure_fusion(const OpsOptions& o, Backend& device, nn::Model& mod
     if (fuse) {
       result.chains = captured.fusion().chains;
       result.gemm_biases = captured.fusion().gemm_biases;
+      result.duplicates = captured.fusion().duplicates;
     }
   }
   return result;
@@ -359,6 +359,7 @@ int run_ops(const OpsOptions& given) {
           fusion["step_s_unfused"] = f->step_seconds_unfused;
           fusion["step_s_fused"] = f->step_seconds_fused;
           fusion["gemm_biases"] = f->gemm_biases;
+          fusion["duplicates"] = f->duplicates;
           fusion["chains"] = nlohmann::json::array();
           for (const graph::FusedChain& c : f->chains)
             fusion["chains"].push_back(
@@ -432,10 +433,11 @@ int run_ops(const OpsOptions& given) {
     for (const graph::FusedChain& c : f->chains)
       replaced += c.members;
     std::printf(
-        "\nfusion on %s: %zu chains replace %zu of %zu graph nodes, %zu GEMM biases folded "
-        "into linear (%zu left); step in graph mode %.2f ms unfused, %.2f ms fused (%.2fx)\n",
-        names[b].c_str(), f->chains.size(), replaced, f->nodes_unfused, f->gemm_biases,
-        f->nodes_fused, f->step_seconds_unfused * 1e3, f->step_seconds_fused * 1e3,
+        "\nfusion on %s: %zu duplicate nodes merged, %zu chains replace %zu of %zu graph nodes, "
+        "%zu GEMM biases folded into linear (%zu left); step in graph mode %.2f ms unfused, "
+        "%.2f ms fused (%.2fx)\n",
+        names[b].c_str(), f->duplicates, f->chains.size(), replaced, f->nodes_unfused,
+        f->gemm_biases, f->nodes_fused, f->step_seconds_unfused * 1e3, f->step_seconds_fused * 1e3,
         f->step_seconds_unfused / f->step_seconds_fused);
     for (const graph::FusedChain& c : f->chains)
       std::printf("  node %-4zu %2zu ops: %s\n", c.node, c.members, c.program.c_str());

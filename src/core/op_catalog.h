@@ -81,6 +81,8 @@ struct Attrs {
   std::int64_t step = 1;
   // fused_elementwise: the chain it runs (immutable, shared by copies of the attributes)
   std::shared_ptr<const ElementwiseProgram> program;
+
+  bool operator==(const Attrs&) const = default;  // the same program object, for fused nodes
 };
 
 // One operator invocation: inputs are read, outputs (preallocated, contiguous) written.

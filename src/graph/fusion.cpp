@@ -1,6 +1,7 @@
 // Graph::fuse_elementwise: chains of elementwise nodes become one fused_elementwise node
 // (core/fused_elementwise.h). See graph.h for when a chain may be fused.
 // Graph::fold_gemm_biases: a matmul and the bias add after it become one linear node.
+// Graph::merge_duplicate_nodes: a copy, fill, expand or cast repeating an earlier one goes.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -57,6 +58,80 @@ Tensor probe_of(const Operand& operand, Backend& backend) {
 }
 
 }  // namespace
+
+std::size_t Graph::merge_duplicate_nodes() {
+  check(!materialized_, "graph: passes run before the first replay");
+  const Access access = accesses(nodes_, storages_.size(), outputs_);
+  // A node whose one output is a fresh intermediate, written by it alone and read as a
+  // whole from the storage's start: its value stays what it wrote.
+  auto settled_output = [&](const Node& n) {
+    if (n.outputs.size() != 1)
+      return false;
+    const Operand& y = n.outputs[0];
+    return storages_[y.storage].internal && !access.is_output[y.storage] &&
+           access.writers[y.storage].size() == 1 && contiguous_from_start(y);
+  };
+  auto same_operand = [](const Operand& a, const Operand& b) {
+    return a.storage == b.storage && a.offset == b.offset && a.shape == b.shape &&
+           a.strides == b.strides && a.dtype == b.dtype;
+  };
+  std::vector<int> replaced_by(storages_.size(), -1);  // a dropped output's storage -> the kept one
+  std::vector<bool> removed(nodes_.size(), false);
+  std::vector<std::size_t> candidates;  // kept nodes that later ones may repeat
+  std::size_t merged = 0;
+  for (std::size_t j = 0; j < nodes_.size(); ++j) {
+    Node& node = nodes_[j];
+    for (Operand& in : node.inputs)
+      if (in.storage >= 0 && replaced_by[in.storage] >= 0)
+        in.storage = replaced_by[in.storage];
+    if ((node.op != OpId::copy && node.op != OpId::fill && node.op != OpId::expand &&
+         node.op != OpId::cast) ||
+        !settled_output(node))
+      continue;
+    bool reads_itself = false;
+    for (const Operand& in : node.inputs)
+      reads_itself = reads_itself || in.storage == node.outputs[0].storage;
+    if (reads_itself)
+      continue;
+    std::optional<std::size_t> earlier;
+    for (std::size_t i : candidates) {
+      const Node& first = nodes_[i];
+      if (first.op != node.op || first.backend != node.backend || !(first.attrs == node.attrs) ||
+          first.inputs.size() != node.inputs.size() ||
+          first.outputs[0].shape != node.outputs[0].shape ||
+          first.outputs[0].dtype != node.outputs[0].dtype ||
+          storages_[first.outputs[0].storage].bytes != storages_[node.outputs[0].storage].bytes)
+        continue;
+      bool same = true;
+      for (std::size_t k = 0; same && k < node.inputs.size(); ++k) {
+        same = same_operand(first.inputs[k], node.inputs[k]);
+        // What both read must not change between them.
+        if (same && node.inputs[k].storage >= 0)
+          for (std::size_t w : access.writers[node.inputs[k].storage])
+            same = same && !(w > i && w < j);
+      }
+      if (same) {
+        earlier = i;
+        break;
+      }
+    }
+    if (!earlier) {
+      candidates.push_back(j);
+      continue;
+    }
+    replaced_by[node.outputs[0].storage] = nodes_[*earlier].outputs[0].storage;
+    removed[j] = true;
+    ++merged;
+  }
+  std::vector<Node> kept;
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    if (!removed[i])
+      kept.push_back(std::move(nodes_[i]));
+  nodes_ = std::move(kept);
+  stats_.nodes = nodes_.size();
+  stats_.duplicates += merged;
+  return merged;
+}
 
 std::size_t Graph::fold_gemm_biases() {
   check(!materialized_, "graph: passes run before the first replay");

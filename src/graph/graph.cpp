@@ -419,10 +419,12 @@ std::vector<Tensor> CapturedStep::run(std::span<const Tensor> inputs, const Step
     std::vector<Tensor> outputs = step();
     graph_ = capture.finish(outputs);
     graph_->eliminate_dead_nodes();
+    const std::size_t duplicates = passes_.merge_duplicates ? graph_->merge_duplicate_nodes() : 0;
     const std::size_t gemm_biases = passes_.fold_gemm_biases ? graph_->fold_gemm_biases() : 0;
     if (passes_.fuse_elementwise)
       fusion_ = graph_->fuse_elementwise(passes_.fusion);
     fusion_.gemm_biases = gemm_biases;
+    fusion_.duplicates = duplicates;
     graph_->plan_memory();
     return outputs;
   }

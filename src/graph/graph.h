@@ -10,6 +10,10 @@
 // Passes, in order:
 //   eliminate_dead_nodes: drops nodes whose results nobody reads and that write no
 //     external storage.
+//   merge_duplicate_nodes (graph/fusion.cpp): a copy, fill, expand or cast that repeats an
+//     earlier one (same op, attributes and inputs, nothing rewritten in between, each
+//     output written once) is dropped and its readers read the earlier output: the
+//     backward pass re-makes the layout copies and constants of the forward one.
 //   fold_gemm_biases (graph/fusion.cpp): a matmul and the add of a bias [N] to its product,
 //     the add its only reader, become one linear node, the bias folded into the GEMM (on the
 //     CPU the GEMM accumulates onto rows preset to the bias): one pass over the product
@@ -82,6 +86,7 @@ struct GraphStats {
   std::size_t captured_nodes = 0, nodes = 0;
   std::size_t fused_chains = 0;  // fused_elementwise nodes made by fuse_elementwise
   std::size_t gemm_biases = 0;   // linear nodes made by fold_gemm_biases
+  std::size_t duplicates = 0;    // nodes merge_duplicate_nodes dropped
   std::size_t internal_storages = 0, external_storages = 0;
   std::size_t internal_bytes = 0;  // sum of the internal storages' sizes
   std::size_t memory_bytes = 0;    // what replay allocates for them (arena or one each)
@@ -108,13 +113,21 @@ struct FusionReport {
   std::size_t nodes_before = 0, nodes_after = 0;
   std::vector<FusedChain> chains;
   std::size_t gemm_biases = 0;  // matmul + bias pairs fold_gemm_biases made one linear node
+  std::size_t duplicates = 0;   // repeated nodes merge_duplicate_nodes dropped
 };
 
 // Which passes CapturedStep runs after a capture (each can be turned off).
 struct Passes {
+  bool merge_duplicates = true;
   bool fold_gemm_biases = true;
   bool fuse_elementwise = true;
   FusionOptions fusion;
+  // Every optimising pass on or off (dead-node elimination and the memory plan always run).
+  static Passes all(bool on) {
+    Passes p;
+    p.merge_duplicates = p.fold_gemm_biases = p.fuse_elementwise = on;
+    return p;
+  }
 };
 
 struct ReplayOptions {
@@ -146,6 +159,11 @@ class Graph {
   // the add's (the CPU starts the GEMM's sums from the bias): within 1e-5 relative over 20
   // training steps (test), not bit for bit.
   std::size_t fold_gemm_biases();
+  // Drops each copy, fill, expand or cast node that repeats an earlier one on the same
+  // inputs (nothing rewrites them in between; both outputs fresh intermediates written
+  // once, of the same size); its readers read the earlier output. Bit-exact. Returns how
+  // many nodes it dropped.
+  std::size_t merge_duplicate_nodes();
   void plan_memory();
   // Byte offset of each internal storage in its device's arena (-1: not internal). Set by
   // plan_memory; tests use it to check that no two live storages share bytes.

@@ -55,9 +55,7 @@ class EagerStep : public StepMode {
 // on a copy stream while this step computes (train/prefetch.h).
 class GraphStep : public StepMode {
   static graph::Passes passes(const TrainConfig& cfg) {
-    graph::Passes passes;
-    passes.fuse_elementwise = passes.fold_gemm_biases = cfg.fusion == "true";
-    return passes;
+    return graph::Passes::all(cfg.fusion == "true");
   }
 
  public:

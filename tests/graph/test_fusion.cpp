@@ -205,6 +205,59 @@ TEST(Fusion, AGemmBiasFoldsIntoLinearOnlyWhenTheAddAloneReadsTheProduct) {
     EXPECT_LE(worst_ratio(values(g.output(k)), values(want[k]), 1e-6, 1e-6), 1.0) << "output " << k;
 }
 
+// A copy or fill that repeats an earlier one on the same, unchanged inputs is dropped and
+// its readers read the first one's output; one whose input was rewritten in between, or
+// with other attributes, stays. The replay gives the eager step's bits.
+TEST(Fusion, ARepeatedCopyOrFillIsMergedUnlessItsInputChangedInBetween) {
+  nn::Rng rng(5);
+  Tensor x = random({4, 6}, rng);
+  std::array<Tensor, 1> inputs{x};
+  auto fill = [](double value) {
+    Attrs a;
+    a.shape = {1};
+    a.alpha = value;
+    return dispatch::call1(OpId::fill, {}, a);
+  };
+  auto step = [&](const Tensor& x) {
+    Tensor a = dispatch::contiguous(x.transpose(0, 1));
+    Tensor b = dispatch::contiguous(x.transpose(0, 1));  // repeats a
+    Tensor two = fill(2.0), two_again = fill(2.0), three = fill(3.0);
+    Tensor t = dispatch::call1(OpId::add, {x, x});
+    Tensor before = dispatch::contiguous(t.transpose(0, 1));
+    Attrs triple;
+    triple.alpha = 3.0;
+    std::array<Tensor, 1> in{t}, out{t};
+    dispatch::call_into(OpId::scale, in, out, triple);  // t rewritten in place
+    Tensor after = dispatch::contiguous(t.transpose(0, 1));
+    Tensor ab = dispatch::call1(OpId::mul, {a, b});
+    Tensor constants =
+        dispatch::call1(OpId::mul, {dispatch::call1(OpId::add, {two, two_again}), three});
+    Tensor moved = dispatch::call1(OpId::sub, {after, before});
+    return std::array<Tensor, 3>{ab, constants, moved};
+  };
+  graph::Capture capture(inputs);
+  std::array<Tensor, 3> outputs = step(x);
+  graph::Graph g = capture.finish(outputs);
+  const std::size_t before = g.nodes().size();
+  ASSERT_EQ(g.merge_duplicate_nodes(), 2u) << g.listing();
+  EXPECT_EQ(g.nodes().size(), before - 2);
+  EXPECT_EQ(g.stats().duplicates, 2u);
+  std::size_t copies = 0, fills = 0;
+  for (const graph::Node& n : g.nodes()) {
+    copies += n.op == OpId::copy;
+    fills += n.op == OpId::fill;
+  }
+  EXPECT_EQ(copies, 3u);  // a, and the two around the in-place write
+  EXPECT_EQ(fills, 2u);   // 2 and 3
+  g.plan_memory();
+  Tensor x2 = random({4, 6}, rng);
+  std::array<Tensor, 1> next{x2};
+  g.replay(next);
+  std::array<Tensor, 3> want = step(x2);
+  for (std::size_t k = 0; k < want.size(); ++k)
+    EXPECT_EQ(values(g.output(k)), values(want[k])) << "output " << k;
+}
+
 // ---- imported models train the same fused and unfused, on every backend -------------
 
 struct Trained {
