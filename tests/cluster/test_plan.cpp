@@ -950,6 +950,19 @@ TEST(Catalog, AnAttentionEfficiencyOutsideZeroToOneIsRefused) {
               Catalog::load(dir);
             }).find("chip 'x': field 'gemm_efficiency': value must be a number in (0, 1], got 1.5"),
             std::string::npos);
+  // "unsupported" is how a chip says it lacks a precision; a rate is never that.
+  chip = one_chip("8");
+  chip.replace(chip.find("gemm_efficiency: {value: 0.5"), 28,
+               "gemm_efficiency: {value: unsupported");
+  std::ofstream(dir + "/chips.yaml") << chip;
+  EXPECT_NE(error_of([&] { Catalog::load(dir); })
+                .find("chip 'x': field 'gemm_efficiency': value must be a number in (0, 1], got "
+                      "unsupported"),
+            std::string::npos);
+  EXPECT_NE(
+      load_error("    attention_efficiency: {value: unsupported, source: s, confidence: c}\n")
+          .find("field 'attention_efficiency': value must be a number in (0, 1], got unsupported"),
+      std::string::npos);
 }
 
 TEST(Plan, TheSearchOffersOnlyTheRecomputationTheStackHas) {
