@@ -148,7 +148,14 @@ if [[ -n "$mpiexec" ]]; then
   pid=$!
   wait_for_steps "$dir/mpi" 30 || fail "mpi: no progress"
   # One rank only hears the signal; both must stop after the same step and checkpoint.
-  rank1=$(pgrep -f "loom train.*$dir/mpi" | tail -n 1)
+  # The ranks are the processes whose own name is loom's: mpiexec's command line matches
+  # the same pattern, and PIDs may wrap, so neither the order nor the pattern alone
+  # tells a rank from the launcher.
+  rank1=""
+  for p in $(pgrep -f "train.*$dir/mpi"); do
+    [[ $p != "$pid" && "$(cat "/proc/$p/comm" 2>/dev/null)" == "$(basename "$loom" | cut -c1-15)" ]] && rank1=$p
+  done
+  [[ -n "$rank1" ]] || fail "mpi: no rank process found"
   kill -TERM "$rank1"
   wait "$pid"
   rc=$?
