@@ -22,6 +22,13 @@ inline void check(bool condition, const std::string& message) {
     throw Error(message);
 }
 
+// A fixed message: no std::string is made unless the check fails (a literal passed to the
+// overload above would allocate one on every call).
+inline void check(bool condition, const char* message) {
+  if (!condition)
+    throw Error(message);
+}
+
 // The same, with the message built only when the check fails: for checks on hot paths
 // (a tensor's data pointer, its dimensions), where building the text every time costs more
 // than the work the check guards.

@@ -222,9 +222,13 @@ Tensor contiguous(const Tensor& x) {
 std::vector<Tensor> call(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
                          Backend* device) {
   const OpInfo& info = op_info(op);
+  // Every op call passes these checks: their messages are built only when one fails.
   check(info.num_inputs < 0 ? !inputs.empty() : static_cast<int>(inputs.size()) == info.num_inputs,
-        std::string(info.name) + ": got " + std::to_string(inputs.size()) + " inputs, expected " +
-            (info.num_inputs < 0 ? "at least 1" : std::to_string(info.num_inputs)));
+        [&] {
+          return std::string(info.name) + ": got " + std::to_string(inputs.size()) +
+                 " inputs, expected " +
+                 (info.num_inputs < 0 ? "at least 1" : std::to_string(info.num_inputs));
+        });
   Backend& backend = backend_of(op, inputs, device);
   std::vector<TensorSpec> specs = info.infer(inputs, attrs);
   std::vector<Tensor> ready;
@@ -272,15 +276,17 @@ void call_into(OpId op, std::span<const Tensor> inputs, std::span<Tensor> output
   const OpInfo& info = op_info(op);
   check(static_cast<int>(inputs.size()) == info.num_inputs &&
             (info.num_outputs < 0 || static_cast<int>(outputs.size()) == info.num_outputs),
-        std::string(info.name) + ": wrong number of inputs or outputs");
+        [&] { return std::string(info.name) + ": wrong number of inputs or outputs"; });
   Backend& backend = backend_of(op, inputs, nullptr);
   std::vector<TensorSpec> specs = info.infer(inputs, attrs);
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     check(outputs[i].shape() == specs[i].shape && outputs[i].dtype() == specs[i].dtype &&
               outputs[i].is_contiguous() && &outputs[i].backend() == &backend,
-          std::string(info.name) + ": output " + std::to_string(i) + " is " +
-              outputs[i].describe() + ", expected contiguous " +
-              std::string(dtype_name(specs[i].dtype)) + shape_str(specs[i].shape));
+          [&] {
+            return std::string(info.name) + ": output " + std::to_string(i) + " is " +
+                   outputs[i].describe() + ", expected contiguous " +
+                   std::string(dtype_name(specs[i].dtype)) + shape_str(specs[i].shape);
+          });
   }
   std::vector<Tensor> ready;
   for (const Tensor& t : inputs)

@@ -71,6 +71,10 @@ void attention(Runner& r, const io::OnnxNode& n) {
     } else {
       m = mask.var;
     }
+    // The spec's mask broadcasts to [B, heads, L, total]: a scalar has no key axis to pad.
+    check(!m.shape().empty(), r.where(n) +
+                                  ": attn_mask is a scalar; expected a tensor whose "
+                                  "last dimension runs over the keys");
     const std::int64_t short_by = total - m.shape().back();
     check(short_by >= 0, r.where(n) + ": the mask's last dimension " +
                              std::to_string(m.shape().back()) + " exceeds the key length " +

@@ -125,9 +125,12 @@ void layer_norm_backward(const OpCall& call) {
 }
 
 // ---- embedding --------------------------------------------------------------------
+// Called once per index: the message is built only for an index out of range.
 std::int32_t checked_id(std::int32_t id, std::int64_t limit, const char* op) {
-  check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) + " outside [0, " +
-                                   std::to_string(limit) + ")");
+  check(id >= 0 && id < limit, [&] {
+    return std::string(op) + ": index " + std::to_string(id) + " outside [0, " +
+           std::to_string(limit) + ")";
+  });
   return id;
 }
 
