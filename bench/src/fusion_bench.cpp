@@ -112,7 +112,13 @@ Run run_mode(const std::string& path, Backend& device, Mode mode, int steps, int
       std::vector<Tensor> inputs{x, y};
       for (const nn::Parameter& p : model.parameters())
         inputs.push_back(p.var.value());
+      const bool capturing = captured.graph() == nullptr;
       outs = captured.run(inputs, forward_backward);
+      if (capturing)
+        if (const char* debug = std::getenv("LOOM_DEBUG_GRAPH");
+            debug != nullptr && debug[0] == '1')
+          std::fprintf(stderr, "[graph] %s: the captured step after its passes:\n%s",
+                       std::string(device.name()).c_str(), captured.graph()->listing().c_str());
       for (std::size_t i = 0; i < model.parameters().size(); ++i)
         model.parameters()[i].var.state()->grad = outs[i + 1];
     }
