@@ -11,6 +11,9 @@
 #include "conformance/op_cases.h"
 #include "dispatch/dispatch.h"
 #include "test_util.h"
+#ifdef LOOM_HAVE_OPENCL
+#include "backends/opencl/opencl_backend.h"
+#endif
 
 namespace loom::testing {
 namespace {
@@ -182,6 +185,41 @@ TEST(ConformanceHarness, DetectsAWrongResult) {
   EXPECT_LE(worst_ratio(close, reference, 1e-4, 1e-5), 1.0);
   EXPECT_GT(nmse(wrong, reference), 1e-9);
 }
+
+#ifdef LOOM_HAVE_OPENCL
+// The OpenCL backend has two GEMMs (CLBlast, and gemm_nt for CPU devices) and runs one by
+// the device type: each, whichever the device, meets every matmul case's tolerance, and
+// the two differ (so the switch really changed the kernel).
+TEST(OpenClGemm, CLBlastAndGemmNtBothMatchTheReferenceOnEveryMatmulCase) {
+  opencl::OpenClBackend* device = opencl::backend();
+  if (device == nullptr)
+    GTEST_SKIP() << "no OpenCL device";
+  const opencl::OpenClBackend::Gemm chosen = device->gemm();
+  int checked = 0;
+  bool differ = false;
+  for (const OpCase& c : cases()) {
+    if (c.op != OpId::matmul || (kSanitizedBuild && c.label.find("large") != std::string::npos))
+      continue;
+    SCOPED_TRACE(c.label);
+    std::vector<Tensor> inputs;
+    for (const Tensor& t : c.inputs)
+      inputs.push_back(t.to(*device));
+    const std::vector<double> e = values(run_reference(c.op, c.inputs, c.attrs).front());
+    std::vector<std::vector<double>> results;
+    for (auto gemm : {opencl::OpenClBackend::Gemm::clblast, opencl::OpenClBackend::Gemm::gemm_nt}) {
+      device->set_gemm(gemm);
+      results.push_back(values(dispatch::call(c.op, inputs, c.attrs, device).front()));
+      EXPECT_LE(nmse(results.back(), e), c.tolerance)
+          << (gemm == opencl::OpenClBackend::Gemm::clblast ? "clblast" : "gemm_nt");
+    }
+    differ = differ || results[0] != results[1];
+    ++checked;
+  }
+  device->set_gemm(chosen);
+  EXPECT_GT(checked, 5);
+  EXPECT_TRUE(differ) << "CLBlast and gemm_nt gave bit-equal products on every case";
+}
+#endif
 
 TEST(ConformanceHarness, CoverageMatrix) {
   if (std::getenv("LOOM_CONFORMANCE_MATRIX") == nullptr)

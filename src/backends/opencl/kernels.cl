@@ -130,6 +130,150 @@ __kernel void copy_strided(__global const float* x, const ulong x_off, __global 
   y[y_off + i] = x[x_off + src];
 }
 
+// C[batch][i][j] = sum over k of A[batch][i][k] B[batch][j][k]: both operands read along
+// k, rows contiguous (the caller lays a transposed operand out so). This is the GEMM for
+// CPU devices: their OpenCL compiler turns the eight-wide loads into vector code, where
+// a GPU-shaped tiled kernel runs at a few GFLOP/s. Each work-item computes rows i0..i0+3
+// of column j. The sum order is fixed on every device: per row, eight partial sums
+// (k mod 8, each an fma chain in k order), added as (l0+l4 + l2+l6) + (l1+l5 + l3+l7),
+// then the k mod 8 tail in order.
+float sum_lanes(float8 v) {
+  const float4 s = v.lo + v.hi;
+  const float2 t = s.lo + s.hi;
+  return t.x + t.y;
+}
+__kernel void gemm_nt(const int M, const int N, const int K, __global const float* a,
+                      const ulong a_off, const ulong a_batch, __global const float* b,
+                      const ulong b_off, const ulong b_batch, __global float* c,
+                      const ulong c_off) {
+  const int j = get_global_id(0), i0 = get_global_id(1) * 4;
+  const ulong batch = get_global_id(2);
+  if (j >= N || i0 >= M)
+    return;
+  // Rows past M read row M - 1 (in bounds) and are not written.
+  const int i1 = min(i0 + 1, M - 1), i2 = min(i0 + 2, M - 1), i3 = min(i0 + 3, M - 1);
+  __global const float* a0 = a + a_off + batch * a_batch + (ulong)i0 * K;
+  __global const float* a1 = a + a_off + batch * a_batch + (ulong)i1 * K;
+  __global const float* a2 = a + a_off + batch * a_batch + (ulong)i2 * K;
+  __global const float* a3 = a + a_off + batch * a_batch + (ulong)i3 * K;
+  __global const float* bj = b + b_off + batch * b_batch + (ulong)j * K;
+  float8 s0 = (float8)(0.0f), s1 = s0, s2 = s0, s3 = s0;
+  const int k8 = K & ~7;
+  for (int k = 0; k < k8; k += 8) {
+    const float8 bv = vload8(0, bj + k);
+    s0 = fma(vload8(0, a0 + k), bv, s0);
+    s1 = fma(vload8(0, a1 + k), bv, s1);
+    s2 = fma(vload8(0, a2 + k), bv, s2);
+    s3 = fma(vload8(0, a3 + k), bv, s3);
+  }
+  float c0 = sum_lanes(s0), c1 = sum_lanes(s1), c2 = sum_lanes(s2), c3 = sum_lanes(s3);
+  for (int k = k8; k < K; ++k) {
+    const float bv = bj[k];
+    c0 = fma(a0[k], bv, c0);
+    c1 = fma(a1[k], bv, c1);
+    c2 = fma(a2[k], bv, c2);
+    c3 = fma(a3[k], bv, c3);
+  }
+  __global float* out = c + c_off + batch * (ulong)M * N + (ulong)i0 * N + j;
+  out[0] = c0;
+  if (i0 + 1 < M)
+    out[N] = c1;
+  if (i0 + 2 < M)
+    out[2 * (ulong)N] = c2;
+  if (i0 + 3 < M)
+    out[3 * (ulong)N] = c3;
+}
+
+// C[batch][i][j] = sum over k of A(i, k) B[batch][k][j] with B read along its rows (the
+// weight of a forward product, [K, N] as stored): each work-item computes rows i0..i0+3
+// of columns j0..j0+7, one eight-wide load of B's row k and one value of A per row and
+// k, a fused multiply-add chain over k in order (a fixed sum order on every device).
+// A(i, k) is a[i * K + k], or a[k * M + i] for the transposed kernel (gemm_tn). Columns
+// past the last multiple of eight go one at a time.
+#define LOOM_GEMM_NN(NAME, A_AT)                                                         \
+  __kernel void NAME(const int M, const int N, const int K, __global const float* a,     \
+                     const ulong a_off, const ulong a_batch, __global const float* b,    \
+                     const ulong b_off, const ulong b_batch, __global float* c,          \
+                     const ulong c_off) {                                                \
+    const int j0 = get_global_id(0) * 8, i0 = get_global_id(1) * 4;                      \
+    const ulong batch = get_global_id(2);                                                \
+    if (j0 >= N || i0 >= M)                                                              \
+      return;                                                                            \
+    const int i1 = min(i0 + 1, M - 1), i2 = min(i0 + 2, M - 1), i3 = min(i0 + 3, M - 1); \
+    a += a_off + batch * a_batch;                                                        \
+    b += b_off + batch * b_batch;                                                        \
+    c += c_off + batch * (ulong)M * N;                                                   \
+    if (j0 + 8 <= N) {                                                                   \
+      float8 s0 = (float8)(0.0f), s1 = s0, s2 = s0, s3 = s0;                             \
+      for (int k = 0; k < K; ++k) {                                                      \
+        const float8 bv = vload8(0, b + (ulong)k * N + j0);                              \
+        s0 = fma((float8)(A_AT(i0, k)), bv, s0);                                         \
+        s1 = fma((float8)(A_AT(i1, k)), bv, s1);                                         \
+        s2 = fma((float8)(A_AT(i2, k)), bv, s2);                                         \
+        s3 = fma((float8)(A_AT(i3, k)), bv, s3);                                         \
+      }                                                                                  \
+      vstore8(s0, 0, c + (ulong)i0 * N + j0);                                            \
+      if (i0 + 1 < M)                                                                    \
+        vstore8(s1, 0, c + (ulong)(i0 + 1) * N + j0);                                    \
+      if (i0 + 2 < M)                                                                    \
+        vstore8(s2, 0, c + (ulong)(i0 + 2) * N + j0);                                    \
+      if (i0 + 3 < M)                                                                    \
+        vstore8(s3, 0, c + (ulong)(i0 + 3) * N + j0);                                    \
+      return;                                                                            \
+    }                                                                                    \
+    for (int j = j0; j < N; ++j) {                                                       \
+      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;                                  \
+      for (int k = 0; k < K; ++k) {                                                      \
+        const float bv = b[(ulong)k * N + j];                                            \
+        s0 = fma(A_AT(i0, k), bv, s0);                                                   \
+        s1 = fma(A_AT(i1, k), bv, s1);                                                   \
+        s2 = fma(A_AT(i2, k), bv, s2);                                                   \
+        s3 = fma(A_AT(i3, k), bv, s3);                                                   \
+      }                                                                                  \
+      c[(ulong)i0 * N + j] = s0;                                                         \
+      if (i0 + 1 < M)                                                                    \
+        c[(ulong)(i0 + 1) * N + j] = s1;                                                 \
+      if (i0 + 2 < M)                                                                    \
+        c[(ulong)(i0 + 2) * N + j] = s2;                                                 \
+      if (i0 + 3 < M)                                                                    \
+        c[(ulong)(i0 + 3) * N + j] = s3;                                                 \
+    }                                                                                    \
+  }
+#define LOOM_A_ROWS(i, k) a[(ulong)(i)*K + (k)]
+#define LOOM_A_COLUMNS(i, k) a[(ulong)(k)*M + (i)]
+LOOM_GEMM_NN(gemm_nn, LOOM_A_ROWS)
+LOOM_GEMM_NN(gemm_tn, LOOM_A_COLUMNS)
+
+// The same copy with the host's merged dimensions: a work-item copies up to 64 elements
+// of one row of the innermost dimension (get_global_id(0) the piece, get_global_id(1)
+// the row), the row's offset decoded once in 32-bit arithmetic (the host launches this
+// only when every index of the view fits). A 64-bit division per dimension and element
+// made copy_strided a fifth of a small model's step on a CPU device.
+#define LOOM_COPY_PIECE 64
+__kernel void copy_rows(__global const float* x, const ulong x_off, __global float* y,
+                        const ulong y_off, const uint inner, const uint inner_stride,
+                        const int outer_rank, const uint n0, const uint n1, const uint n2,
+                        const uint n3, const uint n4, const uint t0, const uint t1, const uint t2,
+                        const uint t3, const uint t4) {
+  const uint piece = get_global_id(0), row = get_global_id(1);
+  const uint n[5] = {n0, n1, n2, n3, n4}, t[5] = {t0, t1, t2, t3, t4};
+  uint rem = row, src = 0;
+  for (int d = outer_rank - 1; d >= 0; --d) {
+    src += (rem % n[d]) * t[d];
+    rem /= n[d];
+  }
+  __global const float* from = x + x_off + src;
+  __global float* to = y + y_off + (ulong)row * inner;
+  const uint begin = piece * LOOM_COPY_PIECE, end = min(begin + LOOM_COPY_PIECE, inner);
+  if (inner_stride == 1) {
+    for (uint i = begin; i < end; ++i)
+      to[i] = from[i];
+  } else {
+    for (uint i = begin; i < end; ++i)
+      to[i] = from[i * inner_stride];
+  }
+}
+
 // dx viewed as [outer, L, inner]; dy as [outer, l, inner] placed at rows [start, start + l).
 __kernel void slice_backward(__global const float* dy, const ulong dy_off, __global float* dx, const ulong dx_off,
                              const ulong L, const ulong l, const ulong inner, const ulong start) {

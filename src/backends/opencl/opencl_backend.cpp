@@ -20,8 +20,11 @@
 namespace loom::opencl {
 namespace {
 
-void ok(cl_int status, const std::string& what) {
-  check(status == CL_SUCCESS, "opencl: " + what + " failed with error " + std::to_string(status));
+// Every OpenCL call of a launch passes through here: the message is built only on failure
+// (built eagerly, it was a heap string per kernel argument).
+void ok(cl_int status, std::string_view what) {
+  if (status != CL_SUCCESS)
+    throw Error("opencl: " + std::string(what) + " failed with error " + std::to_string(status));
 }
 
 std::string device_string(cl_device_id d, cl_device_info what) {
@@ -167,6 +170,18 @@ OpenClBackend::OpenClBackend(cl_platform_id platform, cl_device_id device) : dev
   ok(err, "clCreateCommandQueue");
   stream_ = std::make_unique<OpenClStream>(*this, context_.get());
   build_program();
+  cl_device_type type = 0;
+  ok(clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, nullptr),
+     "clGetDeviceInfo CL_DEVICE_TYPE");
+  // On a CPU device CLBlast's kernels (tiled for GPUs) ran small products at 4 to 15
+  // GFLOP/s where gemm_nt ran 30 to 60 (bench/RESULTS.md, "OpenCL GEMM").
+  gemm_ = (type & CL_DEVICE_TYPE_CPU) != 0 ? Gemm::gemm_nt : Gemm::clblast;
+  if (const char* choice = std::getenv("LOOM_OPENCL_GEMM"); choice != nullptr && *choice) {
+    const std::string v = choice;
+    check(v == "clblast" || v == "gemm_nt",
+          "LOOM_OPENCL_GEMM='" + v + "': expected 'clblast' or 'gemm_nt'");
+    gemm_ = v == "clblast" ? Gemm::clblast : Gemm::gemm_nt;
+  }
 }
 
 Program OpenClBackend::compile(const std::string& source, const std::string& what) {
@@ -223,12 +238,29 @@ Program OpenClBackend::compile(const std::string& source, const std::string& wha
 void OpenClBackend::build_program() {
   program_ = compile(std::string(kElementwiseSource) + kKernelSource, "the kernels");
   cl_int err = CL_SUCCESS;
-  for (const char* name :
-       {"fill", "binary", "unary", "unary_backward", "reduce_rows", "sum_cols", "adamw",
-        "copy_strided", "slice_backward", "sum_squares_partial", "embedding", "embedding_backward",
-        "cross_entropy_rows", "cross_entropy_backward", "layer_norm_backward_rows",
-        "layer_norm_backward_cols", "attention_forward", "attention_backward_dq",
-        "attention_backward_dkv"}) {
+  for (const char* name : {"fill",
+                           "binary",
+                           "unary",
+                           "unary_backward",
+                           "reduce_rows",
+                           "sum_cols",
+                           "adamw",
+                           "copy_strided",
+                           "slice_backward",
+                           "sum_squares_partial",
+                           "embedding",
+                           "embedding_backward",
+                           "cross_entropy_rows",
+                           "cross_entropy_backward",
+                           "layer_norm_backward_rows",
+                           "layer_norm_backward_cols",
+                           "attention_forward",
+                           "attention_backward_dq",
+                           "attention_backward_dkv",
+                           "gemm_nt",
+                           "gemm_nn",
+                           "gemm_tn",
+                           "copy_rows"}) {
     kernels_.emplace(name, Kernel(clCreateKernel(program_.get(), name, &err)));
     ok(err, std::string("clCreateKernel ") + name);
   }
@@ -243,6 +275,9 @@ void set_arg(cl_kernel k, cl_uint i, cl_mem v) {
   ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg");
 }
 void set_arg(cl_kernel k, cl_uint i, cl_ulong v) {
+  ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg");
+}
+void set_arg(cl_kernel k, cl_uint i, cl_uint v) {
   ok(clSetKernelArg(k, i, sizeof v, &v), "clSetKernelArg");
 }
 void set_arg(cl_kernel k, cl_uint i, cl_int v) {
@@ -261,8 +296,10 @@ void OpenClBackend::run(const char* name, std::size_t global, Args... args) {
   cl_kernel k = kernel(name);
   cl_uint i = 0;
   (set_arg(k, i++, args), ...);
-  ok(clEnqueueNDRangeKernel(current_queue(), k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr),
-     std::string("clEnqueueNDRangeKernel ") + name);
+  const cl_int err =
+      clEnqueueNDRangeKernel(current_queue(), k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr);
+  if (err != CL_SUCCESS)
+    ok(err, std::string("clEnqueueNDRangeKernel ") + name);
 }
 
 DeviceInfo OpenClBackend::info() const {
@@ -314,7 +351,89 @@ void OpenClBackend::download(const Buffer& src, std::size_t src_offset, void* ho
      "clEnqueueReadBuffer");
 }
 
+Tensor OpenClBackend::transposed_copy(const Tensor& x) {
+  const Tensor view = x.transpose(x.rank() - 2, x.rank() - 1);
+  Tensor out = Tensor::empty(view.shape(), DType::f32, *this);
+  StridedView strided;
+  for (int d = 0; d < view.rank(); ++d) {
+    strided.shape[d] = static_cast<cl_ulong>(view.shape()[d]);
+    strided.stride[d] = static_cast<cl_ulong>(view.strides()[d]);
+  }
+  copy_strided(view, out, view.rank(), strided);
+  return out;
+}
+
+void OpenClBackend::matmul_dot(const OpCall& call) {
+  const Tensor& a = call.inputs[0];
+  const Tensor& b = call.inputs[1];
+  Tensor& c = call.outputs[0];
+  const bool ta = call.attrs.trans_a, tb = call.attrs.trans_b;
+  const std::int64_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
+  if (c.numel() == 0)
+    return;
+  // B as stored ([K, N], a forward product's weight): gemm_nn, or gemm_tn for a
+  // transposed A, eight columns of B's row per load. B transposed ([N, K], the backward
+  // products against a weight): gemm_nt, A and B both read along k, through a transposed
+  // copy of A when A is transposed too (one pass over it against M*N*K multiply-adds).
+  const char* name = !tb ? (ta ? "gemm_tn" : "gemm_nn") : "gemm_nt";
+  const Tensor rows_a = tb && ta ? transposed_copy(a) : a;
+  const Tensor& rows_b = b;
+  const std::size_t columns = static_cast<std::size_t>(tb ? n : (n + 7) / 8);
+  auto launch = [&](std::int64_t rows, std::size_t batches, cl_ulong a_off, cl_ulong a_batch,
+                    cl_ulong b_off, cl_ulong b_batch, cl_ulong c_off) {
+    std::lock_guard lock(mutex_);
+    cl_kernel kern = kernel(name);
+    cl_uint arg = 0;
+    set_arg(kern, arg++, static_cast<cl_int>(rows));
+    set_arg(kern, arg++, static_cast<cl_int>(n));
+    set_arg(kern, arg++, static_cast<cl_int>(k));
+    set_arg(kern, arg++, mem_of(rows_a));
+    set_arg(kern, arg++, off_of(rows_a) + a_off);
+    set_arg(kern, arg++, a_batch);
+    set_arg(kern, arg++, mem_of(rows_b));
+    set_arg(kern, arg++, off_of(rows_b) + b_off);
+    set_arg(kern, arg++, b_batch);
+    set_arg(kern, arg++, mem_of(c));
+    set_arg(kern, arg++, off_of(c) + c_off);
+    const std::size_t global[3] = {columns, static_cast<std::size_t>((rows + 3) / 4), batches};
+    const cl_int err = clEnqueueNDRangeKernel(current_queue(), kern, 3, nullptr, global, nullptr, 0,
+                                              nullptr, nullptr);
+    if (err != CL_SUCCESS)
+      ok(err, std::string("clEnqueueNDRangeKernel ") + name);
+  };
+  if (b.rank() == 2 && !ta) {  // one B for every row of A: the batch folds into M
+    launch(c.numel() / n, 1, 0, 0, 0, 0, 0);
+    return;
+  }
+  const std::vector<std::pair<std::int64_t, std::int64_t>> offsets =
+      matmul_batch_offsets(a.shape(), b.shape(), c.shape());
+  const std::size_t batch = offsets.size();
+  const std::int64_t a_stride = batch > 1 ? offsets[1].first - offsets[0].first : 0;
+  const std::int64_t b_stride = batch > 1 ? offsets[1].second - offsets[0].second : 0;
+  bool even = a_stride >= 0 && b_stride >= 0;
+  for (std::size_t i = 0; even && i < batch; ++i)
+    even = offsets[i].first == offsets[0].first + static_cast<std::int64_t>(i) * a_stride &&
+           offsets[i].second == offsets[0].second + static_cast<std::int64_t>(i) * b_stride;
+  if (even) {
+    launch(m, batch, static_cast<cl_ulong>(offsets[0].first), static_cast<cl_ulong>(a_stride),
+           static_cast<cl_ulong>(offsets[0].second), static_cast<cl_ulong>(b_stride), 0);
+    return;
+  }
+  for (std::size_t i = 0; i < batch; ++i)  // any other broadcast: one launch per matrix
+    launch(m, 1, static_cast<cl_ulong>(offsets[i].first), 0,
+           static_cast<cl_ulong>(offsets[i].second), 0, static_cast<cl_ulong>(i * m * n));
+}
+
 void OpenClBackend::matmul(const OpCall& call) {
+  // gemm_nt takes int sizes and copy_strided's ranks; anything larger goes to CLBlast.
+  constexpr std::int64_t kIntSizes = std::int64_t{1} << 31;
+  const Tensor& x = call.inputs[0];
+  if (gemm_ == Gemm::gemm_nt && x.rank() <= kMaxCopyRank && call.inputs[1].rank() <= kMaxCopyRank &&
+      call.outputs[0].numel() < kIntSizes && x.numel() < kIntSizes &&
+      call.inputs[1].numel() < kIntSizes) {
+    matmul_dot(call);
+    return;
+  }
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
   Tensor& c = call.outputs[0];
@@ -469,6 +588,58 @@ void OpenClBackend::reduce(const OpCall& call) {
 }
 
 void OpenClBackend::copy_strided(const Tensor& x, Tensor& y, int rank, const StridedView& v) {
+  // Dimensions the index arithmetic need not tell apart are merged: a size-1 one goes,
+  // and one whose stride is the next one's extent times that one's stride joins it (two
+  // repeated dimensions, stride 0, join too).
+  std::vector<cl_ulong> shape, stride;
+  for (int d = 0; d < rank; ++d) {
+    if (v.shape[d] == 1)
+      continue;
+    if (!shape.empty() && stride.back() == v.stride[d] * v.shape[d]) {
+      shape.back() *= v.shape[d];
+      stride.back() = v.stride[d];
+    } else {
+      shape.push_back(v.shape[d]);
+      stride.push_back(v.stride[d]);
+    }
+  }
+  if (shape.empty()) {
+    shape.push_back(1);
+    stride.push_back(0);
+  }
+  constexpr cl_ulong kUint = cl_ulong{1} << 32;
+  cl_ulong reach = 0;  // the largest element index read, from x's offset
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    reach += (shape[d] - 1) * stride[d];
+  const std::size_t total = count(y);
+  if (total > 0 && total < kUint && reach < kUint && shape.size() <= 6) {
+    const std::size_t outer_rank = shape.size() - 1;
+    cl_uint n[5] = {1, 1, 1, 1, 1}, t[5] = {0, 0, 0, 0, 0};
+    for (std::size_t d = 0; d < outer_rank; ++d) {
+      n[d] = static_cast<cl_uint>(shape[d]);
+      t[d] = static_cast<cl_uint>(stride[d]);
+    }
+    std::lock_guard lock(mutex_);
+    cl_kernel k = kernel("copy_rows");
+    cl_uint arg = 0;
+    set_arg(k, arg++, mem_of(x));
+    set_arg(k, arg++, off_of(x));
+    set_arg(k, arg++, mem_of(y));
+    set_arg(k, arg++, off_of(y));
+    set_arg(k, arg++, static_cast<cl_uint>(shape.back()));
+    set_arg(k, arg++, static_cast<cl_uint>(stride.back()));
+    set_arg(k, arg++, static_cast<cl_int>(outer_rank));
+    for (cl_uint e : n)
+      set_arg(k, arg++, e);
+    for (cl_uint e : t)
+      set_arg(k, arg++, e);
+    constexpr std::size_t kPiece = 64;  // LOOM_COPY_PIECE in kernels.cl
+    const auto inner = static_cast<std::size_t>(shape.back());
+    const std::size_t global[2] = {(inner + kPiece - 1) / kPiece, total / inner};
+    ok(clEnqueueNDRangeKernel(current_queue(), k, 2, nullptr, global, nullptr, 0, nullptr, nullptr),
+       "clEnqueueNDRangeKernel copy_rows");
+    return;
+  }
   run("copy_strided", count(y), mem_of(x), off_of(x), mem_of(y), off_of(y),
       static_cast<cl_int>(rank), v.shape[0], v.shape[1], v.shape[2], v.shape[3], v.shape[4],
       v.shape[5], v.stride[0], v.stride[1], v.stride[2], v.stride[3], v.stride[4], v.stride[5]);

@@ -1,6 +1,7 @@
 // backends/opencl — OpenCL 1.2 through the ICD loader, so any vendor's driver works
 // (PoCL runs it on a CPU in CI). Kernels are embedded OpenCL C compiled at run time
-// with an on-disk binary cache; GEMM is CLBlast. The native operator set is the kernel
+// with an on-disk binary cache; GEMM is CLBlast on GPUs and Loom's gemm_nt kernel on CPU
+// devices (see matmul_dot). The native operator set is the kernel
 // table (kernels() in opencl_backend.cpp); every other op reaches the device by
 // decomposition or counted fallback.
 #pragma once
@@ -77,6 +78,13 @@ class OpenClBackend final : public Backend {
   static cl_command_queue queue_of(Stream& stream);
   static constexpr int kMaxCopyRank = 6;  // copy_strided's shape and stride arguments
 
+  // Which GEMM runs matmul: CLBlast, or the gemm_nt kernel (kernels.cl). The default is
+  // gemm_nt on a CPU device and CLBlast on any other; LOOM_OPENCL_GEMM=clblast or =gemm_nt
+  // chooses at start-up, and benchmarks and tests switch here to run both side by side.
+  enum class Gemm { clblast, gemm_nt };
+  Gemm gemm() const { return gemm_; }
+  void set_gemm(Gemm gemm) { gemm_ = gemm; }
+
  protected:
   void release(void* data, std::size_t bytes) noexcept override;
 
@@ -107,6 +115,11 @@ class OpenClBackend final : public Backend {
   void unary_backward(const OpCall& call);
   void reduce(const OpCall& call);
   void matmul(const OpCall& call);
+  // matmul by gemm_nt: each operand laid out with k innermost (a transposed copy where it
+  // is not), then one launch per evenly spaced batch.
+  void matmul_dot(const OpCall& call);
+  // x [..., R, C] as a contiguous [..., C, R] on this device.
+  Tensor transposed_copy(const Tensor& x);
   void copy(const OpCall& call);
   void expand(const OpCall& call);
   void slice_backward(const OpCall& call);
@@ -123,6 +136,7 @@ class OpenClBackend final : public Backend {
   void fused(const OpCall& call);
 
   cl_device_id device_;
+  Gemm gemm_ = Gemm::clblast;
   std::string device_name_, driver_version_;
   Context context_;
   Queue queue_;
