@@ -28,9 +28,10 @@ Var Tape::record(const std::vector<Var>& inputs, Tensor output, BackwardFn backw
 }
 
 void Tape::backward(const Var& loss) {
-  check(loss.defined() && loss.value().numel() == 1,
-        "Tape::backward: loss must be a one-element tensor, got " +
-            (loss.defined() ? loss.value().describe() : std::string("an undefined Var")));
+  check(loss.defined() && loss.value().numel() == 1, [&] {
+    return "Tape::backward: loss must be a one-element tensor, got " +
+           (loss.defined() ? loss.value().describe() : std::string("an undefined Var"));
+  });
   Attrs one;
   one.shape = loss.shape();
   one.alpha = 1.0;
@@ -38,11 +39,12 @@ void Tape::backward(const Var& loss) {
 }
 
 void Tape::backward(const Var& output, const Tensor& grad_output) {
-  check(output.defined() && grad_output.defined() && grad_output.shape() == output.shape(),
-        "Tape::backward: the seed gradient " +
-            (grad_output.defined() ? grad_output.describe() : std::string("(none)")) +
-            " does not match the output " +
-            (output.defined() ? output.value().describe() : std::string("(none)")));
+  check(output.defined() && grad_output.defined() && grad_output.shape() == output.shape(), [&] {
+    return "Tape::backward: the seed gradient " +
+           (grad_output.defined() ? grad_output.describe() : std::string("(none)")) +
+           " does not match the output " +
+           (output.defined() ? output.value().describe() : std::string("(none)"));
+  });
   check(output.requires_grad(),
         "Tape::backward: the output does not depend on anything that requires a gradient");
   output.state()->grad = grad_output;
@@ -56,9 +58,10 @@ void Tape::backward(const Var& output, const Tensor& grad_output) {
       VarState& in = *it->inputs[i];
       if (!in.requires_grad || !grads[i].defined())
         continue;
-      check(grads[i].shape() == in.value.shape(),
-            "Tape::backward: gradient " + grads[i].describe() + " does not match its input " +
-                in.value.describe());
+      check(grads[i].shape() == in.value.shape(), [&] {
+        return "Tape::backward: gradient " + grads[i].describe() + " does not match its input " +
+               in.value.describe();
+      });
       in.grad = in.grad.defined() ? dispatch::call1(OpId::add, {in.grad, grads[i]}) : grads[i];
     }
   }

@@ -35,8 +35,10 @@ class KernelTable {
   KernelTable(std::string backend, const std::vector<Entry>& entries)
       : backend_(std::move(backend)) {
     for (const Entry& entry : entries) {
-      check(entry.launch != nullptr, backend_ + ": kernel table entry for op " +
-                                         std::string(op_name(entry.op)) + " has no launcher");
+      check(entry.launch != nullptr, [&] {
+        return backend_ + ": kernel table entry for op " + std::string(op_name(entry.op)) +
+               " has no launcher";
+      });
       entries_[index(entry.op)].push_back(entry);
     }
   }

@@ -36,18 +36,20 @@ inline std::string number_text(double value) {
 // a + b, or an error naming `what` when the sum does not fit in int64.
 inline std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& what) {
   std::int64_t sum = 0;
-  check(!__builtin_add_overflow(a, b, &sum), what + ": " + std::to_string(a) + " + " +
-                                                 std::to_string(b) +
-                                                 " overflows int64 (expected a sum below 2^63)");
+  check(!__builtin_add_overflow(a, b, &sum), [&] {
+    return what + ": " + std::to_string(a) + " + " + std::to_string(b) +
+           " overflows int64 (expected a sum below 2^63)";
+  });
   return sum;
 }
 
 // a * b, or an error naming `what` when the product does not fit in int64.
 inline std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& what) {
   std::int64_t product = 0;
-  check(!__builtin_mul_overflow(a, b, &product),
-        what + ": " + std::to_string(a) + " x " + std::to_string(b) +
-            " overflows int64 (expected a product below 2^63)");
+  check(!__builtin_mul_overflow(a, b, &product), [&] {
+    return what + ": " + std::to_string(a) + " x " + std::to_string(b) +
+           " overflows int64 (expected a product below 2^63)";
+  });
   return product;
 }
 
@@ -66,18 +68,22 @@ inline std::int64_t checked_numel(const std::vector<std::int64_t>& shape,
   bool empty = false;
   for (std::size_t axis = 0; axis < shape.size(); ++axis) {
     const std::int64_t d = shape[axis];
-    check(d >= 0, where + ": shape " + shape_text() + " has dimension " + std::to_string(d) +
-                      " at axis " + std::to_string(axis) + ", expected >= 0");
+    check(d >= 0, [&] {
+      return where + ": shape " + shape_text() + " has dimension " + std::to_string(d) +
+             " at axis " + std::to_string(axis) + ", expected >= 0";
+    });
     if (d == 0) {
       empty = true;
       continue;
     }
-    check(!__builtin_mul_overflow(product, d, &product),
-          where + ": the element count of shape " + shape_text() +
-              " overflows int64 (expected at most 2^48 elements)");
-    check(product <= kMaxFileElements, where + ": shape " + shape_text() + " has more than " +
-                                           std::to_string(kMaxFileElements) +
-                                           " elements (2^48), the most Loom reads");
+    check(!__builtin_mul_overflow(product, d, &product), [&] {
+      return where + ": the element count of shape " + shape_text() +
+             " overflows int64 (expected at most 2^48 elements)";
+    });
+    check(product <= kMaxFileElements, [&] {
+      return where + ": shape " + shape_text() + " has more than " +
+             std::to_string(kMaxFileElements) + " elements (2^48), the most Loom reads";
+    });
   }
   return empty ? 0 : product;
 }
@@ -94,8 +100,10 @@ inline std::int64_t whole_number(double value, std::int64_t lo, std::int64_t hi,
   hi = std::min(hi, kExact);
   check(std::isfinite(value) && value == std::floor(value) && value >= static_cast<double>(lo) &&
             value <= static_cast<double>(hi),
-        where + " is " + number_text(value) + ", expected a whole number in " + std::to_string(lo) +
-            ".." + std::to_string(hi));
+        [&] {
+          return where + " is " + number_text(value) + ", expected a whole number in " +
+                 std::to_string(lo) + ".." + std::to_string(hi);
+        });
   return static_cast<std::int64_t>(value);
 }
 

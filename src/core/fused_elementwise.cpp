@@ -106,67 +106,79 @@ std::vector<Shape> fused_output_shapes(const ElementwiseProgram& program,
 void check_elementwise_program(const ElementwiseProgram* program, std::span<const Tensor> inputs,
                                const Shape& shape) {
   const std::string op = "fused_elementwise";
-  check(program != nullptr, op + ": no program (attrs.program is unset)");
-  check(!program->steps.empty(), op + ": the program has no steps");
-  check(program->num_inputs == static_cast<int>(inputs.size()),
-        op + ": the program reads " + std::to_string(program->num_inputs) + " inputs, got " +
-            std::to_string(inputs.size()));
+  check(program != nullptr, [&] { return op + ": no program (attrs.program is unset)"; });
+  check(!program->steps.empty(), [&] { return op + ": the program has no steps"; });
+  check(program->num_inputs == static_cast<int>(inputs.size()), [&] {
+    return op + ": the program reads " + std::to_string(program->num_inputs) + " inputs, got " +
+           std::to_string(inputs.size());
+  });
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    check(inputs[i].defined() && inputs[i].dtype() == DType::f32,
-          op + ": input " + std::to_string(i) + " is " +
-              (inputs[i].defined() ? inputs[i].describe() : std::string("undefined")) +
-              ", expected f32");
-    check(broadcasts_to(inputs[i].shape(), shape),
-          op + ": input " + std::to_string(i) + " " + inputs[i].describe() +
-              " does not broadcast to the output shape " + shape_str(shape));
+    check(inputs[i].defined() && inputs[i].dtype() == DType::f32, [&] {
+      return op + ": input " + std::to_string(i) + " is " +
+             (inputs[i].defined() ? inputs[i].describe() : std::string("undefined")) +
+             ", expected f32";
+    });
+    check(broadcasts_to(inputs[i].shape(), shape), [&] {
+      return op + ": input " + std::to_string(i) + " " + inputs[i].describe() +
+             " does not broadcast to the output shape " + shape_str(shape);
+    });
   }
   for (std::size_t k = 0; k < program->steps.size(); ++k) {
     const ElementwiseStep& s = program->steps[k];
     const std::string where = op + ": step " + std::to_string(k);
-    check(fusable_elementwise(s.op) || row_reduction(s.op),
-          where + " is " + std::string(op_name(s.op)) +
-              ", which is not an elementwise op or row reduction a program may hold");
+    check(fusable_elementwise(s.op) || row_reduction(s.op), [&] {
+      return where + " is " + std::string(op_name(s.op)) +
+             ", which is not an elementwise op or row reduction a program may hold";
+    });
     const int arity = elementwise_arity(s.op);
     const int registers = program->num_inputs + static_cast<int>(k);
     for (int a = 0; a < 2; ++a) {
       if (a < arity)
-        check(s.args[a] >= 0 && s.args[a] < registers,
-              where + " (" + std::string(op_name(s.op)) + ") reads register " +
-                  std::to_string(s.args[a]) + ", expected one of the " + std::to_string(registers) +
-                  " defined before it");
+        check(s.args[a] >= 0 && s.args[a] < registers, [&] {
+          return where + " (" + std::string(op_name(s.op)) + ") reads register " +
+                 std::to_string(s.args[a]) + ", expected one of the " + std::to_string(registers) +
+                 " defined before it";
+        });
       else
-        check(s.args[a] == -1, where + " (" + std::string(op_name(s.op)) + ") takes " +
-                                   std::to_string(arity) + " operand, got a second");
+        check(s.args[a] == -1, [&] {
+          return where + " (" + std::string(op_name(s.op)) + ") takes " + std::to_string(arity) +
+                 " operand, got a second";
+        });
     }
   }
   if (program->reduces()) {
-    check(!shape.empty(), op + ": a program with a row reduction needs a shape of rank >= 1");
+    check(!shape.empty(),
+          [&] { return op + ": a program with a row reduction needs a shape of rank >= 1"; });
     std::vector<Shape> shapes;
     for (const Tensor& x : inputs)
       shapes.push_back(x.shape());
     const std::vector<bool> row = row_registers(*program, shapes, shape);
     for (std::size_t k = 0; k < program->steps.size(); ++k)
       if (row_reduction(program->steps[k].op))
-        check(!row[static_cast<std::size_t>(program->steps[k].args[0])] || shape.back() == 1,
-              op + ": step " + std::to_string(k) + " (" +
-                  std::string(op_name(program->steps[k].op)) +
-                  ") reduces a row value; a reduction reads a value of the full shape " +
-                  shape_str(shape));
+        check(!row[static_cast<std::size_t>(program->steps[k].args[0])] || shape.back() == 1, [&] {
+          return op + ": step " + std::to_string(k) + " (" +
+                 std::string(op_name(program->steps[k].op)) +
+                 ") reduces a row value; a reduction reads a value of the full shape " +
+                 shape_str(shape);
+        });
   }
   const int registers = program->num_inputs + static_cast<int>(program->steps.size());
-  check(program->outputs.size() <= static_cast<std::size_t>(kMaxFusedOutputs),
-        op + ": " + std::to_string(program->outputs.size()) + " outputs, at most " +
-            std::to_string(kMaxFusedOutputs));
+  check(program->outputs.size() <= static_cast<std::size_t>(kMaxFusedOutputs), [&] {
+    return op + ": " + std::to_string(program->outputs.size()) + " outputs, at most " +
+           std::to_string(kMaxFusedOutputs);
+  });
   for (std::size_t k = 0; k < program->outputs.size(); ++k) {
     const int r = program->outputs[k];
-    check(r >= program->num_inputs && r < registers,
-          op + ": output " + std::to_string(k) + " is register " + std::to_string(r) +
-              ", expected a step's, in [" + std::to_string(program->num_inputs) + ", " +
-              std::to_string(registers) + ")");
+    check(r >= program->num_inputs && r < registers, [&] {
+      return op + ": output " + std::to_string(k) + " is register " + std::to_string(r) +
+             ", expected a step's, in [" + std::to_string(program->num_inputs) + ", " +
+             std::to_string(registers) + ")";
+    });
     for (std::size_t j = 0; j < k; ++j)
-      check(program->outputs[j] != r, op + ": outputs " + std::to_string(j) + " and " +
-                                          std::to_string(k) + " are both register " +
-                                          std::to_string(r));
+      check(program->outputs[j] != r, [&] {
+        return op + ": outputs " + std::to_string(j) + " and " + std::to_string(k) +
+               " are both register " + std::to_string(r);
+      });
   }
 }
 

@@ -43,9 +43,10 @@ void HostStream::submit_call(std::function<void(const OpCall&)> kernel, const Op
 
 void HostStream::copy(const Buffer& src, std::size_t src_offset, Buffer& dst,
                       std::size_t dst_offset, std::size_t bytes) {
-  check(src.owner().host_accessible() && dst.owner().host_accessible(),
-        "HostStream::copy: both buffers must be host memory (" + std::string(src.owner().name()) +
-            " to " + std::string(dst.owner().name()) + ")");
+  check(src.owner().host_accessible() && dst.owner().host_accessible(), [&] {
+    return "HostStream::copy: both buffers must be host memory (" +
+           std::string(src.owner().name()) + " to " + std::string(dst.owner().name()) + ")";
+  });
   const std::byte* from = static_cast<const std::byte*>(src.data()) + src_offset;
   std::byte* to = static_cast<std::byte*>(dst.data()) + dst_offset;
   submit([from, to, bytes] { std::memcpy(to, from, bytes); });

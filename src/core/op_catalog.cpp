@@ -19,20 +19,24 @@ std::string where(std::string_view op, int input) {
 }
 
 void expect_dtype(Inputs in, int i, DType dtype, std::string_view op) {
-  check(in[i].defined(), where(op, i) + " is undefined");
-  check(in[i].dtype() == dtype,
-        where(op, i) + " is " + in[i].describe() + ", expected " + std::string(dtype_name(dtype)));
+  check(in[i].defined(), [&] { return where(op, i) + " is undefined"; });
+  check(in[i].dtype() == dtype, [&] {
+    return where(op, i) + " is " + in[i].describe() + ", expected " +
+           std::string(dtype_name(dtype));
+  });
 }
 
 void expect_rank(Inputs in, int i, int rank, std::string_view op) {
-  check(in[i].rank() == rank,
-        where(op, i) + " is " + in[i].describe() + ", expected rank " + std::to_string(rank));
+  check(in[i].rank() == rank, [&] {
+    return where(op, i) + " is " + in[i].describe() + ", expected rank " + std::to_string(rank);
+  });
 }
 
 void expect_same_shape(Inputs in, int i, int j, std::string_view op) {
-  check(in[i].shape() == in[j].shape(),
-        std::string(op) + ": inputs " + std::to_string(i) + " and " + std::to_string(j) +
-            " differ: " + in[i].describe() + " vs " + in[j].describe());
+  check(in[i].shape() == in[j].shape(), [&] {
+    return std::string(op) + ": inputs " + std::to_string(i) + " and " + std::to_string(j) +
+           " differ: " + in[i].describe() + " vs " + in[j].describe();
+  });
 }
 
 Specs infer_copy(Inputs in, const Attrs&) {
@@ -41,7 +45,7 @@ Specs infer_copy(Inputs in, const Attrs&) {
 
 Specs infer_fill(Inputs, const Attrs& a) {
   for (auto d : a.shape)
-    check(d >= 0, "fill: negative dimension in " + shape_str(a.shape));
+    check(d >= 0, [&] { return "fill: negative dimension in " + shape_str(a.shape); });
   return {{a.shape, a.dtype}};
 }
 
@@ -51,9 +55,10 @@ Specs infer_cast(Inputs in, const Attrs& a) {
 
 Specs infer_expand(Inputs in, const Attrs& a) {
   expect_dtype(in, 0, DType::f32, "expand");
-  check(in[0].rank() <= static_cast<int>(a.shape.size()) &&
-            broadcast_shapes(in[0].shape(), a.shape, "expand") == a.shape,
-        "expand: " + in[0].describe() + " cannot broadcast to " + shape_str(a.shape));
+  check(
+      in[0].rank() <= static_cast<int>(a.shape.size()) &&
+          broadcast_shapes(in[0].shape(), a.shape, "expand") == a.shape,
+      [&] { return "expand: " + in[0].describe() + " cannot broadcast to " + shape_str(a.shape); });
   return {{a.shape, DType::f32}};
 }
 
@@ -62,15 +67,17 @@ Specs infer_concat(Inputs in, const Attrs& a) {
   int axis = normalize_axis(a.axis, in[0].rank(), "concat");
   Shape out = in[0].shape();
   for (std::size_t i = 1; i < in.size(); ++i) {
-    check(in[i].rank() == in[0].rank() && in[i].dtype() == in[0].dtype(),
-          where("concat", static_cast<int>(i)) + " is " + in[i].describe() + ", unlike input 0 " +
-              in[0].describe());
+    check(in[i].rank() == in[0].rank() && in[i].dtype() == in[0].dtype(), [&] {
+      return where("concat", static_cast<int>(i)) + " is " + in[i].describe() +
+             ", unlike input 0 " + in[0].describe();
+    });
     for (int d = 0; d < in[0].rank(); ++d) {
       if (d == axis)
         continue;
-      check(in[i].shape()[d] == out[d],
-            where("concat", static_cast<int>(i)) + " is " + in[i].describe() +
-                ", must match input 0 except on axis " + std::to_string(axis));
+      check(in[i].shape()[d] == out[d], [&] {
+        return where("concat", static_cast<int>(i)) + " is " + in[i].describe() +
+               ", must match input 0 except on axis " + std::to_string(axis);
+      });
     }
     out[axis] += in[i].shape()[axis];
   }
@@ -79,18 +86,21 @@ Specs infer_concat(Inputs in, const Attrs& a) {
 
 Specs infer_slice_backward(Inputs in, const Attrs& a) {
   expect_dtype(in, 0, DType::f32, "slice_backward");
-  check(in[0].rank() == static_cast<int>(a.shape.size()), "slice_backward: dy " + in[0].describe() +
-                                                              " and shape " + shape_str(a.shape) +
-                                                              " differ in rank");
+  check(in[0].rank() == static_cast<int>(a.shape.size()), [&] {
+    return "slice_backward: dy " + in[0].describe() + " and shape " + shape_str(a.shape) +
+           " differ in rank";
+  });
   int axis = normalize_axis(a.axis, in[0].rank(), "slice_backward");
   for (int d = 0; d < in[0].rank(); ++d) {
     if (d == axis) {
-      check(a.start >= 0 && a.start + in[0].shape()[d] <= a.shape[d],
-            "slice_backward: slice [" + std::to_string(a.start) + ", +" +
-                std::to_string(in[0].shape()[d]) + ") outside " + shape_str(a.shape));
+      check(a.start >= 0 && a.start + in[0].shape()[d] <= a.shape[d], [&] {
+        return "slice_backward: slice [" + std::to_string(a.start) + ", +" +
+               std::to_string(in[0].shape()[d]) + ") outside " + shape_str(a.shape);
+      });
     } else {
-      check(in[0].shape()[d] == a.shape[d],
-            "slice_backward: dy " + in[0].describe() + " does not fit " + shape_str(a.shape));
+      check(in[0].shape()[d] == a.shape[d], [&] {
+        return "slice_backward: dy " + in[0].describe() + " does not fit " + shape_str(a.shape);
+      });
     }
   }
   return {{a.shape, DType::f32}};
@@ -190,7 +200,7 @@ Specs infer_log_softmax_backward(Inputs in, const Attrs&) {
 
 Specs infer_dropout_like(Inputs in, const Attrs& a, std::string_view op) {
   check(a.p >= 0.0 && a.p < 1.0,
-        std::string(op) + ": p = " + std::to_string(a.p) + ", expected 0 <= p < 1");
+        [&] { return std::string(op) + ": p = " + std::to_string(a.p) + ", expected 0 <= p < 1"; });
   return infer_unary_f32(in, op);
 }
 Specs infer_dropout(Inputs in, const Attrs& a) {
@@ -241,9 +251,10 @@ Specs infer_max(Inputs in, const Attrs& a) {
 Specs infer_max_backward(Inputs in, const Attrs& a) {
   expect_dtype(in, 1, DType::f32, "max_backward");
   Shape reduced = reduced_shape(in[1], {a.axis}, a.keepdim, "max_backward");
-  check(in[0].shape() == reduced && in[2].shape() == reduced,
-        "max_backward: dy " + in[0].describe() + " and y " + in[2].describe() + " must be " +
-            shape_str(reduced));
+  check(in[0].shape() == reduced && in[2].shape() == reduced, [&] {
+    return "max_backward: dy " + in[0].describe() + " and y " + in[2].describe() + " must be " +
+           shape_str(reduced);
+  });
   return {{in[1].shape(), DType::f32}};
 }
 Specs infer_sum_squares(Inputs in, const Attrs&) {
@@ -255,31 +266,38 @@ Specs infer_cross_entropy(Inputs in, const Attrs&) {
   expect_dtype(in, 0, DType::f32, "cross_entropy");
   expect_rank(in, 0, 2, "cross_entropy");
   expect_dtype(in, 1, DType::i32, "cross_entropy");
-  check(
-      in[1].rank() == 1 && in[1].dim(0) == in[0].dim(0),
-      "cross_entropy: targets " + in[1].describe() + " must be [N] for logits " + in[0].describe());
+  check(in[1].rank() == 1 && in[1].dim(0) == in[0].dim(0), [&] {
+    return "cross_entropy: targets " + in[1].describe() + " must be [N] for logits " +
+           in[0].describe();
+  });
   return {{Shape{}, DType::f32}, {Shape{in[0].dim(0)}, DType::f32}};
 }
 Specs infer_cross_entropy_backward(Inputs in, const Attrs&) {
-  check(in[0].numel() == 1,
-        "cross_entropy_backward: dloss " + in[0].describe() + " must hold one element");
+  check(in[0].numel() == 1, [&] {
+    return "cross_entropy_backward: dloss " + in[0].describe() + " must hold one element";
+  });
   Specs fwd = infer_cross_entropy(in.subspan(1, 2), Attrs{});
-  check(in[3].shape() == fwd[1].shape,
-        "cross_entropy_backward: lse " + in[3].describe() + " must be " + shape_str(fwd[1].shape));
+  check(in[3].shape() == fwd[1].shape, [&] {
+    return "cross_entropy_backward: lse " + in[3].describe() + " must be " +
+           shape_str(fwd[1].shape);
+  });
   return {{in[1].shape(), DType::f32}};
 }
 
 Specs infer_matmul(Inputs in, const Attrs& a) {
   expect_dtype(in, 0, DType::f32, "matmul");
   expect_dtype(in, 1, DType::f32, "matmul");
-  check(in[0].rank() >= 2 && in[1].rank() >= 2,
-        "matmul: inputs " + in[0].describe() + " and " + in[1].describe() + " need rank >= 2");
+  check(in[0].rank() >= 2 && in[1].rank() >= 2, [&] {
+    return "matmul: inputs " + in[0].describe() + " and " + in[1].describe() + " need rank >= 2";
+  });
   std::int64_t m = a.trans_a ? in[0].dim(-1) : in[0].dim(-2);
   std::int64_t ka = a.trans_a ? in[0].dim(-2) : in[0].dim(-1);
   std::int64_t kb = a.trans_b ? in[1].dim(-1) : in[1].dim(-2);
   std::int64_t n = a.trans_b ? in[1].dim(-2) : in[1].dim(-1);
-  check(ka == kb, "matmul: inner dimensions differ: " + in[0].describe() + (a.trans_a ? "^T" : "") +
-                      " x " + in[1].describe() + (a.trans_b ? "^T" : ""));
+  check(ka == kb, [&] {
+    return "matmul: inner dimensions differ: " + in[0].describe() + (a.trans_a ? "^T" : "") +
+           " x " + in[1].describe() + (a.trans_b ? "^T" : "");
+  });
   Shape batch_a(in[0].shape().begin(), in[0].shape().end() - 2);
   Shape batch_b(in[1].shape().begin(), in[1].shape().end() - 2);
   Shape out = broadcast_shapes(batch_a, batch_b, "matmul");
@@ -296,10 +314,13 @@ Specs infer_linear(Inputs in, const Attrs& a) {
   check(in[0].rank() >= 1, "linear: input 0 is a scalar");
   std::int64_t k = a.trans_b ? in[1].dim(1) : in[1].dim(0);
   std::int64_t n = a.trans_b ? in[1].dim(0) : in[1].dim(1);
-  check(in[0].dim(-1) == k, "linear: x " + in[0].describe() + " does not match weight " +
-                                in[1].describe() + (a.trans_b ? " [out,in]" : " [in,out]"));
-  check(in[2].rank() == 1 && in[2].dim(0) == n,
-        "linear: bias " + in[2].describe() + " must be [" + std::to_string(n) + "]");
+  check(in[0].dim(-1) == k, [&] {
+    return "linear: x " + in[0].describe() + " does not match weight " + in[1].describe() +
+           (a.trans_b ? " [out,in]" : " [in,out]");
+  });
+  check(in[2].rank() == 1 && in[2].dim(0) == n, [&] {
+    return "linear: bias " + in[2].describe() + " must be [" + std::to_string(n) + "]";
+  });
   Shape out = in[0].shape();
   out.back() = n;
   return {{out, DType::f32}};
@@ -310,9 +331,10 @@ Specs infer_layer_norm(Inputs in, const Attrs& a) {
     expect_dtype(in, i, DType::f32, "layer_norm");
   check(in[0].rank() >= 1, "layer_norm: input 0 is a scalar");
   std::int64_t c = in[0].dim(-1);
-  check(in[1].shape() == Shape{c} && in[2].shape() == Shape{c},
-        "layer_norm: weight " + in[1].describe() + " and bias " + in[2].describe() + " must be [" +
-            std::to_string(c) + "]");
+  check(in[1].shape() == Shape{c} && in[2].shape() == Shape{c}, [&] {
+    return "layer_norm: weight " + in[1].describe() + " and bias " + in[2].describe() +
+           " must be [" + std::to_string(c) + "]";
+  });
   check(a.eps > 0, "layer_norm: eps must be > 0");
   Shape rows(in[0].shape().begin(), in[0].shape().end() - 1);
   return {{in[0].shape(), DType::f32}, {rows, DType::f32}, {rows, DType::f32}};
@@ -323,9 +345,9 @@ Specs infer_layer_norm_backward(Inputs in, const Attrs&) {
   expect_same_shape(in, 0, 1, "layer_norm_backward");
   Shape rows(in[1].shape().begin(), in[1].shape().end() - 1);
   check(in[3].shape() == rows && in[4].shape() == rows,
-        "layer_norm_backward: mean/rstd must be " + shape_str(rows));
+        [&] { return "layer_norm_backward: mean/rstd must be " + shape_str(rows); });
   check(in[2].shape() == Shape{in[1].dim(-1)},
-        "layer_norm_backward: weight " + in[2].describe() + " does not match x");
+        [&] { return "layer_norm_backward: weight " + in[2].describe() + " does not match x"; });
   return {{in[1].shape(), DType::f32}, {in[2].shape(), DType::f32}, {in[2].shape(), DType::f32}};
 }
 
@@ -340,11 +362,13 @@ Specs infer_embedding(Inputs in, const Attrs&) {
 Specs infer_embedding_backward(Inputs in, const Attrs& a) {
   expect_dtype(in, 0, DType::f32, "embedding_backward");
   expect_dtype(in, 1, DType::i32, "embedding_backward");
-  check(a.shape.size() == 2, "embedding_backward: shape " + shape_str(a.shape) + " must be [V,C]");
+  check(a.shape.size() == 2,
+        [&] { return "embedding_backward: shape " + shape_str(a.shape) + " must be [V,C]"; });
   Shape expected = in[1].shape();
   expected.push_back(a.shape[1]);
-  check(in[0].shape() == expected,
-        "embedding_backward: dy " + in[0].describe() + " must be " + shape_str(expected));
+  check(in[0].shape() == expected, [&] {
+    return "embedding_backward: dy " + in[0].describe() + " must be " + shape_str(expected);
+  });
   return {{a.shape, DType::f32}};
 }
 
@@ -352,9 +376,10 @@ Specs infer_causal_attention(Inputs in, const Attrs& a) {
   expect_dtype(in, 0, DType::f32, "causal_attention");
   expect_rank(in, 0, 3, "causal_attention");
   std::int64_t c3 = in[0].dim(2);
-  check(c3 % 3 == 0 && a.heads > 0 && (c3 / 3) % a.heads == 0,
-        "causal_attention: qkv " + in[0].describe() +
-            " must be [B,T,3C] with C divisible by heads = " + std::to_string(a.heads));
+  check(c3 % 3 == 0 && a.heads > 0 && (c3 / 3) % a.heads == 0, [&] {
+    return "causal_attention: qkv " + in[0].describe() +
+           " must be [B,T,3C] with C divisible by heads = " + std::to_string(a.heads);
+  });
   std::int64_t b = in[0].dim(0), t = in[0].dim(1);
   return {{Shape{b, t, c3 / 3}, DType::f32}, {Shape{b, a.heads, t}, DType::f32}};
 }
@@ -362,7 +387,9 @@ Specs infer_causal_attention_backward(Inputs in, const Attrs& a) {
   Specs fwd = infer_causal_attention(in.subspan(1, 1), a);
   check(in[0].shape() == fwd[0].shape && in[2].shape() == fwd[0].shape &&
             in[3].shape() == fwd[1].shape,
-        "causal_attention_backward: dout/out/lse do not match qkv " + in[1].describe());
+        [&] {
+          return "causal_attention_backward: dout/out/lse do not match qkv " + in[1].describe();
+        });
   return {{in[1].shape(), DType::f32}};
 }
 
@@ -375,14 +402,17 @@ Specs infer_conv2d(Inputs in, const Attrs& a) {
     expect_dtype(in, i, DType::f32, "conv2d");
   expect_rank(in, 0, 4, "conv2d");
   expect_rank(in, 1, 4, "conv2d");
-  check(in[1].dim(1) == in[0].dim(1),
-        "conv2d: weight " + in[1].describe() + " channels differ from x " + in[0].describe());
-  check(in[2].shape() == Shape{in[1].dim(0)}, "conv2d: bias " + in[2].describe() + " must be [O]");
+  check(in[1].dim(1) == in[0].dim(1), [&] {
+    return "conv2d: weight " + in[1].describe() + " channels differ from x " + in[0].describe();
+  });
+  check(in[2].shape() == Shape{in[1].dim(0)},
+        [&] { return "conv2d: bias " + in[2].describe() + " must be [O]"; });
   check(a.stride > 0 && a.padding >= 0, "conv2d: stride must be > 0 and padding >= 0");
   std::int64_t oh = conv_out(in[0].dim(2), in[1].dim(2), a.stride, a.padding);
   std::int64_t ow = conv_out(in[0].dim(3), in[1].dim(3), a.stride, a.padding);
-  check(oh > 0 && ow > 0,
-        "conv2d: kernel " + in[1].describe() + " larger than padded input " + in[0].describe());
+  check(oh > 0 && ow > 0, [&] {
+    return "conv2d: kernel " + in[1].describe() + " larger than padded input " + in[0].describe();
+  });
   return {{Shape{in[0].dim(0), in[1].dim(0), oh, ow}, DType::f32}};
 }
 Specs infer_conv2d_backward(Inputs in, const Attrs& a) {
@@ -393,8 +423,9 @@ Specs infer_conv2d_backward(Inputs in, const Attrs& a) {
   Shape expected{in[1].dim(0), in[2].dim(0),
                  conv_out(in[1].dim(2), in[2].dim(2), a.stride, a.padding),
                  conv_out(in[1].dim(3), in[2].dim(3), a.stride, a.padding)};
-  check(in[0].shape() == expected,
-        "conv2d_backward: dy " + in[0].describe() + " must be " + shape_str(expected));
+  check(in[0].shape() == expected, [&] {
+    return "conv2d_backward: dy " + in[0].describe() + " must be " + shape_str(expected);
+  });
   return {
       {in[1].shape(), DType::f32}, {in[2].shape(), DType::f32}, {Shape{in[2].dim(0)}, DType::f32}};
 }
@@ -402,11 +433,14 @@ Specs infer_conv2d_backward(Inputs in, const Attrs& a) {
 Specs infer_pool(Inputs in, const Attrs& a, std::string_view op) {
   expect_dtype(in, 0, DType::f32, op);
   expect_rank(in, 0, 4, op);
-  check(a.kernel > 0 && a.stride > 0, std::string(op) + ": kernel and stride must be > 0");
+  check(a.kernel > 0 && a.stride > 0,
+        [&] { return std::string(op) + ": kernel and stride must be > 0"; });
   std::int64_t oh = conv_out(in[0].dim(2), a.kernel, a.stride, 0);
   std::int64_t ow = conv_out(in[0].dim(3), a.kernel, a.stride, 0);
-  check(oh > 0 && ow > 0, std::string(op) + ": kernel " + std::to_string(a.kernel) +
-                              " larger than " + in[0].describe());
+  check(oh > 0 && ow > 0, [&] {
+    return std::string(op) + ": kernel " + std::to_string(a.kernel) + " larger than " +
+           in[0].describe();
+  });
   return {{Shape{in[0].dim(0), in[0].dim(1), oh, ow}, DType::f32}};
 }
 Specs infer_max_pool2d(Inputs in, const Attrs& a) {
@@ -419,11 +453,12 @@ Specs infer_avg_pool2d(Inputs in, const Attrs& a) {
 }
 Specs infer_pool_backward(Inputs in, const Attrs& a, std::string_view op) {
   check(a.shape.size() == 4,
-        std::string(op) + ": shape " + shape_str(a.shape) + " must be [N,C,H,W]");
+        [&] { return std::string(op) + ": shape " + shape_str(a.shape) + " must be [N,C,H,W]"; });
   Shape expected{a.shape[0], a.shape[1], conv_out(a.shape[2], a.kernel, a.stride, 0),
                  conv_out(a.shape[3], a.kernel, a.stride, 0)};
-  check(in[0].shape() == expected,
-        std::string(op) + ": dy " + in[0].describe() + " must be " + shape_str(expected));
+  check(in[0].shape() == expected, [&] {
+    return std::string(op) + ": dy " + in[0].describe() + " must be " + shape_str(expected);
+  });
   return {{a.shape, DType::f32}};
 }
 Specs infer_max_pool2d_backward(Inputs in, const Attrs& a) {
@@ -498,8 +533,10 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {
   for (std::size_t i = 0; i < rank; ++i) {
     std::int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
     std::int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    check(da == db || da == 1 || db == 1, std::string(op) + ": shapes " + shape_str(a) + " and " +
-                                              shape_str(b) + " do not broadcast");
+    check(da == db || da == 1 || db == 1, [&] {
+      return std::string(op) + ": shapes " + shape_str(a) + " and " + shape_str(b) +
+             " do not broadcast";
+    });
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -507,8 +544,10 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {
 
 int normalize_axis(std::int64_t axis, int rank, std::string_view op) {
   std::int64_t a = axis < 0 ? axis + rank : axis;
-  check(a >= 0 && a < rank, std::string(op) + ": axis " + std::to_string(axis) +
-                                " out of range for rank " + std::to_string(rank));
+  check(a >= 0 && a < rank, [&] {
+    return std::string(op) + ": axis " + std::to_string(axis) + " out of range for rank " +
+           std::to_string(rank);
+  });
   return static_cast<int>(a);
 }
 

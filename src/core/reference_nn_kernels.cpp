@@ -12,8 +12,10 @@ namespace loom::reference {
 
 namespace {
 std::int32_t checked_index(std::int32_t id, std::int64_t limit, std::string_view op) {
-  check(id >= 0 && id < limit, std::string(op) + ": index " + std::to_string(id) + " outside [0, " +
-                                   std::to_string(limit) + ")");
+  check(id >= 0 && id < limit, [&] {
+    return std::string(op) + ": index " + std::to_string(id) + " outside [0, " +
+           std::to_string(limit) + ")";
+  });
   return id;
 }
 }  // namespace

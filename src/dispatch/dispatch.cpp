@@ -97,9 +97,10 @@ void execute(Backend& backend, OpId op, std::span<const Tensor> inputs, std::spa
     execute_decomposed(backend, op, inputs, outputs, attrs);
     return;
   }
-  check(!env_flag("LOOM_STRICT"),
-        "LOOM_STRICT: " + std::string(op_name(op)) + " on " + name +
-            " would fall back to the CPU (inputs: " + describe_inputs(inputs) + ")");
+  check(!env_flag("LOOM_STRICT"), [&] {
+    return "LOOM_STRICT: " + std::string(op_name(op)) + " on " + name +
+           " would fall back to the CPU (inputs: " + describe_inputs(inputs) + ")";
+  });
   // CPU fallback: copy inputs to the host, run the CPU kernel, copy outputs back.
   cpu::CpuBackend& host = cpu::backend();
   std::uint64_t moved = 0;
@@ -152,12 +153,14 @@ void execute_decomposed(Backend& backend, OpId op, std::span<const Tensor> input
   } restore{recorder};
   DeviceRunner runner(backend);
   std::vector<Tensor> results = decomposition(op)(runner, inputs, attrs);
-  check(results.size() == outputs.size(),
-        std::string(op_name(op)) + ": decomposition returned the wrong number of outputs");
+  check(results.size() == outputs.size(), [&] {
+    return std::string(op_name(op)) + ": decomposition returned the wrong number of outputs";
+  });
   for (std::size_t i = 0; i < outputs.size(); ++i) {
-    check(results[i].numel() == outputs[i].numel(),
-          std::string(op_name(op)) + ": decomposition output " + std::to_string(i) + " is " +
-              results[i].describe() + ", expected " + outputs[i].describe());
+    check(results[i].numel() == outputs[i].numel(), [&] {
+      return std::string(op_name(op)) + ": decomposition output " + std::to_string(i) + " is " +
+             results[i].describe() + ", expected " + outputs[i].describe();
+    });
     std::array<Tensor, 1> from{contiguous(results[i]).reshape(outputs[i].shape())};
     std::array<Tensor, 1> to{outputs[i]};
     execute(backend, OpId::copy, from, to, Attrs{});
@@ -240,13 +243,16 @@ std::vector<Tensor> call(OpId op, std::span<const Tensor> inputs, const Attrs& a
     auto start = std::chrono::steady_clock::now();
     DeviceRunner runner(backend);
     std::vector<Tensor> outputs = decompose(runner, ready, attrs);
-    check(outputs.size() == specs.size(),
-          std::string(info.name) + ": decomposition returned the wrong number of outputs");
+    check(outputs.size() == specs.size(), [&] {
+      return std::string(info.name) + ": decomposition returned the wrong number of outputs";
+    });
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       check(
           outputs[i].numel() == shape_numel(specs[i].shape) && outputs[i].dtype() == specs[i].dtype,
-          std::string(info.name) + ": decomposition output " + std::to_string(i) + " is " +
-              outputs[i].describe() + ", expected " + shape_str(specs[i].shape));
+          [&] {
+            return std::string(info.name) + ": decomposition output " + std::to_string(i) + " is " +
+                   outputs[i].describe() + ", expected " + shape_str(specs[i].shape);
+          });
       if (outputs[i].shape() != specs[i].shape)
         outputs[i] = contiguous(outputs[i]).reshape(specs[i].shape);
     }

@@ -45,13 +45,15 @@ std::string megabytes(std::size_t bytes) {
 Capture::Capture(std::span<const Tensor> inputs) : inputs_(inputs.begin(), inputs.end()) {
   for (std::size_t i = 0; i < inputs_.size(); ++i) {
     const Tensor& t = inputs_[i];
-    check(t.defined() && t.is_contiguous(),
-          "graph capture: input " + std::to_string(i) +
-              " must be a defined, contiguous tensor, got " +
-              (t.defined() ? t.describe() : std::string("an undefined tensor")));
-    check(index_.find(t.storage().get()) == index_.end(),
-          "graph capture: input " + std::to_string(i) + " (" + t.describe() +
-              ") shares storage with an earlier input; pass separate tensors");
+    check(t.defined() && t.is_contiguous(), [&] {
+      return "graph capture: input " + std::to_string(i) +
+             " must be a defined, contiguous tensor, got " +
+             (t.defined() ? t.describe() : std::string("an undefined tensor"));
+    });
+    check(index_.find(t.storage().get()) == index_.end(), [&] {
+      return "graph capture: input " + std::to_string(i) + " (" + t.describe() +
+             ") shares storage with an earlier input; pass separate tensors";
+    });
     int s = storage_of(t, false);
     graph_.storages_[s].input = static_cast<int>(i);
     graph_.storages_[s].external.reset();  // bound anew at each replay
@@ -94,9 +96,10 @@ Operand Capture::operand_of(const Tensor& t, bool fresh) {
     // A declared input is rebound at replay; its operands must lie inside it.
     auto [first, end] = extent(o.offset, o.shape, o.strides);
     const std::int64_t base = graph_.input_offsets_[in];
-    check(first >= base && end <= base + shape_numel(graph_.inputs_[in].shape),
-          "graph capture: a kernel reads outside input " + std::to_string(in) + " (" +
-              inputs_[in].describe() + ") in its storage; pass that whole region as the input");
+    check(first >= base && end <= base + shape_numel(graph_.inputs_[in].shape), [&] {
+      return "graph capture: a kernel reads outside input " + std::to_string(in) + " (" +
+             inputs_[in].describe() + ") in its storage; pass that whole region as the input";
+    });
   }
   return o;
 }
@@ -309,16 +312,20 @@ void Graph::materialize() {
 }
 
 void Graph::replay(std::span<const Tensor> inputs, const ReplayOptions& options) {
-  check(inputs.size() == inputs_.size(), "graph replay: got " + std::to_string(inputs.size()) +
-                                             " inputs, the graph was captured with " +
-                                             std::to_string(inputs_.size()));
+  check(inputs.size() == inputs_.size(), [&] {
+    return "graph replay: got " + std::to_string(inputs.size()) +
+           " inputs, the graph was captured with " + std::to_string(inputs_.size());
+  });
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     check(t.defined() && t.is_contiguous() && t.shape() == inputs_[i].shape &&
               t.dtype() == inputs_[i].dtype,
-          "graph replay: input " + std::to_string(i) + " is " +
-              (t.defined() ? t.describe() : std::string("undefined")) + ", expected contiguous " +
-              std::string(dtype_name(inputs_[i].dtype)) + shape_str(inputs_[i].shape));
+          [&] {
+            return "graph replay: input " + std::to_string(i) + " is " +
+                   (t.defined() ? t.describe() : std::string("undefined")) +
+                   ", expected contiguous " + std::string(dtype_name(inputs_[i].dtype)) +
+                   shape_str(inputs_[i].shape);
+          });
   }
   if (!materialized_) {
     // The capture's intermediates go back first, so planned memory can reuse their bytes.
@@ -333,10 +340,11 @@ void Graph::replay(std::span<const Tensor> inputs, const ReplayOptions& options)
   bound_inputs_.assign(inputs.begin(), inputs.end());
   for (std::size_t s = 0; s < storages_.size(); ++s)
     if (storages_[s].input >= 0)
-      check(&bound_inputs_[storages_[s].input].backend() == storages_[s].backend,
-            "graph replay: input " + std::to_string(storages_[s].input) + " is on " +
-                std::string(bound_inputs_[storages_[s].input].backend().name()) +
-                ", the graph was captured on " + std::string(storages_[s].backend->name()));
+      check(&bound_inputs_[storages_[s].input].backend() == storages_[s].backend, [&] {
+        return "graph replay: input " + std::to_string(storages_[s].input) + " is on " +
+               std::string(bound_inputs_[storages_[s].input].backend().name()) +
+               ", the graph was captured on " + std::string(storages_[s].backend->name());
+      });
   replayed_ = true;  // output() now gives graph memory
   if (options.output_ready)
     for (std::size_t k : ready_at_start_)
@@ -358,8 +366,9 @@ void Graph::replay(std::span<const Tensor> inputs, const ReplayOptions& options)
 }
 
 Tensor Graph::output(std::size_t index) const {
-  check(index < outputs_.size(),
-        "graph: output " + std::to_string(index) + " of " + std::to_string(outputs_.size()));
+  check(index < outputs_.size(), [&] {
+    return "graph: output " + std::to_string(index) + " of " + std::to_string(outputs_.size());
+  });
   if (!replayed_)
     return captured_outputs_[index];
   return tensor_of(outputs_[index]);
@@ -440,9 +449,10 @@ std::vector<Tensor> CapturedStep::run(std::span<const Tensor> inputs, const Step
   // equal to rounding, bitwise on the CPU). Eager first, so its intermediates are freed
   // before the replay allocates the planned memory. The eager outputs are returned.
   std::vector<Tensor> eager = step();
-  check(eager.size() == graph_->num_outputs(),
-        "graph: the step returned " + std::to_string(eager.size()) +
-            " outputs, it was captured with " + std::to_string(graph_->num_outputs()));
+  check(eager.size() == graph_->num_outputs(), [&] {
+    return "graph: the step returned " + std::to_string(eager.size()) +
+           " outputs, it was captured with " + std::to_string(graph_->num_outputs());
+  });
   std::vector<std::vector<float>> want;
   for (const Tensor& t : eager)
     want.push_back(t.to_floats());
@@ -451,15 +461,17 @@ std::vector<Tensor> CapturedStep::run(std::span<const Tensor> inputs, const Step
   graph_->replay(inputs, replay);
   for (std::size_t k = 0; k < eager.size(); ++k) {
     std::vector<float> got = graph_->output(k).to_floats();
-    check(got.size() == want[k].size(), "graph: output " + std::to_string(k) + " changed size");
+    check(got.size() == want[k].size(),
+          [&] { return "graph: output " + std::to_string(k) + " changed size"; });
     for (std::size_t i = 0; i < got.size(); ++i) {
       const double a = got[i], b = want[k][i];
-      check(a == b || std::fabs(a - b) <= 1e-5 + 1e-4 * std::fabs(b),
-            "graph mode: the replayed step differs from the same step run eagerly (output " +
-                std::to_string(k) + ", element " + std::to_string(i) + ": " + std::to_string(a) +
-                " against " + std::to_string(b) +
-                "). The step makes a tensor outside dispatch (a host copy or upload), which a "
-                "replay repeats with its first value; declare it as an input, or use mode = eager");
+      check(a == b || std::fabs(a - b) <= 1e-5 + 1e-4 * std::fabs(b), [&] {
+        return "graph mode: the replayed step differs from the same step run eagerly (output " +
+               std::to_string(k) + ", element " + std::to_string(i) + ": " + std::to_string(a) +
+               " against " + std::to_string(b) +
+               "). The step makes a tensor outside dispatch (a host copy or upload), which a "
+               "replay repeats with its first value; declare it as an input, or use mode = eager";
+      });
     }
   }
   return eager;

@@ -42,9 +42,10 @@ void AdamW::step(double lr) {
 }
 
 void AdamW::keep_only(const std::vector<bool>& owned) {
-  check(owned.size() == params_.size(), "AdamW::keep_only: " + std::to_string(owned.size()) +
-                                            " flags for " + std::to_string(params_.size()) +
-                                            " parameters");
+  check(owned.size() == params_.size(), [&] {
+    return "AdamW::keep_only: " + std::to_string(owned.size()) + " flags for " +
+           std::to_string(params_.size()) + " parameters";
+  });
   owned_ = owned;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (owned_[i])

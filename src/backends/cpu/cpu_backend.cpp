@@ -74,7 +74,8 @@ Buffer CpuBackend::allocate(std::size_t bytes) {
     trim_cache();
     block = std::aligned_alloc(kAlignment, rounded);
   }
-  check(block != nullptr, "cpu: out of memory allocating " + std::to_string(rounded) + " bytes");
+  check(block != nullptr,
+        [&] { return "cpu: out of memory allocating " + std::to_string(rounded) + " bytes"; });
   return Buffer(block, rounded, this);
 }
 
@@ -152,7 +153,7 @@ bool CpuBackend::set_matmul_precision(DType dtype) {
 }
 
 void set_num_threads(int threads) {
-  check(threads >= 1, "threads = " + std::to_string(threads) + ", expected >= 1");
+  check(threads >= 1, [&] { return "threads = " + std::to_string(threads) + ", expected >= 1"; });
   omp_set_num_threads(threads);
 }
 

@@ -79,7 +79,8 @@ void run_step(const ElementwiseStep& s, float* d, const float* a, const float* b
     default:
       break;
   }
-  check(false, "cpu fused_elementwise: no block kernel for " + std::string(op_name(s.op)));
+  check(false,
+        [&] { return "cpu fused_elementwise: no block kernel for " + std::string(op_name(s.op)); });
 }
 
 void run_program(const ElementwiseProgram& program, const OpCall& call) {

@@ -63,7 +63,7 @@ std::atomic<bool>& transpose_a_setting() {
     const char* env = std::getenv("LOOM_CPU_GEMM");
     const std::string v = env == nullptr ? "" : env;
     check(v.empty() || v == "as_called" || v == "auto",
-          "LOOM_CPU_GEMM = '" + v + "', expected auto (the default) or as_called");
+          [&] { return "LOOM_CPU_GEMM = '" + v + "', expected auto (the default) or as_called"; });
     return v != "as_called";
   }();
   return on;
@@ -137,7 +137,8 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
   }
   const dnnl_status_t status = dnnl_sgemm(trans_a && !transpose ? 'T' : 'N', trans_b ? 'T' : 'N', m,
                                           n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  check(status == dnnl_success, "cpu: dnnl_sgemm failed with status " + std::to_string(status));
+  check(status == dnnl_success,
+        [&] { return "cpu: dnnl_sgemm failed with status " + std::to_string(status); });
   if (recorder) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

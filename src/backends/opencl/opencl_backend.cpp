@@ -55,8 +55,9 @@ class ClMarker final : public TimelineMarker {
     ok(clGetEventInfo(event_.get(), CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status,
                       nullptr),
        "clGetEventInfo");
-    check(status >= 0,
-          "opencl: work before a timeline marker failed with error " + std::to_string(status));
+    check(status >= 0, [&] {
+      return "opencl: work before a timeline marker failed with error " + std::to_string(status);
+    });
     return status == CL_COMPLETE;
   }
   void wait() override {
@@ -179,7 +180,7 @@ OpenClBackend::OpenClBackend(cl_platform_id platform, cl_device_id device) : dev
   if (const char* choice = std::getenv("LOOM_OPENCL_GEMM"); choice != nullptr && *choice) {
     const std::string v = choice;
     check(v == "clblast" || v == "gemm_nt",
-          "LOOM_OPENCL_GEMM='" + v + "': expected 'clblast' or 'gemm_nt'");
+          [&] { return "LOOM_OPENCL_GEMM='" + v + "': expected 'clblast' or 'gemm_nt'"; });
     gemm_ = v == "clblast" ? Gemm::clblast : Gemm::gemm_nt;
   }
 }
@@ -447,8 +448,9 @@ void OpenClBackend::matmul(const OpCall& call) {
         tb ? clblast::Transpose::kYes : clblast::Transpose::kNo, rows, n, k, 1.0f, mem_of(a),
         off_of(a) + a_off, lda, mem_of(b), off_of(b) + b_off, ldb, 0.0f, mem_of(c),
         off_of(c) + c_off, n, &q, nullptr);
-    check(status == clblast::StatusCode::kSuccess,
-          "opencl: CLBlast Gemm failed with status " + std::to_string(static_cast<int>(status)));
+    check(status == clblast::StatusCode::kSuccess, [&] {
+      return "opencl: CLBlast Gemm failed with status " + std::to_string(static_cast<int>(status));
+    });
   };
   if (b.rank() == 2 && !ta) {  // fold the batch into M
     gemm(c.numel() / std::max<std::size_t>(n, 1), 0, 0, 0);
@@ -497,9 +499,10 @@ void OpenClBackend::matmul(const OpCall& call) {
                                          mem_of(b), b_offsets.data(), ldb, betas.data(), mem_of(c),
                                          c_offsets.data(), n, batch, &q, nullptr);
   }
-  check(status == clblast::StatusCode::kSuccess,
-        "opencl: CLBlast batched Gemm failed with status " +
-            std::to_string(static_cast<int>(status)));
+  check(status == clblast::StatusCode::kSuccess, [&] {
+    return "opencl: CLBlast batched Gemm failed with status " +
+           std::to_string(static_cast<int>(status));
+  });
 }
 
 namespace {
@@ -1000,9 +1003,10 @@ void OpenClBackend::fused(const OpCall& call) {
   const ElementwiseProgram& program = *call.attrs.program;
   Tensor& y = call.outputs[0];
   const BroadcastSpace space = collapse_broadcast(call.attrs.shape, call.inputs);
-  check(space.dims.size() <= static_cast<std::size_t>(kFusedRank),
-        "opencl fused_elementwise: " + std::to_string(space.dims.size()) +
-            " dimensions after merging, the kernel walks " + std::to_string(kFusedRank));
+  check(space.dims.size() <= static_cast<std::size_t>(kFusedRank), [&] {
+    return "opencl fused_elementwise: " + std::to_string(space.dims.size()) +
+           " dimensions after merging, the kernel walks " + std::to_string(kFusedRank);
+  });
   std::vector<InputAccess> access;
   std::string access_key;
   for (std::size_t k = 0; k < call.inputs.size(); ++k) {

@@ -47,7 +47,8 @@ DeviceInfo PartialBackend::info() const {
 Buffer PartialBackend::allocate(std::size_t bytes) {
   std::size_t rounded = (bytes + 63) / 64 * 64;
   void* block = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  check(block != nullptr, "partial: out of memory allocating " + std::to_string(bytes) + " bytes");
+  check(block != nullptr,
+        [&] { return "partial: out of memory allocating " + std::to_string(bytes) + " bytes"; });
   return Buffer(block, rounded, this);
 }
 
