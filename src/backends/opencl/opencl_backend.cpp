@@ -432,9 +432,11 @@ void OpenClBackend::matmul(const OpCall& call) {
   if (gemm_ == Gemm::gemm_nt && x.rank() <= kMaxCopyRank && call.inputs[1].rank() <= kMaxCopyRank &&
       call.outputs[0].numel() < kIntSizes && x.numel() < kIntSizes &&
       call.inputs[1].numel() < kIntSizes) {
+    gemm_calls_[static_cast<std::size_t>(Gemm::gemm_nt)].fetch_add(1, std::memory_order_relaxed);
     matmul_dot(call);
     return;
   }
+  gemm_calls_[static_cast<std::size_t>(Gemm::clblast)].fetch_add(1, std::memory_order_relaxed);
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
   Tensor& c = call.outputs[0];

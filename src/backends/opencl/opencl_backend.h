@@ -9,6 +9,9 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 
+#include <array>
+#include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -84,6 +87,11 @@ class OpenClBackend final : public Backend {
   enum class Gemm { clblast, gemm_nt };
   Gemm gemm() const { return gemm_; }
   void set_gemm(Gemm gemm) { gemm_ = gemm; }
+  // How many matmul calls each GEMM has served (a test's proof that the switch took
+  // effect: the two may give bit-equal products on some devices).
+  std::uint64_t gemm_calls(Gemm gemm) const {
+    return gemm_calls_[static_cast<std::size_t>(gemm)].load(std::memory_order_relaxed);
+  }
 
  protected:
   void release(void* data, std::size_t bytes) noexcept override;
@@ -137,6 +145,7 @@ class OpenClBackend final : public Backend {
 
   cl_device_id device_;
   Gemm gemm_ = Gemm::clblast;
+  std::array<std::atomic<std::uint64_t>, 2> gemm_calls_{};
   std::string device_name_, driver_version_;
   Context context_;
   Queue queue_;
