@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cluster/plan/plan.h"
@@ -42,6 +43,55 @@ double parse_count(const std::string& text) {  // "15.6T", "2e12", "800B"
   else check(suffix.empty(), "--tokens '" + text + "': unknown suffix '" + suffix + "' (K, M, B, T)");
   check(v > 0, "--tokens '" + text + "' must be > 0");
   return v;
+}
+
+std::string format_fixed(double v, int decimals) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", decimals, v);
+  return text;
+}
+
+// --price: one price for every chip ("2.5") or a price per chip id ("910c=1.2,b200=5").
+struct Prices {
+  std::optional<double> every_chip;
+  std::map<std::string, double> per_chip;
+  // The price to charge for `chip_id`, if --price gave one (else the catalog's default).
+  std::optional<double> of(const std::string& chip_id) const {
+    if (auto found = per_chip.find(chip_id); found != per_chip.end()) return found->second;
+    return every_chip;
+  }
+};
+
+// A price in USD per chip-hour: the text is one finite number >= 0, else an error naming it.
+double parse_price(const std::string& text, const std::string& what) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  check(!text.empty() && ec == std::errc() && end == text.data() + text.size() && std::isfinite(v) && v >= 0,
+        [&] { return what + ": '" + text + "' is not a price (USD per chip-hour, a number >= 0)"; });
+  return v;
+}
+
+Prices parse_prices(const std::string& text) {
+  Prices prices;
+  if (text.empty()) return prices;
+  if (text.find('=') == std::string::npos) {
+    prices.every_chip = parse_price(text, "--price");
+    return prices;
+  }
+  for (std::size_t at = 0; at <= text.size();) {
+    std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string entry = text.substr(at, comma - at);
+    const std::size_t equals = entry.find('=');
+    check(equals != std::string::npos && equals > 0, [&] {
+      return "--price '" + text + "': entry '" + entry + "' is not chip=USD (e.g. 910c=1.2,b200=5)";
+    });
+    const std::string chip = entry.substr(0, equals);
+    check(prices.per_chip.count(chip) == 0,
+          [&] { return "--price '" + text + "': chip '" + chip + "' is priced twice"; });
+    prices.per_chip[chip] = parse_price(entry.substr(equals + 1), "--price " + chip);
+    at = comma + 1;
+  }
+  return prices;
 }
 
 Model resolve_model(const Catalog& catalog, const PlanOptions& o) {
@@ -302,7 +352,9 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   plan->add_option("--compare", o.compare, "chip ids to compare side by side: a,b,c or a:count,b:count");
   plan->add_option("--budget", o.budget, "USD: with --compare, the fastest plan within this cost");
   plan->add_option("--deadline", o.deadline, "days: with --compare, the fewest chips that finish in time");
-  plan->add_option("--price", o.price, "USD per chip-hour (overrides the catalog default)");
+  plan->add_option("--price", o.price,
+                   "USD per chip-hour, for every chip (2.5) or per chip (910c=1.2,b200=5); overrides the catalog "
+                   "default");
   plan->add_option("--tp", o.tp, "tensor parallel (searched when absent)");
   plan->add_option("--pp", o.pp, "pipeline parallel");
   plan->add_option("--dp", o.dp, "data parallel");
@@ -353,6 +405,7 @@ int run_plan(const PlanOptions& o) {
   Model m = resolve_model(catalog, o);
   Constraints c = constraints_of(o);
   double tokens = parse_count(o.tokens);
+  const Prices prices = parse_prices(o.price);
 
   std::vector<std::string> chip_ids;
   if (!o.compare.empty()) {
@@ -377,6 +430,20 @@ int run_plan(const PlanOptions& o) {
                                    std::to_string(*o.pp) + "*" + std::to_string(*o.dp) + "*" +
                                    std::to_string(o.cp.value_or(1)) + " = " + std::to_string(product));
   }
+  // A chip --price names must be one planned here (a misspelt id would silently price nothing).
+  for (const auto& named : prices.per_chip) {
+    std::string planned;
+    bool found = false;
+    for (const std::string& entry : chip_ids) {
+      const std::string id = entry.substr(0, entry.find(':'));
+      const std::string chip_id = id[0] == '@' ? catalog.chip_in_system(id.substr(1)).id : id;
+      found = found || chip_id == named.first;
+      planned += (planned.empty() ? "" : ", ") + chip_id;
+    }
+    check(found, [&] {
+      return "--price names chip '" + named.first + "', which is not planned here (planned: " + planned + ")";
+    });
+  }
   // The header comes before the first row, after what --measured prints about the first chip.
   bool header_printed = o.json;
   std::vector<Chip> compared;
@@ -394,6 +461,7 @@ int run_plan(const PlanOptions& o) {
       count = parsed;
     }
     Chip chip = id[0] == '@' ? catalog.chip_in_system(id.substr(1)) : catalog.chip(id);
+    const std::optional<double> price = prices.of(id[0] == '@' ? chip.id : id);
     if (!o.profile.empty()) apply_device_profile(chip, o.profile, o.precision);
     std::optional<RateFit> fit;
     if (!o.measured.empty()) fit = recalibrate(catalog, o.measured, chip, o.json);
@@ -441,7 +509,7 @@ int run_plan(const PlanOptions& o) {
       for (std::int64_t n = domain; n <= 262144; n *= 2) {
         std::optional<Candidate> best = best_on(m, chip, n, c);
         if (!best) continue;
-        Totals t = totals(best->estimate, chip, best->layout, tokens, o.price.value_or(-1));
+        Totals t = totals(best->estimate, chip, best->layout, tokens, price.value_or(-1));
         if (o.deadline && t.days <= *o.deadline) {
           pick = best;
           break;
@@ -466,12 +534,12 @@ int run_plan(const PlanOptions& o) {
         auto at = [&](bool optimistic) {
           const Chip bounded = chip_at_bounds(chip, optimistic);
           Estimate e = estimate(m, bounded, cand.layout);
-          return Bound{e, totals(e, bounded, cand.layout, tokens, o.price.value_or(-1))};
+          return Bound{e, totals(e, bounded, cand.layout, tokens, price.value_or(-1))};
         };
         range = std::pair{at(false), at(true)};
       }
       if (o.json) {
-        nlohmann::ordered_json j = layout_json(m, chip, cand, tokens, o.price);
+        nlohmann::ordered_json j = layout_json(m, chip, cand, tokens, price);
         if (fit)
           j["gemm_efficiency_fit"] = {{"catalog", fit->catalog},
                                       {"fitted", fit->fitted},
@@ -482,17 +550,31 @@ int run_plan(const PlanOptions& o) {
           j["range"] = {{"tokens_per_s", {range->first.estimate.tokens_per_s, range->second.estimate.tokens_per_s}},
                         {"days", {range->second.totals.days, range->first.totals.days}},
                         {"rests_on", "estimated chip figures at their catalog bounds"}};
+        if (range && range->first.totals.energy_known && range->second.totals.energy_known)
+          j["range"]["energy_kwh"] = {range->second.totals.energy_kwh, range->first.totals.energy_kwh};
+        if (range && range->first.totals.cost_known && range->second.totals.cost_known)
+          j["range"]["cost_usd"] = {range->second.totals.cost_usd, range->first.totals.cost_usd};
         std::printf("%s\n", j.dump().c_str());
       } else {
         if (!header_printed) {
           print_table_header();
           header_printed = true;
         }
-        print_row(chip, cand, tokens, o.price);
-        if (range)
-          std::printf("%-10s   range from estimated figures: %.0f..%.0f tok/s, %.1f..%.1f days\n", "",
-                      range->first.estimate.tokens_per_s, range->second.estimate.tokens_per_s,
-                      range->second.totals.days, range->first.totals.days);
+        print_row(chip, cand, tokens, price);
+        if (range) {
+          // The slow end (first) takes the longest and, at its power bound, draws the most.
+          const Totals& fast = range->second.totals;
+          const Totals& slow = range->first.totals;
+          std::string energy, cost;
+          if (fast.energy_known && slow.energy_known)
+            energy = ", " + format_fixed(fast.energy_kwh / 1e6, 1) + ".." + format_fixed(slow.energy_kwh / 1e6, 1) +
+                     " kMWh";
+          if (fast.cost_known && slow.cost_known)
+            cost = ", $" + format_fixed(fast.cost_usd / 1e6, 2) + "M..$" + format_fixed(slow.cost_usd / 1e6, 2) + "M";
+          std::printf("%-10s   range from estimated figures: %.0f..%.0f tok/s, %.1f..%.1f days%s%s\n", "",
+                      range->first.estimate.tokens_per_s, range->second.estimate.tokens_per_s, fast.days, slow.days,
+                      energy.c_str(), cost.c_str());
+        }
       }
     }
     if (!o.compare.empty()) compared.push_back(chip);

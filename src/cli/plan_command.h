@@ -19,7 +19,10 @@ struct PlanOptions {
   std::optional<std::string> recompute;
   std::vector<std::int64_t> stages;  // layers per virtual pipeline stage (empty: balanced)
   std::optional<std::int64_t> layers, hidden, heads, kv_heads, ffn, vocab, experts, top_k;
-  std::optional<double> budget, deadline, price;
+  std::optional<double> budget, deadline;
+  // --price: USD per chip-hour for every chip ("2.5"), or per chip ("910c=1.2,b200=5"); a
+  // chip not named keeps the catalog's default.
+  std::string price;
   int top = 10;
   bool json = false;
   bool gated = false;  // custom model: a gated (SwiGLU) MLP

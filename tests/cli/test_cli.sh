@@ -86,6 +86,23 @@ mlp_mem() { "$loom" plan --layers 8 --hidden 1024 --heads 8 --ffn 4096 --vocab 3
   || { echo "FAIL: plan --gated plans a different model: $(mlp_mem) vs $(mlp_mem --gated)"; failures=$((failures + 1)); }
 both=$("$loom" plan --model llama3-405b --compare 910c:98304,b200:36864 --global-batch 4096 2>/dev/null | grep -c -E '^(910c|b200) ')
 [[ $both -eq 2 ]] || { echo "FAIL: --compare with counts printed $both rows"; failures=$((failures + 1)); }
+# Days, energy and cost side by side: a price per chip (the 910C has no default), and the
+# 910C's energy as a range from its estimated power.
+moe=$("$loom" plan --model deepseek-v3 --compare 910c:2048,b200:2048 --price 910c=1.5,b200=4 2>&1)
+for needle in "kMWh, \$" "tdp_w                800 [620..800]" "price_per_hour       5 "; do
+  [[ "$moe" == *"$needle"* ]] || { echo "FAIL: '$needle' not in plan --compare --price output: $moe"; failures=$((failures + 1)); }
+done
+[[ $(grep -E '^(910c|b200) ' <<< "$moe" | grep -c unknown) -eq 0 ]] \
+  || { echo "FAIL: a priced --compare left energy or cost unknown: $moe"; failures=$((failures + 1)); }
+# A chip-hour price of 4 on the B200 costs 4/5 of the catalog's 5.
+cost_at() { "$loom" plan --model deepseek-v3 --chip b200 --chips 2048 --top 1 --json "$@" 2>/dev/null | grep -o '"cost_usd":[0-9.e+]*' | cut -d: -f2; }
+python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a / b - 0.8) > 1e-9)" \
+    "$(cost_at --price b200=4)" "$(cost_at)" \
+  || { echo "FAIL: --price b200=4 did not price the B200 at 4 USD per chip-hour"; failures=$((failures + 1)); }
+expect_error "--price names chip 'h100', which is not planned here (planned: 910c, b200)" plan --model deepseek-v3 --compare 910c:2048,b200:2048 --price h100=2
+expect_error "--price b200: 'cheap' is not a price" plan --model deepseek-v3 --compare 910c:2048,b200:2048 --price b200=cheap
+expect_error "entry 'b200' is not chip=USD" plan --model deepseek-v3 --compare 910c:2048,b200:2048 --price 910c=1,b200
+expect_error "--price: '-1' is not a price" plan --model deepseek-v3 --chip b200 --chips 2048 --price -1
 "$loom" ops --model gpt --backend all | grep -q '^partial: .* decomposed, .* fall back' \
   || { echo "FAIL: loom ops prints no summary for the partial backend"; failures=$((failures + 1)); }
 "$loom" ops --model gpt --backend cpu --precision bf16 --sync | head -n 1 | grep -q 'bf16 products.*device time per step' \
