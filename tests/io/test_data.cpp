@@ -35,6 +35,23 @@ TEST(TextData, Utf8IsDecodedAndValidated) {
   EXPECT_THROW(data::TextDataset::load(dir + "/missing.txt"), Error);
 }
 
+// A text too short to train on is named with its length, when loaded (under two characters)
+// or when a window longer than a split is asked for, never read past its end.
+TEST(TextData, TextsTooShortAreNamed) {
+  std::string dir = temp_dir("text_short");
+  { std::ofstream(dir + "/one.txt") << "a"; }
+  EXPECT_NE(error_of([&] {
+              data::TextDataset::load(dir + "/one.txt");
+            }).find("one.txt: holds 1 characters; expected at least 2"),
+            std::string::npos);
+  { std::ofstream(dir + "/short.txt") << "to be or not to be, that is the question"; }
+  data::TextDataset ds = data::TextDataset::load(dir + "/short.txt");
+  const std::string e = error_of([&] { ds.sample(ds.train(), 2, 64, 1, cpu()); });
+  EXPECT_NE(e.find("short.txt: split has 36 tokens; context = 64 needs at least 65"),
+            std::string::npos)
+      << e;
+}
+
 TEST(TextData, BatchesAreDeterministicAndShifted) {
   data::TextDataset ds = data::TextDataset::random(50, 10000, 3);
   data::Batch a = ds.sample(ds.train(), 4, 16, 99, cpu()), b = ds.sample(ds.train(), 4, 16, 99, cpu());
