@@ -49,6 +49,9 @@ expect_error "pp = 0, expected 1..8" plan --model llama3-70b --chip h100-sxm --c
 expect_error "count '99999999999999999999' is not a positive integer" plan --model llama3-70b --compare h100-sxm:99999999999999999999
 printf 'runs:\n  - {id: zero, source: x, chip: a100-80gb, chips: 32, heads: 24, hidden: 2304, layers: 24, tp: 0, pp: 1, global_batch: 512, seq: 2048, vocab: 51200, counts: hardware, tflops_per_chip: 137}\n' > "$dir/runs0.yaml"
 expect_error "runs0.yaml: run 'zero': field 'tp' is 0, expected a whole number in 1..32" plan --validate "$dir/runs0.yaml"
+expect_error "cp = 0, expected 1..8" plan --model llama3-70b --chip h100-sxm --chips 8 --cp 0
+sed 's/tp: 0, pp: 1,/tp: 1, pp: 1, cp: 0,/' "$dir/runs0.yaml" > "$dir/runs_cp0.yaml"
+expect_error "runs_cp0.yaml: run 'zero': field 'cp' is 0, expected a whole number in 1..32" plan --validate "$dir/runs_cp0.yaml"
 # plan --validate fails when the errors exceed the limits given (and passes within them).
 runs=catalog/calibration/calibration-runs.yaml
 expect_error "calibration-runs.yaml: max |error| 4.0% exceeds --max-error 1 by" plan --validate "$runs" --max-error 1
@@ -268,5 +271,32 @@ text = json.dumps(header).encode()
 open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
 PY
 expect_error "metadata 'step' = '12abc', expected an integer" sample "$dir/bad_step.safetensors"
+# The same for a model description out of range, and for the optimizer state's step count
+# (read on --resume, from a copy of the run whose state says 99999999999999999999 steps).
+retag() {  # retag FILE OUT KEY VALUE [JSON_FIELD]: one metadata entry (or loom_model field) changed
+  python3 - "$@" <<'PY'
+import json, struct, sys
+path, out, key, value = sys.argv[1:5]
+data = open(path, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+if len(sys.argv) > 5:
+    model = json.loads(header["__metadata__"][key])
+    model[sys.argv[5]] = json.loads(value)
+    header["__metadata__"][key] = json.dumps(model)
+else:
+    header["__metadata__"][key] = value
+text = json.dumps(header).encode()
+open(out, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+}
+retag "$dir/abc/checkpoint/model.safetensors" "$dir/bad_layers.safetensors" loom_model 100000 layers
+expect_error "loom_model field 'layers' is 100000, expected an integer in [1, 1024]" sample "$dir/bad_layers.safetensors"
+cp -r "$dir/abc" "$dir/abc_resume"
+retag "$dir/abc/checkpoint/train_state.safetensors" "$dir/abc_resume/checkpoint/train_state.safetensors" \
+  optimizer_steps 99999999999999999999
+expect_error "metadata 'optimizer_steps' = '99999999999999999999', expected an integer in [0," \
+  train --data "$dir/abc.txt" --layers 1 --width 16 --heads 2 --context 8 --batch 2 --steps 4 \
+  --out "$dir/abc_resume" --resume --eval_every 0
 echo "$failures failed"
 [[ $failures -eq 0 ]]

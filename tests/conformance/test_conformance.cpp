@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "conformance/op_cases.h"
 #include "dispatch/dispatch.h"
@@ -57,6 +59,15 @@ Tensor same_view_on(const Tensor& t, Backend& backend) {
   return view;
 }
 
+// Calls of `copy` that dispatch has counted on `backend`, by any path.
+std::uint64_t copy_calls(const Backend& backend) {
+  std::uint64_t total = 0;
+  for (const auto& [key, count] : dispatch::stats().counts)
+    if (std::get<0>(key) == backend.name() && std::get<1>(key) == OpId::copy)
+      total += count.calls;
+  return total;
+}
+
 class Conformance : public ::testing::TestWithParam<Param> {};
 
 TEST_P(Conformance, MatchesReferenceKernel) {
@@ -79,10 +90,20 @@ TEST_P(Conformance, MatchesReferenceKernel) {
     // every other op gets the input made contiguous first, by dispatch, on the device,
     // with that copy kernel (the "non_contiguous" cases test that path).
     std::vector<Tensor> inputs;
-    for (const Tensor& t : c.inputs)
+    bool strided = false;
+    for (const Tensor& t : c.inputs) {
+      strided = strided || !t.is_contiguous();
       inputs.push_back(t.is_contiguous() ? t.to(*backend) : same_view_on(t, *backend));
+    }
     std::vector<Tensor> expected = run_reference(op, c.inputs, c.attrs);
+    const std::uint64_t copies_before = copy_calls(*backend);
     std::vector<Tensor> actual = dispatch::call(op, inputs, c.attrs, backend);
+    // A strided input reached the device as a view: the op itself read it (copy), or the
+    // device's copy kernel made it contiguous first (every other op).
+    if (strided && op != OpId::copy) {
+      EXPECT_GT(copy_calls(*backend), copies_before)
+          << "a non-contiguous input was not made contiguous on " << backend->name();
+    }
     ASSERT_EQ(actual.size(), expected.size());
     for (std::size_t i = 0; i < actual.size(); ++i) {
       ASSERT_EQ(actual[i].shape(), expected[i].shape()) << "output " << i;

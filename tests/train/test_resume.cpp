@@ -112,41 +112,48 @@ TEST(GraphMode, TrainsToTheEagerLossesAndWeightsAndResumesExactly) {
   EXPECT_EQ(all_weights(eager), all_weights(split));
 }
 
-TEST(GraphMode, ImageModelsTrainToTheEagerLossesOnEveryBackend) {
-  for (const std::string& device : dispatch::device_names())
-    for (std::string model : {"mlp", "cnn"}) {
-      SCOPED_TRACE(device + " " + model);
-      std::string eager = temp_dir("eager_" + model), graph = temp_dir("graph_" + model);
-      auto run = [&](const std::string& out, const std::string& mode) {
-        train::TrainConfig c;
-        for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{{"model", model},
-                                                                            {"steps", "5"},
-                                                                            {"batch", "16"},
-                                                                            {"width", "32"},
-                                                                            {"mode", mode},
-                                                                            {"device", device},
-                                                                            {"final_eval", "false"},
-                                                                            {"progress", "false"},
-                                                                            {"json", "true"}})
-          c.set(k, v, "test");
-        c.mnist_dir = source_dir() + "/data/mnist";
-        c.out = out;
-        c.finalize();
-        return train::run_training(c);
-      };
-      EXPECT_FALSE(run(eager, "eager").graph_nodes);
-      train::Summary replayed = run(graph, "graph");
-      EXPECT_TRUE(replayed.graph_nodes);  // replayed, not run eagerly
-      // On a device with memory of its own, steps 2 to 5 took batches uploaded on the copy
-      // stream during the step before; the losses stay the eager ones, bit for bit.
-      if (backend_named(device).host_accessible())
-        EXPECT_FALSE(replayed.prefetched_batches);
-      else
-        EXPECT_EQ(replayed.prefetched_batches, std::optional<std::int64_t>(4));
-      EXPECT_EQ(metric_losses(eager), metric_losses(graph));
-      EXPECT_EQ(metric_losses(graph).size(), 5u);
-    }
+// One instance per backend of the build (under LOOM_CUDA_EMULATOR=1 the CUDA backend's
+// emulator is one, so cuda_emulated_image_graph runs it there).
+class ImageModelsInGraphMode : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ImageModelsInGraphMode, TrainToTheEagerLosses) {
+  const std::string device = GetParam();
+  for (std::string model : {"mlp", "cnn"}) {
+    SCOPED_TRACE(device + " " + model);
+    std::string eager = temp_dir("eager_" + model), graph = temp_dir("graph_" + model);
+    auto run = [&](const std::string& out, const std::string& mode) {
+      train::TrainConfig c;
+      for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{{"model", model},
+                                                                          {"steps", "5"},
+                                                                          {"batch", "16"},
+                                                                          {"width", "32"},
+                                                                          {"mode", mode},
+                                                                          {"device", device},
+                                                                          {"final_eval", "false"},
+                                                                          {"progress", "false"},
+                                                                          {"json", "true"}})
+        c.set(k, v, "test");
+      c.mnist_dir = source_dir() + "/data/mnist";
+      c.out = out;
+      c.finalize();
+      return train::run_training(c);
+    };
+    EXPECT_FALSE(run(eager, "eager").graph_nodes);
+    train::Summary replayed = run(graph, "graph");
+    EXPECT_TRUE(replayed.graph_nodes);  // replayed, not run eagerly
+    // On a device with memory of its own, steps 2 to 5 took batches uploaded on the copy
+    // stream during the step before; the losses stay the eager ones, bit for bit.
+    if (backend_named(device).host_accessible())
+      EXPECT_FALSE(replayed.prefetched_batches);
+    else
+      EXPECT_EQ(replayed.prefetched_batches, std::optional<std::int64_t>(4));
+    EXPECT_EQ(metric_losses(eager), metric_losses(graph));
+    EXPECT_EQ(metric_losses(graph).size(), 5u);
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryBackend, ImageModelsInGraphMode, ::testing::ValuesIn(backend_names()),
+                         [](const auto& info) { return info.param; });
 
 // final_eval is the image models' test-set pass, as it is the text models' validation pass:
 // false skips it.
