@@ -1088,6 +1088,19 @@ TEST(Onnx, MalformedGraphsGetNamedErrors) {
     expect_run_error(g.save_as(dir + "/mul_overflow.onnx"),
                      "integer Mul of 9223372036854775807 and 2 overflows int64");
   }
+  for (const char* op : {"Add", "Sub"}) {  // INT64_MAX + 1, INT64_MIN - 1: the same wrap
+    GraphBuilder g;
+    const bool add = std::string(op) == "Add";
+    g.int64s("a", {add ? std::numeric_limits<std::int64_t>::max()
+                       : std::numeric_limits<std::int64_t>::min()});
+    g.int64s("b", {1});
+    g.node(op, {"a", "b"}, {"p"});
+    g.output("p");
+    expect_run_error(g.save_as(dir + "/" + op + "_overflow.onnx"),
+                     std::string("integer ") + op + " of " +
+                         (add ? "9223372036854775807" : "-9223372036854775808") +
+                         " and 1 overflows int64");
+  }
   {  // MaxPool with ceil_mode and stride 0: SIGFPE before any stride check.
     GraphBuilder g;
     g.input("x", {1, 1, 4, 4});
