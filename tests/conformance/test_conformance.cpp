@@ -3,13 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <set>
 #include <tuple>
 
+#include "backends/cpu/cpu_backend.h"
 #include "conformance/op_cases.h"
 #include "dispatch/dispatch.h"
 #include "test_util.h"
@@ -49,10 +50,9 @@ const std::vector<OpCase>& cases() {
 
 // The view `t` takes of its storage, taken of a copy of that storage on `backend`.
 Tensor same_view_on(const Tensor& t, Backend& backend) {
-  const Tensor storage_on_cpu =
-      Tensor::view_of(t.storage(), 0,
-                      {static_cast<std::int64_t>(t.storage()->bytes() / dtype_size(t.dtype()))},
-                      {1}, t.dtype());
+  const Tensor storage_on_cpu = Tensor::view_of(
+      t.storage(), 0, {static_cast<std::int64_t>(t.storage()->bytes() / dtype_size(t.dtype()))},
+      {1}, t.dtype());
   const Tensor storage = storage_on_cpu.to(backend);
   Tensor view = Tensor::view_of(storage.storage(), t.offset(), t.shape(), t.strides(), t.dtype());
   EXPECT_FALSE(view.is_contiguous());
@@ -241,6 +241,37 @@ TEST(OpenClGemm, CLBlastAndGemmNtBothMatchTheReferenceOnEveryMatmulCase) {
   EXPECT_GT(checked, 5);
 }
 #endif
+
+// The CPU's large products with their operands laid out first (a transposed A transposed,
+// B's rows padded: the default under oneDNN's AVX2 kernels) and as called (the default
+// under its AVX-512 ones) both match the reference, whichever this machine defaults to.
+TEST(CpuGemm, RelayoutAndAsCalledBothMatchTheReference) {
+  const bool chosen = cpu::gemm_transpose();
+  for (bool relayout : {true, false}) {
+    SCOPED_TRACE(relayout ? "relayout" : "as called");
+    cpu::set_gemm_transpose(relayout);
+    int transposed = 0, padded = 0, checked = 0;
+    for (const OpCase& c : cases()) {
+      if (c.op != OpId::matmul || c.label.find("large") == std::string::npos)
+        continue;
+      SCOPED_TRACE(c.label);
+      std::vector<cpu::GemmRecord> records;
+      cpu::record_gemms(&records);
+      const std::vector<double> a = values(dispatch::call(c.op, c.inputs, c.attrs, &cpu()).front());
+      cpu::record_gemms(nullptr);
+      EXPECT_LE(nmse(a, values(run_reference(c.op, c.inputs, c.attrs).front())), c.tolerance);
+      for (const cpu::GemmRecord& r : records) {
+        transposed += r.a_transposed;
+        padded += r.b_padded;
+      }
+      ++checked;
+    }
+    EXPECT_GE(checked, 3);
+    EXPECT_EQ(transposed > 0, relayout);
+    EXPECT_EQ(padded > 0, relayout);
+  }
+  cpu::set_gemm_transpose(chosen);
+}
 
 TEST(ConformanceHarness, CoverageMatrix) {
   if (std::getenv("LOOM_CONFORMANCE_MATRIX") == nullptr)

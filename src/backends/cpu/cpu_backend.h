@@ -87,8 +87,10 @@ struct GemmRecord {
 void record_gemms(std::vector<GemmRecord>* records);
 // Whether a large product lays its operands out first where oneDNN runs the layout as
 // called slowly: a transposed A transposed into place, a B with rows a multiple of 2 KiB
-// apart padded (the default; LOOM_CPU_GEMM=as_called starts with it off). For benchmarks
+// apart padded (the default where oneDNN runs its AVX2 kernels, not its AVX-512 ones;
+// LOOM_CPU_GEMM=relayout or as_called starts with it on or off everywhere). For benchmarks
 // that compare both.
 void set_gemm_transpose(bool on);
+bool gemm_transpose();  // the current setting
 
 }  // namespace loom::cpu

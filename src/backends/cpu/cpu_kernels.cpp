@@ -41,7 +41,7 @@ std::atomic<bool> bf16_operands{false};
 // gets A transposed into a scratch buffer first, one pass over A at memory speed, and
 // then runs as the plain product: steps of the small GPT 4-7% faster, interleaved with
 // steps without it. Below 2^27 multiply-adds (the tiny GPT's weight gradients) the
-// transpose costs what it saves. LOOM_CPU_GEMM=as_called turns it off (benchmarks).
+// transpose costs what it saves. Only under oneDNN's AVX2 kernels (relayout_by_default).
 constexpr std::int64_t kTransposeMinWork = std::int64_t{1} << 27;  // 512^3 multiply-adds
 
 // A plain (untransposed) B whose rows are a multiple of 512 floats (2 KiB) apart, in a
@@ -58,13 +58,27 @@ constexpr std::int64_t kPadMaxRows = 512;
 constexpr std::int64_t kPadStride = 512;  // floats
 constexpr std::int64_t kPadFloats = 16;   // one cache line
 
+// Both relayouts work around oneDNN's AVX2 sgemm kernels, the ones a CPU without AVX-512
+// runs (the Zen 3 above). Where oneDNN runs its AVX-512 kernels they cost more than they
+// save: on an Intel Xeon with AVX-512 (family 6 model 167, 2 threads) the small GPT's step
+// took 110.5, 107.6 and 109.5 ms with them against 104.5, 102.1 and 104.1 with every
+// product as called (interleaved steps, bench/src/gemm_floor.cpp), and the gpt2-shape step
+// 947, 937 and 948 ms against 898, 887 and 878 (bench/RESULTS.md, 2026-12-06). So `auto`
+// (the default) relays out only under an ISA below avx512_core; LOOM_CPU_GEMM=relayout
+// turns them on everywhere, as_called off everywhere.
+bool relayout_by_default() {
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  return (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core;
+}
+
 std::atomic<bool>& transpose_a_setting() {
   static std::atomic<bool> on = [] {
     const char* env = std::getenv("LOOM_CPU_GEMM");
     const std::string v = env == nullptr ? "" : env;
-    check(v.empty() || v == "as_called" || v == "auto",
-          [&] { return "LOOM_CPU_GEMM = '" + v + "', expected auto (the default) or as_called"; });
-    return v != "as_called";
+    check(v.empty() || v == "as_called" || v == "auto" || v == "relayout", [&] {
+      return "LOOM_CPU_GEMM = '" + v + "', expected auto (the default), relayout or as_called";
+    });
+    return v == "relayout" || (v != "as_called" && relayout_by_default());
   }();
   return on;
 }
@@ -160,6 +174,10 @@ void record_gemms(std::vector<GemmRecord>* records) {
 
 void set_gemm_transpose(bool on) {
   transpose_a_setting().store(on);
+}
+
+bool gemm_transpose() {
+  return transpose_a_setting().load();
 }
 
 // Shared with cpu_nn_kernels.cpp.
