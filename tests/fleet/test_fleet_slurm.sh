@@ -75,7 +75,10 @@ id=$(slurm_id "$b" 1)
 [[ "$(slurm_on site-b squeue -h -t all -j "$id" -o %b)" == *gpu:a100:1* ]] || fail "the a100 job is not site-b's job $id"
 
 # --- preemption under Slurm -------------------------------------------------------------------
-low=$(job low 4000 npu 0)
+# The low job must still be running when the high one arrives: at 4,000 steps (about 2 s
+# of a release build on a fast CPU) it once finished first and was never preempted. 20,000
+# steps give the service 9 s or more to preempt it (about a minute under ASan).
+low=$(job low 20000 npu 0)
 wait_state "$low" running 60 || fail "the low-priority job did not start"
 sleep 2
 high=$(job high 100 npu 10)
