@@ -290,5 +290,12 @@ retag "$dir/abc/checkpoint/train_state.safetensors" "$dir/abc_resume/checkpoint/
 expect_error "metadata 'optimizer_steps' = '99999999999999999999', expected an integer in [0," \
   train --data "$dir/abc.txt" --layers 1 --width 16 --heads 2 --context 8 --batch 2 --steps 4 \
   --out "$dir/abc_resume" --resume --eval_every 0
+# LOOM_CPU_GEMM takes auto, relayout or as_called; anything else is named.
+gemm_env=$(LOOM_CPU_GEMM=relaid "$loom" train --data random --vocab 30 --layers 1 --width 16 --heads 2 \
+  --context 8 --batch 2 --steps 1 --out "$dir/gemm_env" 2>&1 >/dev/null)
+[[ "$gemm_env" == *"LOOM_CPU_GEMM = 'relaid', expected auto (the default), relayout or as_called"* ]] \
+  || { echo "FAIL: LOOM_CPU_GEMM=relaid: $gemm_env"; failures=$((failures + 1)); }
+LOOM_CPU_GEMM=relayout "$loom" train --data random --vocab 30 --layers 1 --width 16 --heads 2 --context 8 \
+  --batch 2 --steps 1 --out "$dir/gemm_relayout" > /dev/null 2>&1 || { echo "FAIL: LOOM_CPU_GEMM=relayout"; failures=$((failures + 1)); }
 echo "$failures failed"
 [[ $failures -eq 0 ]]
