@@ -240,6 +240,39 @@ TEST(OpenClGemm, CLBlastAndGemmNtBothMatchTheReferenceOnEveryMatmulCase) {
   device->set_gemm(chosen);
   EXPECT_GT(checked, 5);
 }
+
+// erf on OpenCL is Loom's own (elementwise.cl, loom_erf; the library's was a scalar call
+// on CPU devices): within 3 ulp of the exact value (std::erf in double) on a dense grid
+// over [-6, 6] and on tiny arguments. tools/fit_erf.py measures 2.3 ulp in float32.
+TEST(OpenClErf, WithinThreeUlpOfTheExactValue) {
+  opencl::OpenClBackend* device = opencl::backend();
+  if (device == nullptr)
+    GTEST_SKIP() << "no OpenCL device";
+  std::vector<float> x;
+  for (int i = -240000; i <= 240000; ++i)
+    x.push_back(static_cast<float>(i) / 40000.0f);
+  for (float tiny = 1e-30f; tiny < 1.0f; tiny *= 1.7f) {
+    x.push_back(tiny);
+    x.push_back(-tiny);
+  }
+  const Tensor in = Tensor::from_floats({static_cast<std::int64_t>(x.size())}, x, *device);
+  const std::vector<double> y = values(dispatch::call(OpId::erf, {in}, {}, device).front());
+  double worst = 0.0, at = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double exact = std::erf(static_cast<double>(x[i]));
+    const float rounded = static_cast<float>(exact);
+    const double ulp = rounded == 0.0f
+                           ? std::numeric_limits<float>::denorm_min()
+                           : std::nextafter(std::fabs(rounded), 2.0f) - std::fabs(rounded);
+    const double error = std::fabs(y[i] - exact) / ulp;
+    if (error > worst) {
+      worst = error;
+      at = x[i];
+    }
+  }
+  EXPECT_LE(worst, 3.0) << "at x = " << at;
+}
+
 #endif
 
 // The CPU's large products with their operands laid out first (a transposed A transposed,

@@ -43,7 +43,7 @@ __kernel void unary(const int op, __global const float* x, const ulong x_off, __
     case 3: r = v > 0.0f ? v : 0.0f; break;
     case 4: r = gelu_tanh(v); break;
     case 6: r = sqrt(v); break;
-    case 7: r = erf(v); break;
+    case 7: r = loom_erf(v); break;
     case 8: r = sin(v); break;
     case 9: r = cos(v); break;
     case 10: r = tan(v); break;

@@ -825,7 +825,7 @@ std::string step_expression(const ElementwiseStep& s, const std::string& a, cons
     case OpId::sqrt:
       return "sqrt(" + a + ")";
     case OpId::erf:
-      return "erf(" + a + ")";
+      return "loom_erf(" + a + ")";
     case OpId::relu:
       return a + " > 0.0f ? " + a + " : 0.0f";
     case OpId::gelu:
