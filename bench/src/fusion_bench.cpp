@@ -8,7 +8,9 @@
 // run (graph mode's capture and its checking replay among them) are not timed.
 //
 // Usage: fusion_bench [--device cpu] [--rounds 5] [--steps 40] [--warmup 5] [--threads 2]
-//                     MODEL.onnx...
+//                     [--only eager|graph|fused] MODEL.onnx...
+// --only runs one mode and prints its median alone: for a profiler (perf record) to see
+// that mode's step without the others'.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -141,7 +143,7 @@ Run run_mode(const std::string& path, Backend& device, Mode mode, int steps, int
 int usage(const char* message) {
   std::fprintf(stderr,
                "fusion_bench: %s\nusage: fusion_bench [--device cpu] [--rounds 5] [--steps 40] "
-               "[--warmup 5] [--threads 2] MODEL.onnx...\n",
+               "[--warmup 5] [--threads 2] [--only eager|graph|fused] MODEL.onnx...\n",
                message);
   return 2;
 }
@@ -151,6 +153,7 @@ int usage(const char* message) {
 int main(int argc, char** argv) {
   std::string device_name = "cpu";
   int rounds = 5, steps = 40, warmup = 5, threads = 2;
+  std::string only;
   std::vector<std::string> models;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -165,6 +168,8 @@ int main(int argc, char** argv) {
       warmup = std::atoi(value().c_str());
     else if (arg == "--threads")
       threads = std::atoi(value().c_str());
+    else if (arg == "--only")
+      only = value();
     else if (!arg.empty() && arg[0] == '-')
       return usage(("unknown option " + arg).c_str());
     else
@@ -172,11 +177,23 @@ int main(int argc, char** argv) {
   }
   if (models.empty() || rounds < 1 || steps < 1 || warmup < 3 || threads < 1)
     return usage("give at least one model; rounds, steps and threads >= 1, warmup >= 3");
+  if (!only.empty() && only != "eager" && only != "graph" && only != "fused")
+    return usage(("--only takes eager, graph or fused, not '" + only + "'").c_str());
   try {
     cpu::set_num_threads(threads);
     Backend& device = dispatch::device(device_name);
     std::printf("device %s, %d threads, %d rounds of %d timed steps\n\n",
                 device.info().name.c_str(), threads, rounds, steps);
+    if (!only.empty()) {
+      const Mode mode = only == "eager" ? Mode::eager : only == "graph" ? Mode::graph : Mode::fused;
+      for (const std::string& path : models) {
+        std::vector<double> ms;
+        for (int r = 0; r < rounds; ++r)
+          ms.push_back(run_mode(path, device, mode, steps, warmup).median_ms);
+        std::printf("%s %s: %.3f ms/step\n", path.c_str(), mode_name(mode), median(ms));
+      }
+      return 0;
+    }
     std::printf(
         "| model | eager ms/step | graph ms/step | fusion without reductions ms/step | fusion "
         "without GEMM biases ms/step | graph + fusion ms/step | eager / fused | graph / fused | "

@@ -422,6 +422,17 @@ void fused_cases(Builder& b) {
   layer_norm_large.shape = {40, 2, 1100};
   b.add("layer_norm_rows_large", OpId::fused_elementwise, norm_inputs({40, 2, 1100}),
         layer_norm_large);
+  // Column inputs of two dimensions ([4, 33] over [3, 4, 33]): the collapsed space's inner
+  // dimension is then longer than a row (4 x 33), so a kernel that walks rows finds each
+  // element's coordinates from its index.
+  auto norm_inputs_2d = [&](Shape shape) {
+    Shape columns{shape[shape.size() - 2], shape.back()};
+    return std::vector<Tensor>{b.r(shape), b.r(shape),
+                               Tensor::from_floats({}, std::vector<float>{1e-5f}, cpu()),
+                               b.r(columns), b.r(columns)};
+  };
+  b.add("layer_norm_rows_2d_columns", OpId::fused_elementwise, norm_inputs_2d({3, 4, 33}),
+        layer_norm);
   // A row sum feeding row steps that read a row input, and a full output after it: the
   // backward of a normalisation, sum(x0 * x1) / x2 (x2 per row) scaled into x1.
   Attrs row_sum = with_outputs(

@@ -273,6 +273,42 @@ TEST(OpenClErf, WithinThreeUlpOfTheExactValue) {
   EXPECT_LE(worst, 3.0) << "at x = " << at;
 }
 
+// The kernels generated for fused chains index in 32 bits where a call's indices fit, and
+// in 64 bits where they do not (no case here is that large): each kind meets every fused
+// case's tolerance, and gives the other's values bit for bit (the same arithmetic).
+TEST(OpenClFused, NarrowAndWideIndexKernelsBothMatchTheReferenceOnEveryFusedCase) {
+  opencl::OpenClBackend* device = opencl::backend();
+  if (device == nullptr)
+    GTEST_SKIP() << "no OpenCL device";
+  int checked = 0;
+  for (const OpCase& c : cases()) {
+    if (c.op != OpId::fused_elementwise)
+      continue;
+    SCOPED_TRACE(c.label);
+    std::vector<Tensor> inputs;
+    for (const Tensor& t : c.inputs)
+      inputs.push_back(t.to(*device));
+    const std::vector<Tensor> expected = run_reference(c.op, c.inputs, c.attrs);
+    std::vector<std::vector<Tensor>> results;
+    for (bool wide : {false, true}) {
+      device->set_fused_index(wide ? opencl::OpenClBackend::FusedIndex::wide
+                                   : opencl::OpenClBackend::FusedIndex::narrowest);
+      const std::uint64_t before = device->fused_calls(wide);
+      results.push_back(dispatch::call(c.op, inputs, c.attrs, device));
+      EXPECT_EQ(device->fused_calls(wide), before + 1) << (wide ? "wide" : "narrow");
+      for (std::size_t i = 0; i < expected.size(); ++i)
+        EXPECT_LE(worst_ratio(values(results.back()[i]), values(expected[i]), c.tolerance,
+                              c.tolerance / 10),
+                  1.0)
+            << (wide ? "wide" : "narrow") << " output " << i;
+    }
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      EXPECT_EQ(values(results[0][i]), values(results[1][i])) << "output " << i;
+    ++checked;
+  }
+  device->set_fused_index(opencl::OpenClBackend::FusedIndex::narrowest);
+  EXPECT_GT(checked, 10);
+}
 #endif
 
 // The CPU's large products with their operands laid out first (a transposed A transposed,

@@ -93,6 +93,16 @@ class OpenClBackend final : public Backend {
     return gemm_calls_[static_cast<std::size_t>(gemm)].load(std::memory_order_relaxed);
   }
 
+  // The index arithmetic of the kernels generated for fused chains: 32-bit where every
+  // index of the call fits in 31 bits (narrowest, the default: a 64-bit division per
+  // element kept PoCL's kernels scalar), or 64-bit always (wide). Tests run every fused
+  // case both ways; the counts show which kind each launch used.
+  enum class FusedIndex { narrowest, wide };
+  void set_fused_index(FusedIndex index) { fused_index_ = index; }
+  std::uint64_t fused_calls(bool wide) const {
+    return fused_calls_[wide ? 1 : 0].load(std::memory_order_relaxed);
+  }
+
  protected:
   void release(void* data, std::size_t bytes) noexcept override;
 
@@ -146,6 +156,8 @@ class OpenClBackend final : public Backend {
   cl_device_id device_;
   Gemm gemm_ = Gemm::clblast;
   std::array<std::atomic<std::uint64_t>, 2> gemm_calls_{};
+  FusedIndex fused_index_ = FusedIndex::narrowest;
+  std::array<std::atomic<std::uint64_t>, 2> fused_calls_{};  // narrow, wide
   std::string device_name_, driver_version_;
   Context context_;
   Queue queue_;
