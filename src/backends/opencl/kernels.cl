@@ -136,7 +136,8 @@ __kernel void copy_strided(__global const float* x, const ulong x_off, __global 
 // a GPU-shaped tiled kernel runs at a few GFLOP/s. Each work-item computes rows i0..i0+3
 // of column j. The sum order is fixed on every device: per row, eight partial sums
 // (k mod 8, each an fma chain in k order), added as (l0+l4 + l2+l6) + (l1+l5 + l3+l7),
-// then the k mod 8 tail in order.
+// then the k mod 8 tail in order. With has_bias (linear), bias[j] is added to the sum
+// last, as matmul followed by add computes it: the same bits.
 float sum_lanes(float8 v) {
   const float4 s = v.lo + v.hi;
   const float2 t = s.lo + s.hi;
@@ -145,7 +146,8 @@ float sum_lanes(float8 v) {
 __kernel void gemm_nt(const int M, const int N, const int K, __global const float* a,
                       const ulong a_off, const ulong a_batch, __global const float* b,
                       const ulong b_off, const ulong b_batch, __global float* c,
-                      const ulong c_off) {
+                      const ulong c_off, __global const float* bias, const ulong bias_off,
+                      const int has_bias) {
   const int j = get_global_id(0), i0 = get_global_id(1) * 4;
   const ulong batch = get_global_id(2);
   if (j >= N || i0 >= M)
@@ -174,6 +176,13 @@ __kernel void gemm_nt(const int M, const int N, const int K, __global const floa
     c2 = fma(a2[k], bv, c2);
     c3 = fma(a3[k], bv, c3);
   }
+  if (has_bias) {  // linear's bias after the sum over k: what matmul then add computes
+    const float bj_bias = bias[bias_off + j];
+    c0 += bj_bias;
+    c1 += bj_bias;
+    c2 += bj_bias;
+    c3 += bj_bias;
+  }
   __global float* out = c + c_off + batch * (ulong)M * N + (ulong)i0 * N + j;
   out[0] = c0;
   if (i0 + 1 < M)
@@ -194,7 +203,8 @@ __kernel void gemm_nt(const int M, const int N, const int K, __global const floa
   __kernel void NAME(const int M, const int N, const int K, __global const float* a,     \
                      const ulong a_off, const ulong a_batch, __global const float* b,    \
                      const ulong b_off, const ulong b_batch, __global float* c,          \
-                     const ulong c_off) {                                                \
+                     const ulong c_off, __global const float* bias, const ulong bias_off, \
+                     const int has_bias) {                                               \
     const int j0 = get_global_id(0) * 8, i0 = get_global_id(1) * 4;                      \
     const ulong batch = get_global_id(2);                                                \
     if (j0 >= N || i0 >= M)                                                              \
@@ -211,6 +221,13 @@ __kernel void gemm_nt(const int M, const int N, const int K, __global const floa
         s1 = fma((float8)(A_AT(i1, k)), bv, s1);                                         \
         s2 = fma((float8)(A_AT(i2, k)), bv, s2);                                         \
         s3 = fma((float8)(A_AT(i3, k)), bv, s3);                                         \
+      }                                                                                  \
+      if (has_bias) {                                                                    \
+        const float8 bb = vload8(0, bias + bias_off + j0);                               \
+        s0 += bb;                                                                        \
+        s1 += bb;                                                                        \
+        s2 += bb;                                                                        \
+        s3 += bb;                                                                        \
       }                                                                                  \
       vstore8(s0, 0, c + (ulong)i0 * N + j0);                                            \
       if (i0 + 1 < M)                                                                    \
@@ -229,6 +246,13 @@ __kernel void gemm_nt(const int M, const int N, const int K, __global const floa
         s1 = fma(A_AT(i1, k), bv, s1);                                                   \
         s2 = fma(A_AT(i2, k), bv, s2);                                                   \
         s3 = fma(A_AT(i3, k), bv, s3);                                                   \
+      }                                                                                  \
+      if (has_bias) {                                                                    \
+        const float bb = bias[bias_off + j];                                             \
+        s0 += bb;                                                                        \
+        s1 += bb;                                                                        \
+        s2 += bb;                                                                        \
+        s3 += bb;                                                                        \
       }                                                                                  \
       c[(ulong)i0 * N + j] = s0;                                                         \
       if (i0 + 1 < M)                                                                    \

@@ -365,12 +365,13 @@ Tensor OpenClBackend::transposed_copy(const Tensor& x) {
   return out;
 }
 
-void OpenClBackend::matmul_dot(const OpCall& call) {
+void OpenClBackend::matmul_dot(const OpCall& call, const Tensor* bias) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
   Tensor& c = call.outputs[0];
   const bool ta = call.attrs.trans_a, tb = call.attrs.trans_b;
-  const std::int64_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
+  const std::int64_t m = c.rank() >= 2 ? c.dim(-2) : 1, n = c.dim(-1),
+                     k = ta ? a.dim(-2) : a.dim(-1);
   if (c.numel() == 0)
     return;
   // B as stored ([K, N], a forward product's weight): gemm_nn, or gemm_tn for a
@@ -397,6 +398,9 @@ void OpenClBackend::matmul_dot(const OpCall& call) {
     set_arg(kern, arg++, b_batch);
     set_arg(kern, arg++, mem_of(c));
     set_arg(kern, arg++, off_of(c) + c_off);
+    set_arg(kern, arg++, mem_of(bias != nullptr ? *bias : c));
+    set_arg(kern, arg++, bias != nullptr ? off_of(*bias) : cl_ulong{0});
+    set_arg(kern, arg++, cl_int{bias != nullptr ? 1 : 0});
     const std::size_t global[3] = {columns, static_cast<std::size_t>((rows + 3) / 4), batches};
     const cl_int err = clEnqueueNDRangeKernel(current_queue(), kern, 3, nullptr, global, nullptr, 0,
                                               nullptr, nullptr);
@@ -426,18 +430,54 @@ void OpenClBackend::matmul_dot(const OpCall& call) {
            static_cast<cl_ulong>(offsets[i].second), 0, static_cast<cl_ulong>(i * m * n));
 }
 
-void OpenClBackend::matmul(const OpCall& call) {
-  // gemm_nt takes int sizes and copy_strided's ranks; anything larger goes to CLBlast.
+bool OpenClBackend::uses_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& c) const {
+  // Loom's kernels take int sizes and copy_strided's ranks; anything larger goes to CLBlast.
   constexpr std::int64_t kIntSizes = std::int64_t{1} << 31;
-  const Tensor& x = call.inputs[0];
-  if (gemm_ == Gemm::gemm_nt && x.rank() <= kMaxCopyRank && call.inputs[1].rank() <= kMaxCopyRank &&
-      call.outputs[0].numel() < kIntSizes && x.numel() < kIntSizes &&
-      call.inputs[1].numel() < kIntSizes) {
+  return gemm_ == Gemm::gemm_nt && a.rank() <= kMaxCopyRank && b.rank() <= kMaxCopyRank &&
+         c.numel() < kIntSizes && a.numel() < kIntSizes && b.numel() < kIntSizes;
+}
+
+void OpenClBackend::matmul(const OpCall& call) {
+  if (uses_gemm_nt(call.inputs[0], call.inputs[1], call.outputs[0])) {
     gemm_calls_[static_cast<std::size_t>(Gemm::gemm_nt)].fetch_add(1, std::memory_order_relaxed);
     matmul_dot(call);
     return;
   }
   gemm_calls_[static_cast<std::size_t>(Gemm::clblast)].fetch_add(1, std::memory_order_relaxed);
+  matmul_clblast(call);
+}
+
+void OpenClBackend::linear(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  const Tensor& w = call.inputs[1];
+  const Tensor& bias = call.inputs[2];
+  Tensor& y = call.outputs[0];
+  if (y.numel() == 0)
+    return;
+  // x [..., K] as the matrix [rows, K], y as [rows, N]: one product.
+  const std::int64_t k = x.dim(-1), n = y.dim(-1), rows = y.numel() / n;
+  const Tensor x2 = x.reshape({rows, k});
+  Tensor y2 = y.reshape({rows, n});
+  Attrs attrs;
+  attrs.trans_b = call.attrs.trans_b;
+  const Tensor operands[] = {x2, w};
+  Tensor products[] = {y2};
+  const OpCall product{OpId::matmul, operands, products, attrs};
+  if (uses_gemm_nt(x2, w, y2)) {
+    gemm_calls_[static_cast<std::size_t>(Gemm::gemm_nt)].fetch_add(1, std::memory_order_relaxed);
+    matmul_dot(product, &bias);
+    return;
+  }
+  gemm_calls_[static_cast<std::size_t>(Gemm::clblast)].fetch_add(1, std::memory_order_relaxed);
+  matmul_clblast(product);
+  const device_ops::BinaryPlan plan = *device_ops::plan_binary(OpId::add, y2.shape(), bias.shape());
+  run("binary", static_cast<std::size_t>(y2.numel()), static_cast<cl_int>(plan.op), mem_of(y2),
+      off_of(y2), mem_of(bias), off_of(bias), mem_of(y2), off_of(y2),
+      static_cast<cl_int>(plan.mode), static_cast<cl_ulong>(plan.period),
+      static_cast<cl_int>(plan.other_left));
+}
+
+void OpenClBackend::matmul_clblast(const OpCall& call) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
   Tensor& c = call.outputs[0];
@@ -514,6 +554,9 @@ constexpr std::int64_t kMaxHead = 256;  // LOOM_MAX_HEAD in kernels.cl
 
 bool f32_copy(const OpCall& call) {
   return device_ops::f32_except_ids(call) && call.inputs[0].rank() <= kMaxCopyRank;
+}
+bool f32_linear(const OpCall& call) {
+  return device_ops::f32_except_ids(call) && call.inputs[1].rank() == 2;
 }
 bool f32_expand(const OpCall& call) {
   return device_ops::f32_except_ids(call) &&
@@ -1184,6 +1227,7 @@ const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
                     {OpId::sum, device_ops::f32_sum_rows_or_cols, &B::reduce},
                     {OpId::max, device_ops::f32_max_last_axis, &B::reduce},
                     {OpId::matmul, f32, &B::matmul},
+                    {OpId::linear, f32_linear, &B::linear},
                     {OpId::slice_backward, f32, &B::slice_backward},
                     {OpId::sum_squares, f32, &B::sum_squares},
                     {OpId::embedding, f32, &B::embedding},

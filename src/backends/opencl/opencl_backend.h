@@ -133,9 +133,17 @@ class OpenClBackend final : public Backend {
   void unary_backward(const OpCall& call);
   void reduce(const OpCall& call);
   void matmul(const OpCall& call);
-  // matmul by gemm_nt: each operand laid out with k innermost (a transposed copy where it
-  // is not), then one launch per evenly spaced batch.
-  void matmul_dot(const OpCall& call);
+  // x w + b: Loom's GEMM kernels add the bias after the sum over k, CLBlast's product gets
+  // it in place after; either way the bits of matmul then add.
+  void linear(const OpCall& call);
+  // Whether matmul runs Loom's kernels (matmul_dot) for these operands.
+  bool uses_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& c) const;
+  // matmul by Loom's kernels (gemm_nn, gemm_tn, gemm_nt): one launch per evenly spaced
+  // batch, A transposed first only when both operands are; `bias` (linear's, one value per
+  // column) added in the same kernel.
+  void matmul_dot(const OpCall& call, const Tensor* bias = nullptr);
+  // matmul by CLBlast.
+  void matmul_clblast(const OpCall& call);
   // x [..., R, C] as a contiguous [..., C, R] on this device.
   Tensor transposed_copy(const Tensor& x);
   void copy(const OpCall& call);
