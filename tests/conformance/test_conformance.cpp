@@ -209,17 +209,19 @@ TEST(ConformanceHarness, DetectsAWrongResult) {
 
 #ifdef LOOM_HAVE_OPENCL
 // The OpenCL backend has two GEMMs (CLBlast, and gemm_nt for CPU devices) and runs one by
-// the device type: each, whichever the device, meets every matmul case's tolerance, and
+// the device type: each, whichever the device, meets every matmul and linear case's
+// tolerance (linear: the bias in the GEMM kernel, or added after CLBlast's product), and
 // each call ran the GEMM the switch chose (their products may be bit-equal on a device, so
 // the backend's per-GEMM call counts are the proof, not a difference in the results).
-TEST(OpenClGemm, CLBlastAndGemmNtBothMatchTheReferenceOnEveryMatmulCase) {
+TEST(OpenClGemm, CLBlastAndGemmNtBothMatchTheReferenceOnEveryMatmulAndLinearCase) {
   opencl::OpenClBackend* device = opencl::backend();
   if (device == nullptr)
     GTEST_SKIP() << "no OpenCL device";
   const opencl::OpenClBackend::Gemm chosen = device->gemm();
   int checked = 0;
   for (const OpCase& c : cases()) {
-    if (c.op != OpId::matmul || (kSanitizedBuild && c.label.find("large") != std::string::npos))
+    if ((c.op != OpId::matmul && c.op != OpId::linear) ||
+        (kSanitizedBuild && c.label.find("large") != std::string::npos))
       continue;
     SCOPED_TRACE(c.label);
     std::vector<Tensor> inputs;
