@@ -195,6 +195,14 @@ std::vector<Tensor> fused_elementwise(OpRunner& r, std::span<const Tensor> in, c
   return outputs;
 }
 
+// The product as matmul, then the chain as fused_elementwise (which a backend without its
+// kernel runs step by step in turn).
+std::vector<Tensor> matmul_elementwise(OpRunner& r, std::span<const Tensor> in, const Attrs& a) {
+  std::vector<Tensor> chain_inputs{r.run(OpId::matmul, in.first(2), a).front()};
+  chain_inputs.insert(chain_inputs.end(), in.begin() + 2, in.end());
+  return r.run(OpId::fused_elementwise, chain_inputs, a);
+}
+
 std::array<DecomposeFn, kNumOps> make_table() {
   std::array<DecomposeFn, kNumOps> t{};
   auto set = [&](OpId op, DecomposeFn fn) { t[static_cast<std::size_t>(op)] = fn; };
@@ -213,6 +221,7 @@ std::array<DecomposeFn, kNumOps> make_table() {
   set(OpId::log_softmax_backward, log_softmax_backward);
   set(OpId::layer_norm, layer_norm);
   set(OpId::fused_elementwise, fused_elementwise);
+  set(OpId::matmul_elementwise, matmul_elementwise);
   return t;
 }
 

@@ -103,26 +103,70 @@ std::vector<Shape> fused_output_shapes(const ElementwiseProgram& program,
   return shapes;
 }
 
+namespace {
+
+// Input `i` (numbered as the program reads it) is a defined f32 tensor that broadcasts to
+// `shape`.
+void check_program_input(const std::string& op, std::size_t i, const Tensor& input,
+                         const Shape& shape) {
+  check(input.defined() && input.dtype() == DType::f32, [&] {
+    return op + ": input " + std::to_string(i) + " is " +
+           (input.defined() ? input.describe() : std::string("undefined")) + ", expected f32";
+  });
+  check(broadcasts_to(input.shape(), shape), [&] {
+    return op + ": input " + std::to_string(i) + " " + input.describe() +
+           " does not broadcast to the output shape " + shape_str(shape);
+  });
+}
+
+void check_program_count(const std::string& op, const ElementwiseProgram* program,
+                         std::size_t inputs) {
+  check(program != nullptr, [&] { return op + ": no program (attrs.program is unset)"; });
+  check(!program->steps.empty(), [&] { return op + ": the program has no steps"; });
+  check(program->num_inputs == static_cast<int>(inputs), [&] {
+    return op + ": the program reads " + std::to_string(program->num_inputs) + " inputs, got " +
+           std::to_string(inputs);
+  });
+}
+
+// The steps and outputs of a program over inputs of `input_shapes` (their count checked).
+void check_program_steps(const std::string& op, const ElementwiseProgram* program,
+                         std::span<const Shape> input_shapes, const Shape& shape);
+
+}  // namespace
+
 void check_elementwise_program(const ElementwiseProgram* program, std::span<const Tensor> inputs,
                                const Shape& shape) {
   const std::string op = "fused_elementwise";
-  check(program != nullptr, [&] { return op + ": no program (attrs.program is unset)"; });
-  check(!program->steps.empty(), [&] { return op + ": the program has no steps"; });
-  check(program->num_inputs == static_cast<int>(inputs.size()), [&] {
-    return op + ": the program reads " + std::to_string(program->num_inputs) + " inputs, got " +
-           std::to_string(inputs.size());
-  });
+  check_program_count(op, program, inputs.size());
+  std::vector<Shape> shapes;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    check(inputs[i].defined() && inputs[i].dtype() == DType::f32, [&] {
-      return op + ": input " + std::to_string(i) + " is " +
-             (inputs[i].defined() ? inputs[i].describe() : std::string("undefined")) +
-             ", expected f32";
-    });
-    check(broadcasts_to(inputs[i].shape(), shape), [&] {
-      return op + ": input " + std::to_string(i) + " " + inputs[i].describe() +
-             " does not broadcast to the output shape " + shape_str(shape);
-    });
+    check_program_input(op, i, inputs[i], shape);
+    shapes.push_back(inputs[i].shape());
   }
+  check_program_steps(op, program, shapes, shape);
+}
+
+void check_matmul_elementwise_program(const ElementwiseProgram* program, const Shape& product_shape,
+                                      std::span<const Tensor> rest, const Shape& shape) {
+  const std::string op = "matmul_elementwise";
+  check_program_count(op, program, rest.size() + 1);
+  check(product_shape == shape, [&] {
+    return op + ": the product " + shape_str(product_shape) + " is not the chain's shape " +
+           shape_str(shape);
+  });
+  check(!program->reduces(), [&] { return op + ": the program reduces rows, which it may not"; });
+  std::vector<Shape> shapes{product_shape};
+  for (std::size_t i = 0; i < rest.size(); ++i) {
+    check_program_input(op, i + 1, rest[i], shape);
+    shapes.push_back(rest[i].shape());
+  }
+  check_program_steps(op, program, shapes, shape);
+}
+
+namespace {
+void check_program_steps(const std::string& op, const ElementwiseProgram* program,
+                         std::span<const Shape> input_shapes, const Shape& shape) {
   for (std::size_t k = 0; k < program->steps.size(); ++k) {
     const ElementwiseStep& s = program->steps[k];
     const std::string where = op + ": step " + std::to_string(k);
@@ -149,10 +193,7 @@ void check_elementwise_program(const ElementwiseProgram* program, std::span<cons
   if (program->reduces()) {
     check(!shape.empty(),
           [&] { return op + ": a program with a row reduction needs a shape of rank >= 1"; });
-    std::vector<Shape> shapes;
-    for (const Tensor& x : inputs)
-      shapes.push_back(x.shape());
-    const std::vector<bool> row = row_registers(*program, shapes, shape);
+    const std::vector<bool> row = row_registers(*program, input_shapes, shape);
     for (std::size_t k = 0; k < program->steps.size(); ++k)
       if (row_reduction(program->steps[k].op))
         check(!row[static_cast<std::size_t>(program->steps[k].args[0])] || shape.back() == 1, [&] {
@@ -181,6 +222,8 @@ void check_elementwise_program(const ElementwiseProgram* program, std::span<cons
       });
   }
 }
+
+}  // namespace
 
 BroadcastSpace collapse_broadcast(const Shape& out, std::span<const Tensor> inputs) {
   std::vector<Strides> input_strides;
@@ -296,6 +339,18 @@ void fused_elementwise(const OpCall& call) {
     std::array<Tensor, 1> in{registers[written[k]]}, out{call.outputs[k]};
     expand(OpCall{OpId::expand, in, out, a});
   }
+}
+
+// The product by the reference matmul, then the chain by the reference fused_elementwise
+// with the product as its input 0.
+void matmul_elementwise(const OpCall& call) {
+  Backend& device = call.outputs[0].backend();
+  std::array<Tensor, 1> product{Tensor::empty(call.attrs.shape, DType::f32, device)};
+  matmul(OpCall{OpId::matmul, call.inputs.first(2), product, call.attrs});
+  std::vector<Tensor> chain_inputs{product[0]};
+  for (std::size_t i = 2; i < call.inputs.size(); ++i)
+    chain_inputs.push_back(call.inputs[i]);
+  fused_elementwise(OpCall{OpId::fused_elementwise, chain_inputs, call.outputs, call.attrs});
 }
 
 }  // namespace reference

@@ -100,5 +100,11 @@ InputAccess input_access(const BroadcastSpace& space, std::size_t k);
 // broadcast to `shape` (the op's shape inference).
 void check_elementwise_program(const ElementwiseProgram* program, std::span<const Tensor> inputs,
                                const Shape& shape);
+// The same checks for matmul_elementwise, whose input 0 is the product (of
+// `product_shape`) and whose other inputs are `rest`: the program may not reduce rows,
+// and the product must have the chain's shape (the kernel writes the chain's outputs
+// where the GEMM would have written its product).
+void check_matmul_elementwise_program(const ElementwiseProgram* program, const Shape& product_shape,
+                                      std::span<const Tensor> rest, const Shape& shape);
 
 }  // namespace loom

@@ -221,6 +221,21 @@ Specs infer_fused_elementwise(Inputs in, const Attrs& a) {
   return specs;
 }
 
+Specs infer_matmul(Inputs in, const Attrs& a);
+
+Specs infer_matmul_elementwise(Inputs in, const Attrs& a) {
+  check(in.size() >= 2, [&] {
+    return "matmul_elementwise: " + std::to_string(in.size()) +
+           " inputs, expected the two operands of the product and the chain's others";
+  });
+  const Shape product = infer_matmul(in.first(2), a).front().shape;
+  check_matmul_elementwise_program(a.program.get(), product, in.subspan(2), a.shape);
+  Specs specs;
+  for (std::size_t k = 0; k < a.program->output_registers().size(); ++k)
+    specs.push_back(TensorSpec{a.shape, DType::f32});
+  return specs;
+}
+
 Shape reduced_shape(const Tensor& x, const std::vector<std::int64_t>& axes, bool keepdim,
                     std::string_view op) {
   std::vector<bool> reduce(x.rank(), axes.empty());

@@ -442,6 +442,42 @@ void fused_cases(Builder& b) {
       {6, 8});
   b.add("row_sum_then_rows", OpId::fused_elementwise,
         {b.r({6, 1031}), b.nc({6, 1031}), b.r({6, 1}, 0.5f, 2.0f)}, row_sum);
+
+  // A product as input 0 of a chain (matmul_elementwise): a linear layer's bias and exact
+  // GELU, as the graph's epilogue pass makes them from linear + chain; a batched product
+  // against a shared weight with a per-row input; B transposed; and sizes past the GEMM
+  // kernels' tiles (rows not a multiple of 4, columns not of 8) with two outputs.
+  auto product_chain = [&](Shape shape, bool trans_b, int inputs, std::vector<S> steps,
+                           std::vector<int> outputs = {}) {
+    Attrs a = attrs(std::move(shape), inputs, std::move(steps));
+    a.trans_b = trans_b;
+    return with_outputs(a, std::move(outputs));
+  };
+  // (x0 + x1) * (erf((x0 + x1) / x2) + x3) * x4: x1 the bias, x2..x4 scalars
+  auto bias_gelu = [&](Shape shape, bool trans_b, std::vector<int> outputs = {}) {
+    return product_chain(std::move(shape), trans_b, 5,
+                         {S{OpId::add, {0, 1}}, S{OpId::div, {5, 2}}, S{OpId::erf, {6, -1}},
+                          S{OpId::add, {7, 3}}, S{OpId::mul, {5, 8}}, S{OpId::mul, {9, 4}}},
+                         std::move(outputs));
+  };
+  auto with_scalars = [&](std::vector<Tensor> in) {
+    for (float v : {1.4142135f, 1.0f, 0.5f})
+      in.push_back(Tensor::from_floats({}, std::vector<float>{v}, cpu()));
+    return in;
+  };
+  b.add("bias_gelu", OpId::matmul_elementwise, with_scalars({b.r({6, 5}), b.r({5, 7}), b.r({7})}),
+        bias_gelu({6, 7}, false));
+  b.add("bias_gelu_trans_b", OpId::matmul_elementwise,
+        with_scalars({b.r({7, 9}), b.r({8, 9}), b.r({8})}), bias_gelu({7, 8}, true));
+  b.add("bias_gelu_large", OpId::matmul_elementwise,
+        with_scalars({b.r({70, 33}), b.r({33, 130}), b.r({130})}),
+        bias_gelu({70, 130}, false, {5, 10}));
+  // tanh(x0 * x1) + x2: x0 the [3, 4, 6] product of a batch against one weight, x1 per row
+  // [3, 4, 1], x2 a full [3, 4, 6] input (a residual).
+  b.add("batched_rows_residual", OpId::matmul_elementwise,
+        {b.r({3, 4, 5}), b.r({5, 6}), b.r({3, 4, 1}), b.r({3, 4, 6})},
+        product_chain({3, 4, 6}, false, 3,
+                      {S{OpId::mul, {0, 1}}, S{OpId::tanh, {3, -1}}, S{OpId::add, {4, 2}}}));
 }
 
 // Selection, comparison and the math functions (after the others, so their random
