@@ -238,7 +238,7 @@ Program OpenClBackend::compile(const std::string& source, const std::string& wha
 }
 
 void OpenClBackend::build_program() {
-  program_ = compile(std::string(kElementwiseSource) + kKernelSource, "the kernels");
+  program_ = compile(std::string(kElementwiseSource) + kGemmSource + kKernelSource, "the kernels");
   cl_int err = CL_SUCCESS;
   for (const char* name : {"fill",
                            "binary",
