@@ -209,18 +209,19 @@ TEST(ConformanceHarness, DetectsAWrongResult) {
 
 #ifdef LOOM_HAVE_OPENCL
 // The OpenCL backend has two GEMMs (CLBlast, and gemm_nt for CPU devices) and runs one by
-// the device type: each, whichever the device, meets every matmul and linear case's
-// tolerance (linear: the bias in the GEMM kernel, or added after CLBlast's product), and
+// the device type: each, whichever the device, meets every matmul, linear and
+// matmul_elementwise case's tolerance (linear's bias and matmul_elementwise's chain in the
+// GEMM kernel, or run after CLBlast's product), and
 // each call ran the GEMM the switch chose (their products may be bit-equal on a device, so
 // the backend's per-GEMM call counts are the proof, not a difference in the results).
-TEST(OpenClGemm, CLBlastAndGemmNtBothMatchTheReferenceOnEveryMatmulAndLinearCase) {
+TEST(OpenClGemm, CLBlastAndGemmNtBothMatchTheReferenceOnEveryProductCase) {
   opencl::OpenClBackend* device = opencl::backend();
   if (device == nullptr)
     GTEST_SKIP() << "no OpenCL device";
   const opencl::OpenClBackend::Gemm chosen = device->gemm();
   int checked = 0;
   for (const OpCase& c : cases()) {
-    if ((c.op != OpId::matmul && c.op != OpId::linear) ||
+    if ((c.op != OpId::matmul && c.op != OpId::linear && c.op != OpId::matmul_elementwise) ||
         (kSanitizedBuild && c.label.find("large") != std::string::npos))
       continue;
     SCOPED_TRACE(c.label);
@@ -275,16 +276,17 @@ TEST(OpenClErf, WithinThreeUlpOfTheExactValue) {
   EXPECT_LE(worst, 3.0) << "at x = " << at;
 }
 
-// The kernels generated for fused chains index in 32 bits where a call's indices fit, and
-// in 64 bits where they do not (no case here is that large): each kind meets every fused
-// case's tolerance, and gives the other's values bit for bit (the same arithmetic).
+// The kernels generated for fused chains (fused_elementwise, and the GEMM epilogues of
+// matmul_elementwise) index in 32 bits where a call's indices fit, and in 64 bits where
+// they do not (no case here is that large): each kind meets every case's tolerance, and
+// gives the other's values bit for bit (the same arithmetic).
 TEST(OpenClFused, NarrowAndWideIndexKernelsBothMatchTheReferenceOnEveryFusedCase) {
   opencl::OpenClBackend* device = opencl::backend();
   if (device == nullptr)
     GTEST_SKIP() << "no OpenCL device";
   int checked = 0;
   for (const OpCase& c : cases()) {
-    if (c.op != OpId::fused_elementwise)
+    if (c.op != OpId::fused_elementwise && c.op != OpId::matmul_elementwise)
       continue;
     SCOPED_TRACE(c.label);
     std::vector<Tensor> inputs;

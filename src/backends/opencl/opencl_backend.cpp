@@ -365,7 +365,11 @@ Tensor OpenClBackend::transposed_copy(const Tensor& x) {
   return out;
 }
 
-void OpenClBackend::matmul_dot(const OpCall& call, const Tensor* bias) {
+void OpenClBackend::matmul_dot(const OpCall& call) {
+  matmul_dot(call, GemmTail{});
+}
+
+void OpenClBackend::matmul_dot(const OpCall& call, const GemmTail& tail) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
   Tensor& c = call.outputs[0];
@@ -385,7 +389,8 @@ void OpenClBackend::matmul_dot(const OpCall& call, const Tensor* bias) {
   auto launch = [&](std::int64_t rows, std::size_t batches, cl_ulong a_off, cl_ulong a_batch,
                     cl_ulong b_off, cl_ulong b_batch, cl_ulong c_off) {
     std::lock_guard lock(mutex_);
-    cl_kernel kern = kernel(name);
+    const std::size_t which = name[5] == 'n' ? (name[6] == 'n' ? 0 : 2) : 1;  // nn, tn, nt
+    cl_kernel kern = tail.kernels != nullptr ? (*tail.kernels)[which] : kernel(name);
     cl_uint arg = 0;
     set_arg(kern, arg++, static_cast<cl_int>(rows));
     set_arg(kern, arg++, static_cast<cl_int>(n));
@@ -397,10 +402,15 @@ void OpenClBackend::matmul_dot(const OpCall& call, const Tensor* bias) {
     set_arg(kern, arg++, off_of(rows_b) + b_off);
     set_arg(kern, arg++, b_batch);
     set_arg(kern, arg++, mem_of(c));
-    set_arg(kern, arg++, off_of(c) + c_off);
-    set_arg(kern, arg++, mem_of(bias != nullptr ? *bias : c));
-    set_arg(kern, arg++, bias != nullptr ? off_of(*bias) : cl_ulong{0});
-    set_arg(kern, arg++, cl_int{bias != nullptr ? 1 : 0});
+    if (tail.kernels != nullptr) {  // c_off: where this launch's product starts in c
+      set_arg(kern, arg++, c_off);
+      tail.set_args(kern, arg);
+    } else {
+      set_arg(kern, arg++, off_of(c) + c_off);
+      set_arg(kern, arg++, mem_of(tail.bias != nullptr ? *tail.bias : c));
+      set_arg(kern, arg++, tail.bias != nullptr ? off_of(*tail.bias) : cl_ulong{0});
+      set_arg(kern, arg++, cl_int{tail.bias != nullptr ? 1 : 0});
+    }
     const std::size_t global[3] = {columns, static_cast<std::size_t>((rows + 3) / 4), batches};
     const cl_int err = clEnqueueNDRangeKernel(current_queue(), kern, 3, nullptr, global, nullptr, 0,
                                               nullptr, nullptr);
@@ -465,7 +475,7 @@ void OpenClBackend::linear(const OpCall& call) {
   const OpCall product{OpId::matmul, operands, products, attrs};
   if (uses_gemm_nt(x2, w, y2)) {
     gemm_calls_[static_cast<std::size_t>(Gemm::gemm_nt)].fetch_add(1, std::memory_order_relaxed);
-    matmul_dot(product, &bias);
+    matmul_dot(product, GemmTail{&bias, nullptr, {}});
     return;
   }
   gemm_calls_[static_cast<std::size_t>(Gemm::clblast)].fetch_add(1, std::memory_order_relaxed);
@@ -920,26 +930,50 @@ ChainRead chain_read(const BroadcastSpace& space, std::size_t k) {
 // slower on PoCL). `index_type` is uint where every index fits in 31 bits, else ulong.
 // Each step a statement of its own, with contraction off, so no multiply and add of two
 // steps become one fma that the unfused kernels would not compute.
-std::string fused_source(const ElementwiseProgram& program, const std::vector<ChainRead>& reads,
-                         const std::string& index_type) {
-  const std::vector<int> written = program.output_registers();
-  const std::string& t = index_type;
-  std::string args;
-  for (std::size_t k = 0; k < written.size(); ++k)
-    args +=
-        "__global float* y" + std::to_string(k) + ", const ulong y" + std::to_string(k) + "_off, ";
-  args += "const ulong d1, const ulong d2, const ulong d3";
-  std::string body = "  const " + t + " col = get_global_id(0), row = get_global_id(1);\n  const " +
-                     t + " i = row * (" + t + ")d3 + col;\n";
+// A chain kernel's parameters after its own: the outputs, the collapsed space's
+// dimensions, then inputs `first`.. (a strided one with its four strides); and the same
+// as the names a call passes on.
+struct ChainParameters {
+  std::string declared, passed;
+};
+ChainParameters chain_parameters(const ElementwiseProgram& program,
+                                 const std::vector<ChainRead>& reads, std::size_t first) {
+  ChainParameters p;
+  auto add = [&](const std::string& type, const std::string& name) {
+    p.declared += (p.declared.empty() ? "" : ", ") + type + " " + name;
+    p.passed += (p.passed.empty() ? "" : ", ") + name;
+  };
+  for (std::size_t k = 0; k < program.output_registers().size(); ++k) {
+    add("__global float*", "y" + std::to_string(k));
+    add("const ulong", "y" + std::to_string(k) + "_off");
+  }
+  for (const char* d : {"d1", "d2", "d3"})
+    add("const ulong", d);
+  for (std::size_t k = first; k < reads.size(); ++k) {
+    const std::string n = std::to_string(k);
+    add("__global const float*", "x" + n);
+    add("const ulong", "o" + n);
+    if (reads[k] == ChainRead::outer || reads[k] == ChainRead::strided)
+      for (int d = 0; d < 4; ++d)
+        add("const ulong", "s" + n + "_" + std::to_string(d));
+  }
+  return p;
+}
+
+// A chain's statements at element i (its column col and row in the collapsed space):
+// the row coordinates where an input needs them, inputs `first`.. read, each step, each
+// output written.
+std::string chain_statements(const ElementwiseProgram& program, const std::vector<ChainRead>& reads,
+                             const std::string& t, std::size_t first) {
+  std::string body;
   bool by_row = false;
-  for (ChainRead read : reads)
-    by_row = by_row || read == ChainRead::outer || read == ChainRead::strided;
+  for (std::size_t k = first; k < reads.size(); ++k)
+    by_row = by_row || reads[k] == ChainRead::outer || reads[k] == ChainRead::strided;
   if (by_row)
     body += "  const " + t + " c2 = row % (" + t + ")d2, c1 = row / (" + t + ")d2 % (" + t +
             ")d1, c0 = row / ((" + t + ")d2 * (" + t + ")d1);\n";
-  for (std::size_t k = 0; k < reads.size(); ++k) {
+  for (std::size_t k = first; k < reads.size(); ++k) {
     const std::string n = std::to_string(k);
-    args += ", __global const float* x" + n + ", const ulong o" + n;
     std::string index = "i";
     const std::string s = "(" + t + ")s" + n + "_";
     if (reads[k] == ChainRead::scalar) {
@@ -947,8 +981,6 @@ std::string fused_source(const ElementwiseProgram& program, const std::vector<Ch
     } else if (reads[k] == ChainRead::inner) {
       index = "col";
     } else if (reads[k] == ChainRead::outer || reads[k] == ChainRead::strided) {
-      args += ", const ulong s" + n + "_0, const ulong s" + n + "_1, const ulong s" + n +
-              "_2, const ulong s" + n + "_3";
       index = "c0 * " + s + "0 + c1 * " + s + "1 + c2 * " + s + "2";
       if (reads[k] == ChainRead::strided)
         index += " + col * " + s + "3";
@@ -963,11 +995,46 @@ std::string fused_source(const ElementwiseProgram& program, const std::vector<Ch
     body += "  const float r" + std::to_string(inputs + static_cast<int>(k)) + " = " +
             step_expression(s, a, b) + ";\n";
   }
+  const std::vector<int> written = program.output_registers();
   for (std::size_t k = 0; k < written.size(); ++k)
     body += "  y" + std::to_string(k) + "[y" + std::to_string(k) + "_off + i] = r" +
             std::to_string(written[k]) + ";\n";
-  return std::string(kElementwiseSource) + "\n__kernel void fused(" + args +
-         ") {\n#pragma OPENCL FP_CONTRACT OFF\n" + body + "}\n";
+  return body;
+}
+
+std::string fused_source(const ElementwiseProgram& program, const std::vector<ChainRead>& reads,
+                         const std::string& index_type) {
+  const std::string& t = index_type;
+  const std::string body =
+      "  const " + t + " col = get_global_id(0), row = get_global_id(1);\n  const " + t +
+      " i = row * (" + t + ")d3 + col;\n" + chain_statements(program, reads, t, 0);
+  return std::string(kElementwiseSource) + "\n__kernel void fused(" +
+         chain_parameters(program, reads, 0).declared + ") {\n#pragma OPENCL FP_CONTRACT OFF\n" +
+         body + "}\n";
+}
+
+// The GEMM kernels (gemm.cl) with a chain on each value of the product (matmul_elementwise):
+// loom_epilogue computes the chain at the product's element i, its input 0 the value
+// (register r0, never stored), and the kernels' store hooks call it instead of writing C.
+std::string gemm_epilogue_source(const ElementwiseProgram& program,
+                                 const std::vector<ChainRead>& reads,
+                                 const std::string& index_type) {
+  const std::string& t = index_type;
+  const ChainParameters p = chain_parameters(program, reads, 1);
+  std::string source =
+      std::string(kElementwiseSource) + "\nvoid loom_epilogue(const " + t + " i, const float r0, " +
+      p.declared + ") {\n#pragma OPENCL FP_CONTRACT OFF\n  const " + t + " col = i % (" + t +
+      ")d3, row = i / (" + t + ")d3;\n" + chain_statements(program, reads, t, 1) + "}\n";
+  source += "#define LOOM_GEMM_EXTRA_ARGS , " + p.declared + "\n";
+  source += "#define LOOM_GEMM_STORE(index, col, value) loom_epilogue((" + t +
+            ")(c_off + (index)), (value), " + p.passed + ")\n";
+  source += "#define LOOM_GEMM_STORE8(index, col, value) do { const float8 v_ = (value); const " +
+            t + " e_ = (" + t + ")(c_off + (index));";
+  for (int lane = 0; lane < 8; ++lane)
+    source += " loom_epilogue(e_ + " + std::to_string(lane) + ", v_.s" + std::to_string(lane) +
+              ", " + p.passed + ");";
+  source += " } while (0)\n";
+  return source + kGemmSource;
 }
 
 // A program with row reductions: one work-item per row. Row values are computed once;
@@ -1093,6 +1160,117 @@ bool fused_rank_fits(const OpCall& call) {
 
 }  // namespace
 
+bool OpenClBackend::narrow_index(const BroadcastSpace& space, std::size_t elements) const {
+  constexpr auto kLimit = static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max());
+  bool narrow = fused_index_ == FusedIndex::narrowest && elements <= kLimit;
+  for (const std::vector<std::int64_t>& strides : space.strides) {
+    std::uint64_t last = 0;  // the largest index the input is read at
+    for (std::size_t d = 0; d < space.dims.size(); ++d)
+      last +=
+          static_cast<std::uint64_t>(space.dims[d] - 1) * static_cast<std::uint64_t>(strides[d]);
+    narrow = narrow && last <= kLimit;
+  }
+  return narrow;
+}
+
+namespace {
+// A chain kernel's arguments for input k of `space`: its buffer and offset, then its four
+// strides (padded at the front) when the kernel reads it through them.
+void set_chain_input(cl_kernel kernel, cl_uint& arg, const Tensor& input,
+                     const BroadcastSpace& space, std::size_t k, bool takes_strides) {
+  set_arg(kernel, arg++, mem_of(input));
+  set_arg(kernel, arg++, off_of(input));
+  if (!takes_strides)
+    return;
+  const std::size_t pad = kFusedRank - space.dims.size();
+  std::vector<cl_ulong> strides(kFusedRank, 0);
+  for (std::size_t d = 0; d < space.dims.size(); ++d)
+    strides[pad + d] = static_cast<cl_ulong>(space.strides[k][d]);
+  for (cl_ulong stride : strides)
+    set_arg(kernel, arg++, stride);
+}
+}  // namespace
+
+void OpenClBackend::matmul_elementwise(const OpCall& call) {
+  const ElementwiseProgram& program = *call.attrs.program;
+  Tensor& y = call.outputs[0];
+  if (y.numel() == 0)
+    return;
+  // The chain's input 0 is the product, laid out as the outputs are: the first output
+  // stands in for it where the chain's space is worked out.
+  std::vector<Tensor> chain_inputs{y};
+  chain_inputs.insert(chain_inputs.end(), call.inputs.begin() + 2, call.inputs.end());
+  if (!uses_gemm_nt(call.inputs[0], call.inputs[1], y)) {
+    // CLBlast's product, then the chain: the bits of matmul then fused_elementwise.
+    gemm_calls_[static_cast<std::size_t>(Gemm::clblast)].fetch_add(1, std::memory_order_relaxed);
+    Tensor products[] = {Tensor::empty(call.attrs.shape, DType::f32, *this)};
+    matmul_clblast(OpCall{OpId::matmul, call.inputs.first(2), products, call.attrs});
+    chain_inputs[0] = products[0];
+    fused(OpCall{OpId::fused_elementwise, chain_inputs, call.outputs, call.attrs});
+    return;
+  }
+  const BroadcastSpace space = collapse_broadcast(call.attrs.shape, chain_inputs);
+  check(space.dims.size() <= static_cast<std::size_t>(kFusedRank), [&] {
+    return "opencl matmul_elementwise: " + std::to_string(space.dims.size()) +
+           " dimensions after merging, the epilogue walks " + std::to_string(kFusedRank);
+  });
+  const std::size_t pad = kFusedRank - space.dims.size();
+  std::vector<cl_ulong> dims(kFusedRank, 1);
+  for (std::size_t d = 0; d < space.dims.size(); ++d)
+    dims[pad + d] = static_cast<cl_ulong>(space.dims[d]);
+  std::vector<ChainRead> reads;
+  std::string key;
+  for (std::size_t k = 0; k < chain_inputs.size(); ++k) {
+    reads.push_back(chain_read(space, k));
+    key += static_cast<char>(reads.back());
+  }
+  const bool narrow = narrow_index(space, count(y));
+  const std::string index_type = narrow ? "uint" : "ulong";
+  key += index_type;
+  const std::array<cl_kernel, 3>* kernels = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    auto known = epilogue_by_program_.find({&program, key});
+    if (known == epilogue_by_program_.end()) {
+      const std::string source = gemm_epilogue_source(program, reads, index_type);
+      auto found = epilogue_kernels_.find(source);
+      if (found == epilogue_kernels_.end()) {
+        EpilogueKernels made{compile(source, "a GEMM with a chain (" + program.describe() + ")"),
+                             Kernel(), Kernel(), Kernel()};
+        Kernel* slots[] = {&made.nn, &made.tn, &made.nt};
+        const char* names[] = {"gemm_nn", "gemm_tn", "gemm_nt"};
+        for (int i = 0; i < 3; ++i) {
+          cl_int err = CL_SUCCESS;
+          *slots[i] = Kernel(clCreateKernel(made.program.get(), names[i], &err));
+          ok(err, std::string("clCreateKernel ") + names[i]);
+        }
+        found = epilogue_kernels_.emplace(source, std::move(made)).first;
+      }
+      const EpilogueKernels& made = found->second;
+      const std::array<cl_kernel, 3> three{made.nn.get(), made.tn.get(), made.nt.get()};
+      known = epilogue_by_program_
+                  .emplace(std::make_pair(&program, key), std::make_pair(call.attrs.program, three))
+                  .first;
+    }
+    kernels = &known->second.second;
+  }
+  auto set_args = [&](cl_kernel k, cl_uint arg) {
+    for (const Tensor& out : call.outputs) {
+      set_arg(k, arg++, mem_of(out));
+      set_arg(k, arg++, off_of(out));
+    }
+    for (int d = 1; d < kFusedRank; ++d)
+      set_arg(k, arg++, dims[d]);
+    for (std::size_t i = 1; i < chain_inputs.size(); ++i)
+      set_chain_input(k, arg, chain_inputs[i], space, i,
+                      reads[i] == ChainRead::outer || reads[i] == ChainRead::strided);
+  };
+  gemm_calls_[static_cast<std::size_t>(Gemm::gemm_nt)].fetch_add(1, std::memory_order_relaxed);
+  fused_calls_[narrow ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+  matmul_dot(OpCall{OpId::matmul, call.inputs.first(2), call.outputs.first(1), call.attrs},
+             GemmTail{nullptr, kernels, set_args});
+}
+
 void OpenClBackend::fused(const OpCall& call) {
   const ElementwiseProgram& program = *call.attrs.program;
   Tensor& y = call.outputs[0];
@@ -1118,15 +1296,7 @@ void OpenClBackend::fused(const OpCall& call) {
     access_key += rows ? static_cast<char>('0' + static_cast<int>(access.back()))
                        : static_cast<char>(reads.back());
   }
-  bool narrow = fused_index_ == FusedIndex::narrowest &&
-                count(y) <= static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max());
-  for (std::size_t k = 0; k < call.inputs.size(); ++k) {
-    std::uint64_t last = 0;  // the largest index the input is read at
-    for (std::size_t d = 0; d < space.dims.size(); ++d)
-      last += static_cast<std::uint64_t>(space.dims[d] - 1) *
-              static_cast<std::uint64_t>(space.strides[k][d]);
-    narrow = narrow && last <= static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max());
-  }
+  const bool narrow = narrow_index(space, count(y));
   const std::string index_type = narrow ? "uint" : "ulong";
   const std::int64_t cols = call.attrs.shape.empty() ? 1 : call.attrs.shape.back();
   const bool aligned = rows && static_cast<std::int64_t>(dims[kFusedRank - 1]) == cols;
@@ -1178,20 +1348,10 @@ void OpenClBackend::fused(const OpCall& call) {
     set_arg(k, arg++, static_cast<cl_ulong>(cols));
     set_arg(k, arg++, static_cast<cl_float>(1.0 / static_cast<double>(cols)));
   }
-  for (std::size_t i = 0; i < call.inputs.size(); ++i) {
-    set_arg(k, arg++, mem_of(call.inputs[i]));
-    set_arg(k, arg++, off_of(call.inputs[i]));
-    const bool takes_strides = rows
-                                   ? access[i] == InputAccess::strided
-                                   : reads[i] == ChainRead::outer || reads[i] == ChainRead::strided;
-    if (takes_strides) {
-      std::vector<cl_ulong> strides(kFusedRank, 0);
-      for (std::size_t d = 0; d < space.dims.size(); ++d)
-        strides[pad + d] = static_cast<cl_ulong>(space.strides[i][d]);
-      for (cl_ulong stride : strides)
-        set_arg(k, arg++, stride);
-    }
-  }
+  for (std::size_t i = 0; i < call.inputs.size(); ++i)
+    set_chain_input(k, arg, call.inputs[i], space, i,
+                    rows ? access[i] == InputAccess::strided
+                         : reads[i] == ChainRead::outer || reads[i] == ChainRead::strided);
   ok(clEnqueueNDRangeKernel(current_queue(), k, rows ? 1 : 2, nullptr, global, nullptr, 0, nullptr,
                             nullptr),
      "clEnqueueNDRangeKernel fused");
@@ -1228,6 +1388,7 @@ const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
                     {OpId::max, device_ops::f32_max_last_axis, &B::reduce},
                     {OpId::matmul, f32, &B::matmul},
                     {OpId::linear, f32_linear, &B::linear},
+                    {OpId::matmul_elementwise, f32, &B::matmul_elementwise},
                     {OpId::slice_backward, f32, &B::slice_backward},
                     {OpId::sum_squares, f32, &B::sum_squares},
                     {OpId::embedding, f32, &B::embedding},

@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 
 #include "backends/device_ops.h"
 #include "core/backend.h"
+#include "core/fused_elementwise.h"
 #include "core/op_catalog.h"
 
 namespace loom {
@@ -138,10 +140,25 @@ class OpenClBackend final : public Backend {
   void linear(const OpCall& call);
   // Whether matmul runs Loom's kernels (matmul_dot) for these operands.
   bool uses_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& c) const;
+  // What a launch of Loom's GEMM kernels does with the product: store it, with linear's
+  // bias (one value per column) added when `bias` is set; or, with `kernels` (generated
+  // gemm_nn, gemm_tn, gemm_nt), run a chain on it, whose arguments after c_off
+  // `set_args` sets (matmul_elementwise).
+  struct GemmTail {
+    const Tensor* bias = nullptr;
+    const std::array<cl_kernel, 3>* kernels = nullptr;
+    std::function<void(cl_kernel, cl_uint)> set_args;
+  };
   // matmul by Loom's kernels (gemm_nn, gemm_tn, gemm_nt): one launch per evenly spaced
-  // batch, A transposed first only when both operands are; `bias` (linear's, one value per
-  // column) added in the same kernel.
-  void matmul_dot(const OpCall& call, const Tensor* bias = nullptr);
+  // batch, A transposed first only when both operands are.
+  void matmul_dot(const OpCall& call);
+  void matmul_dot(const OpCall& call, const GemmTail& tail);
+  // matmul then an elementwise chain on the product: in the GEMM kernels' store hook
+  // (gemm.cl) where Loom's kernels run the product, else CLBlast's product then the chain.
+  void matmul_elementwise(const OpCall& call);
+  // Whether a chain kernel over `space` may index in 32 bits (every index of `elements`
+  // outputs and every input's read fits in 31 bits, and fused_index() allows it).
+  bool narrow_index(const BroadcastSpace& space, std::size_t elements) const;
   // matmul by CLBlast.
   void matmul_clblast(const OpCall& call);
   // x [..., R, C] as a contiguous [..., C, R] on this device.
@@ -181,6 +198,15 @@ class OpenClBackend final : public Backend {
   std::map<std::pair<const ElementwiseProgram*, std::string>,
            std::pair<std::shared_ptr<const ElementwiseProgram>, cl_kernel>>
       fused_by_program_;
+  struct EpilogueKernels {  // a generated GEMM program's three kernels
+    Program program;
+    Kernel nn, tn, nt;
+  };
+  std::map<std::string, EpilogueKernels> epilogue_kernels_;  // by generated source
+  // By program and read kinds, as fused_by_program_: gemm_nn, gemm_tn, gemm_nt.
+  std::map<std::pair<const ElementwiseProgram*, std::string>,
+           std::pair<std::shared_ptr<const ElementwiseProgram>, std::array<cl_kernel, 3>>>
+      epilogue_by_program_;
   std::unique_ptr<Stream> stream_;
   std::mutex mutex_;  // kernel arguments are per cl_kernel object: one launch at a time
   device_ops::LaunchTarget<cl_command_queue> launch_target_;
