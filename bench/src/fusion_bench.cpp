@@ -1,6 +1,7 @@
 // fusion_bench: an imported model's training step in eager mode, in graph mode without
 // fusion and in graph mode with fusion (and fusion without its row reductions, and without
-// folding GEMM biases), side by side in one process (bench/compare_fusion).
+// the GEMM epilogue passes: biases folded into linear, chains into matmul_elementwise),
+// side by side in one process (bench/compare_fusion).
 //
 // Each round runs every mode for --steps steps (each mode with a fresh model loaded from
 // the file, so all start from the same weights) and keeps the median step time of each;
@@ -38,7 +39,7 @@ const char* mode_name(Mode m) {
   return m == Mode::eager                       ? "eager"
          : m == Mode::graph                     ? "graph"
          : m == Mode::fused_elementwise         ? "graph + fusion without reductions"
-         : m == Mode::fused_without_gemm_biases ? "graph + fusion without GEMM biases"
+         : m == Mode::fused_without_gemm_biases ? "graph + fusion without GEMM epilogues"
                                                 : "graph + fusion";
 }
 
@@ -86,6 +87,7 @@ Run run_mode(const std::string& path, Backend& device, Mode mode, int steps, int
   passes.fuse_elementwise = mode != Mode::eager && mode != Mode::graph;
   passes.merge_duplicates = passes.fuse_elementwise;
   passes.fold_gemm_biases = passes.fuse_elementwise && mode != Mode::fused_without_gemm_biases;
+  passes.fold_gemm_epilogues = passes.fold_gemm_biases;
   passes.fusion.reductions = mode != Mode::fused_elementwise;
   graph::CapturedStep captured(passes);
   auto forward_backward = [&] {
@@ -196,8 +198,8 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "| model | eager ms/step | graph ms/step | fusion without reductions ms/step | fusion "
-        "without GEMM biases ms/step | graph + fusion ms/step | eager / fused | graph / fused | "
-        "graph nodes (without reductions; without GEMM biases; fused) | fused chains (without "
+        "without GEMM epilogues ms/step | graph + fusion ms/step | eager / fused | graph / fused | "
+        "graph nodes (without reductions; without GEMM epilogues; fused) | fused chains (without "
         "reductions; fused) |\n");
     std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (const std::string& path : models) {

@@ -14,8 +14,8 @@
 #include "dispatch/devices.h"
 #include "dispatch/dispatch.h"
 #include "graph/graph.h"
-#include "nn/init.h"
 #include "io/onnx.h"
+#include "nn/init.h"
 #include "nn/onnx_model.h"
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
@@ -44,8 +44,9 @@ struct FusionResult {
   std::size_t nodes_unfused = 0, nodes_fused = 0;
   double step_seconds_unfused = 0, step_seconds_fused = 0;
   std::vector<graph::FusedChain> chains;
-  std::size_t gemm_biases = 0;  // matmul + bias pairs folded into linear
-  std::size_t duplicates = 0;   // repeated copy/fill/expand/cast nodes merged
+  std::size_t gemm_biases = 0;     // matmul + bias pairs folded into linear
+  std::size_t gemm_epilogues = 0;  // GEMM + chain pairs folded into matmul_elementwise
+  std::size_t duplicates = 0;      // repeated copy/fill/expand/cast nodes merged
 };
 
 struct Report {
@@ -116,6 +117,7 @@ FusionResult measure_fusion(const OpsOptions& o, Backend& device, nn::Model& mod
     if (fuse) {
       result.chains = captured.fusion().chains;
       result.gemm_biases = captured.fusion().gemm_biases;
+      result.gemm_epilogues = captured.fusion().gemm_epilogues;
       result.duplicates = captured.fusion().duplicates;
     }
   }
@@ -359,11 +361,14 @@ int run_ops(const OpsOptions& given) {
           fusion["step_s_unfused"] = f->step_seconds_unfused;
           fusion["step_s_fused"] = f->step_seconds_fused;
           fusion["gemm_biases"] = f->gemm_biases;
+          fusion["gemm_epilogues"] = f->gemm_epilogues;
           fusion["duplicates"] = f->duplicates;
           fusion["chains"] = nlohmann::json::array();
           for (const graph::FusedChain& c : f->chains)
-            fusion["chains"].push_back(
-                {{"node", c.node}, {"members", c.members}, {"program", c.program}});
+            fusion["chains"].push_back({{"node", c.node},
+                                        {"members", c.members},
+                                        {"program", c.program},
+                                        {"gemm_epilogue", c.gemm_epilogue}});
         }
         j["fusion"] = fusion;
       }
@@ -434,13 +439,14 @@ int run_ops(const OpsOptions& given) {
       replaced += c.members;
     std::printf(
         "\nfusion on %s: %zu duplicate nodes merged, %zu chains replace %zu of %zu graph nodes, "
-        "%zu GEMM biases folded into linear (%zu left); step in graph mode %.2f ms unfused, "
-        "%.2f ms fused (%.2fx)\n",
+        "%zu GEMM biases folded into linear, %zu GEMM epilogues (%zu left); step in graph mode "
+        "%.2f ms unfused, %.2f ms fused (%.2fx)\n",
         names[b].c_str(), f->duplicates, f->chains.size(), replaced, f->nodes_unfused,
-        f->gemm_biases, f->nodes_fused, f->step_seconds_unfused * 1e3, f->step_seconds_fused * 1e3,
-        f->step_seconds_unfused / f->step_seconds_fused);
+        f->gemm_biases, f->gemm_epilogues, f->nodes_fused, f->step_seconds_unfused * 1e3,
+        f->step_seconds_fused * 1e3, f->step_seconds_unfused / f->step_seconds_fused);
     for (const graph::FusedChain& c : f->chains)
-      std::printf("  node %-4zu %2zu ops: %s\n", c.node, c.members, c.program.c_str());
+      std::printf("  node %-4zu %2zu ops%s: %s\n", c.node, c.members,
+                  c.gemm_epilogue ? " (in a GEMM's epilogue)" : "", c.program.c_str());
   }
   return 0;
 }

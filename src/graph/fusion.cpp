@@ -210,6 +210,125 @@ std::size_t Graph::fold_gemm_biases() {
   return folded;
 }
 
+std::size_t Graph::fold_gemm_epilogues(
+    std::vector<std::pair<const ElementwiseProgram*, const ElementwiseProgram*>>* merged_programs) {
+  check(!materialized_, "graph: passes run before the first replay");
+  const Access access = accesses(nodes_, storages_.size(), outputs_);
+  std::vector<bool> removed(nodes_.size(), false);
+  std::vector<int> product_of(storages_.size(), -1);  // a storage -> the GEMM node writing it
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    if ((nodes_[i].op == OpId::matmul || nodes_[i].op == OpId::linear) &&
+        nodes_[i].outputs.size() == 1)
+      product_of[nodes_[i].outputs[0].storage] = static_cast<int>(i);
+  std::size_t folded = 0;
+  for (std::size_t j = 0; j < nodes_.size(); ++j) {
+    Node& chain = nodes_[j];
+    // The chain: a fused_elementwise node without row reductions, or one elementwise node
+    // (as a one-step program).
+    std::shared_ptr<const ElementwiseProgram> program;
+    Shape shape;
+    if (chain.op == OpId::fused_elementwise && !chain.attrs.program->reduces()) {
+      program = chain.attrs.program;
+      shape = chain.attrs.shape;
+    } else if (fusable_elementwise(chain.op) && chain.op != OpId::expand &&
+               chain.outputs.size() == 1 &&
+               static_cast<int>(chain.inputs.size()) == elementwise_arity(chain.op)) {
+      auto one = std::make_shared<ElementwiseProgram>();
+      one->num_inputs = static_cast<int>(chain.inputs.size());
+      ElementwiseStep step{chain.op, {0, chain.inputs.size() == 2 ? 1 : -1}, chain.attrs.alpha};
+      one->steps.push_back(step);
+      program = one;
+      shape = chain.outputs[0].shape;
+    } else {
+      continue;
+    }
+    // The product it reads: a fresh f32 intermediate of the chain's shape that only this
+    // node reads, as a whole, written once by a matmul or linear node before it.
+    int q = -1;
+    for (std::size_t k = 0; k < chain.inputs.size() && q < 0; ++k) {
+      const Operand& o = chain.inputs[k];
+      if (o.storage < 0 || product_of[o.storage] < 0 || removed[product_of[o.storage]])
+        continue;
+      const Node& gemm = nodes_[product_of[o.storage]];
+      const Operand& c = gemm.outputs[0];
+      if (c.dtype == DType::f32 && storages_[c.storage].internal && !access.is_output[c.storage] &&
+          access.writers[c.storage].size() == 1 && access.readers[c.storage].size() == 1 &&
+          contiguous_from_start(c) && o.offset == 0 && o.shape == c.shape &&
+          o.strides == c.strides && c.shape == shape && gemm.backend == chain.backend)
+        q = static_cast<int>(k);
+    }
+    if (q < 0)
+      continue;
+    const std::size_t i = static_cast<std::size_t>(product_of[chain.inputs[q].storage]);
+    const Node& gemm = nodes_[i];
+    // The GEMM runs at the chain's place: nothing in between may rewrite its operands.
+    bool rewritten = false;
+    for (const Operand& o : gemm.inputs)
+      for (std::size_t w : access.writers[o.storage])
+        rewritten = rewritten || (w > i && w < j);
+    if (rewritten)
+      continue;
+    // The new program: input 0 the product, then linear's bias (added by a first step, as
+    // linear adds it after the sum), then the chain's other inputs.
+    const bool with_bias = gemm.op == OpId::linear;
+    std::vector<Operand> inputs{gemm.inputs[0], gemm.inputs[1]};
+    auto merged = std::make_shared<ElementwiseProgram>();
+    std::vector<int> register_of(static_cast<std::size_t>(program->num_inputs), -1);
+    int next_input = 1;
+    if (with_bias)
+      inputs.push_back(gemm.inputs[2]), ++next_input;
+    for (std::size_t k = 0; k < chain.inputs.size(); ++k)
+      if (chain.inputs[k].storage == chain.inputs[q].storage)
+        register_of[k] = -2;  // the product (the chain reads it as a whole only)
+      else
+        register_of[k] = next_input++, inputs.push_back(chain.inputs[k]);
+    merged->num_inputs = next_input;
+    const int product_register = with_bias ? merged->num_inputs : 0;
+    if (with_bias)
+      merged->steps.push_back(ElementwiseStep{OpId::add, {0, 1}, 0.0});
+    for (int& r : register_of)
+      if (r == -2)
+        r = product_register;
+    const int shift = merged->num_inputs + (with_bias ? 1 : 0) - program->num_inputs;
+    auto map = [&](int r) {
+      return r < 0 ? r : r < program->num_inputs ? register_of[r] : r + shift;
+    };
+    for (const ElementwiseStep& s : program->steps)
+      merged->steps.push_back(ElementwiseStep{s.op, {map(s.args[0]), map(s.args[1])}, s.alpha});
+    for (int r : program->output_registers())
+      merged->outputs.push_back(map(r));
+    Attrs attrs;
+    attrs.trans_a = gemm.attrs.trans_a;
+    attrs.trans_b = gemm.attrs.trans_b;
+    attrs.shape = shape;
+    attrs.program = merged;
+    Backend& backend = *chain.backend;
+    std::vector<Tensor> probes;
+    for (const Operand& o : inputs)
+      probes.push_back(probe_of(o, backend));
+    std::vector<Tensor> probe_out;
+    for (const Operand& o : chain.outputs)
+      probe_out.push_back(probe_of(o, backend));
+    if (!backend.supports(OpCall{OpId::matmul_elementwise, probes, probe_out, attrs}))
+      continue;
+    if (merged_programs != nullptr && chain.op == OpId::fused_elementwise)
+      merged_programs->emplace_back(chain.attrs.program.get(), merged.get());
+    chain.op = OpId::matmul_elementwise;
+    chain.attrs = attrs;
+    chain.inputs = std::move(inputs);
+    removed[i] = true;
+    ++folded;
+  }
+  std::vector<Node> kept;
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    if (!removed[i])
+      kept.push_back(std::move(nodes_[i]));
+  nodes_ = std::move(kept);
+  stats_.nodes = nodes_.size();
+  stats_.gemm_epilogues += folded;
+  return folded;
+}
+
 FusionReport Graph::fuse_elementwise(const FusionOptions& options) {
   check(!materialized_, "graph: passes run before the first replay");
   const std::size_t n = nodes_.size();

@@ -432,6 +432,25 @@ std::vector<Tensor> CapturedStep::run(std::span<const Tensor> inputs, const Step
     const std::size_t gemm_biases = passes_.fold_gemm_biases ? graph_->fold_gemm_biases() : 0;
     if (passes_.fuse_elementwise)
       fusion_ = graph_->fuse_elementwise(passes_.fusion);
+    if (passes_.fold_gemm_epilogues) {
+      // The chains folded into a GEMM are reported as such, and every chain at its node's
+      // place after the fold (the GEMM nodes it removed move later nodes up).
+      std::map<const ElementwiseProgram*, std::size_t> chain_of;
+      for (std::size_t k = 0; k < fusion_.chains.size(); ++k)
+        chain_of[graph_->nodes()[fusion_.chains[k].node].attrs.program.get()] = k;
+      std::vector<std::pair<const ElementwiseProgram*, const ElementwiseProgram*>> merged;
+      fusion_.gemm_epilogues = graph_->fold_gemm_epilogues(&merged);
+      for (const auto& [before, after] : merged)
+        if (auto c = chain_of.find(before); c != chain_of.end()) {
+          fusion_.chains[c->second].gemm_epilogue = true;
+          fusion_.chains[c->second].program = after->describe();
+          chain_of[after] = c->second;
+        }
+      for (std::size_t i = 0; i < graph_->nodes().size(); ++i)
+        if (auto c = chain_of.find(graph_->nodes()[i].attrs.program.get()); c != chain_of.end())
+          fusion_.chains[c->second].node = i;
+      fusion_.nodes_after = graph_->nodes().size();
+    }
     fusion_.gemm_biases = gemm_biases;
     fusion_.duplicates = duplicates;
     graph_->plan_memory();

@@ -84,9 +84,10 @@ struct StorageInfo {
 
 struct GraphStats {
   std::size_t captured_nodes = 0, nodes = 0;
-  std::size_t fused_chains = 0;  // fused_elementwise nodes made by fuse_elementwise
-  std::size_t gemm_biases = 0;   // linear nodes made by fold_gemm_biases
-  std::size_t duplicates = 0;    // nodes merge_duplicate_nodes dropped
+  std::size_t fused_chains = 0;    // fused_elementwise nodes made by fuse_elementwise
+  std::size_t gemm_biases = 0;     // linear nodes made by fold_gemm_biases
+  std::size_t gemm_epilogues = 0;  // matmul_elementwise nodes made by fold_gemm_epilogues
+  std::size_t duplicates = 0;      // nodes merge_duplicate_nodes dropped
   std::size_t internal_storages = 0, external_storages = 0;
   std::size_t internal_bytes = 0;  // sum of the internal storages' sizes
   std::size_t memory_bytes = 0;    // what replay allocates for them (arena or one each)
@@ -104,16 +105,18 @@ struct FusionOptions {
 };
 
 struct FusedChain {
-  std::size_t node = 0;     // the fused node's index in the graph after the pass
-  std::size_t members = 0;  // nodes it replaced
-  std::string program;      // ElementwiseProgram::describe()
+  std::size_t node = 0;        // the fused node's index in the graph after the pass
+  std::size_t members = 0;     // nodes it replaced
+  std::string program;         // ElementwiseProgram::describe()
+  bool gemm_epilogue = false;  // folded into the GEMM that produces its input 0 after
 };
 
 struct FusionReport {
   std::size_t nodes_before = 0, nodes_after = 0;
   std::vector<FusedChain> chains;
-  std::size_t gemm_biases = 0;  // matmul + bias pairs fold_gemm_biases made one linear node
-  std::size_t duplicates = 0;   // repeated nodes merge_duplicate_nodes dropped
+  std::size_t gemm_biases = 0;     // matmul + bias pairs fold_gemm_biases made one linear node
+  std::size_t gemm_epilogues = 0;  // GEMM + chain pairs fold_gemm_epilogues made one node
+  std::size_t duplicates = 0;      // repeated nodes merge_duplicate_nodes dropped
 };
 
 // Which passes CapturedStep runs after a capture (each can be turned off).
@@ -121,11 +124,12 @@ struct Passes {
   bool merge_duplicates = true;
   bool fold_gemm_biases = true;
   bool fuse_elementwise = true;
+  bool fold_gemm_epilogues = true;
   FusionOptions fusion;
   // Every optimising pass on or off (dead-node elimination and the memory plan always run).
   static Passes all(bool on) {
     Passes p;
-    p.merge_duplicates = p.fold_gemm_biases = p.fuse_elementwise = on;
+    p.merge_duplicates = p.fold_gemm_biases = p.fuse_elementwise = p.fold_gemm_epilogues = on;
     return p;
   }
 };
@@ -159,6 +163,18 @@ class Graph {
   // the add's (the CPU starts the GEMM's sums from the bias): within 1e-5 relative over 20
   // training steps (test), not bit for bit.
   std::size_t fold_gemm_biases();
+  // GEMM epilogue, chain: a matmul or linear node whose product only an elementwise chain
+  // without row reductions reads (a fused_elementwise node or a single elementwise node),
+  // as a whole and of its shape, becomes one matmul_elementwise node at the chain's place
+  // (linear's bias the program's first step), where the backend runs it natively: the
+  // chain runs on each value as the GEMM produces it, and the product is never stored.
+  // Bit-exact (the chain computes what it did on the stored product). Returns how many
+  // pairs it folded.
+  // `merged` (optional) receives each folded fused chain's program with the program of
+  // the node that replaced it.
+  std::size_t fold_gemm_epilogues(
+      std::vector<std::pair<const ElementwiseProgram*, const ElementwiseProgram*>>* merged =
+          nullptr);
   // Drops each copy, fill, expand or cast node that repeats an earlier one on the same
   // inputs (nothing rewrites them in between; both outputs fresh intermediates written
   // once, of the same size); its readers read the earlier output. Bit-exact. Returns how

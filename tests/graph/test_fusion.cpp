@@ -263,7 +263,7 @@ TEST(Fusion, ARepeatedCopyOrFillIsMergedUnlessItsInputChangedInBetween) {
 struct Trained {
   std::vector<double> losses;
   std::vector<std::vector<double>> params;
-  std::size_t nodes = 0, chains = 0, gemm_biases = 0;
+  std::size_t nodes = 0, chains = 0, gemm_biases = 0, gemm_epilogues = 0;
 };
 
 // `steps` AdamW steps of an imported model in graph mode, the forward and backward pass
@@ -311,6 +311,7 @@ Trained train_imported(const std::string& name, Backend& device, const graph::Pa
   result.nodes = captured.graph()->stats().nodes;
   result.chains = captured.fusion().chains.size();
   result.gemm_biases = captured.fusion().gemm_biases;
+  result.gemm_epilogues = captured.fusion().gemm_epilogues;
   return result;
 }
 
@@ -325,7 +326,7 @@ TEST_P(FusionOnBackend, ImportedModelsTrainTheSameFusedAndUnfused) {
   // Elementwise fusion alone: folding GEMM biases rounds differently (its own test below).
   for (graph::Passes* p : {&unfused, &fused, &no_reductions})
     p->fold_gemm_biases = false;
-  unfused.fuse_elementwise = false;
+  unfused.fuse_elementwise = unfused.fold_gemm_epilogues = false;
   fused.fusion.without_kernel = true;  // on a backend without a fused kernel, the decomposition
   no_reductions.fusion.without_kernel = true;
   no_reductions.fusion.reductions = false;
@@ -348,13 +349,15 @@ TEST_P(FusionOnBackend, ImportedModelsTrainTheSameFusedAndUnfused) {
     for (std::size_t i = 0; i < a.params.size(); ++i)
       EXPECT_EQ(b.params[i], a.params[i]) << "parameter " << i;
     EXPECT_LT(b.losses.back(), a.losses.front());  // it trained
-    // The fused nodes ran: natively where the backend has the kernel, else decomposed.
+    // The fused nodes ran: natively where the backend has the kernel, else decomposed;
+    // a chain folded into its GEMM's epilogue ran as matmul_elementwise.
     const std::string backend(device.name());
     const auto& counts = dispatch::stats().counts;
     std::uint64_t ran = 0;
-    for (dispatch::Path path : {dispatch::Path::native, dispatch::Path::decomposed})
-      if (auto it = counts.find({backend, OpId::fused_elementwise, path}); it != counts.end())
-        ran += it->second.calls;
+    for (OpId op : {OpId::fused_elementwise, OpId::matmul_elementwise})
+      for (dispatch::Path path : {dispatch::Path::native, dispatch::Path::decomposed})
+        if (auto it = counts.find({backend, op, path}); it != counts.end())
+          ran += it->second.calls;
     EXPECT_GE(ran, b.chains * 17) << "the fused nodes were not replayed";
   }
 }
@@ -367,6 +370,7 @@ TEST_P(FusionOnBackend, GemmBiasesFoldIntoLinearWithinTheStatedTolerance) {
   Backend& device = backend_named(GetParam());
   graph::Passes unfused, folded;
   unfused.fuse_elementwise = folded.fuse_elementwise = false;
+  unfused.fold_gemm_epilogues = folded.fold_gemm_epilogues = false;  // the bias pass alone
   unfused.fold_gemm_biases = false;
   Attrs no_attrs;
   const Tensor x = Tensor::empty({0, 0}, DType::f32, device),
@@ -402,6 +406,66 @@ TEST_P(FusionOnBackend, GemmBiasesFoldIntoLinearWithinTheStatedTolerance) {
     for (std::size_t s = 0; s < a.losses.size(); ++s)
       EXPECT_PRED2(near, b.losses[s], a.losses[s]) << "step " << s;
     ASSERT_EQ(a.params.size(), b.params.size());
+    for (std::size_t i = 0; i < a.params.size(); ++i) {
+      double worst = 0, scale = 0;
+      for (std::size_t k = 0; k < a.params[i].size(); ++k) {
+        worst = std::max(worst, std::abs(b.params[i][k] - a.params[i][k]));
+        scale = std::max(scale, std::abs(a.params[i][k]));
+      }
+      EXPECT_LE(worst, 1e-5 * scale) << "parameter " << i;
+    }
+  }
+}
+
+// The GEMM-epilogue pass: a product that only a chain reads runs as one
+// matmul_elementwise node where the backend has that kernel (OpenCL: the chain in the GEMM
+// kernel's store; CPU: the GEMM, then the chain's block loop). Over 20 steps: on OpenCL
+// the bits of the graph without the pass (linear there adds its bias after the sum, as
+// the program's first step does); on the CPU within 1e-5 relative (without the pass, its
+// linear starts the sums from the bias). Elsewhere nothing folds and nothing changes.
+TEST_P(FusionOnBackend, GemmEpiloguesRunTheChainOnTheProduct) {
+  Backend& device = backend_named(GetParam());
+  graph::Passes without, with;
+  without.fold_gemm_epilogues = false;
+  const Tensor x = Tensor::empty({0, 0}, DType::f32, device);
+  Tensor y = Tensor::empty({0, 0}, DType::f32, device);
+  auto program = std::make_shared<ElementwiseProgram>();
+  program->num_inputs = 1;
+  program->steps.push_back(ElementwiseStep{OpId::tanh, {0, -1}});
+  Attrs probe;
+  probe.program = program;
+  const Tensor in[] = {x, x};
+  Tensor out[] = {y};
+  const bool native = device.supports(OpCall{OpId::matmul_elementwise, in, out, probe});
+  for (std::string name : {"tiny_gpt_block", "transformer_encoder_layer"}) {
+    SCOPED_TRACE(name);
+    Trained a = train_imported(name, device, without, 20);
+    dispatch::stats().reset();
+    Trained b = train_imported(name, device, with, 20);
+    EXPECT_EQ(a.gemm_epilogues, 0u);
+    if (!native) {
+      EXPECT_EQ(b.gemm_epilogues, 0u);
+      EXPECT_EQ(b.losses, a.losses);
+      continue;
+    }
+    // The forward MLP's product feeds its activation's chain, at least; the backward
+    // products feed the activation's and the normalisations' gradients.
+    EXPECT_GE(b.gemm_epilogues, 2u);
+    EXPECT_EQ(b.nodes + b.gemm_epilogues, a.nodes);
+    const auto& counts = dispatch::stats().counts;
+    auto it =
+        counts.find({std::string(device.name()), OpId::matmul_elementwise, dispatch::Path::native});
+    ASSERT_NE(it, counts.end()) << "no matmul_elementwise ran natively";
+    EXPECT_GE(it->second.calls, b.gemm_epilogues * 17);
+    if (std::string(GetParam()) == "opencl") {
+      EXPECT_EQ(b.losses, a.losses);
+      EXPECT_EQ(b.params, a.params);
+      continue;
+    }
+    ASSERT_EQ(a.losses.size(), b.losses.size());
+    for (std::size_t s = 0; s < a.losses.size(); ++s)
+      EXPECT_NEAR(b.losses[s], a.losses[s], 1e-5 * std::max(std::abs(a.losses[s]), 1e-3))
+          << "step " << s;
     for (std::size_t i = 0; i < a.params.size(); ++i) {
       double worst = 0, scale = 0;
       for (std::size_t k = 0; k < a.params[i].size(); ++k) {

@@ -112,8 +112,12 @@ std::unique_ptr<Stream> CpuBackend::create_stream(StreamKind) {
   return std::make_unique<HostStream>();
 }
 
-bool CpuBackend::supports(const OpCall&) const {
-  return true;
+bool CpuBackend::supports(const OpCall& call) const {
+  // Every op but one: matmul_elementwise exists to run a chain inside a GEMM kernel, and
+  // oneDNN's sgemm has no hook for it (its matmul primitive with post-ops was slower,
+  // bench/RESULTS.md). Its decomposition runs here instead (the GEMM, then the chain's
+  // block loop), and the graph's epilogue pass leaves the CPU's products alone.
+  return call.op != OpId::matmul_elementwise;
 }
 
 void CpuBackend::launch(const OpCall& call, Stream& stream) {

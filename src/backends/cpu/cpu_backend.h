@@ -1,4 +1,5 @@
-// backends/cpu — the CPU backend: supports every catalog op, the universal fallback.
+// backends/cpu — the CPU backend: supports every catalog op but matmul_elementwise (run as
+// its decomposition: sgemm has no epilogue hook), the universal fallback.
 //
 // Kernels come from a table indexed by OpId: fast kernels (oneDNN GEMM, OpenMP-threaded
 // loops, fused layer norm / softmax-cross-entropy / attention / AdamW) where written,
