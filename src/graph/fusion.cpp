@@ -242,22 +242,33 @@ std::size_t Graph::fold_gemm_epilogues(
     } else {
       continue;
     }
-    // The product it reads: a fresh f32 intermediate of the chain's shape that only this
-    // node reads, as a whole, written once by a matmul or linear node before it.
+    // The product it reads: a fresh f32 intermediate of the chain's shape that this node
+    // reads as a whole, written once by a matmul or linear node before it. If nodes after
+    // the chain read it too (the backward pass reads a layer's output), linear's product
+    // (with its bias, a step of the program) is written as one more output.
     int q = -1;
+    bool escapes = false;
     for (std::size_t k = 0; k < chain.inputs.size() && q < 0; ++k) {
       const Operand& o = chain.inputs[k];
       if (o.storage < 0 || product_of[o.storage] < 0 || removed[product_of[o.storage]])
         continue;
       const Node& gemm = nodes_[product_of[o.storage]];
       const Operand& c = gemm.outputs[0];
-      if (c.dtype == DType::f32 && storages_[c.storage].internal && !access.is_output[c.storage] &&
-          access.writers[c.storage].size() == 1 && access.readers[c.storage].size() == 1 &&
+      const std::vector<std::size_t>& readers = access.readers[c.storage];
+      bool later = !readers.empty() && readers.front() == j;  // the chain reads it first
+      for (std::size_t r = 1; later && r < readers.size(); ++r)
+        later = readers[r] > j;
+      const bool kept = readers.size() > 1 || access.is_output[c.storage];
+      if (c.dtype == DType::f32 && storages_[c.storage].internal && later &&
+          (!kept || gemm.op == OpId::linear) && access.writers[c.storage].size() == 1 &&
           contiguous_from_start(c) && o.offset == 0 && o.shape == c.shape &&
-          o.strides == c.strides && c.shape == shape && gemm.backend == chain.backend)
+          o.strides == c.strides && c.shape == shape && gemm.backend == chain.backend) {
         q = static_cast<int>(k);
+        escapes = kept;
+      }
     }
-    if (q < 0)
+    if (q < 0 || (escapes && program->output_registers().size() + 1 >
+                                 static_cast<std::size_t>(kMaxFusedOutputs)))
       continue;
     const std::size_t i = static_cast<std::size_t>(product_of[chain.inputs[q].storage]);
     const Node& gemm = nodes_[i];
@@ -297,6 +308,11 @@ std::size_t Graph::fold_gemm_epilogues(
       merged->steps.push_back(ElementwiseStep{s.op, {map(s.args[0]), map(s.args[1])}, s.alpha});
     for (int r : program->output_registers())
       merged->outputs.push_back(map(r));
+    std::vector<Operand> outputs = chain.outputs;
+    if (escapes) {  // linear's value, read again later: written too
+      merged->outputs.push_back(product_register);
+      outputs.push_back(gemm.outputs[0]);
+    }
     Attrs attrs;
     attrs.trans_a = gemm.attrs.trans_a;
     attrs.trans_b = gemm.attrs.trans_b;
@@ -307,7 +323,7 @@ std::size_t Graph::fold_gemm_epilogues(
     for (const Operand& o : inputs)
       probes.push_back(probe_of(o, backend));
     std::vector<Tensor> probe_out;
-    for (const Operand& o : chain.outputs)
+    for (const Operand& o : outputs)
       probe_out.push_back(probe_of(o, backend));
     if (!backend.supports(OpCall{OpId::matmul_elementwise, probes, probe_out, attrs}))
       continue;
@@ -316,6 +332,7 @@ std::size_t Graph::fold_gemm_epilogues(
     chain.op = OpId::matmul_elementwise;
     chain.attrs = attrs;
     chain.inputs = std::move(inputs);
+    chain.outputs = std::move(outputs);
     removed[i] = true;
     ++folded;
   }

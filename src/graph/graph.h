@@ -163,11 +163,13 @@ class Graph {
   // the add's (the CPU starts the GEMM's sums from the bias): within 1e-5 relative over 20
   // training steps (test), not bit for bit.
   std::size_t fold_gemm_biases();
-  // GEMM epilogue, chain: a matmul or linear node whose product only an elementwise chain
-  // without row reductions reads (a fused_elementwise node or a single elementwise node),
-  // as a whole and of its shape, becomes one matmul_elementwise node at the chain's place
-  // (linear's bias the program's first step), where the backend runs it natively: the
-  // chain runs on each value as the GEMM produces it, and the product is never stored.
+  // GEMM epilogue, chain: a matmul or linear node whose product an elementwise chain
+  // without row reductions reads next (a fused_elementwise node or a single elementwise
+  // node), as a whole and of its shape, becomes one matmul_elementwise node at the chain's
+  // place (linear's bias the program's first step), where the backend runs it natively:
+  // the chain runs on each value as the GEMM produces it. The product is not stored,
+  // unless later nodes read it too: then a linear's (a step of the program) is one more
+  // output; a matmul's is left unfolded.
   // Bit-exact (the chain computes what it did on the stored product). Returns how many
   // pairs it folded.
   // `merged` (optional) receives each folded fused chain's program with the program of
