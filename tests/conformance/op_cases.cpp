@@ -472,6 +472,24 @@ void fused_cases(Builder& b) {
   b.add("bias_gelu_large", OpId::matmul_elementwise,
         with_scalars({b.r({70, 33}), b.r({33, 130}), b.r({130})}),
         bias_gelu({70, 130}, false, {5, 10}));
+  // Chains of adds, multiplies and selections (the ones OpenCL runs inside its GEMM
+  // kernels): relu(x0 + bias) with the biased product an output too, 70 x 130 (A as
+  // stored, B as stored); 0.5 x0 + x1 with B transposed and a residual; x0 * x1 with A
+  // transposed and x1 per row.
+  b.add("bias_relu_two_outputs", OpId::matmul_elementwise,
+        {b.r({70, 33}), b.r({33, 130}), b.r({130})},
+        product_chain({70, 130}, false, 2, {S{OpId::add, {0, 1}}, S{OpId::relu, {2, -1}}}, {2, 3}));
+  b.add("trans_b_scale_residual", OpId::matmul_elementwise,
+        {b.r({13, 9}), b.r({11, 9}), b.r({13, 11})},
+        product_chain({13, 11}, true, 2, {S{OpId::scale, {0, -1}, 0.5}, S{OpId::add, {2, 1}}}));
+  Attrs trans_a = product_chain({6, 5}, false, 2, {S{OpId::mul, {0, 1}}});
+  trans_a.trans_a = true;
+  b.add("trans_a_rows", OpId::matmul_elementwise, {b.r({9, 6}), b.r({9, 5}), b.r({6, 1})}, trans_a);
+  b.add(
+      "batched_rows_residual_cheap", OpId::matmul_elementwise,
+      {b.r({3, 4, 5}), b.r({5, 6}), b.r({3, 4, 1}), b.r({3, 4, 6})},
+      product_chain({3, 4, 6}, false, 3,
+                    {S{OpId::mul, {0, 1}}, S{OpId::sub, {3, 2}}, S{OpId::relu_backward, {4, 2}}}));
   // tanh(x0 * x1) + x2: x0 the [3, 4, 6] product of a batch against one weight, x1 per row
   // [3, 4, 1], x2 a full [3, 4, 6] input (a residual).
   b.add("batched_rows_residual", OpId::matmul_elementwise,
