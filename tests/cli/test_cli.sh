@@ -221,7 +221,18 @@ assert f["capturable"] and f["kernel"], f
 assert len(f["chains"]) >= 10 and f["nodes_fused"] < f["nodes_unfused"], f
 assert all(c["members"] >= 2 and "(" in c["program"] for c in f["chains"]), f["chains"]
 assert f["step_s_fused"] > 0 and f["step_s_unfused"] > 0
+# the CPU runs matmul_elementwise as its decomposition: no product is folded with its chain
+assert f["gemm_epilogues"] == 0 and not any(c["gemm_epilogue"] for c in f["chains"]), f
 ' || { echo "FAIL: loom ops --fusion --json"; failures=$((failures + 1)); }
+# Where OpenCL is present: chains folded into the GEMMs that produce their input.
+if "$loom" ops --model mlp --backend opencl > /dev/null 2>&1; then
+  "$loom" ops --model onnx --onnx "$fx/tiny_gpt_block.onnx" --backend opencl --fusion --json \
+    | python3 -c '
+import json, sys
+f = json.loads(sys.stdin.readline())["fusion"]
+assert f["gemm_epilogues"] >= 2 and any(c["gemm_epilogue"] for c in f["chains"]), f
+' || { echo "FAIL: loom ops --fusion --json on opencl: GEMM epilogues"; failures=$((failures + 1)); }
+fi
 # loom train --mode graph fuses by default (--fusion false: not), with the same losses.
 for fusion in true false; do
   "$loom" train --model onnx --onnx "$fx/tiny_gpt_block.onnx" --data data/tinyshakespeare/input.txt \
