@@ -30,6 +30,10 @@
 //     rewrites what it reads. Only on a
 //     backend that runs the fused op natively, unless asked to fuse anyway (its decomposition then
 //     runs the chain).
+//   fold_gemm_epilogues (graph/fusion.cpp): a matmul or linear whose product a chain
+//     without row reductions reads next becomes one matmul_elementwise node at the
+//     chain's place, where the backend runs that op (OpenCL: the chain in the GEMM's
+//     store). See the declaration below.
 //   plan_memory: gives each internal storage an offset in one arena per device such
 //     that storages whose lifetimes overlap never share bytes (greedy by size, as
 //     TFLite's arena planner). Without it, each internal storage has its own buffer.
