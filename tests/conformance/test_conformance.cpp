@@ -276,6 +276,53 @@ TEST(OpenClErf, WithinThreeUlpOfTheExactValue) {
   EXPECT_LE(worst, 3.0) << "at x = " << at;
 }
 
+// Token ids are checked on the OpenCL device (a host check waited for the queue to drain,
+// four times a training step): an id outside its range is used for nothing, and the next
+// read of a result names the op, the id and the range. The check is then clear: the next
+// call runs and reads as usual.
+TEST(OpenClIds, AnIdOutOfRangeIsNamedAtTheNextReadOfAResult) {
+  opencl::OpenClBackend* device = opencl::backend();
+  if (device == nullptr)
+    GTEST_SKIP() << "no OpenCL device";
+  nn::Rng rng(3);
+  const Tensor table = random({5, 3}, rng).to(*device);
+  const Tensor logits = random({3, 4}, rng).to(*device);
+  const Tensor bad_ids = Tensor::from_ints({4}, std::vector<std::int32_t>{0, 7, 2, -1}, *device);
+  const Tensor bad_targets = Tensor::from_ints({3}, std::vector<std::int32_t>{1, 9, 0}, *device);
+  const Tensor good_ids = Tensor::from_ints({2}, std::vector<std::int32_t>{1, 4}, *device);
+  auto read_fails = [](const Tensor& result, const std::string& op, const std::string& range) {
+    try {
+      (void)values(result);
+      ADD_FAILURE() << op << ": the out-of-range id was not reported";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind(op + ": index ", 0), 0u) << what;
+      EXPECT_NE(what.find("outside " + range), std::string::npos) << what;
+    }
+  };
+  read_fails(dispatch::call(OpId::embedding, {table, bad_ids}, {}, device)[0], "embedding",
+             "[0, 5)");
+  // Cleared: a call with good ids reads the table's rows.
+  const std::vector<double> rows =
+      values(dispatch::call(OpId::embedding, {table, good_ids}, {}, device)[0]);
+  const std::vector<double> all = values(table);
+  EXPECT_EQ(std::vector<double>(rows.begin(), rows.begin() + 3),
+            std::vector<double>(all.begin() + 3, all.begin() + 6));
+  Attrs backward;
+  backward.shape = {5, 3};
+  read_fails(dispatch::call(OpId::embedding_backward, {random({4, 3}, rng).to(*device), bad_ids},
+                            backward, device)[0],
+             "embedding_backward", "[0, 5)");
+  const std::vector<Tensor> loss =
+      dispatch::call(OpId::cross_entropy, {logits, bad_targets}, {}, device);
+  read_fails(loss[0], "cross_entropy", "[0, 4)");
+  const Tensor one = Tensor::from_floats({}, std::vector<float>{1.0f}, *device);
+  read_fails(dispatch::call(OpId::cross_entropy_backward, {one, logits, bad_targets, loss[1]}, {},
+                            device)[0],
+             "cross_entropy_backward", "[0, 4)");
+  EXPECT_NO_THROW((void)values(dispatch::call(OpId::embedding, {table, good_ids}, {}, device)[0]));
+}
+
 // The kernels generated for fused chains (fused_elementwise, and the GEMM epilogues of
 // matmul_elementwise) index in 32 bits where a call's indices fit, and in 64 bits where
 // they do not (no case here is that large): each kind meets every case's tolerance, and

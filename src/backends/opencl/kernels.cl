@@ -180,25 +180,46 @@ __kernel void sum_squares_partial(__global const float* x, const ulong x_off, co
 }
 
 // ---- embedding -----------------------------------------------------------------------
+// Whether a token id is inside [0, limit). One outside is used for nothing, and the first
+// is recorded for the host: fault[0] the op's code (0: none yet), [1] the id's position,
+// [2] the id, [3] the limit (OpenClBackend::report_id_fault names the op).
+bool id_in_range(const int id, const ulong limit, __global int* fault, const int op, const ulong at) {
+  if (id >= 0 && (ulong)id < limit)
+    return true;
+  if (atomic_cmpxchg(fault, 0, op) == 0) {
+    fault[1] = (int)at;
+    fault[2] = id;
+    fault[3] = (int)limit;
+  }
+  return false;
+}
+
 __kernel void embedding(__global const float* w, const ulong w_off, __global const int* ids, const ulong ids_off,
-                        __global float* y, const ulong y_off, const ulong c) {
+                        __global float* y, const ulong y_off, const ulong c, const ulong vocab,
+                        __global int* fault) {
   ulong i = get_global_id(0), t = i / c, j = i % c;
-  y[y_off + i] = w[w_off + (ulong)ids[ids_off + t] * c + j];
+  const int id = ids[ids_off + t];
+  y[y_off + i] = id_in_range(id, vocab, fault, 1, t) ? w[w_off + (ulong)id * c + j] : 0.0f;
 }
 
 // One work-item per column: scatter-add over tokens in token order (deterministic, no atomics).
 __kernel void embedding_backward(__global const float* dy, const ulong dy_off, __global const int* ids,
                                  const ulong ids_off, __global float* dw, const ulong dw_off, const ulong tokens,
-                                 const ulong c, const ulong vocab) {
+                                 const ulong c, const ulong vocab, __global int* fault) {
   ulong j = get_global_id(0);
   for (ulong v = 0; v < vocab; ++v) dw[dw_off + v * c + j] = 0.0f;
-  for (ulong t = 0; t < tokens; ++t) dw[dw_off + (ulong)ids[ids_off + t] * c + j] += dy[dy_off + t * c + j];
+  for (ulong t = 0; t < tokens; ++t) {
+    const int id = ids[ids_off + t];
+    if (id_in_range(id, vocab, fault, 2, t))
+      dw[dw_off + (ulong)id * c + j] += dy[dy_off + t * c + j];
+  }
 }
 
 // ---- cross-entropy -------------------------------------------------------------------
 // Per row: lse = max + log sum exp(x - max); row_loss = lse - x[target].
 __kernel void cross_entropy_rows(__global const float* x, const ulong x_off, __global const int* t, const ulong t_off,
-                                 __global float* lse, const ulong lse_off, __global float* row_loss, const ulong v) {
+                                 __global float* lse, const ulong lse_off, __global float* row_loss, const ulong v,
+                                 __global int* fault) {
   ulong r = get_global_id(0);
   __global const float* row = x + x_off + r * v;
   float m = -INFINITY;
@@ -207,17 +228,22 @@ __kernel void cross_entropy_rows(__global const float* x, const ulong x_off, __g
   for (ulong j = 0; j < v; ++j) s += exp(row[j] - m);
   float l = m + log(s);
   lse[lse_off + r] = l;
-  row_loss[r] = l - row[t[t_off + r]];
+  const int target = t[t_off + r];
+  row_loss[r] = id_in_range(target, v, fault, 3, r) ? l - row[target] : 0.0f;
 }
 
 // dx = dloss / N (softmax - onehot)
 __kernel void cross_entropy_backward(__global const float* dloss, const ulong dloss_off, __global const float* x,
                                      const ulong x_off, __global const int* t, const ulong t_off,
                                      __global const float* lse, const ulong lse_off, __global float* dx,
-                                     const ulong dx_off, const ulong v, const float inv_n) {
+                                     const ulong dx_off, const ulong v, const float inv_n,
+                                     __global int* fault) {
   ulong i = get_global_id(0), r = i / v, j = i % v;
   float p = exp(x[x_off + i] - lse[lse_off + r]);
-  dx[dx_off + i] = dloss[dloss_off] * inv_n * (p - (j == (ulong)t[t_off + r] ? 1.0f : 0.0f));
+  const int target = t[t_off + r];
+  if (j == 0)
+    id_in_range(target, v, fault, 4, r);
+  dx[dx_off + i] = dloss[dloss_off] * inv_n * (p - (j == (ulong)target ? 1.0f : 0.0f));
 }
 
 // ---- layer norm backward ---------------------------------------------------------------

@@ -172,6 +172,10 @@ OpenClBackend::OpenClBackend(cl_platform_id platform, cl_device_id device) : dev
   ok(err, "clCreateCommandQueue");
   stream_ = std::make_unique<OpenClStream>(*this, context_.get());
   build_program();
+  const cl_int no_fault[4] = {0, 0, 0, 0};
+  id_fault_ = Memory(clCreateBuffer(context_.get(), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                    sizeof no_fault, const_cast<cl_int*>(no_fault), &err));
+  ok(err, "clCreateBuffer (id check)");
   cl_device_type type = 0;
   ok(clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, nullptr),
      "clGetDeviceInfo CL_DEVICE_TYPE");
@@ -351,6 +355,7 @@ void OpenClBackend::download(const Buffer& src, std::size_t src_offset, void* ho
   ok(clEnqueueReadBuffer(current_queue(), static_cast<cl_mem>(src.data()), CL_TRUE, src_offset,
                          bytes, host, 0, nullptr, nullptr),
      "clEnqueueReadBuffer");
+  report_id_fault(current_queue());
 }
 
 Tensor OpenClBackend::transposed_copy(const Tensor& x) {
@@ -773,32 +778,55 @@ void OpenClBackend::sum_squares(const OpCall& call) {
 void OpenClBackend::embedding(const OpCall& call) {
   const Tensor &table = call.inputs[0], &ids = call.inputs[1];
   Tensor& y = call.outputs[0];
-  device_ops::checked_ids(ids, table.dim(0), "embedding");
+  id_fault_possible_.store(true, std::memory_order_relaxed);
   run("embedding", count(y), mem_of(table), off_of(table), mem_of(ids), off_of(ids), mem_of(y),
-      off_of(y), static_cast<cl_ulong>(table.dim(1)));
+      off_of(y), static_cast<cl_ulong>(table.dim(1)), static_cast<cl_ulong>(table.dim(0)),
+      id_fault_.get());
 }
 
 void OpenClBackend::embedding_backward(const OpCall& call) {
   const Tensor &dy = call.inputs[0], &ids = call.inputs[1];
   Tensor& dw = call.outputs[0];
-  device_ops::checked_ids(ids, dw.dim(0), "embedding_backward");
+  id_fault_possible_.store(true, std::memory_order_relaxed);
   run("embedding_backward", static_cast<std::size_t>(dw.dim(1)), mem_of(dy), off_of(dy),
       mem_of(ids), off_of(ids), mem_of(dw), off_of(dw), static_cast<cl_ulong>(ids.numel()),
-      static_cast<cl_ulong>(dw.dim(1)), static_cast<cl_ulong>(dw.dim(0)));
+      static_cast<cl_ulong>(dw.dim(1)), static_cast<cl_ulong>(dw.dim(0)), id_fault_.get());
+}
+
+void OpenClBackend::report_id_fault(cl_command_queue queue) {
+  if (!id_fault_possible_.exchange(false, std::memory_order_relaxed))
+    return;
+  cl_int fault[4] = {0, 0, 0, 0};
+  ok(clEnqueueReadBuffer(queue, id_fault_.get(), CL_TRUE, 0, sizeof fault, fault, 0, nullptr,
+                         nullptr),
+     "clEnqueueReadBuffer (id check)");
+  if (fault[0] == 0)
+    return;
+  const cl_int clear[4] = {0, 0, 0, 0};
+  ok(clEnqueueWriteBuffer(queue, id_fault_.get(), CL_TRUE, 0, sizeof clear, clear, 0, nullptr,
+                          nullptr),
+     "clEnqueueWriteBuffer (id check)");
+  static const char* const ops[] = {"?", "embedding", "embedding_backward", "cross_entropy",
+                                    "cross_entropy_backward"};
+  throw Error(std::string(fault[0] >= 1 && fault[0] <= 4 ? ops[fault[0]] : ops[0]) + ": index " +
+              std::to_string(fault[2]) + " (position " + std::to_string(fault[1]) +
+              ") outside [0, " + std::to_string(fault[3]) +
+              ") (checked on the device; found at the next read of a result)");
 }
 
 void OpenClBackend::cross_entropy(const OpCall& call) {
   const Tensor &logits = call.inputs[0], &targets = call.inputs[1];
   auto& out = call.outputs;
   std::size_t rows = static_cast<std::size_t>(logits.dim(0));
-  device_ops::checked_ids(targets, logits.dim(1), "cross_entropy");
   if (rows == 0) {
     run("fill", 1, mem_of(out[0]), off_of(out[0]), 0.0f);
     return;
   }
   Tensor row_loss = Tensor::empty({logits.dim(0)}, DType::f32, *this);
+  id_fault_possible_.store(true, std::memory_order_relaxed);
   run("cross_entropy_rows", rows, mem_of(logits), off_of(logits), mem_of(targets), off_of(targets),
-      mem_of(out[1]), off_of(out[1]), mem_of(row_loss), static_cast<cl_ulong>(logits.dim(1)));
+      mem_of(out[1]), off_of(out[1]), mem_of(row_loss), static_cast<cl_ulong>(logits.dim(1)),
+      id_fault_.get());
   run("reduce_rows", 1, cl_int{0}, mem_of(row_loss), cl_ulong{0}, mem_of(out[0]), off_of(out[0]),
       static_cast<cl_ulong>(rows), 1.0f / static_cast<float>(rows));
 }
@@ -807,11 +835,11 @@ void OpenClBackend::cross_entropy_backward(const OpCall& call) {
   const auto& in = call.inputs;
   Tensor& dx = call.outputs[0];
   const Tensor& logits = in[1];
-  device_ops::checked_ids(in[2], logits.dim(1), "cross_entropy_backward");
   float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
+  id_fault_possible_.store(true, std::memory_order_relaxed);
   run("cross_entropy_backward", count(dx), mem_of(in[0]), off_of(in[0]), mem_of(logits),
       off_of(logits), mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(dx),
-      off_of(dx), static_cast<cl_ulong>(logits.dim(1)), inv);
+      off_of(dx), static_cast<cl_ulong>(logits.dim(1)), inv, id_fault_.get());
 }
 
 void OpenClBackend::layer_norm_backward(const OpCall& call) {

@@ -56,6 +56,7 @@ using Context = Handle<cl_context, clReleaseContext>;
 using Queue = Handle<cl_command_queue, clReleaseCommandQueue>;
 using Program = Handle<cl_program, clReleaseProgram>;
 using Kernel = Handle<cl_kernel, clReleaseKernel>;
+using Memory = Handle<cl_mem, clReleaseMemObject>;
 
 class OpenClBackend final : public Backend {
  public:
@@ -207,6 +208,14 @@ class OpenClBackend final : public Backend {
   std::map<std::pair<const ElementwiseProgram*, std::string>,
            std::pair<std::shared_ptr<const ElementwiseProgram>, std::array<cl_kernel, 3>>>
       epilogue_by_program_;
+  // Token ids are checked on the device (a host check would wait for the queue to drain,
+  // four times a step): a kernel that meets an id outside its range reads and writes
+  // nothing with it and records the first such in `id_fault_` (the op's code, the
+  // position, the id, the limit); the next read of a result on the host (download)
+  // reports it as an error naming the op, and clears it.
+  Memory id_fault_;
+  std::atomic<bool> id_fault_possible_{false};  // an id-checking kernel ran since the last look
+  void report_id_fault(cl_command_queue queue);
   std::unique_ptr<Stream> stream_;
   std::mutex mutex_;  // kernel arguments are per cl_kernel object: one launch at a time
   device_ops::LaunchTarget<cl_command_queue> launch_target_;
