@@ -59,6 +59,15 @@ Tensor probe_of(const Operand& operand, Backend& backend) {
 
 }  // namespace
 
+void Graph::drop_nodes(const std::vector<bool>& removed) {
+  std::vector<Node> kept;
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    if (!removed[i])
+      kept.push_back(std::move(nodes_[i]));
+  nodes_ = std::move(kept);
+  stats_.nodes = nodes_.size();
+}
+
 std::size_t Graph::merge_duplicate_nodes() {
   check(!materialized_, "graph: passes run before the first replay");
   const Access access = accesses(nodes_, storages_.size(), outputs_);
@@ -123,12 +132,7 @@ std::size_t Graph::merge_duplicate_nodes() {
     removed[j] = true;
     ++merged;
   }
-  std::vector<Node> kept;
-  for (std::size_t i = 0; i < nodes_.size(); ++i)
-    if (!removed[i])
-      kept.push_back(std::move(nodes_[i]));
-  nodes_ = std::move(kept);
-  stats_.nodes = nodes_.size();
+  drop_nodes(removed);
   stats_.duplicates += merged;
   return merged;
 }
@@ -200,12 +204,7 @@ std::size_t Graph::fold_gemm_biases() {
     removed[j] = true;
     ++folded;
   }
-  std::vector<Node> kept;
-  for (std::size_t i = 0; i < nodes_.size(); ++i)
-    if (!removed[i])
-      kept.push_back(std::move(nodes_[i]));
-  nodes_ = std::move(kept);
-  stats_.nodes = nodes_.size();
+  drop_nodes(removed);
   stats_.gemm_biases += folded;
   return folded;
 }
@@ -336,12 +335,7 @@ std::size_t Graph::fold_gemm_epilogues(
     removed[i] = true;
     ++folded;
   }
-  std::vector<Node> kept;
-  for (std::size_t i = 0; i < nodes_.size(); ++i)
-    if (!removed[i])
-      kept.push_back(std::move(nodes_[i]));
-  nodes_ = std::move(kept);
-  stats_.nodes = nodes_.size();
+  drop_nodes(removed);
   stats_.gemm_epilogues += folded;
   return folded;
 }

@@ -201,6 +201,9 @@ class Graph {
   Tensor output(std::size_t index) const;
 
  private:
+  // Removes the nodes marked in `removed` (indexed as nodes_), keeping the others' order.
+  void drop_nodes(const std::vector<bool>& removed);
+
   friend class Capture;
   void materialize();  // allocates internal memory and builds each node's tensors
   Tensor tensor_of(const Operand& operand) const;

@@ -1217,6 +1217,20 @@ bool OpenClBackend::narrow_index(const BroadcastSpace& space, std::size_t elemen
 }
 
 namespace {
+// The collapsed space's dimensions padded at the front to the kFusedRank a chain kernel
+// walks; more is an error naming `op`.
+std::vector<cl_ulong> padded_dims(const BroadcastSpace& space, const char* op) {
+  check(space.dims.size() <= static_cast<std::size_t>(kFusedRank), [&] {
+    return "opencl " + std::string(op) + ": " + std::to_string(space.dims.size()) +
+           " dimensions after merging, the kernel walks " + std::to_string(kFusedRank);
+  });
+  const std::size_t pad = kFusedRank - space.dims.size();
+  std::vector<cl_ulong> dims(kFusedRank, 1);
+  for (std::size_t d = 0; d < space.dims.size(); ++d)
+    dims[pad + d] = static_cast<cl_ulong>(space.dims[d]);
+  return dims;
+}
+
 // A chain kernel's arguments for input k of `space`: its buffer and offset, then its four
 // strides (padded at the front) when the kernel reads it through them.
 void set_chain_input(cl_kernel kernel, cl_uint& arg, const Tensor& input,
@@ -1253,14 +1267,7 @@ void OpenClBackend::matmul_elementwise(const OpCall& call) {
     return;
   }
   const BroadcastSpace space = collapse_broadcast(call.attrs.shape, chain_inputs);
-  check(space.dims.size() <= static_cast<std::size_t>(kFusedRank), [&] {
-    return "opencl matmul_elementwise: " + std::to_string(space.dims.size()) +
-           " dimensions after merging, the epilogue walks " + std::to_string(kFusedRank);
-  });
-  const std::size_t pad = kFusedRank - space.dims.size();
-  std::vector<cl_ulong> dims(kFusedRank, 1);
-  for (std::size_t d = 0; d < space.dims.size(); ++d)
-    dims[pad + d] = static_cast<cl_ulong>(space.dims[d]);
+  const std::vector<cl_ulong> dims = padded_dims(space, "matmul_elementwise");
   std::vector<ChainRead> reads;
   std::string key;
   for (std::size_t k = 0; k < chain_inputs.size(); ++k) {
@@ -1318,15 +1325,7 @@ void OpenClBackend::fused(const OpCall& call) {
   const ElementwiseProgram& program = *call.attrs.program;
   Tensor& y = call.outputs[0];
   const BroadcastSpace space = collapse_broadcast(call.attrs.shape, call.inputs);
-  check(space.dims.size() <= static_cast<std::size_t>(kFusedRank), [&] {
-    return "opencl fused_elementwise: " + std::to_string(space.dims.size()) +
-           " dimensions after merging, the kernel walks " + std::to_string(kFusedRank);
-  });
-  // Dimensions padded at the front to kFusedRank.
-  const std::size_t pad = kFusedRank - space.dims.size();
-  std::vector<cl_ulong> dims(kFusedRank, 1);
-  for (std::size_t d = 0; d < space.dims.size(); ++d)
-    dims[pad + d] = static_cast<cl_ulong>(space.dims[d]);
+  const std::vector<cl_ulong> dims = padded_dims(space, "fused_elementwise");
   // With row reductions: one work-item per row of the program's shape. Without: the
   // collapsed space's inner dimension by its rows (fused_source).
   const bool rows = program.reduces();
