@@ -86,6 +86,10 @@ void utility_cases(Builder& b) {
   sb.axis = 0;
   sb.start = 0;
   b.add("whole", OpId::slice_backward, {b.r({5, 3})}, sb);
+  sb.shape = {3, 5, 4};  // a middle axis: rows before it and a row length after it
+  sb.axis = 1;
+  sb.start = 1;
+  b.add("middle_axis", OpId::slice_backward, {b.r({3, 2, 4})}, sb);
 }
 
 void elementwise_cases(Builder& b) {

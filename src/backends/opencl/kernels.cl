@@ -163,10 +163,12 @@ __kernel void copy_rows(__global const float* x, const ulong x_off, __global flo
 }
 
 // dx viewed as [outer, L, inner]; dy as [outer, l, inner] placed at rows [start, start + l).
+// Columns (inner) by rows (outer x L): a row's place is decoded once per row, where a
+// division per element kept a CPU device's kernel scalar.
 __kernel void slice_backward(__global const float* dy, const ulong dy_off, __global float* dx, const ulong dx_off,
                              const ulong L, const ulong l, const ulong inner, const ulong start) {
-  ulong i = get_global_id(0);
-  ulong in = i % inner, a = (i / inner) % L, o = i / (inner * L);
+  const ulong in = get_global_id(0), row = get_global_id(1);
+  const ulong a = row % L, o = row / L, i = row * inner + in;
   dx[dx_off + i] = (a >= start && a < start + l) ? dy[dy_off + (o * l + (a - start)) * inner + in] : 0.0f;
 }
 

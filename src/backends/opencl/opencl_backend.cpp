@@ -308,6 +308,22 @@ void OpenClBackend::run(const char* name, std::size_t global, Args... args) {
     ok(err, std::string("clEnqueueNDRangeKernel ") + name);
 }
 
+template <class... Args>
+void OpenClBackend::run_rows(const char* name, std::size_t columns, std::size_t rows,
+                             Args... args) {
+  if (columns == 0 || rows == 0)
+    return;
+  std::lock_guard lock(mutex_);
+  cl_kernel k = kernel(name);
+  cl_uint i = 0;
+  (set_arg(k, i++, args), ...);
+  const std::size_t global[2] = {columns, rows};
+  const cl_int err =
+      clEnqueueNDRangeKernel(current_queue(), k, 2, nullptr, global, nullptr, 0, nullptr, nullptr);
+  if (err != CL_SUCCESS)
+    ok(err, std::string("clEnqueueNDRangeKernel ") + name);
+}
+
 DeviceInfo OpenClBackend::info() const {
   DeviceInfo i;
   i.name = "opencl (" + device_name_ + ", driver " + driver_version_ + ")";
@@ -757,9 +773,10 @@ void OpenClBackend::slice_backward(const OpCall& call) {
   cl_ulong inner = 1;
   for (int d = axis + 1; d < dx.rank(); ++d)
     inner *= static_cast<cl_ulong>(dx.shape()[d]);
-  run("slice_backward", count(dx), mem_of(dy), off_of(dy), mem_of(dx), off_of(dx),
-      static_cast<cl_ulong>(dx.shape()[axis]), static_cast<cl_ulong>(dy.shape()[axis]), inner,
-      static_cast<cl_ulong>(call.attrs.start));
+  run_rows("slice_backward", static_cast<std::size_t>(inner),
+           inner == 0 ? 0 : count(dx) / static_cast<std::size_t>(inner), mem_of(dy), off_of(dy),
+           mem_of(dx), off_of(dx), static_cast<cl_ulong>(dx.shape()[axis]),
+           static_cast<cl_ulong>(dy.shape()[axis]), inner, static_cast<cl_ulong>(call.attrs.start));
 }
 
 void OpenClBackend::sum_squares(const OpCall& call) {

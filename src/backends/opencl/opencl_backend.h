@@ -119,6 +119,9 @@ class OpenClBackend final : public Backend {
   cl_command_queue current_queue() const;
   template <class... Args>
   void run(const char* name, std::size_t global, Args... args);
+  // A two-dimensional range: `columns` work-items along dimension 0 by `rows` along 1.
+  template <class... Args>
+  void run_rows(const char* name, std::size_t columns, std::size_t rows, Args... args);
 
   // The kernel table and its launchers, one per entry (or per family of entries).
   static const KernelTable<OpenClBackend>& kernels();
