@@ -17,11 +17,14 @@ float binary_op(const int op, const float a, const float b) {
   }
 }
 
+// Columns by rows: modes 2 and 3 launch `period` columns by size / period rows, so the
+// broadcast operand's index is the column or the row (no division per element, which
+// kept a CPU device's kernel scalar); modes 0 and 1 launch one row.
 __kernel void binary(const int op, __global const float* full, const ulong full_off, __global const float* other,
                      const ulong other_off, __global float* c, const ulong c_off, const int mode, const ulong period,
                      const int other_left) {
-  size_t i = get_global_id(0);
-  ulong j = mode == 0 ? i : mode == 1 ? 0 : mode == 2 ? i % period : i / period;
+  const ulong col = get_global_id(0), row = get_global_id(1), i = row * period + col;
+  const ulong j = mode == 0 ? i : mode == 1 ? 0 : mode == 2 ? col : row;
   float x = full[full_off + i], y = other[other_off + j];
   c[c_off + i] = other_left ? binary_op(op, y, x) : binary_op(op, x, y);
 }

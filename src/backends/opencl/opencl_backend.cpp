@@ -501,11 +501,7 @@ void OpenClBackend::linear(const OpCall& call) {
   }
   gemm_calls_[static_cast<std::size_t>(Gemm::clblast)].fetch_add(1, std::memory_order_relaxed);
   matmul_clblast(product);
-  const device_ops::BinaryPlan plan = *device_ops::plan_binary(OpId::add, y2.shape(), bias.shape());
-  run("binary", static_cast<std::size_t>(y2.numel()), static_cast<cl_int>(plan.op), mem_of(y2),
-      off_of(y2), mem_of(bias), off_of(bias), mem_of(y2), off_of(y2),
-      static_cast<cl_int>(plan.mode), static_cast<cl_ulong>(plan.period),
-      static_cast<cl_int>(plan.other_left));
+  launch_binary(*device_ops::plan_binary(OpId::add, y2.shape(), bias.shape()), y2, bias, y2);
 }
 
 void OpenClBackend::matmul_clblast(const OpCall& call) {
@@ -632,9 +628,17 @@ void OpenClBackend::binary(const OpCall& call) {
   device_ops::BinaryPlan plan = *device_ops::plan_binary(call.op, in[0].shape(), in[1].shape());
   const Tensor& full = plan.other_left ? in[1] : in[0];
   const Tensor& other = plan.other_left ? in[0] : in[1];
-  run("binary", count(y), static_cast<cl_int>(plan.op), mem_of(full), off_of(full), mem_of(other),
-      off_of(other), mem_of(y), off_of(y), static_cast<cl_int>(plan.mode),
-      static_cast<cl_ulong>(plan.period), static_cast<cl_int>(plan.other_left));
+  launch_binary(plan, full, other, y);
+}
+
+void OpenClBackend::launch_binary(const device_ops::BinaryPlan& plan, const Tensor& full,
+                                  const Tensor& other, const Tensor& y) {
+  const bool by_rows = plan.mode == 2 || plan.mode == 3;  // binary in kernels.cl
+  const std::size_t columns = by_rows ? static_cast<std::size_t>(plan.period) : count(y);
+  run_rows("binary", columns, columns == 0 ? 0 : count(y) / columns, static_cast<cl_int>(plan.op),
+           mem_of(full), off_of(full), mem_of(other), off_of(other), mem_of(y), off_of(y),
+           static_cast<cl_int>(plan.mode), static_cast<cl_ulong>(columns),
+           static_cast<cl_int>(plan.other_left));
 }
 
 template <device_ops::UnaryKernel Code>

@@ -132,6 +132,9 @@ class OpenClBackend final : public Backend {
   void copy_strided(const Tensor& x, Tensor& y, int rank, const StridedView& view);
   void fill(const OpCall& call);
   void binary(const OpCall& call);
+  // The binary kernel on `full` and the broadcast `other` as `plan` reads them.
+  void launch_binary(const device_ops::BinaryPlan& plan, const Tensor& full, const Tensor& other,
+                     const Tensor& y);
   template <device_ops::UnaryKernel Code>
   void unary(const OpCall& call);
   void math(const OpCall& call);  // the unary kernel with the math function's code
