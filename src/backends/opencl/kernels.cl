@@ -67,6 +67,25 @@ __kernel void unary(const int op, __global const float* x, const ulong x_off, __
   y[y_off + i] = r;
 }
 
+// The unary ops an eager training step runs, one kernel each: the switch above over a
+// run-time op (with the math functions' library calls among its cases) keeps a CPU
+// device's compiler from vectorizing it. The same expressions as its cases.
+#define LOOM_UNARY(NAME, EXPR)                                                               \
+  __kernel void NAME(__global const float* x, const ulong x_off, __global float* y,          \
+                     const ulong y_off, const float alpha) {                                 \
+    const size_t i = get_global_id(0);                                                       \
+    const float v = x[x_off + i];                                                            \
+    y[y_off + i] = (EXPR);                                                                   \
+  }
+LOOM_UNARY(unary_exp, exp(v))
+LOOM_UNARY(unary_log, log(v))
+LOOM_UNARY(unary_tanh, tanh(v))
+LOOM_UNARY(unary_relu, v > 0.0f ? v : 0.0f)
+LOOM_UNARY(unary_gelu, gelu_tanh(v))
+LOOM_UNARY(unary_scale, alpha * v)
+LOOM_UNARY(unary_sqrt, sqrt(v))
+LOOM_UNARY(unary_erf, loom_erf(v))
+
 // op: 0 relu_backward (dy, x), 1 gelu_backward (dy, x), 2 tanh_backward (dy, y)
 __kernel void unary_backward(const int op, __global const float* dy, const ulong dy_off, __global const float* x,
                              const ulong x_off, __global float* dx, const ulong dx_off) {

@@ -247,6 +247,14 @@ void OpenClBackend::build_program() {
   for (const char* name : {"fill",
                            "binary",
                            "unary",
+                           "unary_exp",
+                           "unary_log",
+                           "unary_tanh",
+                           "unary_relu",
+                           "unary_gelu",
+                           "unary_scale",
+                           "unary_sqrt",
+                           "unary_erf",
                            "unary_backward",
                            "reduce_rows",
                            "sum_cols",
@@ -645,7 +653,11 @@ template <device_ops::UnaryKernel Code>
 void OpenClBackend::unary(const OpCall& call) {
   const Tensor& x = call.inputs[0];
   Tensor& y = call.outputs[0];
-  run("unary", count(y), static_cast<cl_int>(Code), mem_of(x), off_of(x), mem_of(y), off_of(y),
+  // One kernel per op (kernels.cl, LOOM_UNARY), in UnaryKernel's order.
+  static constexpr const char* kNames[] = {"unary_exp",  "unary_log",   "unary_tanh", "unary_relu",
+                                           "unary_gelu", "unary_scale", "unary_sqrt", "unary_erf"};
+  static_assert(std::size(kNames) == static_cast<std::size_t>(device_ops::UnaryKernel::erf) + 1);
+  run(kNames[static_cast<std::size_t>(Code)], count(y), mem_of(x), off_of(x), mem_of(y), off_of(y),
       static_cast<cl_float>(call.attrs.alpha));
 }
 
