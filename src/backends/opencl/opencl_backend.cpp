@@ -412,13 +412,13 @@ void OpenClBackend::matmul_dot(const OpCall& call, const GemmTail& tail) {
   // products against a weight): gemm_nt, A and B both read along k, through a transposed
   // copy of A when A is transposed too (one pass over it against M*N*K multiply-adds).
   const char* name = !tb ? (ta ? "gemm_tn" : "gemm_nn") : "gemm_nt";
+  const std::size_t which = !tb ? (ta ? 1 : 0) : 2;  // its place in GemmTail::kernels
   const Tensor rows_a = tb && ta ? transposed_copy(a) : a;
   const Tensor& rows_b = b;
   const std::size_t columns = static_cast<std::size_t>(tb ? n : (n + 7) / 8);
   auto launch = [&](std::int64_t rows, std::size_t batches, cl_ulong a_off, cl_ulong a_batch,
                     cl_ulong b_off, cl_ulong b_batch, cl_ulong c_off) {
     std::lock_guard lock(mutex_);
-    const std::size_t which = name[5] == 'n' ? (name[6] == 'n' ? 0 : 2) : 1;  // nn, tn, nt
     cl_kernel kern = tail.kernels != nullptr ? (*tail.kernels)[which] : kernel(name);
     cl_uint arg = 0;
     set_arg(kern, arg++, static_cast<cl_int>(rows));
