@@ -6,10 +6,12 @@
 // step's calls (the floor) — beside the step itself.
 //
 // A step here is what `loom train` runs: forward, cross entropy, backward, AdamW; no
-// clipping. The step time is the median of --steps timed steps after --warmup, alternating
-// with as many steps that run every product as called (the CPU backend otherwise lays a
-// large product's operands out first: a transposed A into place, a B with rows a multiple
-// of 2 KiB apart padded); a shape's time in the step is the median over --recorded steps,
+// clipping, the CPU backend's GEMM setting as `loom train` would find it (LOOM_CPU_GEMM;
+// auto relays out a large product's operands first, a transposed A into place and a B
+// with rows a multiple of 2 KiB apart padded, only below AVX-512). The step time is the
+// median of --steps timed steps after --warmup, alternating with as many steps run the
+// other way (relayout against as called); a shape's time in the step is the median over
+// --recorded steps,
 // and alone the median of --reps runs of the step's calls of it. The report lists the
 // shapes by time in the step, then the totals: the step, its GEMMs as run in it, and the
 // floor. Products run inside a parallel region (attention's per-head ones) are timed on
@@ -295,22 +297,23 @@ int main(int argc, char** argv) try {
     optimizer.zero_grad();
     return loss.value().item();
   };
-  // Steps alternate between the CPU backend's way of running a large product with a
-  // transposed A (transposed into place first) and calling it as it is, so that the
-  // comparison shares the machine's drift.
-  std::vector<double> step_times, as_called_times;
+  // Steps alternate between the backend's setting (what `loom train` runs) and the other
+  // way (operands laid out first against every product as called), so that the comparison
+  // shares the machine's drift.
+  const bool relayout = cpu::gemm_transpose();
+  std::vector<double> step_times, other_times;
   for (int s = 0; s < 2 * (o.warmup + o.steps); ++s) {
-    const bool as_called = s % 2 == 1;
-    cpu::set_gemm_transpose(!as_called);
+    const bool other = s % 2 == 1;
+    cpu::set_gemm_transpose(other ? !relayout : relayout);
     auto start = Clock::now();
     step();
     if (s >= 2 * o.warmup)
-      (as_called ? as_called_times : step_times)
+      (other ? other_times : step_times)
           .push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   // The GEMMs of --recorded steps, each shape's time in the step the median over them: one
   // step's timings of a shape move by 30% or more from step to step on a shared machine.
-  cpu::set_gemm_transpose(true);
+  cpu::set_gemm_transpose(relayout);
   struct Row {
     int calls = 0;  // per step
     std::vector<double> step_seconds;
@@ -403,10 +406,14 @@ int main(int argc, char** argv) try {
   }
   const double step_ms = median(step_times) * 1e3;
   std::printf(
-      "\nstep (median of %d) %.2f ms; its GEMMs as run in the step %.2f ms (%.0f%% of it); "
-      "with every product as called (no operand laid out first), steps in between: %.2f ms\n",
-      o.steps, step_ms, gemm_in_step * 1e3, 100 * gemm_in_step * 1e3 / step_ms,
-      median(as_called_times) * 1e3);
+      "\nstep (median of %d, %s) %.2f ms; its GEMMs as run in the step %.2f ms (%.0f%% of "
+      "it); %s, steps in between: %.2f ms\n",
+      o.steps,
+      relayout ? "large products' operands laid out first (LOOM_CPU_GEMM: the backend's setting)"
+               : "every product as called (LOOM_CPU_GEMM: the backend's setting)",
+      step_ms, gemm_in_step * 1e3, 100 * gemm_in_step * 1e3 / step_ms,
+      relayout ? "with every product as called" : "with large products' operands laid out first",
+      median(other_times) * 1e3);
   std::printf(
       "the same GEMMs alone: dnnl_sgemm as called %.2f ms; the fastest per shape in any layout, "
       "the step's own included (the GEMM floor) %.2f ms\n",
