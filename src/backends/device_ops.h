@@ -110,15 +110,23 @@ inline AdamWScalars adamw_scalars(const Attrs& a) {
           static_cast<float>(1.0 - a.lr * a.weight_decay)};
 }
 
-// The ids, read to the host and checked against [0, limit) (ids are small).
-inline std::vector<std::int32_t> checked_ids(const Tensor& ids, std::int64_t limit,
-                                             const char* op) {
-  std::vector<std::int32_t> values = ids.to_ints();
-  for (std::int32_t id : values)
-    if (id < 0 || id >= limit)  // the message is built only on failure
-      throw Error(std::string(op) + ": index " + std::to_string(id) + " outside [0, " +
-                  std::to_string(limit) + ")");
-  return values;
+// Token ids are checked on the device (OpenCL, CUDA): a kernel that meets an id outside
+// [0, limit) uses it for nothing and records the first such in four ints, {the op's
+// IdCheckOp, the id's position, the id, the limit} ({0, ...}: none yet). The backend's
+// next read of a result on the host reports it, as this error, and clears the record.
+enum IdCheckOp : std::int32_t {
+  kIdEmbedding = 1,
+  kIdEmbeddingBackward = 2,
+  kIdCrossEntropy = 3,
+  kIdCrossEntropyBackward = 4,
+};
+inline Error id_fault_error(const std::int32_t (&fault)[4]) {
+  static const char* const ops[] = {"?", "embedding", "embedding_backward", "cross_entropy",
+                                    "cross_entropy_backward"};
+  return Error(std::string(fault[0] >= 1 && fault[0] <= 4 ? ops[fault[0]] : ops[0]) + ": index " +
+               std::to_string(fault[2]) + " (position " + std::to_string(fault[1]) +
+               ") outside [0, " + std::to_string(fault[3]) +
+               ") (checked on the device; found at the next read of a result)");
 }
 
 // The queue (an OpenCL command queue, a CUDA stream) that the launch() in progress on

@@ -194,6 +194,9 @@ CudaBackend::CudaBackend(const Api& api, CUdevice device) : api_(api), device_(d
   check_cublas(api_.cublasSetStream(cublas_, reinterpret_cast<cudaStream_t>(stream_)),
                "cublasSetStream");
   stream_wrapper_ = std::make_unique<CudaStream>(*this, stream_, false);
+  id_fault_ = Tensor::empty({4}, DType::i32, *this);
+  check_cu(api_.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ptr<int>(id_fault_)), 0, 4, stream_),
+           "cuMemsetD32Async (id check)");
   std::size_t memory = 0;
   api_.cuDeviceTotalMem(&memory, device_);
   bf16_copy_budget_ = memory / 8;
@@ -207,6 +210,7 @@ CudaBackend::~CudaBackend() {
     bf16_copy_count_.store(0);
   }
   copies.clear();
+  id_fault_ = Tensor();
   if (stream_ != nullptr)
     api_.cuStreamSynchronize(stream_);
   stream_wrapper_.reset();
@@ -271,6 +275,24 @@ void CudaBackend::download(const Buffer& src, std::size_t src_offset, void* host
   if (bytes == 0)
     return;
   check_cu(api_.cuMemcpyDtoH(host, address(src, src_offset), bytes), "cuMemcpyDtoH");
+  report_id_fault();
+}
+
+int* CudaBackend::id_fault() {
+  id_fault_possible_.store(true, std::memory_order_relaxed);
+  return ptr<int>(id_fault_);
+}
+
+void CudaBackend::report_id_fault() {
+  if (!id_fault_possible_.exchange(false, std::memory_order_relaxed))
+    return;
+  std::int32_t fault[4] = {0, 0, 0, 0};
+  const CUdeviceptr record = reinterpret_cast<CUdeviceptr>(ptr<int>(id_fault_));
+  check_cu(api_.cuMemcpyDtoH(fault, record, sizeof fault), "cuMemcpyDtoH (id check)");
+  if (fault[0] == 0)
+    return;
+  check_cu(api_.cuMemsetD32Async(record, 0, 4, stream_), "cuMemsetD32Async (id check)");
+  throw device_ops::id_fault_error(fault);
 }
 
 bool CudaBackend::set_matmul_precision(DType dtype) {
@@ -317,41 +339,34 @@ void CudaBackend::sum_columns(const float* x, float* y, i64 rows, i64 cols, floa
   run("sum_cols", col_blocks, 1, 32, 32, ptr<const float>(partial), y, chunks, cols, scale, chunks);
 }
 
+// Ids checked and grouped on the device (kernels.cu: count, scan, place, sum), so the
+// host never waits for the stream here.
 void CudaBackend::embedding_backward(const OpCall& call) {
-  const Tensor& dy = call.inputs[0];
+  const Tensor &dy = call.inputs[0], &ids = call.inputs[1];
   const Tensor& dw = call.outputs[0];
-  i64 vocab = dw.dim(0), c = dw.dim(1);
-  std::vector<std::int32_t> ids =
-      device_ops::checked_ids(call.inputs[1], vocab, "embedding_backward");
-  check_cu(api_.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ptr(dw)), 0,
-                                 static_cast<std::size_t>(numel(dw)), current_stream()),
-           "cuMemsetD32Async");
-  if (ids.empty() || c == 0)
+  const i64 vocab = dw.dim(0), c = dw.dim(1), n = numel(ids);
+  if (vocab == 0 || c == 0)
     return;
-  // Counting sort of the token positions by id, keeping token order inside each id.
-  std::vector<std::int32_t> count(static_cast<std::size_t>(vocab) + 1, 0);
-  for (std::int32_t id : ids)
-    ++count[static_cast<std::size_t>(id) + 1];
-  for (std::size_t v = 1; v < count.size(); ++v)
-    count[v] += count[v - 1];
-  std::vector<std::int32_t> order(ids.size()), seg_start, seg_id;
-  std::vector<std::int32_t> next(count.begin(), count.end() - 1);
-  for (std::size_t t = 0; t < ids.size(); ++t)
-    order[static_cast<std::size_t>(next[ids[t]]++)] = static_cast<std::int32_t>(t);
-  for (i64 v = 0; v < vocab; ++v)
-    if (count[v + 1] > count[v]) {
-      seg_start.push_back(count[v]);
-      seg_id.push_back(static_cast<std::int32_t>(v));
-    }
-  seg_start.push_back(static_cast<std::int32_t>(ids.size()));
-  i64 segments = static_cast<i64>(seg_id.size());
-  Tensor d_order = Tensor::from_ints({static_cast<std::int64_t>(order.size())}, order, *this);
-  Tensor d_start =
-      Tensor::from_ints({static_cast<std::int64_t>(seg_start.size())}, seg_start, *this);
-  Tensor d_id = Tensor::from_ints({segments}, seg_id, *this);
-  run("embedding_backward", static_cast<unsigned>(segments),
-      static_cast<unsigned>((c + kBlock - 1) / kBlock), kBlock, 1, ptr(dy), ptr<const int>(d_order),
-      ptr<const int>(d_start), ptr<const int>(d_id), ptr(dw), c);
+  check(n < std::numeric_limits<std::int32_t>::max() &&
+            vocab < std::numeric_limits<std::int32_t>::max(),
+        [&] {
+          return "embedding_backward: " + std::to_string(n) + " tokens over a vocabulary of " +
+                 std::to_string(vocab) + ": the CUDA kernel counts in 32 bits";
+        });
+  Tensor start = Tensor::empty({vocab + 1}, DType::i32, *this);
+  Tensor order = Tensor::empty({std::max<i64>(n, 1)}, DType::i32, *this);
+  check_cu(api_.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ptr<int>(start)), 0,
+                                 static_cast<std::size_t>(vocab + 1), current_stream()),
+           "cuMemsetD32Async");
+  if (n > 0) {
+    run_1d("embedding_count", n, ptr<const int>(ids), ptr<int>(start), n, vocab, id_fault());
+    run("scan_counts", 1, 1, kBlock, 1, ptr<int>(start), vocab + 1);
+    run_1d("embedding_place", n, ptr<const int>(ids), ptr<const int>(start), ptr<int>(order), n,
+           vocab);
+  }
+  run("embedding_backward", static_cast<unsigned>(vocab),
+      static_cast<unsigned>((c + kBlock - 1) / kBlock), kBlock, 1, ptr(dy), ptr<const int>(order),
+      ptr<const int>(start), ptr(dw), c);
 }
 
 void CudaBackend::fill(const OpCall& call) {
@@ -542,23 +557,21 @@ void CudaBackend::sum_squares(const OpCall& call) {
 void CudaBackend::embedding(const OpCall& call) {
   const Tensor &table = call.inputs[0], &ids = call.inputs[1];
   Tensor& y = call.outputs[0];
-  device_ops::checked_ids(ids, table.dim(0), "embedding");
   run_1d("embedding", numel(y), ptr(table), ptr<const int>(ids), ptr(y), numel(y),
-         static_cast<i64>(table.dim(1)));
+         static_cast<i64>(table.dim(1)), static_cast<i64>(table.dim(0)), id_fault());
 }
 
 void CudaBackend::cross_entropy(const OpCall& call) {
   const Tensor &logits = call.inputs[0], &targets = call.inputs[1];
   auto& out = call.outputs;
   i64 rows = logits.dim(0), v = logits.dim(1);
-  device_ops::checked_ids(targets, v, "cross_entropy");
   if (rows == 0) {
     run_1d("fill", 1, ptr(out[0]), i64{1}, 0.0f);
     return;
   }
   Tensor row_loss = Tensor::empty({rows}, DType::f32, *this);
   run("cross_entropy_rows", static_cast<unsigned>(rows), 1, kBlock, 1, ptr(logits),
-      ptr<const int>(targets), ptr(out[1]), ptr(row_loss), v);
+      ptr<const int>(targets), ptr(out[1]), ptr(row_loss), v, id_fault());
   run_rows("reduce_rows", 1, 0, ptr(row_loss), ptr(out[0]), i64{1}, rows,
            1.0f / static_cast<float>(rows));
 }
@@ -567,10 +580,9 @@ void CudaBackend::cross_entropy_backward(const OpCall& call) {
   const auto& in = call.inputs;
   Tensor& dx = call.outputs[0];
   const Tensor& logits = in[1];
-  device_ops::checked_ids(in[2], logits.dim(1), "cross_entropy_backward");
   float inv = 1.0f / static_cast<float>(std::max<std::int64_t>(logits.dim(0), 1));
   run_1d("cross_entropy_backward", numel(dx), ptr(in[0]), ptr(logits), ptr<const int>(in[2]),
-         ptr(in[3]), ptr(dx), numel(dx), static_cast<i64>(logits.dim(1)), inv);
+         ptr(in[3]), ptr(dx), numel(dx), static_cast<i64>(logits.dim(1)), inv, id_fault());
 }
 
 void CudaBackend::layer_norm(const OpCall& call) {

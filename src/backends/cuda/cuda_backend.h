@@ -123,6 +123,14 @@ class CudaBackend final : public Backend {
   std::mutex bf16_copies_mutex_;
   std::atomic<std::size_t> bf16_copy_count_{0};  // bf16_copies_.size(), read without the lock
 
+  // Token ids are checked by the kernels that read them (device_ops::IdCheckOp): the
+  // first out-of-range id is recorded in `id_fault_` (4 ints) and reported, as an error
+  // naming the op, by the next download, which then clears it.
+  Tensor id_fault_;
+  std::atomic<bool> id_fault_possible_{false};  // an id-checking kernel ran since the last look
+  int* id_fault();  // for a launch: marks that a fault may now be recorded
+  void report_id_fault();
+
   const Api& api_;
   CUdevice device_;
   CUcontext context_ = nullptr;  // the device's primary context, retained

@@ -321,24 +321,85 @@ LOOM_KERNEL sum_squares_partial(const float* x, i64 n, float* partial) {
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// ---- embedding -------------------------------------------------------------------------
+// ---- token ids -------------------------------------------------------------------------
 
-LOOM_KERNEL embedding(const float* w, const int* ids, float* y, i64 n, i64 c) {
-  for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = w[(i64)ids[i / c] * c + i % c];
+// Ids are checked on the device (a host check would wait for the stream, four times a
+// training step): an id outside [0, limit) is used for nothing, and the first such is
+// recorded for the host: fault[0] the op's code (0: none yet; device_ops::IdCheckOp),
+// [1] the id's position, [2] the id, [3] the limit. CudaBackend::download reports it.
+__device__ __forceinline__ bool id_in_range(int id, i64 limit, int* fault, int op, i64 at) {
+  if (id >= 0 && (i64)id < limit) return true;
+  if (atomicCAS(fault, 0, op) == 0) {
+    fault[1] = (int)at;
+    fault[2] = id;
+    fault[3] = (int)limit;
+  }
+  return false;
 }
 
-// Deterministic scatter-add. Tokens are grouped by id on the host (counting sort, token
-// order kept): segment s holds tokens order[seg_start[s] .. seg_start[s+1]) of id
-// seg_id[s]. Grid (segments, column blocks); rows of ids that never occur are zeroed
-// beforehand. Sums run in token order, as the CPU's do.
-LOOM_KERNEL embedding_backward(const float* dy, const int* order, const int* seg_start,
-                                              const int* seg_id, float* dw, i64 c) {
-  i64 j = (i64)blockIdx.y * blockDim.x + threadIdx.x;
+// ---- embedding -------------------------------------------------------------------------
+
+LOOM_KERNEL embedding(const float* w, const int* ids, float* y, i64 n, i64 c, i64 vocab, int* fault) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    const i64 t = i / c;
+    const int id = ids[t];
+    y[i] = id_in_range(id, vocab, fault, 1, t) ? w[(i64)id * c + i % c] : 0.0f;
+  }
+}
+
+// The backward pass is a deterministic scatter-add in three steps, with no host work: a
+// stable counting sort of the token positions by id, then one thread per (id, column)
+// summing its tokens' rows in token order, as the CPU does.
+// 1. start[id + 1] = how many tokens have that id (start zeroed before; integer atomics,
+//    so the counts do not depend on the order they land in).
+LOOM_KERNEL embedding_count(const int* ids, int* start, i64 n, i64 vocab, int* fault) {
+  for (i64 t = first_index(); t < n; t += grid_stride())
+    if (id_in_range(ids[t], vocab, fault, 2, t)) atomicAdd(&start[ids[t] + 1], 1);
+}
+
+// 2. Inclusive prefix sum of start[0, n) in place, by one block: each thread sums a
+//    contiguous chunk, the block scans the chunk totals, then each thread writes its
+//    chunk's running sums. Afterwards id v's tokens are [start[v], start[v + 1]).
+LOOM_KERNEL scan_counts(int* start, i64 n) {
+  __shared__ int totals[1024];
+  const i64 threads = blockDim.x, chunk = (n + threads - 1) / threads;
+  const i64 lo = threadIdx.x * chunk, hi = lo + chunk < n ? lo + chunk : n;
+  int sum = 0;
+  for (i64 i = lo; i < hi; ++i) sum += start[i];
+  totals[threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (unsigned k = 1; k < blockDim.x; ++k) totals[k] += totals[k - 1];
+  __syncthreads();
+  int running = threadIdx.x == 0 ? 0 : totals[threadIdx.x - 1];
+  for (i64 i = lo; i < hi; ++i) {
+    running += start[i];
+    start[i] = running;
+  }
+}
+
+// 3. Token t goes to order[start[id] + r], r the number of earlier tokens with its id, so
+//    each id's tokens stay in token order (n^2 / 2 comparisons in all; the threads of a
+//    warp read the same earlier ids together).
+LOOM_KERNEL embedding_place(const int* ids, const int* start, int* order, i64 n, i64 vocab) {
+  for (i64 t = first_index(); t < n; t += grid_stride()) {
+    const int id = ids[t];
+    if (id < 0 || (i64)id >= vocab) continue;  // recorded by embedding_count
+    int rank = 0;
+    for (i64 u = 0; u < t; ++u) rank += ids[u] == id;
+    order[start[id] + rank] = (int)t;
+  }
+}
+
+// 4. Grid (vocab rows, column blocks): dw[v, j] = sum of dy[t, j] over id v's tokens, in
+//    token order; 0 for an id that never occurs.
+LOOM_KERNEL embedding_backward(const float* dy, const int* order, const int* start, float* dw, i64 c) {
+  const i64 j = (i64)blockIdx.y * blockDim.x + threadIdx.x;
   if (j >= c) return;
-  const int s = blockIdx.x;
+  const i64 v = blockIdx.x;
   float acc = 0.0f;
-  for (int k = seg_start[s]; k < seg_start[s + 1]; ++k) acc += dy[(i64)order[k] * c + j];
-  dw[(i64)seg_id[s] * c + j] = acc;
+  for (int k = start[v]; k < start[v + 1]; ++k) acc += dy[(i64)order[k] * c + j];
+  dw[v * c + j] = acc;
 }
 
 // ---- cross-entropy -----------------------------------------------------------------------
@@ -346,7 +407,8 @@ LOOM_KERNEL embedding_backward(const float* dy, const int* order, const int* seg
 // One block per row, one pass over it: each thread keeps a running maximum m and
 // sum s of exp(x - m) (rescaled when m grows), then the block combines them:
 // lse = M + log sum_t s_t exp(m_t - M); row_loss = lse - x[target].
-LOOM_KERNEL cross_entropy_rows(const float* x, const int* targets, float* lse, float* row_loss, i64 v) {
+LOOM_KERNEL cross_entropy_rows(const float* x, const int* targets, float* lse, float* row_loss, i64 v,
+                               int* fault) {
   const i64 r = blockIdx.x;
   const float* row = x + r * v;
   float m = -INFINITY, s = 0.0f;
@@ -364,18 +426,21 @@ LOOM_KERNEL cross_entropy_rows(const float* x, const int* targets, float* lse, f
   if (threadIdx.x == 0) {
     float l = block_m + logf(total);
     lse[r] = l;
-    row_loss[r] = l - row[targets[r]];
+    const int target = targets[r];
+    row_loss[r] = id_in_range(target, v, fault, 3, r) ? l - row[target] : 0.0f;
   }
 }
 
 // dx = dloss / N (softmax - onehot)
 LOOM_KERNEL cross_entropy_backward(const float* dloss, const float* x, const int* targets,
-                                                  const float* lse, float* dx, i64 n, i64 v, float inv_n) {
+                                   const float* lse, float* dx, i64 n, i64 v, float inv_n, int* fault) {
   const float g = dloss[0] * inv_n;
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     i64 r = i / v, j = i % v;
     float p = expf(x[i] - lse[r]);
-    dx[i] = g * (p - (j == targets[r] ? 1.0f : 0.0f));
+    const int target = targets[r];
+    if (j == 0) id_in_range(target, v, fault, 4, r);
+    dx[i] = g * (p - (j == target ? 1.0f : 0.0f));
   }
 }
 

@@ -206,7 +206,7 @@ __kernel void sum_squares_partial(__global const float* x, const ulong x_off, co
 // ---- embedding -----------------------------------------------------------------------
 // Whether a token id is inside [0, limit). One outside is used for nothing, and the first
 // is recorded for the host: fault[0] the op's code (0: none yet), [1] the id's position,
-// [2] the id, [3] the limit (OpenClBackend::report_id_fault names the op).
+// [2] the id, [3] the limit (device_ops::IdCheckOp: the op; device_ops::id_fault_error names it).
 bool id_in_range(const int id, const ulong limit, __global int* fault, const int op, const ulong at) {
   if (id >= 0 && (ulong)id < limit)
     return true;

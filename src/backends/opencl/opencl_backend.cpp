@@ -829,7 +829,8 @@ void OpenClBackend::embedding_backward(const OpCall& call) {
 void OpenClBackend::report_id_fault(cl_command_queue queue) {
   if (!id_fault_possible_.exchange(false, std::memory_order_relaxed))
     return;
-  cl_int fault[4] = {0, 0, 0, 0};
+  std::int32_t fault[4] = {0, 0, 0, 0};
+  static_assert(sizeof(cl_int) == sizeof(std::int32_t));
   ok(clEnqueueReadBuffer(queue, id_fault_.get(), CL_TRUE, 0, sizeof fault, fault, 0, nullptr,
                          nullptr),
      "clEnqueueReadBuffer (id check)");
@@ -839,12 +840,7 @@ void OpenClBackend::report_id_fault(cl_command_queue queue) {
   ok(clEnqueueWriteBuffer(queue, id_fault_.get(), CL_TRUE, 0, sizeof clear, clear, 0, nullptr,
                           nullptr),
      "clEnqueueWriteBuffer (id check)");
-  static const char* const ops[] = {"?", "embedding", "embedding_backward", "cross_entropy",
-                                    "cross_entropy_backward"};
-  throw Error(std::string(fault[0] >= 1 && fault[0] <= 4 ? ops[fault[0]] : ops[0]) + ": index " +
-              std::to_string(fault[2]) + " (position " + std::to_string(fault[1]) +
-              ") outside [0, " + std::to_string(fault[3]) +
-              ") (checked on the device; found at the next read of a result)");
+  throw device_ops::id_fault_error(fault);
 }
 
 void OpenClBackend::cross_entropy(const OpCall& call) {
