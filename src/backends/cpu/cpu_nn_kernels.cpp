@@ -182,13 +182,11 @@ void cross_entropy(const OpCall& call) {
   double total = 0.0;
 #pragma omp parallel for reduction(+ : total) schedule(static) if (n * v > kParallelGrain)
   for (std::int64_t r = 0; r < n; ++r) {
+    // Vectorised (fixed lanes, exp to about 2 ulp): over a 50k vocabulary the scalar
+    // library exp made this and its backward 5% of a GPT-2 step.
     const float* row = logits + r * v;
-    float m = -std::numeric_limits<float>::infinity();
-    for (std::int64_t j = 0; j < v; ++j)
-      m = std::max(m, row[j]);
-    float s = 0.0f;
-    for (std::int64_t j = 0; j < v; ++j)
-      s += std::exp(row[j] - m);
+    const float m = lanes_max(v, [&](std::int64_t j) { return row[j]; });
+    const float s = lanes_sum(v, [&](std::int64_t j) { return exp_approx(row[j] - m); });
     float lse = m + std::log(s);
     lse_out[r] = lse;
     total += static_cast<double>(lse) - row[targets[r]];
@@ -212,8 +210,9 @@ void cross_entropy_backward(const OpCall& call) {
     const float* row = logits + r * v;
     float* drow = dx + r * v;
     float l = lse[r];
+#pragma omp simd
     for (std::int64_t j = 0; j < v; ++j)
-      drow[j] = scale * std::exp(row[j] - l);
+      drow[j] = scale * exp_approx(row[j] - l);
     drow[targets[r]] -= scale;
   }
 }
