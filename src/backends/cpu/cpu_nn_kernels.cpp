@@ -156,7 +156,10 @@ void embedding_backward(const OpCall& call) {
   for (std::int64_t i = 0; i < n; ++i)
     checked_id(ids[i], v, "embedding_backward");
   float* pdw = dw.data<float>();
-  std::memset(pdw, 0, dw.nbytes());
+  // The zeroed table is most of the work (a GPT-2 vocabulary's is 154 MB): by all threads.
+#pragma omp parallel for schedule(static) if (v * c > kParallelGrain)
+  for (std::int64_t r = 0; r < v; ++r)
+    std::memset(pdw + r * c, 0, static_cast<std::size_t>(c) * sizeof(float));
   int threads = n * c > kParallelGrain && c >= 64 ? omp_get_max_threads() : 1;
 #pragma omp parallel num_threads(threads)
   {
