@@ -416,10 +416,14 @@ Var layer_norm(Tape& tape, const Var& x, const Var& weight, const Var& bias, dou
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids) {
   Attrs a;
   a.shape = weight.shape();
-  return tape.record({weight}, call1(OpId::embedding, {weight.value(), ids}),
-                     [ids, a](const Tensor& g) {
-                       return std::vector<Tensor>{call1(OpId::embedding_backward, {g, ids}, a)};
-                     });
+  return tape.record(
+      {weight}, call1(OpId::embedding, {weight.value(), ids}),
+      [ids, a](const Tensor& g) {
+        return std::vector<Tensor>{call1(OpId::embedding_backward, {g, ids}, a)};
+      },
+      [ids](const Tensor& g, const Tensor& existing) {
+        return call1(OpId::embedding_backward_add, {existing, g, ids});
+      });
 }
 
 Var causal_attention(Tape& tape, const Var& qkv, std::int64_t heads) {

@@ -10,7 +10,9 @@ Var::Var(Tensor value, bool requires_grad) : state_(std::make_shared<VarState>()
   state_->requires_grad = requires_grad;
 }
 
-Var Tape::record(const std::vector<Var>& inputs, Tensor output, BackwardFn backward) {
+Var Tape::record(const std::vector<Var>& inputs, Tensor output, BackwardFn backward,
+                 AccumulateFn accumulate) {
+  check(!accumulate || inputs.size() == 1, "Tape::record: an accumulating rule takes one input");
   bool needs_grad = false;
   for (const Var& v : inputs)
     needs_grad = needs_grad || v.requires_grad();
@@ -23,6 +25,7 @@ Var Tape::record(const std::vector<Var>& inputs, Tensor output, BackwardFn backw
     entry.inputs.push_back(v.state());
   entry.output = out.state();
   entry.backward = std::move(backward);
+  entry.accumulate = std::move(accumulate);
   entries_.push_back(std::move(entry));
   return out;
 }
@@ -52,6 +55,12 @@ void Tape::backward(const Var& output, const Tensor& grad_output) {
     Tensor grad_out = it->output->grad;
     if (!grad_out.defined())
       continue;  // the output did not reach the loss
+    if (it->accumulate && it->inputs[0]->requires_grad && it->inputs[0]->grad.defined()) {
+      VarState& in = *it->inputs[0];
+      in.grad = it->accumulate(grad_out, in.grad);
+      it->output->grad = Tensor();
+      continue;
+    }
     std::vector<Tensor> grads = it->backward(grad_out);
     it->output->grad = Tensor();  // intermediate gradients are not kept
     for (std::size_t i = 0; i < it->inputs.size() && i < grads.size(); ++i) {

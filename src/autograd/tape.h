@@ -46,6 +46,11 @@ class Var {
 
 // Gradient of the output -> gradients of the inputs (undefined where not needed).
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+// For a function of one input: the gradient that input already holds plus this function's
+// share of it, in one op (the tape otherwise adds the two). An embedding table that is
+// also the tied LM head gets its scatter-add onto the head's gradient this way, without a
+// zeroed table and a full add.
+using AccumulateFn = std::function<Tensor(const Tensor& grad_output, const Tensor& existing)>;
 
 class Tape {
  public:
@@ -54,7 +59,8 @@ class Tape {
   bool recording() const { return recording_; }
 
   // Wraps `output` as a Var; records the entry when recording and an input needs a gradient.
-  Var record(const std::vector<Var>& inputs, Tensor output, BackwardFn backward);
+  Var record(const std::vector<Var>& inputs, Tensor output, BackwardFn backward,
+             AccumulateFn accumulate = {});
 
   // Seeds d(loss)/d(loss) = 1 and runs every entry in reverse; clears the tape afterwards.
   void backward(const Var& loss);
@@ -69,6 +75,7 @@ class Tape {
     std::vector<std::shared_ptr<VarState>> inputs;
     std::shared_ptr<VarState> output;
     BackwardFn backward;
+    AccumulateFn accumulate;  // may be empty; only for one input
   };
   std::vector<Entry> entries_;
   bool recording_ = true;

@@ -25,7 +25,8 @@ inline bool f32_except_ids(const OpCall& call) {
   for (std::size_t i = 0; i < call.inputs.size(); ++i) {
     bool ids = (i == 1 && (call.op == OpId::embedding || call.op == OpId::embedding_backward ||
                            call.op == OpId::cross_entropy)) ||
-               (i == 2 && call.op == OpId::cross_entropy_backward);
+               (i == 2 && (call.op == OpId::cross_entropy_backward ||
+                           call.op == OpId::embedding_backward_add));
     if (call.inputs[i].defined() && call.inputs[i].dtype() != (ids ? DType::i32 : DType::f32))
       return false;
   }

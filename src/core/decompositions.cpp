@@ -203,6 +203,14 @@ std::vector<Tensor> matmul_elementwise(OpRunner& r, std::span<const Tensor> in, 
   return r.run(OpId::fused_elementwise, chain_inputs, a);
 }
 
+// The scatter-add, then the sum with base.
+std::vector<Tensor> embedding_backward_add(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Attrs a;
+  a.shape = in[0].shape();
+  Ops o{r};
+  return {o.add(in[0], r.run(OpId::embedding_backward, in.subspan(1), a).front())};
+}
+
 std::array<DecomposeFn, kNumOps> make_table() {
   std::array<DecomposeFn, kNumOps> t{};
   auto set = [&](OpId op, DecomposeFn fn) { t[static_cast<std::size_t>(op)] = fn; };
@@ -222,6 +230,7 @@ std::array<DecomposeFn, kNumOps> make_table() {
   set(OpId::layer_norm, layer_norm);
   set(OpId::fused_elementwise, fused_elementwise);
   set(OpId::matmul_elementwise, matmul_elementwise);
+  set(OpId::embedding_backward_add, embedding_backward_add);
   return t;
 }
 

@@ -387,6 +387,15 @@ Specs infer_embedding_backward(Inputs in, const Attrs& a) {
   return {{a.shape, DType::f32}};
 }
 
+Specs infer_embedding_backward_add(Inputs in, const Attrs&) {
+  expect_dtype(in, 0, DType::f32, "embedding_backward_add");
+  expect_rank(in, 0, 2, "embedding_backward_add");
+  Attrs scatter;
+  scatter.shape = in[0].shape();
+  infer_embedding_backward(in.subspan(1), scatter);
+  return {{in[0].shape(), DType::f32}};
+}
+
 Specs infer_causal_attention(Inputs in, const Attrs& a) {
   expect_dtype(in, 0, DType::f32, "causal_attention");
   expect_rank(in, 0, 3, "causal_attention");

@@ -1,6 +1,7 @@
 // Reference kernels, part 2: cross-entropy, layer norm, embedding, causal attention,
 // convolution and pooling. Same rules as part 1: plain loops, double accumulation.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -138,6 +139,21 @@ void embedding_backward(const OpCall& call) {
     for (std::int64_t j = 0; j < c; ++j)
       dw.data<float>()[id * c + j] += dy[i * c + j];
   }
+}
+
+// base + the scatter-add, as the two ops would give it: the scatter summed from zero in
+// token order, then added to base.
+void embedding_backward_add(const OpCall& call) {
+  const Tensor& base = call.inputs[0];
+  std::array<Tensor, 1> scatter{Tensor::empty(base.shape(), DType::f32, base.backend())};
+  Attrs a;
+  a.shape = base.shape();
+  embedding_backward(OpCall{OpId::embedding_backward, call.inputs.subspan(1), scatter, a});
+  const float* pb = base.data<float>();
+  const float* ps = scatter[0].data<float>();
+  float* out = call.outputs[0].data<float>();
+  for (std::int64_t i = 0; i < base.numel(); ++i)
+    out[i] = pb[i] + ps[i];
 }
 
 namespace {

@@ -271,6 +271,10 @@ void nn_cases(Builder& b) {
   eb.shape = {65, 128};
   b.add("large", OpId::embedding_backward, {b.r({12, 64, 128}), b.ids({12, 64}, 65)}, eb,
         Measure::nmse, 1e-10);
+  b.add("repeats", OpId::embedding_backward_add, {b.r({11, 6}), b.r({2, 9, 6}), b.ids({2, 9}, 3)},
+        {}, Measure::nmse, 1e-10);
+  b.add("large", OpId::embedding_backward_add,
+        {b.r({65, 128}), b.r({12, 64, 128}), b.ids({12, 64}, 65)}, {}, Measure::nmse, 1e-10);
   for (auto [bt, t, c, h] : std::vector<std::array<std::int64_t, 4>>{
            {2, 5, 8, 2}, {1, 1, 4, 1}, {2, 17, 16, 4}, {3, 64, 32, 2}, {2, 100, 16, 2}}) {
     char label[64];

@@ -355,6 +355,13 @@ TEST_P(TokenIds, EmbeddingBackwardSumsEachIdsRowsInTokenOrder) {
   EXPECT_EQ(actual, expected);
   for (std::int64_t j = 7 * width; j < vocab * width; ++j)
     ASSERT_EQ(actual[static_cast<std::size_t>(j)], 0.0) << "element " << j;
+  // Onto a gradient already there (a tied table): the scatter, then the sum, bit for bit.
+  const Tensor base = random({vocab, width}, rng).to(*device);
+  const Tensor scatter = dispatch::call(OpId::embedding_backward,
+                                        {dy.to(*device), id_tensor.to(*device)}, a, device)[0];
+  EXPECT_EQ(values(dispatch::call(OpId::embedding_backward_add,
+                                  {base, dy.to(*device), id_tensor.to(*device)}, {}, device)[0]),
+            values(dispatch::call(OpId::add, {base, scatter}, {}, device)[0]));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, TokenIds, ::testing::ValuesIn(backends()),

@@ -174,6 +174,53 @@ void embedding_backward(const OpCall& call) {
   }
 }
 
+// base + embedding_backward(dy, ids) in one pass over the table instead of three (zero,
+// scatter, add): the tokens' rows are summed, from zero and in token order, into one row
+// per distinct id, then each output row is base's row plus that sum where its id occurs.
+// The same bits as the two ops.
+void embedding_backward_add(const OpCall& call) {
+  const Tensor& base = call.inputs[0];
+  const float* dy = call.inputs[1].data<float>();
+  const std::int32_t* ids = call.inputs[2].data<std::int32_t>();
+  const std::int64_t v = base.dim(0), c = base.dim(1), n = call.inputs[2].numel();
+  std::vector<std::int32_t> slot_of_id(static_cast<std::size_t>(v), -1), slot_of_token;
+  slot_of_token.reserve(static_cast<std::size_t>(n));
+  std::int32_t slots = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int32_t& slot = slot_of_id[checked_id(ids[i], v, "embedding_backward_add")];
+    if (slot < 0)
+      slot = slots++;
+    slot_of_token.push_back(slot);
+  }
+  std::vector<float> sums(static_cast<std::size_t>(slots * c), 0.0f);
+  int threads = n * c > kParallelGrain && c >= 64 ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+  {  // threads split the columns, as in embedding_backward: token order per element
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    std::int64_t begin = c * t / nt, end = c * (t + 1) / nt;
+    for (std::int64_t i = 0; i < n; ++i) {
+      float* row = sums.data() + slot_of_token[i] * c;
+      const float* g = dy + i * c;
+      for (std::int64_t j = begin; j < end; ++j)
+        row[j] += g[j];
+    }
+  }
+  const float* pb = base.data<float>();
+  float* out = call.outputs[0].data<float>();
+#pragma omp parallel for schedule(static) if (v * c > kParallelGrain)
+  for (std::int64_t r = 0; r < v; ++r) {
+    const std::int32_t slot = slot_of_id[r];
+    if (slot < 0) {
+      std::memcpy(out + r * c, pb + r * c, static_cast<std::size_t>(c) * sizeof(float));
+      continue;
+    }
+    const float* sum = sums.data() + slot * c;
+#pragma omp simd
+    for (std::int64_t j = 0; j < c; ++j)
+      out[r * c + j] = pb[r * c + j] + sum[j];
+  }
+}
+
 // ---- cross-entropy ----------------------------------------------------------------
 void cross_entropy(const OpCall& call) {
   const float* logits = call.inputs[0].data<float>();
@@ -528,6 +575,7 @@ void register_nn_kernels(std::array<KernelFn, kNumOps>& table) {
   set(OpId::layer_norm_backward, layer_norm_backward);
   set(OpId::embedding, embedding);
   set(OpId::embedding_backward, embedding_backward);
+  set(OpId::embedding_backward_add, embedding_backward_add);
   set(OpId::cross_entropy, cross_entropy);
   set(OpId::cross_entropy_backward, cross_entropy_backward);
   set(OpId::causal_attention, causal_attention);
