@@ -141,11 +141,11 @@ for j in json.load(sys.stdin)["jobs"]:
 if [[ $has_opencl == 1 ]]; then
   long="{layers: 1, width: 32, heads: 2, context: 16, batch: 4, eval_every: 0, final_eval: false, seed: 7, data: $root/data/tinyshakespeare/input.txt}"
   "$loom" train --layers 1 --width 32 --heads 2 --context 16 --batch 4 --eval_every 0 \
-    --final_eval false --seed 7 --steps 5000 --threads 1 --json --progress false \
+    --final_eval false --seed 7 --steps 12000 --threads 1 --json --progress false \
     --data "$root/data/tinyshakespeare/input.txt" --out "$dir/reference" > reference.log 2>&1 || fail "reference run"
   cat > low.yaml <<YAML
 name: low
-steps: 5000
+steps: 12000
 priority: 0
 pools: [cpu, opencl]
 config: $long
@@ -161,7 +161,8 @@ YAML
   wait_state "$low" running 120 || fail "the low-priority job did not start"
   low_pool=$("$loom" fleet status "$low" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["pool"])')
   [[ $low_pool == cpu ]] || fail "the low-priority job started on $low_pool, expected cpu (fastest)"
-  # At once: on a fast machine the low-priority job's 5000 steps take a few seconds.
+  # At once: the low-priority job's 12,000 steps take about 5 s on a fast CPU (5,000
+  # left about 2 s for the preemption to land, the race the Slurm check had).
   high=$(submit_id high.yaml)
   wait_state "$high" succeeded 180 || fail "the high-priority job did not run"
   wait_state "$low" succeeded 300 || fail "the preempted job did not finish"
