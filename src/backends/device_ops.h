@@ -120,11 +120,16 @@ enum IdCheckOp : std::int32_t {
   kIdEmbeddingBackward = 2,
   kIdCrossEntropy = 3,
   kIdCrossEntropyBackward = 4,
+  kIdEmbeddingBackwardAdd = 5,
 };
 inline Error id_fault_error(const std::int32_t (&fault)[4]) {
-  static const char* const ops[] = {"?", "embedding", "embedding_backward", "cross_entropy",
-                                    "cross_entropy_backward"};
-  return Error(std::string(fault[0] >= 1 && fault[0] <= 4 ? ops[fault[0]] : ops[0]) + ": index " +
+  static const char* const ops[] = {"?",
+                                    "embedding",
+                                    "embedding_backward",
+                                    "cross_entropy",
+                                    "cross_entropy_backward",
+                                    "embedding_backward_add"};
+  return Error(std::string(fault[0] >= 1 && fault[0] <= 5 ? ops[fault[0]] : ops[0]) + ": index " +
                std::to_string(fault[2]) + " (position " + std::to_string(fault[1]) +
                ") outside [0, " + std::to_string(fault[3]) +
                ") (checked on the device; found at the next read of a result)");

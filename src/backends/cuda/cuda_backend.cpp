@@ -340,9 +340,13 @@ void CudaBackend::sum_columns(const float* x, float* y, i64 rows, i64 cols, floa
 }
 
 // Ids checked and grouped on the device (kernels.cu: count, scan, place, sum), so the
-// host never waits for the stream here.
+// host never waits for the stream here. embedding_backward_add (base, dy, ids) adds base
+// to each sum as it writes it: the two ops' bits, without the zeroed table and the add.
 void CudaBackend::embedding_backward(const OpCall& call) {
-  const Tensor &dy = call.inputs[0], &ids = call.inputs[1];
+  const bool onto_base = call.op == OpId::embedding_backward_add;
+  const Tensor &dy = call.inputs[onto_base ? 1 : 0], &ids = call.inputs[onto_base ? 2 : 1];
+  const float* base = onto_base ? ptr<const float>(call.inputs[0]) : nullptr;
+  const char* op = onto_base ? "embedding_backward_add" : "embedding_backward";
   const Tensor& dw = call.outputs[0];
   const i64 vocab = dw.dim(0), c = dw.dim(1), n = numel(ids);
   if (vocab == 0 || c == 0)
@@ -350,7 +354,7 @@ void CudaBackend::embedding_backward(const OpCall& call) {
   check(n < std::numeric_limits<std::int32_t>::max() &&
             vocab < std::numeric_limits<std::int32_t>::max(),
         [&] {
-          return "embedding_backward: " + std::to_string(n) + " tokens over a vocabulary of " +
+          return std::string(op) + ": " + std::to_string(n) + " tokens over a vocabulary of " +
                  std::to_string(vocab) + ": the CUDA kernel counts in 32 bits";
         });
   Tensor start = Tensor::empty({vocab + 1}, DType::i32, *this);
@@ -359,14 +363,16 @@ void CudaBackend::embedding_backward(const OpCall& call) {
                                  static_cast<std::size_t>(vocab + 1), current_stream()),
            "cuMemsetD32Async");
   if (n > 0) {
-    run_1d("embedding_count", n, ptr<const int>(ids), ptr<int>(start), n, vocab, id_fault());
+    const int code =
+        onto_base ? device_ops::kIdEmbeddingBackwardAdd : device_ops::kIdEmbeddingBackward;
+    run_1d("embedding_count", n, ptr<const int>(ids), ptr<int>(start), n, vocab, id_fault(), code);
     run("scan_counts", 1, 1, kBlock, 1, ptr<int>(start), vocab + 1);
     run_1d("embedding_place", n, ptr<const int>(ids), ptr<const int>(start), ptr<int>(order), n,
            vocab);
   }
   run("embedding_backward", static_cast<unsigned>(vocab),
       static_cast<unsigned>((c + kBlock - 1) / kBlock), kBlock, 1, ptr(dy), ptr<const int>(order),
-      ptr<const int>(start), ptr(dw), c);
+      ptr<const int>(start), base, ptr(dw), c);
 }
 
 void CudaBackend::fill(const OpCall& call) {
@@ -671,6 +677,7 @@ const KernelTable<CudaBackend>& CudaBackend::kernels() {
                   {OpId::layer_norm_backward, f32, &B::layer_norm_backward},
                   {OpId::embedding, f32, &B::embedding},
                   {OpId::embedding_backward, f32, &B::embedding_backward},
+                  {OpId::embedding_backward_add, f32, &B::embedding_backward},
                   {OpId::cross_entropy, f32, &B::cross_entropy},
                   {OpId::cross_entropy_backward, f32, &B::cross_entropy_backward},
                   {OpId::causal_attention, f32, &B::attention_forward},

@@ -352,9 +352,9 @@ LOOM_KERNEL embedding(const float* w, const int* ids, float* y, i64 n, i64 c, i6
 // summing its tokens' rows in token order, as the CPU does.
 // 1. start[id + 1] = how many tokens have that id (start zeroed before; integer atomics,
 //    so the counts do not depend on the order they land in).
-LOOM_KERNEL embedding_count(const int* ids, int* start, i64 n, i64 vocab, int* fault) {
+LOOM_KERNEL embedding_count(const int* ids, int* start, i64 n, i64 vocab, int* fault, int op) {
   for (i64 t = first_index(); t < n; t += grid_stride())
-    if (id_in_range(ids[t], vocab, fault, 2, t)) atomicAdd(&start[ids[t] + 1], 1);
+    if (id_in_range(ids[t], vocab, fault, op, t)) atomicAdd(&start[ids[t] + 1], 1);
 }
 
 // 2. Inclusive prefix sum of start[0, n) in place, by one block: each thread sums a
@@ -392,14 +392,16 @@ LOOM_KERNEL embedding_place(const int* ids, const int* start, int* order, i64 n,
 }
 
 // 4. Grid (vocab rows, column blocks): dw[v, j] = sum of dy[t, j] over id v's tokens, in
-//    token order; 0 for an id that never occurs.
-LOOM_KERNEL embedding_backward(const float* dy, const int* order, const int* start, float* dw, i64 c) {
+//    token order; 0 for an id that never occurs. With base (embedding_backward_add), dw is
+//    base plus that sum, as the add of the two ops computes it.
+LOOM_KERNEL embedding_backward(const float* dy, const int* order, const int* start, const float* base,
+                               float* dw, i64 c) {
   const i64 j = (i64)blockIdx.y * blockDim.x + threadIdx.x;
   if (j >= c) return;
   const i64 v = blockIdx.x;
   float acc = 0.0f;
   for (int k = start[v]; k < start[v + 1]; ++k) acc += dy[(i64)order[k] * c + j];
-  dw[v * c + j] = acc;
+  dw[v * c + j] = base ? base[v * c + j] + acc : acc;
 }
 
 // ---- cross-entropy -----------------------------------------------------------------------
