@@ -227,16 +227,23 @@ __kernel void embedding(__global const float* w, const ulong w_off, __global con
 }
 
 // One work-item per column: scatter-add over tokens in token order (deterministic, no atomics).
+// With has_base (embedding_backward_add), base is added to each sum afterwards, as the add
+// of the two ops computes it. `op`: the IdCheckOp named if an id is out of range.
 __kernel void embedding_backward(__global const float* dy, const ulong dy_off, __global const int* ids,
                                  const ulong ids_off, __global float* dw, const ulong dw_off, const ulong tokens,
-                                 const ulong c, const ulong vocab, __global int* fault) {
+                                 const ulong c, const ulong vocab, __global int* fault,
+                                 __global const float* base, const ulong base_off, const int has_base,
+                                 const int op) {
   ulong j = get_global_id(0);
   for (ulong v = 0; v < vocab; ++v) dw[dw_off + v * c + j] = 0.0f;
   for (ulong t = 0; t < tokens; ++t) {
     const int id = ids[ids_off + t];
-    if (id_in_range(id, vocab, fault, 2, t))
+    if (id_in_range(id, vocab, fault, op, t))
       dw[dw_off + (ulong)id * c + j] += dy[dy_off + t * c + j];
   }
+  if (has_base)
+    for (ulong v = 0; v < vocab; ++v)
+      dw[dw_off + v * c + j] = base[base_off + v * c + j] + dw[dw_off + v * c + j];
 }
 
 // ---- cross-entropy -------------------------------------------------------------------

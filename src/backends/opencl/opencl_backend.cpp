@@ -817,13 +817,19 @@ void OpenClBackend::embedding(const OpCall& call) {
       id_fault_.get());
 }
 
+// embedding_backward, and embedding_backward_add (base, dy, ids): the same kernel, which
+// then adds base to each sum (the two ops' bits, one launch and no temporary table).
 void OpenClBackend::embedding_backward(const OpCall& call) {
-  const Tensor &dy = call.inputs[0], &ids = call.inputs[1];
+  const bool onto_base = call.op == OpId::embedding_backward_add;
+  const Tensor &dy = call.inputs[onto_base ? 1 : 0], &ids = call.inputs[onto_base ? 2 : 1];
   Tensor& dw = call.outputs[0];
+  const Tensor& base = onto_base ? call.inputs[0] : dw;  // unread without onto_base
   id_fault_possible_.store(true, std::memory_order_relaxed);
   run("embedding_backward", static_cast<std::size_t>(dw.dim(1)), mem_of(dy), off_of(dy),
       mem_of(ids), off_of(ids), mem_of(dw), off_of(dw), static_cast<cl_ulong>(ids.numel()),
-      static_cast<cl_ulong>(dw.dim(1)), static_cast<cl_ulong>(dw.dim(0)), id_fault_.get());
+      static_cast<cl_ulong>(dw.dim(1)), static_cast<cl_ulong>(dw.dim(0)), id_fault_.get(),
+      mem_of(base), off_of(base), cl_int{onto_base ? 1 : 0},
+      cl_int{onto_base ? device_ops::kIdEmbeddingBackwardAdd : device_ops::kIdEmbeddingBackward});
 }
 
 void OpenClBackend::report_id_fault(cl_command_queue queue) {
@@ -1464,6 +1470,7 @@ const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
                     {OpId::sum_squares, f32, &B::sum_squares},
                     {OpId::embedding, f32, &B::embedding},
                     {OpId::embedding_backward, f32, &B::embedding_backward},
+                    {OpId::embedding_backward_add, f32, &B::embedding_backward},
                     {OpId::cross_entropy, f32, &B::cross_entropy},
                     {OpId::cross_entropy_backward, f32, &B::cross_entropy_backward},
                     {OpId::layer_norm_backward, f32, &B::layer_norm_backward},
