@@ -374,26 +374,26 @@ Specs infer_embedding(Inputs in, const Attrs&) {
   out.push_back(in[0].dim(1));
   return {{out, DType::f32}};
 }
-Specs infer_embedding_backward(Inputs in, const Attrs& a) {
-  expect_dtype(in, 0, DType::f32, "embedding_backward");
-  expect_dtype(in, 1, DType::i32, "embedding_backward");
-  check(a.shape.size() == 2,
-        [&] { return "embedding_backward: shape " + shape_str(a.shape) + " must be [V,C]"; });
-  Shape expected = in[1].shape();
-  expected.push_back(a.shape[1]);
-  check(in[0].shape() == expected, [&] {
-    return "embedding_backward: dy " + in[0].describe() + " must be " + shape_str(expected);
+// dy [..., C] (input `dy`) and ids [...] (input dy + 1) scattered into a table of `shape`.
+Specs infer_scatter(Inputs in, int dy, const Shape& shape, const char* op) {
+  expect_dtype(in, dy, DType::f32, op);
+  expect_dtype(in, dy + 1, DType::i32, op);
+  check(shape.size() == 2,
+        [&] { return std::string(op) + ": shape " + shape_str(shape) + " must be [V,C]"; });
+  Shape expected = in[dy + 1].shape();
+  expected.push_back(shape[1]);
+  check(in[dy].shape() == expected, [&] {
+    return std::string(op) + ": dy " + in[dy].describe() + " must be " + shape_str(expected);
   });
-  return {{a.shape, DType::f32}};
+  return {{shape, DType::f32}};
 }
-
+Specs infer_embedding_backward(Inputs in, const Attrs& a) {
+  return infer_scatter(in, 0, a.shape, "embedding_backward");
+}
 Specs infer_embedding_backward_add(Inputs in, const Attrs&) {
   expect_dtype(in, 0, DType::f32, "embedding_backward_add");
   expect_rank(in, 0, 2, "embedding_backward_add");
-  Attrs scatter;
-  scatter.shape = in[0].shape();
-  infer_embedding_backward(in.subspan(1), scatter);
-  return {{in[0].shape(), DType::f32}};
+  return infer_scatter(in, 1, in[0].shape(), "embedding_backward_add");
 }
 
 Specs infer_causal_attention(Inputs in, const Attrs& a) {

@@ -45,8 +45,23 @@ TEST(Catalog, ShapeInferenceRejectsBadInputsWithTheOpName) {
   }
   EXPECT_THROW(dispatch::call1(OpId::add, {a, b}), Error);
   Tensor ids = random_ids({4}, 3, rng);
-  EXPECT_THROW(dispatch::call1(OpId::embedding, {a, random_ids({2}, 9, rng)}), Error);  // id outside [0, 2)
+  EXPECT_THROW(dispatch::call1(OpId::embedding, {a, random_ids({2}, 9, rng)}),
+               Error);  // id outside [0, 2)
   (void)ids;
+  // embedding_backward_add names itself and the input at fault: base, then dy against ids.
+  const Tensor table = random({5, 3}, rng), dy = random({4, 3}, rng);
+  EXPECT_EQ(error_of([&] {
+              dispatch::call1(OpId::embedding_backward_add, {random({5}, rng), dy, ids});
+            }).rfind("embedding_backward_add: input 0 is", 0),
+            0u);
+  EXPECT_EQ(error_of([&] {
+              dispatch::call1(OpId::embedding_backward_add, {table, random({4, 2}, rng), ids});
+            }),
+            "embedding_backward_add: dy f32[4,2] on cpu must be [4,3]");
+  EXPECT_EQ(error_of([&] {
+              dispatch::call1(OpId::embedding_backward_add, {table, dy, dy});
+            }).rfind("embedding_backward_add: input 2 is", 0),
+            0u);
 }
 
 TEST(Dispatch, CountsEveryNativeCall) {
