@@ -226,24 +226,28 @@ __kernel void embedding(__global const float* w, const ulong w_off, __global con
   y[y_off + i] = id_in_range(id, vocab, fault, 1, t) ? w[w_off + (ulong)id * c + j] : 0.0f;
 }
 
-// One work-item per column: scatter-add over tokens in token order (deterministic, no atomics).
-// With has_base (embedding_backward_add), base is added to each sum afterwards, as the add
-// of the two ops computes it. `op`: the IdCheckOp named if an id is out of range.
-__kernel void embedding_backward(__global const float* dy, const ulong dy_off, __global const int* ids,
-                                 const ulong ids_off, __global float* dw, const ulong dw_off, const ulong tokens,
-                                 const ulong c, const ulong vocab, __global int* fault,
-                                 __global const float* base, const ulong base_off, const int has_base,
-                                 const int op) {
-  ulong j = get_global_id(0);
-  for (ulong v = 0; v < vocab; ++v) dw[dw_off + v * c + j] = 0.0f;
+// The embedding's gradient in three launches, each over the range that suits it:
+// embedding_zero clears the table (columns x rows), embedding_scatter gives each column one
+// work-item that adds the tokens' rows in token order (deterministic, no atomics), and, for
+// embedding_backward_add, embedding_add_base adds base to each sum afterwards (columns x
+// rows), as the add of the two ops computes it. `op`: the IdCheckOp named for a bad id.
+__kernel void embedding_zero(__global float* dw, const ulong dw_off, const ulong c) {
+  dw[dw_off + get_global_id(1) * c + get_global_id(0)] = 0.0f;
+}
+__kernel void embedding_scatter(__global const float* dy, const ulong dy_off, __global const int* ids,
+                                const ulong ids_off, __global float* dw, const ulong dw_off, const ulong tokens,
+                                const ulong c, const ulong vocab, __global int* fault, const int op) {
+  const ulong j = get_global_id(0);
   for (ulong t = 0; t < tokens; ++t) {
     const int id = ids[ids_off + t];
     if (id_in_range(id, vocab, fault, op, t))
       dw[dw_off + (ulong)id * c + j] += dy[dy_off + t * c + j];
   }
-  if (has_base)
-    for (ulong v = 0; v < vocab; ++v)
-      dw[dw_off + v * c + j] = base[base_off + v * c + j] + dw[dw_off + v * c + j];
+}
+__kernel void embedding_add_base(__global const float* base, const ulong base_off, __global float* dw,
+                                 const ulong dw_off, const ulong c) {
+  const ulong i = get_global_id(1) * c + get_global_id(0);
+  dw[dw_off + i] = base[base_off + i] + dw[dw_off + i];
 }
 
 // ---- cross-entropy -------------------------------------------------------------------

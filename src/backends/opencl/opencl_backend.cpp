@@ -263,7 +263,9 @@ void OpenClBackend::build_program() {
                            "slice_backward",
                            "sum_squares_partial",
                            "embedding",
-                           "embedding_backward",
+                           "embedding_zero",
+                           "embedding_scatter",
+                           "embedding_add_base",
                            "cross_entropy_rows",
                            "cross_entropy_backward",
                            "layer_norm_backward_rows",
@@ -817,19 +819,21 @@ void OpenClBackend::embedding(const OpCall& call) {
       id_fault_.get());
 }
 
-// embedding_backward, and embedding_backward_add (base, dy, ids): the same kernel, which
-// then adds base to each sum (the two ops' bits, one launch and no temporary table).
+// embedding_backward, and embedding_backward_add (base, dy, ids), which then adds base to
+// each sum: the two ops' bits, without a temporary table (kernels.cl, embedding_*).
 void OpenClBackend::embedding_backward(const OpCall& call) {
   const bool onto_base = call.op == OpId::embedding_backward_add;
   const Tensor &dy = call.inputs[onto_base ? 1 : 0], &ids = call.inputs[onto_base ? 2 : 1];
   Tensor& dw = call.outputs[0];
-  const Tensor& base = onto_base ? call.inputs[0] : dw;  // unread without onto_base
+  const auto c = static_cast<std::size_t>(dw.dim(1)), vocab = static_cast<std::size_t>(dw.dim(0));
+  run_rows("embedding_zero", c, vocab, mem_of(dw), off_of(dw), cl_ulong{c});
   id_fault_possible_.store(true, std::memory_order_relaxed);
-  run("embedding_backward", static_cast<std::size_t>(dw.dim(1)), mem_of(dy), off_of(dy),
-      mem_of(ids), off_of(ids), mem_of(dw), off_of(dw), static_cast<cl_ulong>(ids.numel()),
-      static_cast<cl_ulong>(dw.dim(1)), static_cast<cl_ulong>(dw.dim(0)), id_fault_.get(),
-      mem_of(base), off_of(base), cl_int{onto_base ? 1 : 0},
+  run("embedding_scatter", c, mem_of(dy), off_of(dy), mem_of(ids), off_of(ids), mem_of(dw),
+      off_of(dw), static_cast<cl_ulong>(ids.numel()), cl_ulong{c}, cl_ulong{vocab}, id_fault_.get(),
       cl_int{onto_base ? device_ops::kIdEmbeddingBackwardAdd : device_ops::kIdEmbeddingBackward});
+  if (onto_base)
+    run_rows("embedding_add_base", c, vocab, mem_of(call.inputs[0]), off_of(call.inputs[0]),
+             mem_of(dw), off_of(dw), cl_ulong{c});
 }
 
 void OpenClBackend::report_id_fault(cl_command_queue queue) {
