@@ -146,9 +146,26 @@ void embedding(const OpCall& call) {
     std::memcpy(out + i * c, weight + ids[i] * c, c * sizeof(float));
 }
 
+// Scatter-add of dy's n rows of c into the rows row_of(i) points at. Threads split the C
+// columns, so no two threads touch the same element and the sum order per element is the
+// token order: deterministic.
+template <class RowOf>
+void scatter_rows(const float* dy, std::int64_t n, std::int64_t c, RowOf row_of) {
+  int threads = n * c > kParallelGrain && c >= 64 ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    std::int64_t begin = c * t / nt, end = c * (t + 1) / nt;
+    for (std::int64_t i = 0; i < n; ++i) {
+      float* row = row_of(i);
+      const float* g = dy + i * c;
+      for (std::int64_t j = begin; j < end; ++j)
+        row[j] += g[j];
+    }
+  }
+}
+
 void embedding_backward(const OpCall& call) {
-  // Scatter-add. Threads split the C columns, so no two threads touch the same element
-  // and the sum order per element is the token order: deterministic.
   const float* dy = call.inputs[0].data<float>();
   const std::int32_t* ids = call.inputs[1].data<std::int32_t>();
   Tensor& dw = call.outputs[0];
@@ -160,18 +177,7 @@ void embedding_backward(const OpCall& call) {
 #pragma omp parallel for schedule(static) if (v * c > kParallelGrain)
   for (std::int64_t r = 0; r < v; ++r)
     std::memset(pdw + r * c, 0, static_cast<std::size_t>(c) * sizeof(float));
-  int threads = n * c > kParallelGrain && c >= 64 ? omp_get_max_threads() : 1;
-#pragma omp parallel num_threads(threads)
-  {
-    int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    std::int64_t begin = c * t / nt, end = c * (t + 1) / nt;
-    for (std::int64_t i = 0; i < n; ++i) {
-      float* row = pdw + ids[i] * c;
-      const float* g = dy + i * c;
-      for (std::int64_t j = begin; j < end; ++j)
-        row[j] += g[j];
-    }
-  }
+  scatter_rows(dy, n, c, [&](std::int64_t i) { return pdw + ids[i] * c; });
 }
 
 // base + embedding_backward(dy, ids) in one pass over the table instead of three (zero,
@@ -193,18 +199,7 @@ void embedding_backward_add(const OpCall& call) {
     slot_of_token.push_back(slot);
   }
   std::vector<float> sums(static_cast<std::size_t>(slots * c), 0.0f);
-  int threads = n * c > kParallelGrain && c >= 64 ? omp_get_max_threads() : 1;
-#pragma omp parallel num_threads(threads)
-  {  // threads split the columns, as in embedding_backward: token order per element
-    int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    std::int64_t begin = c * t / nt, end = c * (t + 1) / nt;
-    for (std::int64_t i = 0; i < n; ++i) {
-      float* row = sums.data() + slot_of_token[i] * c;
-      const float* g = dy + i * c;
-      for (std::int64_t j = begin; j < end; ++j)
-        row[j] += g[j];
-    }
-  }
+  scatter_rows(dy, n, c, [&](std::int64_t i) { return sums.data() + slot_of_token[i] * c; });
   const float* pb = base.data<float>();
   float* out = call.outputs[0].data<float>();
 #pragma omp parallel for schedule(static) if (v * c > kParallelGrain)
