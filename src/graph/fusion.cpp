@@ -18,6 +18,40 @@ namespace {
 
 constexpr std::size_t kMaxSteps = 64;  // a longer chain is split: its registers stay in L1
 
+// Whether `o` is dense row-major from its offset (size-1 dimensions aside).
+bool dense(const Operand& o) {
+  std::int64_t expected = 1;
+  for (std::size_t d = o.shape.size(); d-- > 0;) {
+    if (o.shape[d] != 1 && o.strides[d] != expected)
+      return false;
+    expected *= o.shape[d];
+  }
+  return true;
+}
+
+// `o`, a dense operand of an elementwise chain of shape `from`, viewed in the shape `to` of
+// the product the chain reads (the same elements, rows of the same length): a dense operand
+// of the chain's shape is the same bytes as `to`; one value per column (every dimension
+// but the last 1) is that row. Anything else does not carry over: nullopt.
+std::optional<Operand> in_product_shape(const Operand& o, const Shape& from, const Shape& to) {
+  Operand r = o;
+  if (o.shape == from && dense(o)) {
+    r.shape = to;
+    r.strides.assign(to.size(), 1);
+    for (std::size_t d = to.size(); d-- > 1;)
+      r.strides[d - 1] = r.strides[d] * to[d];
+    return r;
+  }
+  const bool one_row =
+      !o.shape.empty() && o.shape.back() == to.back() && shape_numel(o.shape) == o.shape.back();
+  if (one_row || shape_numel(o.shape) == 1) {
+    r.shape = {o.shape.empty() ? 1 : o.shape.back()};
+    r.strides = {o.strides.empty() ? 1 : o.strides.back()};
+    return r;
+  }
+  return std::nullopt;
+}
+
 bool contiguous_from_start(const Operand& o) {
   if (o.offset != 0)
     return false;
@@ -258,10 +292,17 @@ std::size_t Graph::fold_gemm_epilogues(
       for (std::size_t r = 1; later && r < readers.size(); ++r)
         later = readers[r] > j;
       const bool kept = readers.size() > 1 || access.is_output[c.storage];
+      // Read whole: as the product's view, or (a reshape, as autograd reads a linear
+      // layer's [B*T, N] product as [B, T, N]) as a dense view of the chain's shape with
+      // rows of the product's length.
+      const bool whole =
+          o.offset == 0 && o.shape == shape &&
+          ((o.shape == c.shape && o.strides == c.strides) ||
+           (contiguous_from_start(o) && !shape.empty() && !c.shape.empty() &&
+            shape.back() == c.shape.back() && shape_numel(shape) == shape_numel(c.shape)));
       if (c.dtype == DType::f32 && storages_[c.storage].internal && later &&
           (!kept || gemm.op == OpId::linear) && access.writers[c.storage].size() == 1 &&
-          contiguous_from_start(c) && o.offset == 0 && o.shape == c.shape &&
-          o.strides == c.strides && c.shape == shape && gemm.backend == chain.backend) {
+          contiguous_from_start(c) && whole && gemm.backend == chain.backend) {
         q = static_cast<int>(k);
         escapes = kept;
       }
@@ -278,6 +319,26 @@ std::size_t Graph::fold_gemm_epilogues(
         rewritten = rewritten || (w > i && w < j);
     if (rewritten)
       continue;
+    // Read through a reshape: the node works in the product's shape, the chain's other
+    // operands viewed in it (or the pair is left unfolded where one cannot be).
+    const Shape& product_shape = gemm.outputs[0].shape;
+    std::vector<Operand> chain_inputs = chain.inputs, chain_outputs = chain.outputs;
+    if (shape != product_shape) {
+      bool viewable = true;
+      for (std::vector<Operand>* list : {&chain_inputs, &chain_outputs})
+        for (Operand& o : *list) {
+          if (o.storage == chain.inputs[q].storage) {
+            o = gemm.outputs[0];
+            continue;
+          }
+          std::optional<Operand> v = in_product_shape(o, shape, product_shape);
+          viewable = viewable && v.has_value();
+          if (v)
+            o = *v;
+        }
+      if (!viewable)
+        continue;
+    }
     // The new program: input 0 the product, then linear's bias (added by a first step, as
     // linear adds it after the sum), then the chain's other inputs.
     const bool with_bias = gemm.op == OpId::linear;
@@ -291,7 +352,7 @@ std::size_t Graph::fold_gemm_epilogues(
       if (chain.inputs[k].storage == chain.inputs[q].storage)
         register_of[k] = -2;  // the product (the chain reads it as a whole only)
       else
-        register_of[k] = next_input++, inputs.push_back(chain.inputs[k]);
+        register_of[k] = next_input++, inputs.push_back(chain_inputs[k]);
     merged->num_inputs = next_input;
     const int product_register = with_bias ? merged->num_inputs : 0;
     if (with_bias)
@@ -307,7 +368,7 @@ std::size_t Graph::fold_gemm_epilogues(
       merged->steps.push_back(ElementwiseStep{s.op, {map(s.args[0]), map(s.args[1])}, s.alpha});
     for (int r : program->output_registers())
       merged->outputs.push_back(map(r));
-    std::vector<Operand> outputs = chain.outputs;
+    std::vector<Operand> outputs = chain_outputs;
     if (escapes) {  // linear's value, read again later: written too
       merged->outputs.push_back(product_register);
       outputs.push_back(gemm.outputs[0]);
@@ -315,7 +376,7 @@ std::size_t Graph::fold_gemm_epilogues(
     Attrs attrs;
     attrs.trans_a = gemm.attrs.trans_a;
     attrs.trans_b = gemm.attrs.trans_b;
-    attrs.shape = shape;
+    attrs.shape = product_shape;
     attrs.program = merged;
     Backend& backend = *chain.backend;
     std::vector<Tensor> probes;

@@ -5,15 +5,18 @@
 // (LOOM_CUDA_EMULATOR=1); these tests check the emulator.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/emulator/block_scheduler.h"
 #include "backends/cuda/emulator/emulated_api.h"
 #include "core/error.h"
+#include "core/fused_elementwise.h"
 #include "dispatch/dispatch.h"
 #include "test_util.h"
 
@@ -362,6 +365,244 @@ TEST(CudaEmulatorBackend, Bf16OperandCopiesNeverOutliveTheirSource) {
                                 static_cast<std::size_t>(a.numel()) * 4);
   EXPECT_LE(product_with(a3.to(cpu())), 1.0);
   backend.set_matmul_precision(DType::f32);
+}
+
+// A matmul_elementwise program of `inputs` inputs (the product is register 0) from steps
+// (op, first argument, second argument), writing `outputs` (empty: the last step's value).
+std::shared_ptr<ElementwiseProgram> program_of(int inputs, std::vector<std::array<int, 3>> steps,
+                                               std::vector<int> outputs = {}) {
+  auto p = std::make_shared<ElementwiseProgram>();
+  p->num_inputs = inputs;
+  for (const auto& [op, a, b] : steps)
+    p->steps.push_back(ElementwiseStep{static_cast<OpId>(op), {a, b}});
+  p->outputs = std::move(outputs);
+  return p;
+}
+constexpr int kAdd = static_cast<int>(OpId::add), kMul = static_cast<int>(OpId::mul),
+              kRelu = static_cast<int>(OpId::relu), kGelu = static_cast<int>(OpId::gelu),
+              kGeluBackward = static_cast<int>(OpId::gelu_backward);
+
+// Which chains are cuBLASLt epilogues, and where their bias, GELU input and result go.
+TEST(CudaEpilogues, ChainsMapToCublasLtsEpiloguesOnlyWhenTheyAreOne) {
+  auto of = [](const std::shared_ptr<ElementwiseProgram>& p) { return cuda::lt_epilogue_of(*p); };
+  EXPECT_EQ(of(program_of(1, {{kRelu, 0, -1}}))->epilogue, CUBLASLT_EPILOGUE_RELU);
+  EXPECT_EQ(of(program_of(1, {{kGelu, 0, -1}}))->epilogue, CUBLASLT_EPILOGUE_GELU);
+  auto bias = of(program_of(2, {{kAdd, 1, 0}}));  // add(bias, product): the same sum
+  ASSERT_TRUE(bias);
+  EXPECT_EQ(bias->epilogue, CUBLASLT_EPILOGUE_BIAS);
+  EXPECT_EQ(bias->bias_input, 2);  // the op's inputs: A, B, then the program's input 1
+  EXPECT_EQ(of(program_of(2, {{kAdd, 0, 1}, {kRelu, 2, -1}}))->epilogue,
+            CUBLASLT_EPILOGUE_RELU_BIAS);
+  EXPECT_EQ(of(program_of(2, {{kAdd, 0, 1}, {kGelu, 2, -1}}))->epilogue,
+            CUBLASLT_EPILOGUE_GELU_BIAS);
+  auto keep = of(program_of(2, {{kAdd, 0, 1}, {kGelu, 2, -1}}, {2, 3}));  // the sum first
+  ASSERT_TRUE(keep);
+  EXPECT_EQ(keep->epilogue, CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
+  EXPECT_EQ(keep->aux_output, 0);
+  EXPECT_EQ(keep->result_output, 1);
+  auto residual = of(program_of(3, {{kAdd, 0, 2}, {kAdd, 1, 3}}));  // bias, then a residual
+  ASSERT_TRUE(residual);
+  EXPECT_EQ(residual->epilogue, CUBLASLT_EPILOGUE_BIAS);
+  EXPECT_EQ(residual->bias_input, 3);
+  EXPECT_EQ(residual->residual_input, 2);
+  auto grad = of(program_of(3, {{kGeluBackward, 0, 2}}));
+  ASSERT_TRUE(grad);
+  EXPECT_EQ(grad->epilogue, CUBLASLT_EPILOGUE_DGELU);
+  EXPECT_EQ(grad->aux_input, 3);
+  // Not epilogues: an op cuBLASLt has not, a step on another input than the product, the
+  // product added to itself, GELU's gradient with the product as its input, a ReLU whose
+  // input is kept (cuBLASLt keeps a bit mask, not the values), three steps.
+  EXPECT_FALSE(of(program_of(2, {{kMul, 0, 1}})));
+  EXPECT_FALSE(of(program_of(2, {{kRelu, 1, -1}})));
+  EXPECT_FALSE(of(program_of(1, {{kAdd, 0, 0}})));
+  EXPECT_FALSE(of(program_of(2, {{kGeluBackward, 1, 0}})));
+  EXPECT_FALSE(of(program_of(2, {{kAdd, 0, 1}, {kRelu, 2, -1}}, {3, 2})));
+  EXPECT_FALSE(of(program_of(2, {{kAdd, 0, 1}, {kGelu, 2, -1}, {kRelu, 3, -1}})));
+  EXPECT_FALSE(of(program_of(2, {{kAdd, 0, 1}, {kGelu, 0, -1}})));  // GELU of the product alone
+  EXPECT_FALSE(of(program_of(2, {{kAdd, 0, 1}, {kAdd, 2, 1}})));    // the bias twice
+}
+
+// Each epilogue on the emulated cuBLASLt, and the chains or operands it does not take on
+// the fallback path (GEMM, then the chain kernel): every output within f32 rounding of the
+// CPU's unfused matmul and chain, and cublasLtMatmul used exactly where it should be.
+TEST(CudaEpilogues, MatmulElementwiseMatchesTheUnfusedProductAndChain) {
+  cuda::CudaBackend backend(emu::api(), 0);
+  nn::Rng rng(5);
+  struct Case {
+    const char* name;
+    Shape a, b;
+    bool ta, tb;
+    std::shared_ptr<ElementwiseProgram> program;
+    std::vector<Shape> rest;  // the program's inputs after the product
+    bool through_lt;
+  };
+  const std::vector<Case> cases = {
+      {"relu", {6, 5}, {5, 16}, false, false, program_of(1, {{kRelu, 0, -1}}), {}, true},
+      {"gelu, A transposed",
+       {5, 6},
+       {5, 16},
+       true,
+       false,
+       program_of(1, {{kGelu, 0, -1}}),
+       {},
+       true},
+      {"bias, B transposed",
+       {6, 5},
+       {16, 5},
+       false,
+       true,
+       program_of(2, {{kAdd, 0, 1}}),
+       {{16}},
+       true},
+      {"bias then relu",
+       {6, 5},
+       {5, 16},
+       false,
+       false,
+       program_of(2, {{kAdd, 0, 1}, {kRelu, 2, -1}}),
+       {{16}},
+       true},
+      {"bias then gelu, batch folded",
+       {2, 3, 5},
+       {5, 16},
+       false,
+       false,
+       program_of(2, {{kAdd, 1, 0}, {kGelu, 2, -1}}),
+       {{1, 16}},
+       true},
+      {"bias then gelu, the sum kept",
+       {6, 5},
+       {16, 5},
+       false,
+       true,
+       program_of(2, {{kAdd, 0, 1}, {kGelu, 2, -1}}, {3, 2}),
+       {{16}},
+       true},
+      {"gelu's gradient",
+       {6, 5},
+       {16, 5},
+       false,
+       true,
+       program_of(2, {{kGeluBackward, 0, 1}}),
+       {{6, 16}},
+       true},
+      {"a tensor added whole",
+       {6, 5},
+       {5, 16},
+       false,
+       false,
+       program_of(2, {{kAdd, 0, 1}}),
+       {{6, 16}},
+       true},
+      {"bias, then a residual",
+       {2, 3, 5},
+       {5, 16},
+       false,
+       false,
+       program_of(3, {{kAdd, 0, 1}, {kAdd, 2, 3}}),
+       {{16}, {2, 3, 16}},
+       true},
+      // Fallbacks: GELU's input 12 values apart (cuBLASLt wants a multiple of 8), a
+      // multiply, a bias per row rather than per column.
+      {"the sum kept, rows 12 apart",
+       {6, 5},
+       {5, 12},
+       false,
+       false,
+       program_of(2, {{kAdd, 0, 1}, {kGelu, 2, -1}}, {3, 2}),
+       {{12}},
+       false},
+      {"a multiply",
+       {6, 5},
+       {5, 16},
+       false,
+       false,
+       program_of(2, {{kMul, 0, 1}}),
+       {{6, 16}},
+       false},
+      {"a bias per row",
+       {6, 5},
+       {5, 16},
+       false,
+       false,
+       program_of(2, {{kAdd, 0, 1}}),
+       {{6, 1}},
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<Tensor> host{random(c.a, rng), random(c.b, rng)};
+    for (const Shape& s : c.rest)
+      host.push_back(random(s, rng));
+    Shape product_shape(c.a.begin(), c.a.end() - 1);
+    if (c.ta)
+      product_shape = {c.a.back()};
+    product_shape.push_back(c.tb ? c.b[0] : c.b[1]);
+    Attrs attrs;
+    attrs.trans_a = c.ta;
+    attrs.trans_b = c.tb;
+    attrs.shape = product_shape;
+    attrs.program = c.program;
+    const std::vector<Tensor> expected = dispatch::call(OpId::matmul_elementwise, host, attrs);
+    std::vector<Tensor> device_in;
+    for (const Tensor& t : host)
+      device_in.push_back(t.to(backend));
+    std::vector<Tensor> device_out;
+    for (const Tensor& t : expected)
+      device_out.push_back(Tensor::empty(t.shape(), DType::f32, backend));
+    const std::uint64_t before = backend.lt_epilogue_calls();
+    dispatch::execute(backend, OpId::matmul_elementwise, device_in, device_out, attrs);
+    EXPECT_EQ(backend.lt_epilogue_calls() - before, c.through_lt ? 1u : 0u);
+    for (std::size_t k = 0; k < expected.size(); ++k)
+      EXPECT_LE(worst_ratio(values(device_out[k].to(cpu())), values(expected[k]), 1e-5, 1e-6), 1.0)
+          << "output " << k;
+  }
+}
+
+// The emulated cuBLASLt refuses what cuBLASLt refuses, with a reason: GELU's input with
+// rows not a multiple of 8 values apart, a bias epilogue without a bias.
+TEST(CudaEpilogues, TheEmulatedCublasLtRefusesMisstatedEpilogues) {
+  const cuda::Api& api = emu::api();
+  cublasLtHandle_t handle = nullptr;
+  ASSERT_EQ(api.cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  DeviceBuffer a(4 * 8 * 4), b(8 * 12 * 4), d(4 * 12 * 4), aux(4 * 16 * 4);  // bytes
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  ASSERT_EQ(api.cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, 12, 8, 12), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(api.cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, 8, 4, 8), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(api.cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, 12, 4, 12), CUBLAS_STATUS_SUCCESS);
+  auto run = [&](std::uint32_t epilogue, bool with_aux, std::int64_t aux_ld) {
+    cublasLtMatmulDesc_t desc = nullptr;
+    EXPECT_EQ(api.cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+              CUBLAS_STATUS_SUCCESS);
+    api.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                       sizeof epilogue);
+    if (with_aux) {
+      void* p = aux.as<void>();
+      api.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p,
+                                         sizeof p);
+      api.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                         sizeof aux_ld);
+    }
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t status =
+        api.cublasLtMatmul(handle, desc, &one, b.as<void>(), la, a.as<void>(), lb, &zero,
+                           d.as<void>(), ld, d.as<void>(), ld, nullptr, nullptr, 0, nullptr);
+    const std::string why = emu::last_problem();
+    api.cublasLtMatmulDescDestroy(desc);
+    return std::make_pair(status, why);
+  };
+  EXPECT_EQ(run(CUBLASLT_EPILOGUE_GELU_AUX, true, 16).first, CUBLAS_STATUS_SUCCESS);
+  auto [status, why] = run(CUBLASLT_EPILOGUE_GELU_AUX, true, 12);
+  EXPECT_EQ(status, CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_NE(why.find("divisible by 8"), std::string::npos) << why;
+  std::tie(status, why) = run(CUBLASLT_EPILOGUE_BIAS, false, 0);
+  EXPECT_EQ(status, CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_NE(why.find("BIAS_POINTER"), std::string::npos) << why;
+  std::tie(status, why) = run(CUBLASLT_EPILOGUE_RELU_AUX, true, 128);
+  EXPECT_EQ(status, CUBLAS_STATUS_NOT_SUPPORTED);
+  for (cublasLtMatrixLayout_t l : {la, lb, ld})
+    api.cublasLtMatrixLayoutDestroy(l);
+  api.cublasLtDestroy(handle);
 }
 
 }  // namespace

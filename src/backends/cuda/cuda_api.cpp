@@ -96,8 +96,32 @@ Loaded load() {
   resolve(cublas, "cublasSetStream_v2", a.cublasSetStream, missing);
   resolve(cublas, "cublasSetMathMode", a.cublasSetMathMode, missing);
   resolve(cublas, "cublasGemmStridedBatchedEx", a.cublasGemmStridedBatchedEx, missing);
-  if (!missing.empty())
+  if (!missing.empty()) {
     out.why = "cuBLAS lacks " + missing;
+    return out;
+  }
+  // cuBLASLt sits beside cuBLAS (which links it); without it, or without one of its
+  // entry points, epilogues run as the GEMM and a kernel instead.
+  void* lt = nullptr;
+  std::vector<std::string> lt_dirs{""};  // "": the loader's path
+  lt_dirs.insert(lt_dirs.end(), dirs.begin(), dirs.end());
+  for (const std::string& dir : lt_dirs) {
+    for (const char* name : {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"}) {
+      if (lt != nullptr)
+        break;
+      std::string path = dir.empty() ? name : dir + "/" + name;
+      lt = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    }
+  }
+  if (lt != nullptr) {
+    Api with_lt = a;
+    std::string lt_missing;
+#define LOOM_CUBLASLT_RESOLVE(name) resolve(lt, #name, with_lt.name, lt_missing);
+    LOOM_CUBLASLT_FUNCTIONS(LOOM_CUBLASLT_RESOLVE)
+#undef LOOM_CUBLASLT_RESOLVE
+    if (lt_missing.empty())
+      a = with_lt;
+  }
   return out;
 }
 

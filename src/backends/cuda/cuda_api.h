@@ -1,4 +1,4 @@
-// backends/cuda/cuda_api.h — the CUDA driver API and cuBLAS, loaded at run time.
+// backends/cuda/cuda_api.h — the CUDA driver API, cuBLAS and cuBLASLt, loaded at run time.
 //
 // Loom never links libcuda or libcublas: it opens them with dlopen when a CUDA device is
 // first asked for (as IREE's dynamic symbol tables do), so one `loom` binary runs on
@@ -6,6 +6,7 @@
 // time for the types and prototypes only.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda.h>
 
@@ -39,6 +40,16 @@ using CublasGemmStridedBatchedExFn = cublasStatus_t (*)(
     cudaDataType, int, long long, const void*, cudaDataType, int, long long, const void*, void*,
     cudaDataType, int, long long, int, cublasComputeType_t, cublasGemmAlgo_t);
 
+// cuBLASLt, for GEMMs with an epilogue (bias, ReLU, GELU and GELU's gradient applied as the
+// product is stored). Optional: without the library these stay null, and the backend runs
+// such a product as cuBLAS's GEMM and its chain kernel.
+// clang-format off
+#define LOOM_CUBLASLT_FUNCTIONS(X) \
+  X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) \
+  X(cublasLtMatmulDescSetAttribute) X(cublasLtMatrixLayoutCreate)                              \
+  X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmul)
+// clang-format on
+
 struct Api {
 #define LOOM_CUDA_MEMBER(name) decltype(&::name) name = nullptr;
   LOOM_CUDA_DRIVER_FUNCTIONS(LOOM_CUDA_MEMBER)
@@ -48,6 +59,13 @@ struct Api {
   CublasSetStreamFn cublasSetStream = nullptr;
   CublasSetMathModeFn cublasSetMathMode = nullptr;
   CublasGemmStridedBatchedExFn cublasGemmStridedBatchedEx = nullptr;
+#define LOOM_CUBLASLT_MEMBER(name) decltype(&::name) name = nullptr;
+  LOOM_CUBLASLT_FUNCTIONS(LOOM_CUBLASLT_MEMBER)
+#undef LOOM_CUBLASLT_MEMBER
+  // Every cuBLASLt entry point above was found.
+  bool has_cublaslt() const {
+    return cublasLtMatmul != nullptr;
+  }
 };
 
 // The loaded API, or nullptr with `why` set (no driver, no cuBLAS, no device, a stub

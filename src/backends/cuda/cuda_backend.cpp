@@ -193,6 +193,8 @@ CudaBackend::CudaBackend(const Api& api, CUdevice device) : api_(api), device_(d
   check_cublas(api_.cublasCreate(&cublas_), "cublasCreate");
   check_cublas(api_.cublasSetStream(cublas_, reinterpret_cast<cudaStream_t>(stream_)),
                "cublasSetStream");
+  if (api_.has_cublaslt())
+    check_cublas(api_.cublasLtCreate(&cublas_lt_), "cublasLtCreate");
   stream_wrapper_ = std::make_unique<CudaStream>(*this, stream_, false);
   id_fault_ = Tensor::empty({4}, DType::i32, *this);
   check_cu(api_.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ptr<int>(id_fault_)), 0, 4, stream_),
@@ -214,6 +216,8 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr)
     api_.cuStreamSynchronize(stream_);
   stream_wrapper_.reset();
+  if (cublas_lt_ != nullptr)
+    api_.cublasLtDestroy(cublas_lt_);
   if (cublas_ != nullptr)
     api_.cublasDestroy(cublas_);
   if (module_ != nullptr)
@@ -639,6 +643,20 @@ bool f32_copy(const OpCall& call) {
 bool f32_linear(const OpCall& call) {
   return device_ops::f32_except_ids(call) && call.inputs[1].rank() == 2;
 }
+// matmul_elementwise: f32, and a chain the interpreter kernel holds (its fallback path;
+// asked without tensors, as the graph's fusion pass does, it accepts).
+bool f32_matmul_elementwise(const OpCall& call) {
+  if (!device_ops::f32_except_ids(call))
+    return false;
+  if (call.inputs.size() < 2 || call.outputs.empty())
+    return true;
+  std::vector<Tensor> chain{call.outputs[0]};  // stands in for the product, of its shape
+  chain.insert(chain.end(), call.inputs.begin() + 2, call.inputs.end());
+  for (const Tensor& x : chain)  // a probe without the chain's shape: accepted, as above
+    if (x.rank() > static_cast<int>(call.attrs.shape.size()))
+      return true;
+  return fused_fits(OpCall{OpId::fused_elementwise, chain, call.outputs, call.attrs});
+}
 }  // namespace
 
 // The native kernels, once: supports() and launch() both read this table.
@@ -684,6 +702,7 @@ const KernelTable<CudaBackend>& CudaBackend::kernels() {
                   {OpId::causal_attention_backward, f32, &B::attention_backward},
                   {OpId::adamw_step, f32, &B::adamw},
                   {OpId::fused_elementwise, fused_fits, &B::fused},
+                  {OpId::matmul_elementwise, f32_matmul_elementwise, &B::matmul_elementwise},
               });
   return table;
 }

@@ -1,5 +1,5 @@
-// backends/cuda — NVIDIA GPUs through the CUDA driver API and cuBLAS, both loaded at run
-// time (cuda_api.h), so the same binary runs where there is no driver. Kernels are a
+// backends/cuda — NVIDIA GPUs through the CUDA driver API, cuBLAS and cuBLASLt, loaded at
+// run time (cuda_api.h), so the same binary runs where there is no driver. Kernels are a
 // fatbin built by nvcc and embedded at build time; GEMMs and the products inside
 // attention are cuBLAS, in f32 or (set_matmul_precision) bf16 operands with f32
 // accumulation. Memory comes from the driver's stream-ordered pool.
@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,8 @@
 namespace loom {
 template <class Device>
 class KernelTable;
-}
+struct ElementwiseProgram;
+}  // namespace loom
 
 namespace loom::cuda {
 
@@ -55,6 +57,9 @@ class CudaBackend final : public Backend {
   // Device bytes [begin, end) are about to be written or freed: bf16 copies made from them
   // are stale and dropped.
   void forget_copies_of(std::uintptr_t begin, std::uintptr_t end) noexcept;
+  // matmul_elementwise calls run as one cublasLtMatmul with an epilogue (the others ran
+  // as cuBLAS's GEMM and the chain kernel): for tests and `loom ops`.
+  std::uint64_t lt_epilogue_calls() const { return lt_epilogue_calls_.load(); }
 
  protected:
   void release(void* data, std::size_t bytes) noexcept override;
@@ -103,6 +108,10 @@ class CudaBackend final : public Backend {
   void fused(const OpCall& call);  // fused_elementwise: the interpreter kernel
   void matmul(const OpCall& call);
   void linear(const OpCall& call);
+  // A GEMM with a chain on its product (cuda_epilogue.cpp): one cublasLtMatmul where the
+  // chain is one of cuBLASLt's epilogues, else the GEMM and then the chain kernel.
+  void matmul_elementwise(const OpCall& call);
+  bool lt_matmul_elementwise(const OpCall& call);  // false: not an epilogue cuBLASLt runs
   GemmOperand head_operand(const Tensor& t, long long offset, long long ld, long long stride);
   void attention_forward(const OpCall& call);
   void attention_backward(const OpCall& call);
@@ -137,12 +146,29 @@ class CudaBackend final : public Backend {
   CUstream stream_ = nullptr;
   CUmodule module_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublas_lt_ = nullptr;  // null without cuBLASLt
+  std::atomic<std::uint64_t> lt_epilogue_calls_{0};
   DType matmul_precision_ = DType::f32;
   std::unique_ptr<Stream> stream_wrapper_;
   std::map<std::string, CUfunction, std::less<>> functions_;
   std::mutex mutex_;
   device_ops::LaunchTarget<CUstream> launch_target_;
 };
+
+// A matmul_elementwise chain (core/fused_elementwise.h) as one cublasLtMatmul, D =
+// epilogue(A B + C): which epilogue, and where its bias, its C (a tensor added whole: a
+// residual), its GELU input (read: DGELU; written: GELU_AUX_BIAS) and its result are among
+// the op's inputs and outputs. nullopt: not one of them.
+struct LtEpilogue {
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  int bias_input = -1;      // index into the op's inputs, or -1; a full [M, N] tensor
+                            // there is added as cuBLASLt's C instead (beta 1, no epilogue)
+  int residual_input = -1;  // added as C after the bias (a residual connection), or -1
+  int aux_input = -1;       // DGELU: the GELU input, an index into the op's inputs
+  int aux_output = -1;      // GELU_AUX_BIAS: the output that receives GELU's input
+  int result_output = 0;    // the output that receives the epilogue's result
+};
+std::optional<LtEpilogue> lt_epilogue_of(const ElementwiseProgram& program);
 
 // The process's CUDA backend, or nullptr when there is no usable device.
 CudaBackend* backend();

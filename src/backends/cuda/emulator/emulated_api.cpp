@@ -1,6 +1,8 @@
 #include "backends/cuda/emulator/emulated_api.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -31,6 +33,23 @@ cublasStatus_t fail(cublasStatus_t status, std::string why) {
   problem = std::move(why);
   return status;
 }
+
+// A cuBLASLt matmul descriptor: the attributes Loom sets (cublasLtMatmulDescSetAttribute).
+struct LtDesc {
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cudaDataType scale = CUDA_R_32F;
+  std::int32_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
+  std::uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  void* aux = nullptr;
+  std::int64_t aux_ld = 0;
+};
+// A cuBLASLt matrix layout: a column-major rows x cols matrix, ld apart.
+struct LtLayout {
+  cudaDataType type = CUDA_R_32F;
+  std::uint64_t rows = 0, cols = 0;
+  std::int64_t ld = 0;
+};
 
 // Device memory is host memory, aligned as cuMemAlloc aligns it (256 bytes) and filled
 // with 0xff bytes (NaN as f32) so that a kernel reading memory nobody wrote shows it.
@@ -75,6 +94,9 @@ struct Device {
   std::map<std::uintptr_t, EmulatedStream> streams;
   std::map<std::uintptr_t, EmulatedEvent> events;
   std::map<std::uintptr_t, std::uintptr_t> blas_streams;
+  // cuBLASLt's descriptors: host objects, by handle (under `mutex`).
+  std::map<std::uintptr_t, struct LtDesc> lt_descs;
+  std::map<std::uintptr_t, struct LtLayout> lt_layouts;
 };
 Device& device() {
   static Device d;
@@ -337,6 +359,193 @@ bool gemm_product(bool ta, bool tb, int m, int n, int k, float alpha, const void
       }
   }
   return true;
+}
+
+// ---- cuBLASLt: D = epilogue(alpha op(A) op(B) + beta C), column-major ---------------------
+
+// The epilogues the emulator runs, as cuBLASLt documents them: on alpha A B + beta C, the
+// bias (one value per row of D) is added first, then ReLU or GELU; GELU_AUX stores GELU's input in
+// the aux matrix; DGELU multiplies the product by GELU's gradient at the aux matrix's value. GELU
+// is the tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). A GPU's cuBLASLt rounds it its
+// own way: callers compare within a tolerance, not bit for bit.
+constexpr std::uint32_t kLtEpilogues[] = {
+    CUBLASLT_EPILOGUE_DEFAULT,   CUBLASLT_EPILOGUE_BIAS,          CUBLASLT_EPILOGUE_RELU,
+    CUBLASLT_EPILOGUE_RELU_BIAS, CUBLASLT_EPILOGUE_GELU,          CUBLASLT_EPILOGUE_GELU_BIAS,
+    CUBLASLT_EPILOGUE_GELU_AUX,  CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU};
+
+float lt_gelu(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+float lt_gelu_grad(float x) {
+  const float k = 0.7978845608028654f;
+  float x2 = x * x, t = std::tanh(k * (x + 0.044715f * x2 * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x2);
+}
+
+template <class T>
+bool set_from(const void* buf, std::size_t bytes, T& field) {
+  if (bytes != sizeof(T))
+    return false;
+  std::memcpy(&field, buf, sizeof(T));
+  return true;
+}
+
+cublasStatus_t lt_set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+                                const void* buf, std::size_t bytes) {
+  Device& d = device();
+  std::lock_guard lock(d.mutex);
+  auto it = d.lt_descs.find(reinterpret_cast<std::uintptr_t>(desc));
+  if (it == d.lt_descs.end())
+    return fail(CUBLAS_STATUS_INVALID_VALUE,
+                "cublasLtMatmulDescSetAttribute: not a live descriptor");
+  LtDesc& x = it->second;
+  bool ok = false;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      ok = set_from(buf, bytes, x.transa);
+      break;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      ok = set_from(buf, bytes, x.transb);
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      ok = set_from(buf, bytes, x.epilogue);
+      break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      ok = set_from(buf, bytes, x.bias);
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+      ok = set_from(buf, bytes, x.aux);
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+      ok = set_from(buf, bytes, x.aux_ld);
+      break;
+    default:
+      return fail(CUBLAS_STATUS_NOT_SUPPORTED,
+                  "cublasLtMatmulDescSetAttribute: the emulator has "
+                  "TRANSA, TRANSB, EPILOGUE, BIAS_POINTER, "
+                  "EPILOGUE_AUX_POINTER and EPILOGUE_AUX_LD only; "
+                  "asked for attribute " +
+                      std::to_string(static_cast<int>(attr)));
+  }
+  return ok ? CUBLAS_STATUS_SUCCESS
+            : fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescSetAttribute: attribute " +
+                                                    std::to_string(static_cast<int>(attr)) +
+                                                    " given " + std::to_string(bytes) +
+                                                    " bytes, not its type's size");
+}
+
+cublasStatus_t lt_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc_handle, const void* alpha_ptr,
+                         const void* a, cublasLtMatrixLayout_t a_layout, const void* b,
+                         cublasLtMatrixLayout_t b_layout, const void* beta_ptr, const void* c,
+                         cublasLtMatrixLayout_t c_layout, void* d_data,
+                         cublasLtMatrixLayout_t d_layout, const cublasLtMatmulAlgo_t*, void*,
+                         std::size_t, cudaStream_t stream) {
+  LtDesc desc;
+  LtLayout la, lb, lc, ld;
+  {
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    auto found = d.lt_descs.find(reinterpret_cast<std::uintptr_t>(desc_handle));
+    if (found == d.lt_descs.end())
+      return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: not a live matmul descriptor");
+    desc = found->second;
+    LtLayout* out[] = {&la, &lb, &lc, &ld};
+    cublasLtMatrixLayout_t in[] = {a_layout, b_layout, c_layout, d_layout};
+    for (int i = 0; i < 4; ++i) {
+      auto it = d.lt_layouts.find(reinterpret_cast<std::uintptr_t>(in[i]));
+      if (it == d.lt_layouts.end())
+        return fail(CUBLAS_STATUS_INVALID_VALUE,
+                    std::string("cublasLtMatmul: layout of ") + "ABCD"[i] + " is not live");
+      *out[i] = it->second;
+    }
+  }
+  const bool ta = desc.transa != CUBLAS_OP_N, tb = desc.transb != CUBLAS_OP_N;
+  const long long m = static_cast<long long>(ld.rows), n = static_cast<long long>(ld.cols);
+  const long long k = static_cast<long long>(ta ? la.rows : la.cols);
+  const long long a_rows = ta ? la.cols : la.rows, b_rows = tb ? lb.cols : lb.rows,
+                  b_cols = tb ? lb.rows : lb.cols;
+  if (a_rows != m || b_rows != k || b_cols != n || lc.rows != ld.rows || lc.cols != ld.cols)
+    return fail(CUBLAS_STATUS_INVALID_VALUE,
+                "cublasLtMatmul: op(A) " + std::to_string(a_rows) + " x " + std::to_string(k) +
+                    ", op(B) " + std::to_string(b_rows) + " x " + std::to_string(b_cols) +
+                    " and D " + std::to_string(m) + " x " + std::to_string(n) + " do not chain");
+  for (const LtLayout* l : {&la, &lb, &lc, &ld})
+    if (l->ld < std::max<std::int64_t>(1, static_cast<std::int64_t>(l->rows)))
+      return fail(CUBLAS_STATUS_INVALID_VALUE,
+                  "cublasLtMatmul: a leading dimension " + std::to_string(l->ld) +
+                      " below its layout's rows " + std::to_string(l->rows));
+  if (la.type != CUDA_R_32F || lb.type != CUDA_R_32F || lc.type != CUDA_R_32F ||
+      ld.type != CUDA_R_32F || desc.compute != CUBLAS_COMPUTE_32F || desc.scale != CUDA_R_32F)
+    return fail(CUBLAS_STATUS_NOT_SUPPORTED,
+                "cublasLtMatmul: the emulator has f32 operands, results and scale with "
+                "CUBLAS_COMPUTE_32F only");
+  if (std::find(std::begin(kLtEpilogues), std::end(kLtEpilogues), desc.epilogue) ==
+      std::end(kLtEpilogues))
+    return fail(CUBLAS_STATUS_NOT_SUPPORTED,
+                "cublasLtMatmul: the emulator has no epilogue " + std::to_string(desc.epilogue));
+  const bool bias =
+      (desc.epilogue & CUBLASLT_EPILOGUE_BIAS) != 0 && desc.epilogue != CUBLASLT_EPILOGUE_DGELU;
+  const bool relu = (desc.epilogue & CUBLASLT_EPILOGUE_RELU) != 0;
+  const bool gelu = (desc.epilogue & CUBLASLT_EPILOGUE_GELU) != 0;
+  const bool dgelu = desc.epilogue == CUBLASLT_EPILOGUE_DGELU;
+  const bool aux = (desc.epilogue & 128) != 0;  // GELU_AUX stores it, DGELU reads it
+  if (bias && desc.bias == nullptr)
+    return fail(CUBLAS_STATUS_INVALID_VALUE,
+                "cublasLtMatmul: a bias epilogue without BIAS_POINTER");
+  if (aux && (desc.aux == nullptr || desc.aux_ld < m || desc.aux_ld % 8 != 0))
+    return fail(CUBLAS_STATUS_INVALID_VALUE,
+                "cublasLtMatmul: epilogue " + std::to_string(desc.epilogue) +
+                    " needs EPILOGUE_AUX_POINTER and an EPILOGUE_AUX_LD divisible by 8 and at "
+                    "least D's rows (" +
+                    std::to_string(m) + "); given " + std::to_string(desc.aux_ld));
+  const float alpha = *static_cast<const float*>(alpha_ptr);
+  const float beta = *static_cast<const float*>(beta_ptr);
+  for (const std::string& why :
+       {operand_outside("A", a, la.type, static_cast<long long>(la.rows),
+                        static_cast<long long>(la.cols), la.ld, 0, 1),
+        operand_outside("B", b, lb.type, static_cast<long long>(lb.rows),
+                        static_cast<long long>(lb.cols), lb.ld, 0, 1),
+        operand_outside("D", d_data, ld.type, m, n, ld.ld, 0, 1),
+        beta != 0.0f ? operand_outside("C", c, lc.type, m, n, lc.ld, 0, 1) : std::string(),
+        bias ? operand_outside("bias", desc.bias, CUDA_R_32F, m, 1, m, 0, 1) : std::string(),
+        aux ? operand_outside("aux", desc.aux, CUDA_R_32F, m, n, desc.aux_ld, 0, 1)
+            : std::string()})
+    if (!why.empty())
+      return fail(CUBLAS_STATUS_EXECUTION_FAILED, "cublasLtMatmul: " + why);
+  auto product = [=] {
+    if (beta != 0.0f && c != d_data)  // C into D first; the product then adds beta D
+      for (long long j = 0; j < n; ++j)
+        for (long long i = 0; i < m; ++i)
+          static_cast<float*>(d_data)[i + j * ld.ld] = static_cast<const float*>(c)[i + j * lc.ld];
+    if (!gemm_product(ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
+                      a, la.type, static_cast<int>(la.ld), 0, b, lb.type, static_cast<int>(lb.ld),
+                      0, beta, d_data, ld.type, static_cast<int>(ld.ld), 0, 1))
+      return fail(CUDA_ERROR_LAUNCH_FAILED, "cublasLtMatmul: dnnl_sgemm failed");
+    auto* out = static_cast<float*>(d_data);
+    const auto* bias_values = static_cast<const float*>(desc.bias);
+    auto* aux_values = static_cast<float*>(desc.aux);
+    for (long long j = 0; j < n; ++j)
+      for (long long i = 0; i < m; ++i) {
+        float& v = out[i + j * ld.ld];
+        if (bias)
+          v += bias_values[i];
+        if (dgelu) {
+          v *= lt_gelu_grad(aux_values[i + j * desc.aux_ld]);
+          continue;
+        }
+        if (aux)
+          aux_values[i + j * desc.aux_ld] = v;
+        if (relu)
+          v = v > 0.0f ? v : 0.0f;
+        if (gelu)
+          v = lt_gelu(v);
+      }
+    return CUDA_SUCCESS;
+  };
+  return enqueue(reinterpret_cast<CUstream>(stream), product) == CUDA_SUCCESS
+             ? CUBLAS_STATUS_SUCCESS
+             : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
 // ---- kernels -------------------------------------------------------------------------------
@@ -685,6 +894,47 @@ Api make_api() {
   };
   a.cublasSetMathMode = [](cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; };
   a.cublasGemmStridedBatchedEx = gemm_strided_batched;
+  a.cublasLtCreate = [](cublasLtHandle_t* handle) {
+    *handle = new_handle<cublasLtHandle_t>();
+    return CUBLAS_STATUS_SUCCESS;
+  };
+  a.cublasLtDestroy = [](cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; };
+  a.cublasLtMatmulDescCreate = [](cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                  cudaDataType_t scale) {
+    *desc = new_handle<cublasLtMatmulDesc_t>();
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    LtDesc& x = d.lt_descs[reinterpret_cast<std::uintptr_t>(*desc)];
+    x.compute = compute;
+    x.scale = scale;
+    return CUBLAS_STATUS_SUCCESS;
+  };
+  a.cublasLtMatmulDescDestroy = [](cublasLtMatmulDesc_t desc) {
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    return d.lt_descs.erase(reinterpret_cast<std::uintptr_t>(desc)) == 1
+               ? CUBLAS_STATUS_SUCCESS
+               : fail(CUBLAS_STATUS_INVALID_VALUE,
+                      "cublasLtMatmulDescDestroy: not a live descriptor");
+  };
+  a.cublasLtMatmulDescSetAttribute = lt_set_attribute;
+  a.cublasLtMatrixLayoutCreate = [](cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                    std::uint64_t rows, std::uint64_t cols, std::int64_t ld) {
+    *layout = new_handle<cublasLtMatrixLayout_t>();
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    d.lt_layouts[reinterpret_cast<std::uintptr_t>(*layout)] = LtLayout{type, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+  };
+  a.cublasLtMatrixLayoutDestroy = [](cublasLtMatrixLayout_t layout) {
+    Device& d = device();
+    std::lock_guard lock(d.mutex);
+    return d.lt_layouts.erase(reinterpret_cast<std::uintptr_t>(layout)) == 1
+               ? CUBLAS_STATUS_SUCCESS
+               : fail(CUBLAS_STATUS_INVALID_VALUE,
+                      "cublasLtMatrixLayoutDestroy: not a live layout");
+  };
+  a.cublasLtMatmul = lt_matmul;
   return a;
 }
 
