@@ -53,15 +53,7 @@ std::optional<Operand> in_product_shape(const Operand& o, const Shape& from, con
 }
 
 bool contiguous_from_start(const Operand& o) {
-  if (o.offset != 0)
-    return false;
-  std::int64_t expected = 1;
-  for (std::size_t d = o.shape.size(); d-- > 0;) {
-    if (o.shape[d] != 1 && o.strides[d] != expected)
-      return false;
-    expected *= o.shape[d];
-  }
-  return true;
+  return o.offset == 0 && dense(o);
 }
 
 // Who reads and who writes each storage, in node order, and which are graph outputs.

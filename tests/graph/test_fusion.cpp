@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <functional>
 #include <optional>
 
 #include "autograd/functions.h"
@@ -271,16 +272,11 @@ struct Trained {
   std::size_t nodes = 0, chains = 0, gemm_biases = 0, gemm_epilogues = 0;
 };
 
-// `steps` AdamW steps of an imported model in graph mode, the forward and backward pass
-// captured once and replayed. Token models (the GPT block) train on next-token cross
-// entropy; float models (the encoder layer) on the mean squared distance to a target.
-Trained train_imported(const std::string& name, Backend& device, const graph::Passes& passes,
-                       int steps) {
-  nn::OnnxModel model(source_dir() + "/tests/fixtures/onnx/" + name + ".onnx", device);
-  const bool tokens = name == "tiny_gpt_block";
-  nn::Rng rng(11);
-  Tensor x = (tokens ? random_ids({2, 32}, 65, rng) : random({2, 16, 64}, rng)).to(device);
-  Tensor y = (tokens ? random_ids({64}, 65, rng) : random({32, 64}, rng)).to(device);
+// `steps` AdamW steps of `model` in graph mode on the batch (x, y), the forward and
+// backward pass captured once and replayed: `loss_of` is the step's loss.
+Trained train_in_graph(nn::Model& model, const Tensor& x, const Tensor& y,
+                       const std::function<ag::Var(ag::Tape&)>& loss_of,
+                       const graph::Passes& passes, int steps) {
   optim::AdamW optimizer(model.parameters(), {0.9, 0.999, 1e-8, 0.01});
   graph::CapturedStep captured(passes);
   Trained result;
@@ -290,14 +286,7 @@ Trained train_imported(const std::string& name, Backend& device, const graph::Pa
       inputs.push_back(p.var.value());
     auto eager = [&] {
       ag::Tape tape;
-      ag::Var out = model.forward(tape, x, {true, 1});
-      ag::Var loss;
-      if (tokens) {
-        loss = ag::cross_entropy(tape, out, y);
-      } else {
-        ag::Var diff = ag::sub(tape, out, ag::Var(y));
-        loss = ag::mean(tape, ag::mul(tape, diff, diff));
-      }
+      ag::Var loss = loss_of(tape);
       tape.backward(loss);
       std::vector<Tensor> outs{loss.value()};
       for (const nn::Parameter& p : model.parameters())
@@ -318,6 +307,25 @@ Trained train_imported(const std::string& name, Backend& device, const graph::Pa
   result.gemm_biases = captured.fusion().gemm_biases;
   result.gemm_epilogues = captured.fusion().gemm_epilogues;
   return result;
+}
+
+// An imported model trained so. Token models (the GPT block) train on next-token cross
+// entropy; float models (the encoder layer) on the mean squared distance to a target.
+Trained train_imported(const std::string& name, Backend& device, const graph::Passes& passes,
+                       int steps) {
+  nn::OnnxModel model(source_dir() + "/tests/fixtures/onnx/" + name + ".onnx", device);
+  const bool tokens = name == "tiny_gpt_block";
+  nn::Rng rng(11);
+  Tensor x = (tokens ? random_ids({2, 32}, 65, rng) : random({2, 16, 64}, rng)).to(device);
+  Tensor y = (tokens ? random_ids({64}, 65, rng) : random({32, 64}, rng)).to(device);
+  auto loss_of = [&](ag::Tape& tape) {
+    ag::Var out = model.forward(tape, x, {true, 1});
+    if (tokens)
+      return ag::cross_entropy(tape, out, y);
+    ag::Var diff = ag::sub(tape, out, ag::Var(y));
+    return ag::mean(tape, ag::mul(tape, diff, diff));
+  };
+  return train_in_graph(model, x, y, loss_of, passes, steps);
 }
 
 // Per-step losses and final parameters of `b` within 1e-5 relative of `a`'s: the
@@ -537,43 +545,24 @@ TEST_P(FusionOnBackend, GptTrainsWithinTheToleranceWithGemmEpilogues) {
   Backend& device = backend_named(GetParam());
   auto train = [&](const graph::Passes& passes) {
     nn::Gpt gpt({40, 16, 2, 2, 32, 0.0}, 7, device);
-    optim::AdamW optimizer(gpt.parameters(), {0.9, 0.999, 1e-8, 0.01});
-    graph::CapturedStep captured(passes);
     nn::Rng rng(4);
     const Tensor x = random_ids({3, 16}, 40, rng).to(device),
                  y = random_ids({48}, 40, rng).to(device);  // one batch: the loss falls
-    Trained result;
-    for (int step = 0; step < 20; ++step) {
-      std::vector<Tensor> inputs{x, y};
-      for (const nn::Parameter& p : gpt.parameters())
-        inputs.push_back(p.var.value());
-      auto eager = [&] {
-        ag::Tape tape;
-        ag::Var loss = ag::cross_entropy(tape, gpt.forward(tape, x, {true, 0}), y);
-        tape.backward(loss);
-        std::vector<Tensor> outs{loss.value()};
-        for (const nn::Parameter& p : gpt.parameters())
-          outs.push_back(p.var.grad());
-        return outs;
-      };
-      std::vector<Tensor> outs = captured.run(inputs, eager);
-      for (std::size_t i = 0; i < gpt.parameters().size(); ++i)
-        gpt.parameters()[i].var.state()->grad = outs[i + 1];
-      result.losses.push_back(outs[0].item());
-      optimizer.step(3e-3);
-      optimizer.zero_grad();
-    }
-    for (const nn::Parameter& p : gpt.parameters()) {
-      std::vector<double> v = values(p.var.value());
-      // The keys' bias: its gradient is zero in exact arithmetic (a softmax does not see a
-      // shift of all of a row's scores), so its value is rounding noise that AdamW scales
-      // up to the step size; any change of rounding moves it by that much. Not compared.
-      if (p.name.ends_with("attn.c_attn.bias"))
+    Trained result = train_in_graph(
+        gpt, x, y,
+        [&](ag::Tape& tape) {
+          return ag::cross_entropy(tape, gpt.forward(tape, x, {true, 0}), y);
+        },
+        passes, 20);
+    // The keys' bias: its gradient is zero in exact arithmetic (a softmax does not see a
+    // shift of all of a row's scores), so its value is rounding noise that AdamW scales up
+    // to the step size; any change of rounding moves it by that much. Not compared.
+    for (std::size_t i = 0; i < gpt.parameters().size(); ++i)
+      if (gpt.parameters()[i].name.ends_with("attn.c_attn.bias")) {
+        std::vector<double>& v = result.params[i];
         v.erase(v.begin() + static_cast<std::ptrdiff_t>(v.size() / 3),
                 v.begin() + static_cast<std::ptrdiff_t>(2 * v.size() / 3));
-      result.params.push_back(std::move(v));
-    }
-    result.gemm_epilogues = captured.fusion().gemm_epilogues;
+      }
     return result;
   };
   graph::Passes without, with;

@@ -391,6 +391,26 @@ bool set_from(const void* buf, std::size_t bytes, T& field) {
   return true;
 }
 
+// cuBLASLt's descriptors are host objects in one of the device's tables, by handle.
+template <class Handle, class Object>
+cublasStatus_t lt_make(std::map<std::uintptr_t, Object> Device::*table, Handle* handle,
+                       Object value) {
+  *handle = new_handle<Handle>();
+  Device& d = device();
+  std::lock_guard lock(d.mutex);
+  (d.*table)[reinterpret_cast<std::uintptr_t>(*handle)] = value;
+  return CUBLAS_STATUS_SUCCESS;
+}
+template <class Handle, class Object>
+cublasStatus_t lt_drop(std::map<std::uintptr_t, Object> Device::*table, Handle handle,
+                       const char* call) {
+  Device& d = device();
+  std::lock_guard lock(d.mutex);
+  return (d.*table).erase(reinterpret_cast<std::uintptr_t>(handle)) == 1
+             ? CUBLAS_STATUS_SUCCESS
+             : fail(CUBLAS_STATUS_INVALID_VALUE, std::string(call) + ": not a live handle");
+}
+
 cublasStatus_t lt_set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
                                 const void* buf, std::size_t bytes) {
   Device& d = device();
@@ -401,25 +421,15 @@ cublasStatus_t lt_set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAtt
                 "cublasLtMatmulDescSetAttribute: not a live descriptor");
   LtDesc& x = it->second;
   bool ok = false;
-  switch (attr) {
-    case CUBLASLT_MATMUL_DESC_TRANSA:
-      ok = set_from(buf, bytes, x.transa);
-      break;
-    case CUBLASLT_MATMUL_DESC_TRANSB:
-      ok = set_from(buf, bytes, x.transb);
-      break;
-    case CUBLASLT_MATMUL_DESC_EPILOGUE:
-      ok = set_from(buf, bytes, x.epilogue);
-      break;
-    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
-      ok = set_from(buf, bytes, x.bias);
-      break;
-    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
-      ok = set_from(buf, bytes, x.aux);
-      break;
-    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
-      ok = set_from(buf, bytes, x.aux_ld);
-      break;
+  switch (attr) {  // each attribute's value is its type's bytes
+    // clang-format off
+    case CUBLASLT_MATMUL_DESC_TRANSA: ok = set_from(buf, bytes, x.transa); break;
+    case CUBLASLT_MATMUL_DESC_TRANSB: ok = set_from(buf, bytes, x.transb); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: ok = set_from(buf, bytes, x.epilogue); break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: ok = set_from(buf, bytes, x.bias); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: ok = set_from(buf, bytes, x.aux); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: ok = set_from(buf, bytes, x.aux_ld); break;
+    // clang-format on
     default:
       return fail(CUBLAS_STATUS_NOT_SUPPORTED,
                   "cublasLtMatmulDescSetAttribute: the emulator has "
@@ -901,38 +911,18 @@ Api make_api() {
   a.cublasLtDestroy = [](cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; };
   a.cublasLtMatmulDescCreate = [](cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
                                   cudaDataType_t scale) {
-    *desc = new_handle<cublasLtMatmulDesc_t>();
-    Device& d = device();
-    std::lock_guard lock(d.mutex);
-    LtDesc& x = d.lt_descs[reinterpret_cast<std::uintptr_t>(*desc)];
-    x.compute = compute;
-    x.scale = scale;
-    return CUBLAS_STATUS_SUCCESS;
+    return lt_make(&Device::lt_descs, desc, LtDesc{compute, scale});
   };
   a.cublasLtMatmulDescDestroy = [](cublasLtMatmulDesc_t desc) {
-    Device& d = device();
-    std::lock_guard lock(d.mutex);
-    return d.lt_descs.erase(reinterpret_cast<std::uintptr_t>(desc)) == 1
-               ? CUBLAS_STATUS_SUCCESS
-               : fail(CUBLAS_STATUS_INVALID_VALUE,
-                      "cublasLtMatmulDescDestroy: not a live descriptor");
+    return lt_drop(&Device::lt_descs, desc, "cublasLtMatmulDescDestroy");
   };
   a.cublasLtMatmulDescSetAttribute = lt_set_attribute;
   a.cublasLtMatrixLayoutCreate = [](cublasLtMatrixLayout_t* layout, cudaDataType type,
                                     std::uint64_t rows, std::uint64_t cols, std::int64_t ld) {
-    *layout = new_handle<cublasLtMatrixLayout_t>();
-    Device& d = device();
-    std::lock_guard lock(d.mutex);
-    d.lt_layouts[reinterpret_cast<std::uintptr_t>(*layout)] = LtLayout{type, rows, cols, ld};
-    return CUBLAS_STATUS_SUCCESS;
+    return lt_make(&Device::lt_layouts, layout, LtLayout{type, rows, cols, ld});
   };
   a.cublasLtMatrixLayoutDestroy = [](cublasLtMatrixLayout_t layout) {
-    Device& d = device();
-    std::lock_guard lock(d.mutex);
-    return d.lt_layouts.erase(reinterpret_cast<std::uintptr_t>(layout)) == 1
-               ? CUBLAS_STATUS_SUCCESS
-               : fail(CUBLAS_STATUS_INVALID_VALUE,
-                      "cublasLtMatrixLayoutDestroy: not a live layout");
+    return lt_drop(&Device::lt_layouts, layout, "cublasLtMatrixLayoutDestroy");
   };
   a.cublasLtMatmul = lt_matmul;
   return a;
