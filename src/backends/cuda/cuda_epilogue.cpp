@@ -200,7 +200,10 @@ bool CudaBackend::lt_matmul_elementwise(const OpCall& call) {
   const Layout d_layout =
       layout(api_, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m), n);
   float* d = ptr(call.outputs[static_cast<std::size_t>(e->result_output)]);
-  // D = epilogue(A B + C): C the residual (beta 1), else D itself, not read (beta 0).
+  // D = epilogue(A B + C): C the residual (beta 1), else D itself, not read (beta 0). No
+  // algorithm is named (cuBLASLt asks its heuristics) and no workspace is given, so it picks
+  // among the algorithms that need none; a workspace may widen that choice, which is for a
+  // measurement on a GPU to decide.
   const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
   const cublasStatus_t status = api_.cublasLtMatmul(
       cublas_lt_, desc.get(), &alpha, ptr<const void>(b), a_layout.get(), ptr<const void>(a),
