@@ -461,34 +461,44 @@ TEST(CudaEpilogues, MatmulElementwiseMatchesTheUnfusedProductAndChain) {
       {"a bias per row", {6, 5}, {5, 16}, false, false, program_of(2, {{kAdd, 0, 1}}), {{6, 1}}, false},
   };
   // clang-format on
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    std::vector<Tensor> host{random(c.a, rng), random(c.b, rng)};
-    for (const Shape& s : c.rest)
-      host.push_back(random(s, rng));
-    Shape product_shape(c.a.begin(), c.a.end() - 1);
-    if (c.ta)
-      product_shape = {c.a.back()};
-    product_shape.push_back(c.tb ? c.b[0] : c.b[1]);
-    Attrs attrs;
-    attrs.trans_a = c.ta;
-    attrs.trans_b = c.tb;
-    attrs.shape = product_shape;
-    attrs.program = c.program;
-    const std::vector<Tensor> expected = dispatch::call(OpId::matmul_elementwise, host, attrs);
-    std::vector<Tensor> device_in;
-    for (const Tensor& t : host)
-      device_in.push_back(t.to(backend));
-    std::vector<Tensor> device_out;
-    for (const Tensor& t : expected)
-      device_out.push_back(Tensor::empty(t.shape(), DType::f32, backend));
-    const std::uint64_t before = backend.lt_epilogue_calls();
-    dispatch::execute(backend, OpId::matmul_elementwise, device_in, device_out, attrs);
-    EXPECT_EQ(backend.lt_epilogue_calls() - before, c.through_lt ? 1u : 0u);
-    for (std::size_t k = 0; k < expected.size(); ++k)
-      EXPECT_LE(worst_ratio(values(device_out[k].to(cpu())), values(expected[k]), 1e-5, 1e-6), 1.0)
-          << "output " << k;
+  // Under bf16 products too: cuBLASLt then multiplies the operands' bf16 copies, as the
+  // CPU's products round their operands (the expected values).
+  for (DType precision : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(precision == DType::bf16 ? "bf16 products" : "f32 products");
+    ASSERT_TRUE(backend.set_matmul_precision(precision));
+    cpu().set_matmul_precision(precision);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name);
+      std::vector<Tensor> host{random(c.a, rng), random(c.b, rng)};
+      for (const Shape& s : c.rest)
+        host.push_back(random(s, rng));
+      Shape product_shape(c.a.begin(), c.a.end() - 1);
+      if (c.ta)
+        product_shape = {c.a.back()};
+      product_shape.push_back(c.tb ? c.b[0] : c.b[1]);
+      Attrs attrs;
+      attrs.trans_a = c.ta;
+      attrs.trans_b = c.tb;
+      attrs.shape = product_shape;
+      attrs.program = c.program;
+      const std::vector<Tensor> expected = dispatch::call(OpId::matmul_elementwise, host, attrs);
+      std::vector<Tensor> device_in;
+      for (const Tensor& t : host)
+        device_in.push_back(t.to(backend));
+      std::vector<Tensor> device_out;
+      for (const Tensor& t : expected)
+        device_out.push_back(Tensor::empty(t.shape(), DType::f32, backend));
+      const std::uint64_t before = backend.lt_epilogue_calls();
+      dispatch::execute(backend, OpId::matmul_elementwise, device_in, device_out, attrs);
+      EXPECT_EQ(backend.lt_epilogue_calls() - before, c.through_lt ? 1u : 0u);
+      for (std::size_t k = 0; k < expected.size(); ++k)
+        EXPECT_LE(worst_ratio(values(device_out[k].to(cpu())), values(expected[k]), 1e-5, 1e-6),
+                  1.0)
+            << "output " << k;
+    }
   }
+  cpu().set_matmul_precision(DType::f32);
+  backend.set_matmul_precision(DType::f32);
 }
 
 // The emulated cuBLASLt refuses what cuBLASLt refuses, with a reason: GELU's input with

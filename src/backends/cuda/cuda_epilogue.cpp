@@ -98,9 +98,10 @@ using Layout =
     std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>,
                     LtDestroy<cublasLtMatrixLayout_t, &Api::cublasLtMatrixLayoutDestroy>>;
 
-Layout layout(const Api& api, std::uint64_t rows, std::uint64_t cols, std::int64_t ld) {
+Layout layout(const Api& api, cudaDataType type, std::uint64_t rows, std::uint64_t cols,
+              std::int64_t ld) {
   cublasLtMatrixLayout_t made = nullptr;
-  check_cublas(api.cublasLtMatrixLayoutCreate(&made, CUDA_R_32F, rows, cols, ld),
+  check_cublas(api.cublasLtMatrixLayoutCreate(&made, type, rows, cols, ld),
                "cublasLtMatrixLayoutCreate");
   return Layout(made, {&api});
 }
@@ -120,7 +121,7 @@ bool dense(const Tensor& t, const Shape& shape) {
 }  // namespace
 
 bool CudaBackend::lt_matmul_elementwise(const OpCall& call) {
-  if (cublas_lt_ == nullptr || matmul_precision_ != DType::f32)
+  if (cublas_lt_ == nullptr)
     return false;
   const std::optional<LtEpilogue> e = lt_epilogue_of(*call.attrs.program);
   if (!e)
@@ -193,12 +194,20 @@ bool CudaBackend::lt_matmul_elementwise(const OpCall& call) {
     set(api_, desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
     set(api_, desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<std::int64_t>(n));
   }
-  const Layout a_layout = layout(api_, static_cast<std::uint64_t>(tb ? k : n),
+  // Under bf16 products the operands are their bf16 copies (as gemm() multiplies them),
+  // accumulated in f32 into an f32 D.
+  const bool bf16 = matmul_precision_ == DType::bf16;
+  const cudaDataType operand_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const Tensor a16 = bf16 ? bf16_copy_of(ptr(a), numel(a)) : Tensor(),
+               b16 = bf16 ? bf16_copy_of(ptr(b), numel(b)) : Tensor();
+  const void* a_data = bf16 ? ptr<const void>(a16) : ptr<const void>(a);
+  const void* b_data = bf16 ? ptr<const void>(b16) : ptr<const void>(b);
+  const Layout a_layout = layout(api_, operand_type, static_cast<std::uint64_t>(tb ? k : n),
                                  static_cast<std::uint64_t>(tb ? n : k), b.dim(-1));
-  const Layout b_layout = layout(api_, static_cast<std::uint64_t>(ta ? m : k),
+  const Layout b_layout = layout(api_, operand_type, static_cast<std::uint64_t>(ta ? m : k),
                                  static_cast<std::uint64_t>(ta ? k : m), a.dim(-1));
-  const Layout d_layout =
-      layout(api_, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m), n);
+  const Layout d_layout = layout(api_, CUDA_R_32F, static_cast<std::uint64_t>(n),
+                                 static_cast<std::uint64_t>(m), n);
   float* d = ptr(call.outputs[static_cast<std::size_t>(e->result_output)]);
   // D = epilogue(A B + C): C the residual (beta 1), else D itself, not read (beta 0). No
   // algorithm is named (cuBLASLt asks its heuristics) and no workspace is given, so it picks
@@ -206,8 +215,7 @@ bool CudaBackend::lt_matmul_elementwise(const OpCall& call) {
   // measurement on a GPU to decide.
   const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
   const cublasStatus_t status = api_.cublasLtMatmul(
-      cublas_lt_, desc.get(), &alpha, ptr<const void>(b), a_layout.get(), ptr<const void>(a),
-      b_layout.get(), &beta, residual != nullptr ? residual : d, d_layout.get(), d, d_layout.get(),
+      cublas_lt_, desc.get(), &alpha, b_data, a_layout.get(), a_data, b_layout.get(), &beta, residual != nullptr ? residual : d, d_layout.get(), d, d_layout.get(),
       nullptr, nullptr, 0, reinterpret_cast<cudaStream_t>(current_stream()));
   if (status == CUBLAS_STATUS_NOT_SUPPORTED)
     return false;  // no algorithm for these operands (alignment, device): the general path

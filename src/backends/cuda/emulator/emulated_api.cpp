@@ -485,11 +485,12 @@ cublasStatus_t lt_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc_handle, con
       return fail(CUBLAS_STATUS_INVALID_VALUE,
                   "cublasLtMatmul: a leading dimension " + std::to_string(l->ld) +
                       " below its layout's rows " + std::to_string(l->rows));
-  if (la.type != CUDA_R_32F || lb.type != CUDA_R_32F || lc.type != CUDA_R_32F ||
-      ld.type != CUDA_R_32F || desc.compute != CUBLAS_COMPUTE_32F || desc.scale != CUDA_R_32F)
+  if (la.type != lb.type || (la.type != CUDA_R_32F && la.type != CUDA_R_16BF) ||
+      lc.type != CUDA_R_32F || ld.type != CUDA_R_32F || desc.compute != CUBLAS_COMPUTE_32F ||
+      desc.scale != CUDA_R_32F)
     return fail(CUBLAS_STATUS_NOT_SUPPORTED,
-                "cublasLtMatmul: the emulator has f32 operands, results and scale with "
-                "CUBLAS_COMPUTE_32F only");
+                "cublasLtMatmul: the emulator has f32 or bf16 operands, f32 results and scale, "
+                "and CUBLAS_COMPUTE_32F only");
   if (std::find(std::begin(kLtEpilogues), std::end(kLtEpilogues), desc.epilogue) ==
       std::end(kLtEpilogues))
     return fail(CUBLAS_STATUS_NOT_SUPPORTED,
