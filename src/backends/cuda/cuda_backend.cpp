@@ -239,7 +239,8 @@ DeviceInfo CudaBackend::info() const {
   api_.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_);
   i.name = "cuda (" + std::string(name) + ", sm_" + std::to_string(major) + std::to_string(minor) +
            ", " + std::to_string(sms) + " SMs, driver " + std::to_string(driver / 1000) + "." +
-           std::to_string(driver % 1000 / 10) + ")";
+           std::to_string(driver % 1000 / 10) +
+           (cublas_lt_ != nullptr ? ", cuBLASLt epilogues" : ", no cuBLASLt") + ")";
   std::size_t bytes = 0;
   api_.cuDeviceTotalMem(&bytes, device_);
   i.memory_bytes = bytes;
