@@ -538,9 +538,10 @@ TEST_P(FusionOnBackend, AProductReadThroughAReshapeFolds) {
 // The GPT's own layers in graph mode, 20 steps with the GEMM-epilogue pass and without:
 // per-step losses and final parameters within 1e-5 relative. Where the pass folds with
 // other rounding (CUDA: cuBLASLt adds a residual before the bias, may sum the product in
-// another order, and computes GELU its own way), that is the stated tolerance; where nothing folds, nothing changes. On CUDA the
-// MLP's linear and GELU (keeping GELU's input for the backward pass) and GELU's gradient
-// after the product that feeds it run as cuBLASLt epilogues.
+// another order, and computes GELU its own way), that is the stated tolerance; where
+// nothing folds, nothing changes. On CUDA the MLP's linear and GELU (keeping GELU's input
+// for the backward pass), GELU's gradient after the product that feeds it, and both
+// projections' bias and residual add run as cuBLASLt epilogues.
 TEST_P(FusionOnBackend, GptTrainsWithinTheToleranceWithGemmEpilogues) {
   Backend& device = backend_named(GetParam());
   auto train = [&](const graph::Passes& passes) {
