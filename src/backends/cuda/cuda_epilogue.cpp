@@ -206,8 +206,8 @@ bool CudaBackend::lt_matmul_elementwise(const OpCall& call) {
                                  static_cast<std::uint64_t>(tb ? n : k), b.dim(-1));
   const Layout b_layout = layout(api_, operand_type, static_cast<std::uint64_t>(ta ? m : k),
                                  static_cast<std::uint64_t>(ta ? k : m), a.dim(-1));
-  const Layout d_layout = layout(api_, CUDA_R_32F, static_cast<std::uint64_t>(n),
-                                 static_cast<std::uint64_t>(m), n);
+  const Layout d_layout =
+      layout(api_, CUDA_R_32F, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m), n);
   float* d = ptr(call.outputs[static_cast<std::size_t>(e->result_output)]);
   // D = epilogue(A B + C): C the residual (beta 1), else D itself, not read (beta 0). No
   // algorithm is named (cuBLASLt asks its heuristics) and no workspace is given, so it picks
@@ -215,8 +215,9 @@ bool CudaBackend::lt_matmul_elementwise(const OpCall& call) {
   // measurement on a GPU to decide.
   const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
   const cublasStatus_t status = api_.cublasLtMatmul(
-      cublas_lt_, desc.get(), &alpha, b_data, a_layout.get(), a_data, b_layout.get(), &beta, residual != nullptr ? residual : d, d_layout.get(), d, d_layout.get(),
-      nullptr, nullptr, 0, reinterpret_cast<cudaStream_t>(current_stream()));
+      cublas_lt_, desc.get(), &alpha, b_data, a_layout.get(), a_data, b_layout.get(), &beta,
+      residual != nullptr ? residual : d, d_layout.get(), d, d_layout.get(), nullptr, nullptr, 0,
+      reinterpret_cast<cudaStream_t>(current_stream()));
   if (status == CUBLAS_STATUS_NOT_SUPPORTED)
     return false;  // no algorithm for these operands (alignment, device): the general path
   check_cublas(status, "cublasLtMatmul");
