@@ -37,9 +37,7 @@ std::optional<Operand> in_product_shape(const Operand& o, const Shape& from, con
   Operand r = o;
   if (o.shape == from && dense(o)) {
     r.shape = to;
-    r.strides.assign(to.size(), 1);
-    for (std::size_t d = to.size(); d-- > 1;)
-      r.strides[d - 1] = r.strides[d] * to[d];
+    r.strides = contiguous_strides(to);
     return r;
   }
   const bool one_row =

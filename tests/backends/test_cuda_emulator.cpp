@@ -501,6 +501,28 @@ TEST(CudaEpilogues, MatmulElementwiseMatchesTheUnfusedProductAndChain) {
   backend.set_matmul_precision(DType::f32);
 }
 
+// The device's name says which path graph mode's GEMM epilogues take.
+TEST(CudaEpilogues, TheDeviceNameSaysWhetherCublasLtIsThere) {
+  cuda::CudaBackend with(emu::api(), 0);
+  EXPECT_NE(with.info().name.find(", cuBLASLt epilogues)"), std::string::npos) << with.info().name;
+  cuda::Api without_lt = emu::api();
+  without_lt.cublasLtMatmul = nullptr;  // as when libcublasLt lacks an entry point
+  cuda::CudaBackend without(without_lt, 0);
+  EXPECT_NE(without.info().name.find(", no cuBLASLt)"), std::string::npos) << without.info().name;
+  // Without it a chain cuBLASLt would take runs as the GEMM and the chain kernel.
+  nn::Rng rng(8);
+  Tensor a = random({4, 3}, rng), b = random({3, 8}, rng);
+  Attrs attrs;
+  attrs.shape = {4, 8};
+  attrs.program = program_of(1, {{kRelu, 0, -1}});
+  const std::vector<Tensor> expected = dispatch::call(OpId::matmul_elementwise, {a, b}, attrs);
+  const Tensor in[] = {a.to(without), b.to(without)};
+  Tensor out[] = {Tensor::empty({4, 8}, DType::f32, without)};
+  dispatch::execute(without, OpId::matmul_elementwise, in, out, attrs);
+  EXPECT_EQ(without.lt_epilogue_calls(), 0u);
+  EXPECT_LE(worst_ratio(values(out[0].to(cpu())), values(expected[0]), 1e-5, 1e-6), 1.0);
+}
+
 // The emulated cuBLASLt refuses what cuBLASLt refuses, with a reason: GELU's input with
 // rows not a multiple of 8 values apart, a bias epilogue without a bias.
 TEST(CudaEpilogues, TheEmulatedCublasLtRefusesMisstatedEpilogues) {
