@@ -174,7 +174,7 @@ TEST(CpuStreams, AKernelOnACreatedStreamRunsOnItsThreadAfterItsWait) {
 }
 
 #ifdef LOOM_HAVE_OPENCL
-// PoCL's `basic` device (the sanitizer runs use it) runs queued commands on the host
+// PoCL's `basic` device (POCL_DEVICES=basic selects it) runs queued commands on the host
 // thread that flushes or waits, one queue at a time: a queue held at a user event holds
 // every queue. The tests that hold a queue need a device whose queues run by themselves.
 bool holding_a_queue_holds_all(Backend& device) {
