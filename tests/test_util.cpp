@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/cpu_backend.h"
@@ -15,6 +17,63 @@
 #include "dispatch/devices.h"
 
 namespace loom::testing {
+
+namespace {
+
+// Each test process gets kernel caches of its own: $XDG_CACHE_HOME, where both PoCL's
+// kernel cache (pocl/kcache) and Loom's OpenCL binaries (loom/opencl) live, is set to
+// BUILD/tests/test-cache/EXE.FILTER (the folder of the test executable, then its name and
+// its --gtest_filter: CTest runs each test as its own process with its own filter). Two
+// tests running side by side never share a cache, so one cannot read what another is
+// writing, nor find an entry a killed process left half-made.
+// A new folder starts as a copy of test-cache/seed, which the CTest fixture
+// `opencl_kernel_cache_seed` fills before any test starts (tests/CMakeLists.txt) and no
+// test writes: without it each test process would compile Loom's OpenCL program again
+// (about 4 s of PoCL's compiler; 0.2 s from the seed). The folder persists between runs of
+// the same test. Set before any static initializer of the executable runs (priority
+// 101), as the test list itself may open the OpenCL devices (backend_names() in
+// INSTANTIATE_TEST_SUITE_P).
+__attribute__((constructor(101))) void use_a_kernel_cache_of_this_tests_own() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec)
+    return;
+  std::string args;
+  if (std::ifstream cmdline{"/proc/self/cmdline", std::ios::binary})
+    args.assign(std::istreambuf_iterator<char>(cmdline), std::istreambuf_iterator<char>());
+  std::string which = "all";  // no filter: every test in one process
+  std::size_t at = 0;
+  for (std::size_t end; (end = args.find('\0', at)) != std::string::npos; at = end + 1) {
+    const std::string arg = args.substr(at, end - at);
+    if (arg.rfind("--gtest_filter=", 0) == 0)
+      which = arg.substr(15);
+    else if (arg == "--gtest_list_tests")
+      which = "list";
+  }
+  // A readable name, and the filter's hash so two filters that read alike stay apart.
+  std::string name = exe.filename().string() + ".";
+  for (char c : which.substr(0, 120))
+    name += std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' ? c : '_';
+  name += "." + std::to_string(std::hash<std::string>{}(which) % 1000003);
+  const fs::path caches = exe.parent_path() / "test-cache";
+  const fs::path dir = caches / name;
+  if (!fs::exists(dir, ec)) {
+    // Copied into a temporary folder, then renamed: a copy cut short is never taken for
+    // a cache.
+    const fs::path partial = caches / (name + ".copying." + std::to_string(::getpid()));
+    fs::create_directories(partial, ec);
+    if (fs::exists(caches / "seed", ec))
+      fs::copy(caches / "seed", partial, fs::copy_options::recursive, ec);
+    fs::rename(partial, dir, ec);
+    if (ec)
+      fs::remove_all(partial, ec);
+  }
+  if (fs::is_directory(dir, ec))
+    ::setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+}
+
+}  // namespace
 
 bool cuda_emulated(const std::string& device) {
   const char* emulator = std::getenv("LOOM_CUDA_EMULATOR");

@@ -191,11 +191,17 @@ OpenClBackend::OpenClBackend(cl_platform_id platform, cl_device_id device) : dev
 }
 
 Program OpenClBackend::compile(const std::string& source, const std::string& what) {
-  // Binaries are cached on disk keyed by device, driver and source, so the JIT runs once.
+  // Binaries are cached on disk keyed by device, driver and source, so the JIT runs once;
+  // under $XDG_CACHE_HOME (the XDG base directories' rule, as PoCL's kernel cache is), else
+  // ~/.cache, so a test can give each process a cache of its own.
   std::size_t key = std::hash<std::string>{}(device_name_ + "|" + driver_version_ + "|" + source);
+  const char* xdg_cache = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
   std::filesystem::path dir =
-      std::filesystem::path(home ? home : "/tmp") / ".cache" / "loom" / "opencl";
+      (xdg_cache != nullptr && *xdg_cache ? std::filesystem::path(xdg_cache)
+       : home != nullptr && *home         ? std::filesystem::path(home) / ".cache"
+                                          : std::filesystem::path("/tmp") / ".cache") /
+      "loom" / "opencl";
   std::filesystem::path cached = dir / (std::to_string(key) + ".bin");
   cl_int err = CL_SUCCESS;
   if (std::ifstream in{cached, std::ios::binary}) {
