@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <thread>
 
 #include "autograd/functions.h"
 #include "backends/cpu/cpu_backend.h"
@@ -433,6 +435,15 @@ void on_stop_signal(int signal) {
 
 StopRule::StopRule(const TrainConfig& cfg, dist::Communicator& world)
     : end_(cfg.stop_after > 0 ? std::min(cfg.stop_after, cfg.steps) : cfg.steps), world_(world) {
+  if (const char* hold = std::getenv("LOOM_TEST_HOLD_AT_STEP"); hold != nullptr && *hold) {
+    char* end = nullptr;
+    const long long value = std::strtoll(hold, &end, 10);
+    check(*end == '\0' && value > 0, [&] {
+      return std::string("LOOM_TEST_HOLD_AT_STEP='") + hold +
+             "': expected a step number of at least 1 (the run waits for a stop signal there)";
+    });
+    hold_at_ = value;
+  }
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
@@ -448,11 +459,35 @@ StopRule::~StopRule() {
 bool StopRule::reached(std::int64_t step) {
   if (step >= end_)
     return true;
+  if (first_step_ < 0)
+    first_step_ = step;
+  if (step == hold_at_ && step > first_step_)  // not again when resumed at the held step
+    hold_for_stop_signal(step);
   float asked = stop_signal != 0 ? 1.0f : 0.0f;
   if (world_.size() > 1)
     world_.all_reduce_sum(std::span<float>(&asked, 1));
   preempted_ = asked > 0;
   return preempted_;
+}
+
+void StopRule::hold_for_stop_signal(std::int64_t step) {
+  // Every process polls together (one all-reduce a round), so a signal to any one rank
+  // releases them all at the same round, as reached() then stops them at the same step.
+  constexpr auto kPoll = std::chrono::milliseconds(2);
+  constexpr auto kLimit = std::chrono::seconds(300);
+  const auto deadline = std::chrono::steady_clock::now() + kLimit;
+  for (;;) {
+    float asked = stop_signal != 0 ? 1.0f : 0.0f;
+    if (world_.size() > 1)
+      world_.all_reduce_sum(std::span<float>(&asked, 1));
+    if (asked > 0)
+      return;
+    check(std::chrono::steady_clock::now() < deadline, [&] {
+      return "LOOM_TEST_HOLD_AT_STEP=" + std::to_string(step) + ": no stop signal within " +
+             std::to_string(kLimit.count()) + " s of holding after step " + std::to_string(step);
+    });
+    std::this_thread::sleep_for(kPoll);
+  }
 }
 
 }  // namespace loom::train

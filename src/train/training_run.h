@@ -166,12 +166,20 @@ class StopRule {
   StopRule& operator=(const StopRule&) = delete;
   std::int64_t end() const { return end_; }  // one past the last step to run
   // Whether the loop stops before step `step` (a collective when the job has processes).
+  // Test hook: with LOOM_TEST_HOLD_AT_STEP=N in the environment, a run that has taken a
+  // step and reaches step N (its metrics line written) holds there until a stop signal
+  // comes, so a test's SIGTERM always lands mid-run however fast the machine is; a run
+  // resumed at step N does not hold again (docs/fleet.md, "Tests").
   bool reached(std::int64_t step);
   // The loop stopped for a signal: the run is preempted and resumable.
   bool preempted() const { return preempted_; }
 
  private:
+  void hold_for_stop_signal(std::int64_t step);
+
   std::int64_t end_;
+  std::int64_t hold_at_ = -1;     // LOOM_TEST_HOLD_AT_STEP, -1: none
+  std::int64_t first_step_ = -1;  // the step this process started at
   dist::Communicator& world_;
   bool preempted_ = false;
 };

@@ -5,9 +5,11 @@ fleet_start() {  # STATE POOLS [extra serve flags...]: starts a daemon, sets LOO
   rm -f "$state/address"
   "$loom" fleet serve --state "$state" --pools "$pools" --port 0 "$@" >> "$state.serve.log" 2>&1 &
   fleet_pid=$!
-  for _ in $(seq 1 200); do
-    [[ -s "$state/address" ]] && break
+  # Until the daemon has written its address (atomically), or has died; 120 s at most.
+  local deadline=$((SECONDS + 120))
+  until [[ -s "$state/address" ]]; do
     kill -0 "$fleet_pid" 2>/dev/null || { echo "daemon died: $(tail -n 3 "$state.serve.log")"; return 1; }
+    (( SECONDS < deadline )) || { echo "daemon wrote no address in 120 s: $(tail -n 3 "$state.serve.log")"; return 1; }
     sleep 0.05
   done
   export LOOM_FLEET_SERVER=$(cat "$state/address")
@@ -21,15 +23,28 @@ fleet_stop() {
   wait "$fleet_pid" 2>/dev/null
 }
 job_state() { "$loom" fleet status "$1" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])'; }
-wait_state() {  # ID STATE TIMEOUT_S
-  local s=""
-  for _ in $(seq 1 $(( $3 * 10 ))); do
+wait_state() {  # ID STATE[|STATE...] TIMEOUT_S: until the job is in one of the states
+  local s="" deadline=$((SECONDS + $3))
+  while (( SECONDS < deadline )); do
     s=$(job_state "$1" 2>/dev/null)
-    [[ "$s" == "$2" ]] && return 0
+    [[ "|$2|" == *"|$s|"* ]] && return 0
     sleep 0.1
   done
   echo "job $1: state '$s' after $3 s, expected $2"
   return 1
+}
+# The job has logged STEPS training steps (1 by default): `loom train` is past its setup,
+# with its SIGTERM handler installed, so a preemption or a cancel now is a clean stop.
+wait_training() {  # ID STATE_DIR TIMEOUT_S [STEPS]
+  local metrics="$2/jobs/$1/out/metrics.jsonl" deadline=$((SECONDS + $3)) steps=${4:-1}
+  until [[ -s "$metrics" ]] && (( $(grep -c '"loss"' "$metrics") >= steps )); do
+    (( SECONDS < deadline )) || { echo "job $1: fewer than $steps training steps logged in $3 s"; return 1; }
+    sleep 0.05
+  done
+}
+# The job's own records say its current attempt has ended (an "end" record after its start).
+attempt_ended() {  # ID STATE_DIR
+  tail -n 1 "$2/jobs/$1/records.jsonl" 2>/dev/null | grep -q '"event":"end"'
 }
 wait_all_done() {  # TIMEOUT_S: every job ended (succeeded, failed, cancelled, unplaceable)
   for _ in $(seq 1 $(( $1 * 4 ))); do

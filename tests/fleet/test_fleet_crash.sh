@@ -2,8 +2,9 @@
 # The fleet service survives kill -9 at any moment (docs/fleet.md, "Crash safety"):
 #  1. at each injected crash point of launching and finishing a job, the daemon dies;
 #     restarted, it loses no job and starts none twice;
-#  2. 20 kill -9 at random moments while 10 jobs run: 0 jobs lost, 0 jobs with two live
-#     processes, every job succeeds.
+#  2. 20 kill -9 at random moments while 10 jobs run (more are submitted where a fast machine
+#     has finished them, so every kill finds work in the daemon): 0 jobs lost, 0 jobs with
+#     two live processes, every job succeeds.
 # The assertions read the jobs' own start and end records (written by the processes that
 # ran them), not the service's database.
 # Usage: test_fleet_crash.sh path/to/loom
@@ -100,20 +101,36 @@ check_records "$dir/points" 6 || fail "records after the crash points (above)"
 fleet_stop
 
 # --- 2. 20 random kill -9 during a 10-job run -----------------------------------------------
+# Each kill lands 0-0.9 s after the daemon is up, at a moment when the daemon still has a job
+# to run: where a fast machine has finished the ten, another job is submitted first, so no
+# kill falls on an idle daemon however fast the jobs run.
 fleet_start "$dir/loop" pools.yaml || fail "start the loop's daemon"
 for i in $(seq 1 10); do job "j$i" $(( 1000 + 200 * i )); done
+submitted=10
+unfinished() {
+  "$loom" fleet status --json | python3 -c '
+import json, sys
+jobs = json.load(sys.stdin)["jobs"]
+print(sum(j["state"] not in ("succeeded", "failed", "cancelled", "unplaceable") for j in jobs))'
+}
 RANDOM=11
 for k in $(seq 1 20); do
-  sleep "$(( RANDOM % 8 / 10 )).$(( RANDOM % 10 ))"
+  if [[ "$(unfinished)" == 0 ]]; then
+    job "extra$k" 2000
+    submitted=$((submitted + 1))
+  fi
+  sleep "0.$(( RANDOM % 10 ))"
   fleet_kill
   fleet_start "$dir/loop" pools.yaml || fail "restart $k"
 done
+echo "20 kills; $submitted jobs submitted ($((submitted - 10)) added to keep the daemon busy)"
 wait_all_done 240 || fail "jobs did not finish after 20 kills"
-check_records "$dir/loop" 10 || fail "records after 20 kills (above)"
+check_records "$dir/loop" "$submitted" || fail "records after 20 kills (above)"
 "$loom" fleet status --json | python3 -c '
 import json, sys
 states = [j["state"] for j in json.load(sys.stdin)["jobs"]]
-assert states == ["succeeded"] * 10, states' || fail "the store disagrees with the records"
+assert states == ["succeeded"] * len(states) and len(states) == int(sys.argv[1]), states' "$submitted" ||
+  fail "the store disagrees with the records"
 fleet_stop
 
 if (( failures > 0 )); then

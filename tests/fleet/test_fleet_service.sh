@@ -9,7 +9,10 @@
 #  - preemption and migration: a low-priority job on the cpu pool is preempted by a
 #    high-priority one, checkpoints, resumes on the opencl pool, and ends within 1e-3 of
 #    an uninterrupted cpu run's final loss;
-#  - cancel; a kill -9 of the daemon while jobs run: the restarted daemon adopts them.
+#  - cancel; a kill -9 of the daemon while a job runs: the restarted daemon adopts it and
+#    can stop it.
+# The preemption, cancel and adoption checks hold their jobs at a step until signalled
+# (LOOM_TEST_HOLD_AT_STEP), so no machine is fast enough to finish a job before its signal.
 # Usage: test_fleet_service.sh path/to/loom
 set -u
 loom=$(realpath "$1")
@@ -137,15 +140,22 @@ for j in json.load(sys.stdin)["jobs"]:
 ' || fail "a strict job ran on the partial pool"
 "$loom" fleet events | grep -q "placed .*attempt 1 on .*: " || fail "placements carry no reason"
 
+# From here on the daemon's jobs inherit LOOM_TEST_HOLD_AT_STEP=1000: a job longer than
+# that holds after its step 1000 until it is signalled, so the preemption, the cancel and
+# the daemon's kill below always find it running, however fast the machine is (the short
+# jobs, 300 steps, never reach it). A job resumed at step 1000 does not hold again.
+fleet_stop
+LOOM_TEST_HOLD_AT_STEP=1000 fleet_start "$dir/state" pools.yaml || { echo "FAIL: the daemon did not restart"; exit 1; }
+
 # --- preemption and migration --------------------------------------------------------------
 if [[ $has_opencl == 1 ]]; then
   long="{layers: 1, width: 32, heads: 2, context: 16, batch: 4, eval_every: 0, final_eval: false, seed: 7, data: $root/data/tinyshakespeare/input.txt}"
   "$loom" train --layers 1 --width 32 --heads 2 --context 16 --batch 4 --eval_every 0 \
-    --final_eval false --seed 7 --steps 12000 --threads 1 --json --progress false \
+    --final_eval false --seed 7 --steps 2000 --threads 1 --json --progress false \
     --data "$root/data/tinyshakespeare/input.txt" --out "$dir/reference" > reference.log 2>&1 || fail "reference run"
   cat > low.yaml <<YAML
 name: low
-steps: 12000
+steps: 2000
 priority: 0
 pools: [cpu, opencl]
 config: $long
@@ -161,8 +171,9 @@ YAML
   wait_state "$low" running 120 || fail "the low-priority job did not start"
   low_pool=$("$loom" fleet status "$low" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["pool"])')
   [[ $low_pool == cpu ]] || fail "the low-priority job started on $low_pool, expected cpu (fastest)"
-  # At once: the low-priority job's 12,000 steps take about 5 s on a fast CPU (5,000
-  # left about 2 s for the preemption to land, the race the Slurm check had).
+  # Once it holds at step 1000: it cannot end before the preemption, which stops it there
+  # (and its resumed attempt, starting at step 1000, does not hold again).
+  wait_training "$low" "$dir/state" 300 1000 || fail "the low-priority job did not reach step 1000"
   high=$(submit_id high.yaml)
   wait_state "$high" succeeded 180 || fail "the high-priority job did not run"
   wait_state "$low" succeeded 300 || fail "the preempted job did not finish"
@@ -192,10 +203,13 @@ config: $tiny
 YAML
 forever=$(submit_id forever.yaml)
 wait_state "$forever" running 60 || fail "the long job did not start"
+wait_training "$forever" "$dir/state" 120 || fail "the long job did not train"
 "$loom" fleet cancel "$forever" > /dev/null || fail "cancel"
 wait_state "$forever" cancelled 60 || fail "cancel did not stop the job"
 
 # --- kill -9 of the daemon while a job runs: adopted, not restarted ---------------------------
+# The job holds at step 1000 (above), so it is still running when the new daemon starts:
+# that daemon must adopt it (running, one start) and control it (a cancel stops it).
 cat > adopt.yaml <<YAML
 name: adopt
 steps: 3000
@@ -203,10 +217,13 @@ config: $tiny
 YAML
 adopt=$(submit_id adopt.yaml)
 wait_state "$adopt" running 60 || fail "the job to adopt did not start"
+wait_training "$adopt" "$dir/state" 120 || fail "the job to adopt did not train"
 fleet_kill
-sleep 1
-fleet_start "$dir/state" pools.yaml || fail "restart"
-wait_state "$adopt" succeeded 180 || fail "the adopted job did not finish"
+LOOM_TEST_HOLD_AT_STEP=1000 fleet_start "$dir/state" pools.yaml || fail "restart"
+attempt_ended "$adopt" "$dir/state" && fail "the job to adopt ended while the daemon was down: adoption not tested"
+wait_state "$adopt" running 60 || fail "the restarted daemon does not see the adopted job running"
+"$loom" fleet cancel "$adopt" > /dev/null || fail "cancel of the adopted job"
+wait_state "$adopt" cancelled 120 || fail "the restarted daemon could not stop the adopted job"
 starts=$(grep -c '"event":"start"' "$dir/state/jobs/$adopt/records.jsonl")
 [[ $starts == 1 ]] || fail "the adopted job was started $starts times"
 

@@ -5,7 +5,7 @@
 #  - a job for the a100 pool runs on the other site (one service, two clusters);
 #  - a preempted Slurm job checkpoints, is requeued and resumes to the end;
 #  - kill -9 of the daemon while a Slurm job runs: restarted, it finds the job (no second
-#    submission) and records its end.
+#    submission), sees it running and can stop it.
 # Needs root and Debian's slurm-wlm and munge: fails without them, skips (exit 77) with LOOM_ALLOW_SKIP=1.
 # Usage: test_fleet_slurm.sh path/to/loom
 set -u
@@ -31,8 +31,11 @@ cleanup() {
 trap cleanup EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-slurm_cluster_up site-a 6827 6828 h100:2,910b:2 > /dev/null || { echo "FAIL: site-a did not start"; exit 1; }
-slurm_cluster_up site-b 6837 6838 a100:2 > /dev/null || { echo "FAIL: site-b did not start"; exit 1; }
+# Ports the kernel picks now, not fixed ones: a cluster left up by a killed run, or another
+# checkout's test on this host, cannot hold them.
+read -r ctld_a slurmd_a ctld_b slurmd_b < <(slurm_free_ports 4)
+slurm_cluster_up site-a "$ctld_a" "$slurmd_a" h100:2,910b:2 > /dev/null || { echo "FAIL: site-a did not start"; exit 1; }
+slurm_cluster_up site-b "$ctld_b" "$slurmd_b" a100:2 > /dev/null || { echo "FAIL: site-b did not start"; exit 1; }
 cd "$dir"
 cat > pools.yaml <<YAML
 pools:
@@ -40,7 +43,11 @@ pools:
   - {name: npu, executor: slurm, slurm_conf: $SLURM_CONF_SITE_A, partition: main, gres: "gpu:910b:1", backend: cpu, slots: 1, threads: 1, price_per_hour: 2}
   - {name: a100, executor: slurm, slurm_conf: $SLURM_CONF_SITE_B, partition: main, gres: "gpu:a100:1", backend: cpu, slots: 1, threads: 1, price_per_hour: 3}
 YAML
-fleet_start "$dir/state" pools.yaml || { echo "FAIL: the daemon did not start"; exit 1; }
+# The daemon's jobs inherit LOOM_TEST_HOLD_AT_STEP=1000 (sbatch passes the environment on):
+# a job longer than that holds after its step 1000 until it is signalled, so the preemption
+# and the daemon's kill below always find it running, however fast the machine is (the
+# short jobs never reach it; a job resumed at step 1000 does not hold again).
+LOOM_TEST_HOLD_AT_STEP=1000 fleet_start "$dir/state" pools.yaml || { echo "FAIL: the daemon did not start"; exit 1; }
 tiny="{layers: 1, width: 32, heads: 2, context: 16, batch: 4, eval_every: 0, final_eval: false, ckpt_every: 50, data: $root/data/tinyshakespeare/input.txt}"
 job() {  # NAME STEPS POOL PRIORITY
   cat > "$1.yaml" <<YAML
@@ -58,7 +65,7 @@ slurm_id() {  # JOB ATTEMPT: the Slurm job id the service recorded
 
 # --- a job on the h100 pool: the GRES type, the state reflected back ------------------------
 a=$(job on-h100 200 h100 0)
-wait_state "$a" running 60 || fail "the h100 job did not start"
+wait_state "$a" "running|succeeded" 60 || fail "the h100 job did not start"
 id=$(slurm_id "$a" 1)
 gres=$(slurm_on site-a squeue -h -t all -j "$id" -o %b)
 [[ "$gres" == *gpu:h100:1* ]] || fail "Slurm job $id asked for '$gres', expected gpu:h100:1"
@@ -75,12 +82,13 @@ id=$(slurm_id "$b" 1)
 [[ "$(slurm_on site-b squeue -h -t all -j "$id" -o %b)" == *gpu:a100:1* ]] || fail "the a100 job is not site-b's job $id"
 
 # --- preemption under Slurm -------------------------------------------------------------------
-# The low job must still be running when the high one arrives: at 4,000 steps (about 2 s
-# of a release build on a fast CPU) it once finished first and was never preempted. 20,000
-# steps give the service 9 s or more to preempt it (about a minute under ASan).
-low=$(job low 20000 npu 0)
+# The low job must still be running when the high one arrives (at a fixed 4,000 steps it
+# once finished first and was never preempted): it holds at step 1000 until preempted, and
+# the high one is submitted once it is there ("running" under Slurm means only that sbatch
+# took the job, which may still be pending).
+low=$(job low 2000 npu 0)
 wait_state "$low" running 60 || fail "the low-priority job did not start"
-sleep 2
+wait_training "$low" "$dir/state" 300 1000 || fail "the low-priority job did not reach step 1000"
 high=$(job high 100 npu 10)
 wait_state "$high" succeeded 180 || fail "the high-priority job did not run"
 wait_state "$low" succeeded 300 || fail "the preempted job did not finish"
@@ -92,12 +100,17 @@ print("preempted Slurm job:", attempts)
 assert j["preemptions"] >= 1 and attempts[0][2] == 75 and attempts[-1][2] == 0, attempts' || fail "preemption under Slurm (above)"
 
 # --- kill -9 of the daemon while a Slurm job runs ---------------------------------------------
+# The job holds at step 1000, so it is still running when the new daemon starts: that
+# daemon must find it (no second submission), see it running and stop it (a cancel).
 c=$(job adopt 3000 h100 0)
 wait_state "$c" running 60 || fail "the job to adopt did not start"
+wait_training "$c" "$dir/state" 120 || fail "the job to adopt did not train"
 fleet_kill
-sleep 1
-fleet_start "$dir/state" pools.yaml || fail "restart"
-wait_state "$c" succeeded 180 || fail "the adopted Slurm job did not finish"
+LOOM_TEST_HOLD_AT_STEP=1000 fleet_start "$dir/state" pools.yaml || fail "restart"
+attempt_ended "$c" "$dir/state" && fail "the job to adopt ended while the daemon was down: adoption not tested"
+wait_state "$c" running 60 || fail "the restarted daemon does not see the adopted Slurm job running"
+"$loom" fleet cancel "$c" > /dev/null || fail "cancel of the adopted Slurm job"
+wait_state "$c" cancelled 120 || fail "the restarted daemon could not stop the adopted Slurm job"
 submitted=$(slurm_on site-a squeue -h -t all --name "loom-$c-1" -o %i | wc -l)
 [[ $submitted == 1 ]] || fail "attempt 1 of job $c was submitted $submitted times"
 [[ $(grep -c '"event":"start"' "$dir/state/jobs/$c/records.jsonl") == 1 ]] || fail "the adopted job started twice"

@@ -20,11 +20,19 @@ shape=(--layers 1 --width 32 --heads 2 --context 16 --batch 4 --eval_every 0 --f
        --progress false --threads 1 --log_every 100000 --json)
 common=("${shape[@]}" --steps "$steps")
 
-# Waits until the run writing $1/metrics.jsonl has logged at least $2 steps.
+# Waits until the run writing $1/metrics.jsonl has logged at least $2 steps; fails at once
+# when process $3 has ended first, and after 300 s (a slow sanitizer build is still well
+# inside it).
+# The SIGTERM checks start their run with LOOM_TEST_HOLD_AT_STEP=N: the run holds after
+# logging step N until a stop signal comes, so the signal lands mid-run however fast the
+# machine is (a 400-step run of this shape takes a fraction of a second on a fast CPU,
+# and without the hold could end before the signal arrives).
 wait_for_steps() {
-  for _ in $(seq 1 600); do
+  local deadline=$((SECONDS + 300))
+  while (( SECONDS < deadline )); do
     [[ -f "$1/metrics.jsonl" ]] && (( $(grep -c '"loss"' "$1/metrics.jsonl") >= $2 )) && return 0
-    sleep 0.05
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.02
   done
   return 1
 }
@@ -34,14 +42,16 @@ last_loss() { tail -n 1 "$1" | python3 -c 'import json,sys; print(repr(json.load
 ref=$(last_loss "$dir/ref.log")
 
 # --- SIGTERM, then resume on the same backend: exact --------------------------------
-"$loom" train "${common[@]}" --out "$dir/term" > "$dir/term1.log" 2>&1 &
+LOOM_TEST_HOLD_AT_STEP=50 "$loom" train "${common[@]}" --out "$dir/term" > "$dir/term1.log" 2>&1 &
 pid=$!
-wait_for_steps "$dir/term" 50 || fail "the run logged no steps"
+wait_for_steps "$dir/term" 50 "$pid" || fail "the run did not reach step 50: $(tail -n 3 "$dir/term1.log")"
 kill -TERM "$pid"
 wait "$pid"
 rc=$?
 [[ $rc -eq 75 ]] || fail "SIGTERM: exit status $rc, expected 75; $(tail -n 3 "$dir/term1.log")"
 grep -q '"preempted":true' "$dir/term1.log" || fail "the JSON summary does not say preempted"
+held=$(grep -c '"loss"' "$dir/term/metrics.jsonl")
+[[ $held == 50 ]] || fail "held at step 50 and signalled there, the run logged $held steps"
 [[ -L "$dir/term/checkpoint" && -f "$dir/term/checkpoint/model.safetensors" ]] ||
   fail "no published checkpoint after SIGTERM"
 "$loom" train "${common[@]}" --out "$dir/term" --resume > "$dir/term2.log" 2>&1 || fail "resume: $(tail -n 3 "$dir/term2.log")"
@@ -74,19 +84,20 @@ else
     b=${backends[$i]}
     resume=(); (( i > 0 )) && resume=(--resume)
     if (( i + 1 < ${#backends[@]} )); then
-      "$loom" train "${common[@]}" --device "$b" --out "$out" "${resume[@]}" > "$dir/moving-$b.log" 2>&1 &
+      LOOM_TEST_HOLD_AT_STEP=$(( at + 40 )) "$loom" train "${common[@]}" --device "$b" --out "$out" "${resume[@]}" > "$dir/moving-$b.log" 2>&1 &
       pid=$!
-      wait_for_steps "$out" $(( at + 40 )) || fail "$b: no progress"
+      wait_for_steps "$out" $(( at + 40 )) "$pid" || fail "$b: did not reach step $(( at + 40 )): $(tail -n 3 "$dir/moving-$b.log")"
       kill -TERM "$pid"
       wait "$pid"
       rc=$?
       [[ $rc -eq 75 ]] || fail "$b: exit status $rc after SIGTERM, expected 75"
       next=$(grep -c '"loss"' "$out/metrics.jsonl")
-      (( next > at )) || fail "$b: no steps after resuming at $at"
+      (( next == at + 40 )) || fail "$b: held at step $(( at + 40 )) and stopped, but $next steps are logged"
       at=$next
     else
       "$loom" train "${common[@]}" --device "$b" --out "$out" --resume > "$dir/moving-$b.log" 2>&1 || fail "$b: $(tail -n 3 "$dir/moving-$b.log")"
-      grep -q "from step $at" "$dir/moving-$b.log" 2>/dev/null || true
+      (( $(grep -c '"loss"' "$out/metrics.jsonl") == steps )) ||
+        fail "$b: resumed at step $at, but the run did not end with each of its $steps steps logged once"
     fi
   done
   python3 - "$(last_loss "$dir/moving-${backends[-1]}.log")" "$ref" "${backends[*]}" <<'PY' || fail "cross-backend resume (above)"
@@ -144,9 +155,10 @@ ls -a "$out/checkpoints" | grep -q '^\.writing' && fail "a temporary checkpoint 
 if [[ -n "$mpiexec" ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-  "$mpiexec" -np 2 --oversubscribe --bind-to none "$loom" train "${common[@]}" --out "$dir/mpi" > "$dir/mpi.log" 2>&1 &
+  LOOM_TEST_HOLD_AT_STEP=30 "$mpiexec" -x LOOM_TEST_HOLD_AT_STEP -np 2 --oversubscribe --bind-to none \
+    "$loom" train "${common[@]}" --out "$dir/mpi" > "$dir/mpi.log" 2>&1 &
   pid=$!
-  wait_for_steps "$dir/mpi" 30 || fail "mpi: no progress"
+  wait_for_steps "$dir/mpi" 30 "$pid" || fail "mpi: did not reach step 30: $(tail -n 3 "$dir/mpi.log")"
   # One rank only hears the signal; both must stop after the same step and checkpoint.
   # The ranks are the processes whose own name is loom's: mpiexec's command line matches
   # the same pattern, and PIDs may wrap, so neither the order nor the pattern alone

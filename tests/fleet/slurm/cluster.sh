@@ -7,7 +7,8 @@
 #
 #   source tests/fleet/slurm/cluster.sh
 #   slurm_available || exit 77                                    # says why
-#   slurm_cluster_up site-a 6817 6818 h100:2,910b:2 || exit 1     # sets SLURM_CONF_SITE_A, SLURM_DIR_SITE_A
+#   read -r ctld slurmd < <(slurm_free_ports 2)                   # or fixed ports
+#   slurm_cluster_up site-a "$ctld" "$slurmd" h100:2,910b:2 || exit 1  # sets SLURM_CONF_SITE_A, SLURM_DIR_SITE_A
 #   slurm_cluster_up site-b 6917 6918 a100:2        || exit 1     # sets SLURM_CONF_SITE_B, SLURM_DIR_SITE_B
 #   trap 'slurm_cluster_down site-b; slurm_cluster_down site-a' EXIT
 #   SLURM_CONF=$SLURM_CONF_SITE_A sbatch ...      # or: slurm_on site-a sbatch ...
@@ -70,6 +71,20 @@ _slurm_alive() {  # PID: running and not a zombie (kill -0 counts zombies as ali
   [ -n "$1" ] || return 1
   st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
   [[ $st != Z* ]]
+}
+
+slurm_free_ports() {  # N: prints N different TCP ports that no one listens on now (the
+  # kernel's choice for a socket bound to port 0, all N held open until all are chosen), so
+  # clusters of tests running side by side, or left behind by a killed run, never collide.
+  python3 - "${1:?usage: slurm_free_ports N}" <<'PY'
+import socket, sys
+held = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("", 0))
+    held.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in held))
+PY
 }
 
 _slurm_port_busy() {  # PORT: something listens on it (on 127.0.0.1)
