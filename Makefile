@@ -2,10 +2,11 @@
 #   make demo   install, build, train the default model (char GPT on tiny Shakespeare), sample
 #   make test   install, build, run the tests
 # Other targets: build, fleet-demo (the live fleet service on this machine), test-asan,
+# test-repeat (both suites N times each, N=5 by default: every test that failed at least once),
 # bench (bench/run-all: every CPU table of bench/RESULTS.md, into build/bench/),
 # fuzz (libFuzzer on every reader of untrusted files, FUZZ_SECONDS each; fuzz/README.md),
 # format, clean.
-.PHONY: all deps build demo fleet-demo test test-asan bench fuzz format check-floors clean
+.PHONY: all deps build demo fleet-demo test test-asan test-repeat bench fuzz format check-floors clean
 
 JOBS ?= 2
 BUILD := build/release
@@ -36,6 +37,14 @@ test-asan: deps
 	cmake --preset asan
 	cmake --build --preset asan -j $(JOBS)
 	ctest --preset asan -j $(JOBS)
+
+# The release and the sanitizer suites N times each (alternating), then every test that
+# failed in any run, with the output of each failure (build/test-repeat/report.md).
+N ?= 5
+test-repeat: build
+	cmake --preset asan
+	cmake --build --preset asan -j $(JOBS)
+	scripts/test-repeat $(N) $(JOBS)
 
 # Every CPU figure of bench/RESULTS.md, regenerated into build/bench/NAME.txt with a summary
 # (about an hour and a half on 2 cores; bench/run-all --list names each item, --quick is a smoke run).
