@@ -6,7 +6,7 @@
 # bench (bench/run-all: every CPU table of bench/RESULTS.md, into build/bench/),
 # fuzz (libFuzzer on every reader of untrusted files, FUZZ_SECONDS each; fuzz/README.md),
 # format, clean.
-.PHONY: all deps build demo fleet-demo test test-asan test-repeat bench fuzz format check-floors clean
+.PHONY: all deps build demo fleet-demo test test-asan test-repeat bench fuzz format check-floors check-size clean
 
 JOBS ?= 2
 BUILD := build/release
@@ -31,6 +31,7 @@ fleet-demo: build
 
 test: build
 	scripts/check-floors
+	scripts/check-size
 	ctest --preset release -j $(JOBS)
 
 test-asan: deps
@@ -67,6 +68,9 @@ format:
 
 check-floors:
 	scripts/check-floors
+
+check-size:
+	scripts/check-size
 
 clean:
 	rm -rf build out
