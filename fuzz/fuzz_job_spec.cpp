@@ -29,7 +29,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const loom::service::JobSpec spec = loom::service::JobSpec::from_json(body, "job");
     const std::string stored = spec.to_json().dump();
     try {
-      (void)loom::service::JobSpec::from_json(nlohmann::json::parse(stored), "stored job");
+      (void)loom::service::JobSpec::from_json(nlohmann::json::parse(stored), "stored job",
+                                              loom::service::JobSpec::Origin::stored);
     } catch (const loom::service::BadRequest& again) {
       std::fprintf(stderr,
                    "FINDING: an accepted job does not read back from its stored form\n"

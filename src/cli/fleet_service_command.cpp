@@ -20,6 +20,7 @@
 #include "cluster/service/http_api.h"
 #include "cluster/service/service.h"
 #include "core/error.h"
+#include "core/job_contract.h"
 
 namespace loom::cli {
 
@@ -228,8 +229,8 @@ nlohmann::json json_of(const YAML::Node& node, const std::string& where) {
 }
 
 // A job file: the job's fields, with `config:` inline or `config_file:` naming a training
-// config. Files the config names (data, onnx, init, mnist_dir) become absolute paths, so
-// the job finds them wherever the service runs it.
+// config. Files the config names (keys with the contract's kPath role: data, onnx, init,
+// mnist_dir) become absolute paths, so the job finds them wherever the service runs it.
 nlohmann::json read_job_file(const std::string& path) {
   YAML::Node root = cluster::read_yaml_file(path);
   check(root.IsMap(), path + ": a job is a mapping of fields (name, config, steps, ...)");
@@ -245,8 +246,10 @@ nlohmann::json read_job_file(const std::string& path) {
     job.erase("config_file");
   }
   if (job.contains("config") && job["config"].is_object())
-    for (const char* key : {"data", "onnx", "init", "mnist_dir"}) {
-      if (!job["config"].contains(key) || !job["config"][key].is_string())
+    for (const contract::TrainKey& train_key : contract::kTrainKeys) {
+      const std::string key(train_key.name);
+      if (!train_key.has(contract::kPath) || !job["config"].contains(key) ||
+          !job["config"][key].is_string())
         continue;
       const std::string value = job["config"][key].get<std::string>();
       if (value == "random" || value == "mnist" || value.empty() || fs::path(value).is_absolute())

@@ -15,6 +15,7 @@
 #include "cli/ops_command.h"
 #include "cli/plan_command.h"
 #include "core/error.h"
+#include "core/job_contract.h"
 #include "core/op_catalog.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -23,13 +24,18 @@ namespace {
 
 using loom::train::TrainConfig;
 
-constexpr const char* kBoolFlags[] = {"resume", "auto_resume", "json"};
-
+// `--resume` alone means true (the contract's bare flags).
 bool is_bool_flag(const std::string& key) {
-  for (const char* k : kBoolFlags)
-    if (key == k)
-      return true;
-  return false;
+  const loom::contract::TrainKey* spec = loom::contract::find_train_key(key);
+  return spec != nullptr && spec->has(loom::contract::kBareFlag);
+}
+
+// Ends a command on an exception: its message on stderr, after what stdout holds, and the
+// job contract's exit status for it.
+int failed(const char* kind, const std::exception& e, loom::contract::ExitCode status) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "loom: %s: %s\n", kind, e.what());
+  return loom::contract::code(status);
 }
 
 std::string dashed(std::string key) {
@@ -129,7 +135,8 @@ int main(int argc, char** argv) {
       }
       cfg.finalize();
       loom::train::Summary summary = loom::train::run_training(cfg);
-      const int status = summary.preempted ? loom::train::kExitPreempted : 0;
+      const int status = loom::contract::code(
+          summary.preempted ? loom::contract::ExitCode::preempted : loom::contract::ExitCode::ok);
       if (!summary.lead)
         return status;  // rank 0 of a data-parallel job reports
       if (cfg.json) {
@@ -176,14 +183,12 @@ int main(int argc, char** argv) {
         return loom::cli::run_fleet_rounds(fleet_rounds_options);
       return loom::cli::run_fleet(fleet_options);
     }
+  } catch (const loom::DeviceUnavailable& e) {
+    return failed("error", e, loom::contract::ExitCode::device_unavailable);
   } catch (const loom::Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "loom: error: %s\n", e.what());
-    return 1;
+    return failed("error", e, loom::contract::ExitCode::error);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "loom: internal error: %s\n", e.what());
-    return 2;
+    return failed("internal error", e, loom::contract::ExitCode::internal);
   }
-  return 0;
+  return loom::contract::code(loom::contract::ExitCode::ok);
 }

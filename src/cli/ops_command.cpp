@@ -9,6 +9,7 @@
 #include "autograd/functions.h"
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/job_contract.h"
 #include "core/op_catalog.h"
 #include "data/text.h"
 #include "dispatch/devices.h"
@@ -57,10 +58,10 @@ struct Report {
   std::optional<std::string> element_types;
 };
 
-// The version of `loom ops --json`'s objects (the fleet service checks it). 1: backend,
-// model, step_s, launches_per_step, transformer, ops; with --fusion, fusion (gemm_biases and
-// duplicates added later: within a version fields are only added, and readers ignore the unknown).
-constexpr int kReportSchemaVersion = 1;
+// `loom ops --json`'s objects are the job contract's (contract::record::kOpsSchemaVersion,
+// which the fleet service checks). 1: backend, model, step_s, launches_per_step,
+// transformer, ops; with --fusion, fusion (gemm_biases and duplicates added later: within
+// a version fields are only added, and readers ignore the unknown).
 
 // The forward and backward pass captured in graph mode (graph::CapturedStep, as
 // `loom train --mode graph` runs it), then AdamW: the mean time of o.steps replays (at
@@ -318,6 +319,16 @@ OpsOptions with_config(OpsOptions o) {
     o.threads = cfg.threads;
   return o;
 }
+
+namespace record = contract::record;
+
+// The GPT's shape as the planner's performance model reads it (the fleet service prices a
+// chip's step with it).
+nlohmann::ordered_json transformer_record(const OpsOptions& o) {
+  return {{record::kLayers, o.layers}, {record::kHidden, o.width},       {record::kHeads, o.heads},
+          {record::kFfn, 4 * o.width}, {record::kVocab, o.vocab},        {record::kSeq, o.context},
+          {record::kBatch, o.batch},   {record::kPrecision, o.precision}};
+}
 }  // namespace
 
 int run_ops(const OpsOptions& given) {
@@ -331,25 +342,23 @@ int run_ops(const OpsOptions& given) {
     reports.push_back(measure(o, dispatch::device(n)));
   if (o.json) {
     for (std::size_t b = 0; b < names.size(); ++b) {
-      nlohmann::ordered_json j{{"schema_version", kReportSchemaVersion},
+      nlohmann::ordered_json j{{record::kSchemaVersion, record::kOpsSchemaVersion},
                                {"backend", names[b]},
                                {"model", o.model},
-                               {"step_s", reports[b].step_seconds}};
+                               {record::kStepSeconds, reports[b].step_seconds}};
       // Op calls per step that reach the device or come back from it: native kernels and
       // fallbacks (a decomposed op's parts are counted as the ops they are).
       std::uint64_t launches = 0;
       for (const auto& [op, c] : reports[b].cells)
         launches += c.native.calls + c.fallback.calls;
-      j["launches_per_step"] = launches;
+      j[record::kLaunchesPerStep] = launches;
       if (reports[b].element_types)
         j["element_types"] = *reports[b].element_types;
-      if (o.model == "gpt")  // what the performance model needs (the fleet service reads it)
-        j["transformer"] = {{"layers", o.layers}, {"hidden", o.width},       {"heads", o.heads},
-                            {"ffn", 4 * o.width}, {"vocab", o.vocab},        {"seq", o.context},
-                            {"batch", o.batch},   {"precision", o.precision}};
+      if (o.model == "gpt")
+        j[record::kTransformer] = transformer_record(o);
       for (const auto& [op, c] : reports[b].cells)
-        j["ops"][std::string(op_name(op))] = {
-            {"path", dispatch::path_name(c.path())},
+        j[record::kOps][std::string(op_name(op))] = {
+            {record::kOpPath, dispatch::path_name(c.path())},
             {"calls", c.native.calls + c.decomposed.calls + c.fallback.calls},
             {"bytes_moved", c.fallback.bytes_moved},
             {"seconds", c.native.seconds + c.decomposed.seconds + c.fallback.seconds}};

@@ -1,4 +1,4 @@
-// core/error.h — the one exception type Loom throws.
+// core/error.h — the exception type Loom throws, and its one refinement.
 //
 // Every error names what was wrong (file, field, tensor, op), the value seen and
 // what was expected, so the one-line message printed by the CLI is actionable.
@@ -14,6 +14,13 @@ namespace loom {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// The device a run asked for is not built in or not present on this host: a scheduler can
+// place the job elsewhere (`loom` exits with contract::ExitCode::device_unavailable).
+class DeviceUnavailable : public Error {
+ public:
+  using Error::Error;
 };
 
 // Throws loom::Error with `message` when `condition` is false.

@@ -48,7 +48,7 @@ Backend& device(const std::string& name) {
   if (name == "cuda")
     why = "is not available here: " + cuda::unavailable_reason();
 #endif
-  throw Error("device '" + name + "' " + why + "; available: " + known);
+  throw DeviceUnavailable("device '" + name + "' " + why + "; available: " + known);
 }
 
 }  // namespace loom::dispatch

@@ -25,10 +25,6 @@ struct Summary {
   std::string to_json() const;
 };
 
-// The exit status of `loom train` stopped by SIGTERM or SIGINT after writing a checkpoint:
-// "preempted, resumable with --resume" (EX_TEMPFAIL of sysexits.h: try again later).
-inline constexpr int kExitPreempted = 75;
-
 // Runs training as configured (config.finalize() already called). Prints progress.
 Summary run_training(const TrainConfig& config);
 

@@ -17,6 +17,7 @@
 #include "autograd/functions.h"
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/job_contract.h"
 #include "dispatch/devices.h"
 #include "io/atomic_file.h"
 #include "nn/init.h"
@@ -282,8 +283,12 @@ void Report::step(std::int64_t step, double loss, double lr, double seconds) {
   step_seconds_.push_back(seconds);
   progress_.update(step, loss, static_cast<double>(run_.source.items_per_step()) / seconds, seconds,
                    run_.source.unit());
-  record(
-      nlohmann::json{{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"ms", seconds * 1e3}}.dump());
+  namespace fields = contract::record;  // what the fleet service reads of each line
+  record(nlohmann::json{{fields::kStep, step + 1},
+                        {fields::kLoss, loss},
+                        {fields::kLearningRate, lr},
+                        {fields::kStepMs, seconds * 1e3}}
+             .dump());
   // Out before any checkpoint of this step is published: a run killed right after it
   // resumes at the next step, so this step's line must already be in the file.
   flush();

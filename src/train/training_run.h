@@ -155,7 +155,7 @@ class Checkpoints {
 
 // When the loop stops: after `steps`; after `stop_after` (with a checkpoint); or at the
 // first step boundary after SIGTERM or SIGINT reached any of the job's processes (with a
-// checkpoint, then exit code kExitPreempted). The processes agree on that step: each
+// checkpoint, then exit code contract::ExitCode::preempted). The processes agree on that step: each
 // boundary sums the processes' flags (one all-reduce of one number), so all stop after
 // the same step. While a StopRule lives, a second SIGINT ends the process at once.
 class StopRule {

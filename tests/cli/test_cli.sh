@@ -25,9 +25,25 @@ expect_error "missing.txt: cannot open the data file" train --data "$dir/missing
 expect_error "no checkpoint to resume from" train --resume --out "$dir/o5"
 expect_error "precision: 'bf16' is not supported on device 'partial'" train --device partial --precision bf16 --out "$dir/o6"
 expect_error "field 'precision': value 'fp8'" train --precision fp8 --out "$dir/o7"
-# Without an NVIDIA driver, --device cuda says why (with one, the CUDA suites cover it).
+# Without an NVIDIA driver, --device cuda says why (with one, the CUDA suites cover it),
+# with the job contract's "device unavailable" status, 69, that a scheduler reads.
 if ! "$loom" ops --backend all 2>/dev/null | grep -q '^cuda:'; then
   expect_error "device 'cuda' is not available" train --device cuda --steps 1 --out "$dir/o8"
+  "$loom" train --device cuda --steps 1 --out "$dir/o8b" > /dev/null 2>&1
+  rc=$?
+  if [[ $rc -eq 69 ]]; then echo "ok: an unavailable device exits 69"
+  else echo "FAIL: an unavailable device exited $rc, expected 69"; failures=$((failures + 1)); fi
+fi
+# The keys loom train offers are exactly the job contract's (core/job_contract.def), which
+# the fleet service reads too (JobContract.* in tests/cluster check the service's side).
+help_keys=$("$loom" train --help | grep -oE '^  --[a-z0-9_]+' | sed 's/^  --//' | grep -vx help | sort)
+contract_keys=$(grep -oE '^LOOM_TRAIN_KEY\([a-z0-9_]+' src/core/job_contract.def | sed 's/^LOOM_TRAIN_KEY(//' | sort)
+if [[ -n "$help_keys" && "$help_keys" == "$contract_keys" ]]; then
+  echo "ok: loom train --help lists the contract's $(echo "$help_keys" | wc -l) keys"
+else
+  echo "FAIL: loom train --help and core/job_contract.def differ:"
+  diff <(echo "$help_keys") <(echo "$contract_keys")
+  failures=$((failures + 1))
 fi
 expect_error "pipeline = 2 needs a multiple of 2 processes" train --pipeline 2 --steps 1 --out "$dir/o9"
 expect_error "field 'pipeline_schedule': value 'zigzag' is not one of: 1f1b, gpipe" train --pipeline_schedule zigzag --out "$dir/o10"

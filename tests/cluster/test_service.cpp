@@ -4,13 +4,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "cluster/service/job_spec.h"
 #include "cluster/service/pools.h"
 #include "cluster/service/store.h"
 #include "core/error.h"
+#include "core/job_contract.h"
 #include "test_util.h"
+#include "train/config.h"
 
 namespace loom::service {
 namespace {
@@ -81,6 +84,67 @@ TEST(JobSpec, TheModelKeyIgnoresWhatDoesNotChangeTheModel) {
             spec(R"({"seed": 9, "layers": 2})").model_key());
   EXPECT_NE(spec(R"({"layers": 2})").model_key(), spec(R"({"layers": 3})").model_key());
   EXPECT_EQ(spec(R"({"layers": 2, "steps": 50})").total_steps(), 50);
+}
+
+// The job contract (core/job_contract.def): every key `loom train` has (its --help lists
+// TrainConfig::keys()) is one the service knows, and the reverse. A key the trainer gained
+// outside the contract would be refused here; one the service lists that the trainer lacks
+// would fail the second half.
+TEST(JobContract, EveryKeyOfLoomTrainIsKnownToTheServiceAndTheReverse) {
+  const nlohmann::json defaults = nlohmann::json::parse(train::TrainConfig().to_json());
+  std::set<std::string> trainer_keys;
+  for (const std::string& key : train::TrainConfig::keys()) {
+    SCOPED_TRACE(key);
+    trainer_keys.insert(key);
+    const contract::TrainKey* known = contract::find_train_key(key);
+    ASSERT_NE(known, nullptr) << "loom train has a key the contract lacks";
+    nlohmann::json body = {{"name", "a"}, {"config", {{key, defaults.at(key)}}}};
+    const std::string answer = refusal(body.dump());
+    if (known->has(contract::kService))
+      EXPECT_NE(answer.find("the fleet service sets '" + key + "' itself"), std::string::npos)
+          << answer;
+    else
+      EXPECT_EQ(answer, "accepted") << "the service refuses loom train's default of " << key;
+  }
+  for (const contract::TrainKey& key : contract::kTrainKeys)
+    EXPECT_TRUE(trainer_keys.count(std::string(key.name)))
+        << "the service knows '" << key.name << "', loom train does not";
+  EXPECT_EQ(trainer_keys.size(), std::size(contract::kTrainKeys));
+  EXPECT_EQ(refusal(R"({"name": "a", "config": {"lerning_rate": 0.1}})"),
+            "400 job: field 'config.lerning_rate' is 0.1, expected a key of loom train ('loom "
+            "train --help' lists them)");
+  EXPECT_EQ(refusal(R"({"name": "a", "config": {"layers": 5000}})"),
+            "400 job: field 'config.layers' is 5000, expected a value loom train accepts (it is "
+            "out of range; expected 1 to 1024)");
+  EXPECT_EQ(refusal(R"({"name": "a", "config": {"mode": "lazy"}})"),
+            "400 job: field 'config.mode' is \"lazy\", expected a value loom train accepts (it "
+            "is not one of: eager, graph)");
+}
+
+// A job that does not say how many steps it trains runs loom train's default for its model:
+// the service's remaining time and its job view use that count, not the GPT's.
+TEST(JobContract, AJobsStepsAreTheTrainersDefaultForItsModel) {
+  const std::vector<std::pair<std::string, std::int64_t>> cases = {
+      {R"({})", 2000},
+      {R"({"model": "mlp"})", 3200},
+      {R"({"model": "cnn"})", 1600},
+      {R"({"model": "onnx", "onnx": "m.onnx"})", 3200},
+      {R"({"model": "onnx", "onnx": "m.onnx", "data": "mnist"})", 3200},
+      {R"({"model": "onnx", "onnx": "m.onnx", "data": "t.txt"})", 2000},
+      {R"({"model": "cnn", "steps": 30})", 30},
+      {R"({"model": "cnn", "steps": "40"})", 40}};
+  for (const auto& [config, expected] : cases) {
+    SCOPED_TRACE(config);
+    const JobSpec spec = JobSpec::from_json(
+        nlohmann::json::parse(R"({"name": "a", "config": )" + config + "}"), "job");
+    EXPECT_EQ(spec.total_steps(), expected);
+    // loom train reading the same config (the YAML the service writes) agrees.
+    train::TrainConfig trainer;
+    for (const auto& [key, value] : spec.config.items())
+      trainer.set(key, value.is_string() ? value.get<std::string>() : value.dump(), "job");
+    trainer.finalize();
+    EXPECT_EQ(trainer.steps, expected);
+  }
 }
 
 class StoreTest : public ::testing::Test {
@@ -270,6 +334,45 @@ TEST(ServiceAndSimulator, ChooseTheSameStartOrderAndPools) {
   }
   // The job list tells the policies apart, so agreeing on it means something.
   EXPECT_NE(placements["fifo"], placements["fastest"]);
+}
+
+// A job that does not say how many steps it trains is predicted to take loom train's
+// default for its model (the MLP's 3,200 and the CNN's 1,600, not the GPT's 2,000).
+TEST(JobContract, TheServicePredictsAnImageJobsTimeFromItsOwnStepCount) {
+  const std::string dir = testing::temp_dir("fleet_contract_steps");
+  std::ofstream(dir + "/pools.yaml") << "pools:\n  - {name: host, backend: cpu, threads: 1}\n";
+  for (const auto& [model, hours] : {std::pair{"mlp", "3.2 h"}, std::pair{"cnn", "1.6 h"}}) {
+    SCOPED_TRACE(model);
+    ServiceOptions options;
+    options.state_dir = dir + "/state-" + model;
+    options.pools_file = dir + "/pools.yaml";
+    options.policy = "loom";
+    options.probes = false;
+    const double clock = 0;
+    options.clock = [&] { return clock; };
+    options.executor =
+        std::make_shared<SimulatedTimeExecutor>(clock, std::map<std::string, double>{{"host", 3.6}},
+                                                std::map<std::int64_t, std::int64_t>{{1, 1}});
+    Service service(options);
+    const JobSpec spec =
+        JobSpec::from_json(nlohmann::json{{"name", "a"}, {"config", {{"model", model}}}}, "job");
+    ASSERT_EQ(service.store().submit(spec, 0).id, 1);
+    Knowledge k;
+    k.model_key = spec.model_key();
+    k.backend = "cpu";
+    k.threads = 1;
+    k.version = service.version();
+    k.probed = true;
+    k.step_s = 3.6;  // 1,000 steps an hour
+    service.store().put_knowledge(k);
+    service.pass();
+    const std::string reason = service.store().job(1)->reason;
+    EXPECT_NE(reason.find("earliest predicted finish (" + std::string(hours) + ")"),
+              std::string::npos)
+        << reason;
+    EXPECT_EQ(service.store().job(1)->to_json()["steps"],
+              model == std::string("mlp") ? 3200 : 1600);
+  }
 }
 
 }  // namespace

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <set>
 
+#include "core/error.h"
+#include "core/job_contract.h"
+
 namespace loom::service {
 
 namespace {
@@ -45,24 +48,15 @@ std::int64_t integer_field(const nlohmann::json& j, const std::string& where, co
   return v.get<std::int64_t>();
 }
 
-// Keys of the training config the service sets itself for every attempt.
-const std::set<std::string>& service_keys() {
-  static const std::set<std::string> keys{"out",         "device", "threads", "resume",
-                                          "auto_resume", "json",   "progress"};
-  return keys;
-}
-
-// The keys that decide which operators a step runs and how fast (not data or seeds).
-const std::set<std::string>& model_keys() {
-  static const std::set<std::string> keys{"model",   "onnx",      "layers", "width",    "heads",
-                                          "context", "batch",     "vocab",  "data",     "dropout",
-                                          "bias",    "precision", "mode",   "mnist_dir"};
-  return keys;
+// The text `loom train` reads for a config value (config_yaml writes a string's text, and
+// any other scalar as JSON spells it).
+std::string text_of(const nlohmann::json& value) {
+  return value.is_string() ? value.get<std::string>() : value.dump();
 }
 
 }  // namespace
 
-JobSpec JobSpec::from_json(const nlohmann::json& request, const std::string& where) {
+JobSpec JobSpec::from_json(const nlohmann::json& request, const std::string& where, Origin origin) {
   if (!request.is_object())
     throw BadRequest(400,
                      where + ": a job is a JSON object, got " + std::string(request.type_name()));
@@ -90,7 +84,8 @@ JobSpec JobSpec::from_json(const nlohmann::json& request, const std::string& whe
     const std::string field = "config." + key;
     if (key.empty() || key.size() > 64)
       refuse(where, field, key, "a training key");
-    if (service_keys().count(key))
+    const contract::TrainKey* train_key = contract::find_train_key(key);
+    if (train_key != nullptr && train_key->has(contract::kService))
       refuse(where, field, value, "nothing: the fleet service sets '" + key + "' itself");
     if (!(value.is_string() || value.is_number() || value.is_boolean()))
       refuse(where, field, value, "a string, number or boolean");
@@ -98,6 +93,15 @@ JobSpec JobSpec::from_json(const nlohmann::json& request, const std::string& whe
       refuse(where, field, value, "at most " + std::to_string(kMaxText) + " characters");
     if (value.is_number_float() && !std::isfinite(value.get<double>()))
       refuse(where, field, value, "a finite number");
+    if (origin == Origin::stored)
+      continue;
+    if (train_key == nullptr)
+      refuse(where, field, value, "a key of loom train ('loom train --help' lists them)");
+    try {
+      contract::check_value(*train_key, text_of(value), "it");
+    } catch (const Error& e) {
+      refuse(where, field, value, std::string("a value loom train accepts (") + e.what() + ")");
+    }
   }
   spec.config = config;
   if (request.contains("steps"))
@@ -152,18 +156,32 @@ nlohmann::json JobSpec::to_json() const {
 std::int64_t JobSpec::total_steps() const {
   if (steps > 0)
     return steps;
-  if (config.contains("steps") && config.at("steps").is_number_integer())
-    return config.at("steps").get<std::int64_t>();
-  return 2000;  // loom train's default
+  const contract::TrainKey& key = *contract::find_train_key("steps");
+  if (config.contains("steps")) {
+    try {
+      return contract::parse_integer(key, text_of(config.at("steps")), "steps");
+    } catch (const Error&) {
+      // A stored job an older Loom accepted: loom train will refuse it; count the default.
+    }
+  }
+  const auto text = [&](const char* name, const char* otherwise) {
+    return config.contains(name) ? text_of(config.at(name)) : std::string(otherwise);
+  };
+  const std::string default_steps(key.default_for(
+      contract::defaults_kind(text("model", "gpt"), config.contains("data"), text("data", ""))));
+  return contract::parse_integer(key, default_steps, "the default steps");
 }
 
 std::string JobSpec::config_yaml() const {
   nlohmann::json settings = config;
   if (steps > 0)
     settings["steps"] = steps;
-  // JSON scalars are valid YAML flow scalars; keys are plain words.
+  return service::config_yaml(settings);
+}
+
+std::string config_yaml(const nlohmann::json& config) {
   std::string yaml;
-  for (const auto& [key, value] : settings.items())
+  for (const auto& [key, value] : config.items())
     yaml += key + ": " + value.dump() + "\n";
   return yaml;
 }
@@ -172,7 +190,8 @@ const std::string& JobSpec::model_key() const {
   if (model_key_.empty()) {
     nlohmann::json key = nlohmann::json::object();
     for (const auto& [k, v] : config.items())
-      if (model_keys().count(k))
+      if (const contract::TrainKey* train_key = contract::find_train_key(k);
+          train_key != nullptr && train_key->has(contract::kSpeed))
         key[k] = v;
     model_key_ = key.dump();  // nlohmann's objects are ordered by key: equal configs, equal keys
   }

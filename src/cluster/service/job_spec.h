@@ -32,10 +32,16 @@ struct JobSpec {
   std::int64_t max_retries = 2;      // crashes retried (a preemption is not a crash)
   std::string idempotency_key;       // a retried submit with the same key makes no second job
 
+  // Where a request comes from: a client's submit is checked against the job contract
+  // (every config key one of `loom train`'s, each value one it accepts); a job the store
+  // kept was checked when it was submitted, perhaps by an older Loom, and is read as it is.
+  enum class Origin { submitted, stored };
   // Validates a JSON request; throws BadRequest naming `where` and the field.
-  static JobSpec from_json(const nlohmann::json& request, const std::string& where);
+  static JobSpec from_json(const nlohmann::json& request, const std::string& where,
+                           Origin origin = Origin::submitted);
   nlohmann::json to_json() const;
-  // The steps the job trains: `steps`, else the config's, else loom train's default.
+  // The steps the job trains: `steps`, else the config's, else loom train's default for
+  // its model (core/job_contract.def: 3,200 for the MLP, 1,600 for the CNN, ...).
   std::int64_t total_steps() const;
   // The config as YAML text (what the job's `loom train` reads).
   std::string config_yaml() const;
@@ -45,5 +51,9 @@ struct JobSpec {
  private:
   mutable std::string model_key_;  // computed once: a pass asks for it of every queued job
 };
+
+// A training config (JSON scalars by key) as the YAML `loom train CONFIG` reads: JSON
+// scalars are valid YAML flow scalars, and the keys are the contract's plain words.
+std::string config_yaml(const nlohmann::json& config);
 
 }  // namespace loom::service

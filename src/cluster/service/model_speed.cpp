@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cluster/perf/perf.h"
+#include "core/job_contract.h"
 
 namespace loom::service {
 
@@ -25,7 +26,7 @@ ModelSpeed model_step_time(const nlohmann::json& described, std::uint64_t launch
     out.basis = "not a transformer: the performance model does not apply";
     return out;
   }
-  const std::string precision = described.value("precision", "");
+  const std::string precision = described.value(contract::record::kPrecision, "");
   if (precision != "bf16") {
     out.basis = "performance model of " + chip.id + " does not apply to " + precision +
                 " products (the catalog gives bf16 and fp8 rates)";
@@ -33,10 +34,11 @@ ModelSpeed model_step_time(const nlohmann::json& described, std::uint64_t launch
   }
   cluster::Model m;
   m.id = "job";
-  const auto layers = whole(described, "layers"), hidden = whole(described, "hidden"),
-             heads = whole(described, "heads"), ffn = whole(described, "ffn"),
-             vocab = whole(described, "vocab"), seq = whole(described, "seq"),
-             batch = whole(described, "batch");
+  namespace record = contract::record;
+  const auto layers = whole(described, record::kLayers), hidden = whole(described, record::kHidden),
+             heads = whole(described, record::kHeads), ffn = whole(described, record::kFfn),
+             vocab = whole(described, record::kVocab), seq = whole(described, record::kSeq),
+             batch = whole(described, record::kBatch);
   if (!layers || !hidden || !heads || !ffn || !vocab || !seq || !batch) {
     out.basis = "the probe's transformer description is incomplete";
     return out;

@@ -24,6 +24,7 @@
 #include "cluster/service/model_speed.h"
 #include "cluster/service/slurm_executor.h"
 #include "core/error.h"
+#include "core/job_contract.h"
 
 namespace loom::service {
 
@@ -69,11 +70,12 @@ RunProgress run_progress(const std::string& metrics, std::size_t tail = 50) {
   std::vector<double> ms;
   for (std::string line; std::getline(in, line);) {
     nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
-    if (!r.is_object() || !r.contains("loss") || !r.contains("step"))
+    using namespace contract::record;
+    if (!r.is_object() || !r.contains(kLoss) || !r.contains(kStep))
       continue;
-    p.steps = std::max<std::int64_t>(p.steps, r["step"].get<std::int64_t>());
-    if (r.contains("ms") && r["ms"].is_number())
-      ms.push_back(r["ms"].get<double>());
+    p.steps = std::max<std::int64_t>(p.steps, r[kStep].get<std::int64_t>());
+    if (r.contains(kStepMs) && r[kStepMs].is_number())
+      ms.push_back(r[kStepMs].get<double>());
   }
   if (ms.size() > tail)
     ms.erase(ms.begin(), ms.end() - static_cast<std::ptrdiff_t>(tail));
@@ -275,11 +277,12 @@ StepTime Service::step_time_of(const std::optional<Knowledge>& k, const PoolSpec
     if (k && !k->transformer.empty()) {
       // {"transformer": {...}, "launches_per_step": N}, as the probe stored it
       const nlohmann::json stored = nlohmann::json::parse(k->transformer, nullptr, false);
-      const bool ok = stored.is_object() && stored.contains("transformer") &&
-                      stored.value("launches_per_step", nlohmann::json()).is_number_unsigned();
+      using namespace contract::record;
+      const bool ok = stored.is_object() && stored.contains(kTransformer) &&
+                      stored.value(kLaunchesPerStep, nlohmann::json()).is_number_unsigned();
       ModelSpeed m =
-          model_step_time(ok ? stored["transformer"] : nlohmann::json(),
-                          ok ? stored["launches_per_step"].get<std::uint64_t>() : 0, chip->second);
+          model_step_time(ok ? stored[kTransformer] : nlohmann::json(),
+                          ok ? stored[kLaunchesPerStep].get<std::uint64_t>() : 0, chip->second);
       if (m.step_s)
         return {m.step_s, m.basis};
       why_not = m.basis;
@@ -332,7 +335,8 @@ void Service::finished(const AttemptRecord& a, std::optional<int> exit_code, dou
   const std::string state = store_->attempt_over(a.job, a.number, exit_code, now);
   crash_point("finish:after_record");
   const std::string dir = job_dir(a.job);
-  if (exit_code && *exit_code != 0 && *exit_code != 75) {
+  if (exit_code && *exit_code != contract::code(contract::ExitCode::ok) &&
+      *exit_code != contract::code(contract::ExitCode::preempted)) {
     const std::string error = last_line_with(AttemptFiles{dir, a.number}.log(), "loom: ");
     if (!error.empty())
       store_->add_event(a.job, "error", error, now);
@@ -633,10 +637,7 @@ bool Service::probe(const ProbeRequest& request) {
   // Files of this probe alone (a probe of an earlier daemon may still be writing its own).
   const std::string base =
       options_.state_dir + "/probes/" + std::to_string(::getpid()) + "-" + std::to_string(serial);
-  std::string yaml;
-  for (const auto& [key, value] : request.config.items())
-    yaml += key + ": " + value.dump() + "\n";
-  write_atomically(base + ".yaml", yaml);
+  write_atomically(base + ".yaml", config_yaml(request.config));
   const std::vector<std::string> args{
       options_.loom, "ops",        "--config",  base + ".yaml",
       "--backend",   pool.backend, "--threads", std::to_string(pool.threads),
@@ -647,7 +648,8 @@ bool Service::probe(const ProbeRequest& request) {
   // CUDA backend's coverage comes from its CPU emulator, which runs the same supports()
   // and kernels; its step time says nothing about a GPU and is dropped.
   bool emulated = false;
-  if (status != 0 && pool.backend == "cuda" && err.find("is not available") != std::string::npos) {
+  constexpr int kNoDevice = contract::code(contract::ExitCode::device_unavailable);
+  if (status == kNoDevice && pool.backend == "cuda") {
     status = run_command(args, {"LOOM_CUDA_EMULATOR=1"}, out, err);
     emulated = true;
   }
@@ -669,27 +671,29 @@ bool Service::probe(const ProbeRequest& request) {
   bool answered = true;
   if (status == 0) {
     nlohmann::json report = nlohmann::json::parse(out, nullptr, false);
-    // `loom ops --json` objects of schema 1 (cli/ops_command.cpp); an older loom wrote none.
-    if (report.is_object() && report.contains("ops") &&
-        report.value("schema_version", nlohmann::json(1)) == nlohmann::json(1)) {
-      for (const auto& [op, cell] : report["ops"].items())
-        if (cell.value("path", "") == "fallback")
+    // `loom ops --json` objects of the contract's schema (an older loom wrote no version).
+    using namespace contract::record;
+    if (report.is_object() && report.contains(kOps) &&
+        report.value(kSchemaVersion, nlohmann::json(kOpsSchemaVersion)) ==
+            nlohmann::json(kOpsSchemaVersion)) {
+      for (const auto& [op, cell] : report[kOps].items())
+        if (cell.value(kOpPath, "") == "fallback")
           k.fallbacks.push_back(op);
-      if (!emulated && report.contains("step_s") && report["step_s"].is_number())
-        k.step_s = report["step_s"].get<double>();
-      if (report.contains("transformer") && report.contains("launches_per_step"))
-        k.transformer = nlohmann::json{{"transformer", report["transformer"]},
-                                       {"launches_per_step", report["launches_per_step"]}}
+      if (!emulated && report.contains(kStepSeconds) && report[kStepSeconds].is_number())
+        k.step_s = report[kStepSeconds].get<double>();
+      if (report.contains(kTransformer) && report.contains(kLaunchesPerStep))
+        k.transformer = nlohmann::json{{kTransformer, report[kTransformer]},
+                                       {kLaunchesPerStep, report[kLaunchesPerStep]}}
                             .dump();
     } else {
       answered = false;
     }
-  } else if (status == 1 && error.find("is not available") != std::string::npos) {
+  } else if (status == kNoDevice) {
     // The backend is absent on this host (its pool's nodes are elsewhere): its coverage is
     // unproven, so strict jobs stay off the pool; others may run there, speed unknown.
     k.fallbacks.push_back("coverage unknown: backend " + pool.backend +
                           " is not available on the fleet service's host");
-  } else if (status == 1 && !error.empty()) {
+  } else if (status == contract::code(contract::ExitCode::error) && !error.empty()) {
     k.error = error.substr(std::char_traits<char>::length("loom: error: "));  // the config
   } else {
     answered = false;  // killed, crashed, or the backend is absent here: no verdict
@@ -720,8 +724,9 @@ std::vector<std::pair<std::int64_t, double>> Service::loss_curve(std::int64_t jo
   std::ifstream in(job_dir(job) + "/out/metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
-    if (r.is_object() && r.contains("loss") && r.contains("step") && r["loss"].is_number())
-      curve.emplace_back(r["step"].get<std::int64_t>(), r["loss"].get<double>());
+    using namespace contract::record;
+    if (r.is_object() && r.contains(kLoss) && r.contains(kStep) && r[kLoss].is_number())
+      curve.emplace_back(r[kStep].get<std::int64_t>(), r[kLoss].get<double>());
   }
   // At most ~400 points for a page: every k-th, and the last.
   if (curve.size() > 400) {

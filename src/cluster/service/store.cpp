@@ -1,12 +1,12 @@
 #include "cluster/service/store.h"
 
 #include "core/error.h"
+#include "core/job_contract.h"
 
 namespace loom::service {
 
 namespace {
 
-constexpr int kExitPreempted = 75;           // loom train: checkpointed on SIGTERM, resumable
 constexpr std::int64_t kMaxAttempts = 1000;  // a job lost this often is failed, not retried
 
 const char* kSchema = R"sql(
@@ -74,10 +74,12 @@ JobRecord Store::job_of(const Statement& s) {
   j.id = s.integer(0);
   auto cached = specs_.find(j.id);
   if (cached == specs_.end())
-    cached = specs_
-                 .emplace(j.id, std::make_shared<const JobSpec>(JobSpec::from_json(
-                                    nlohmann::json::parse(s.text(1)), "stored job")))
-                 .first;
+    cached =
+        specs_
+            .emplace(j.id,
+                     std::make_shared<const JobSpec>(JobSpec::from_json(
+                         nlohmann::json::parse(s.text(1)), "stored job", JobSpec::Origin::stored)))
+            .first;
   j.spec = cached->second;
   j.state = s.text(2);
   j.attempts = s.integer(3);
@@ -416,7 +418,7 @@ std::string Store::attempt_over(std::int64_t job, std::int64_t number, std::opti
     state = "succeeded", kind = "succeeded", reason = attempt + " finished; placed on " + placement;
   } else if (j.cancel_requested) {
     state = "cancelled", kind = "cancelled", reason = "cancelled";
-  } else if (exit_code && *exit_code == kExitPreempted) {
+  } else if (exit_code && *exit_code == contract::code(contract::ExitCode::preempted)) {
     ++preemptions;
     state = "queued", kind = "requeued",
     reason = attempt + " checkpointed and stopped (preempted); resumes from its checkpoint";
@@ -429,8 +431,12 @@ std::string Store::attempt_over(std::int64_t job, std::int64_t number, std::opti
     ++failures;
     const bool retry = failures <= j.spec->max_retries;
     state = retry ? "queued" : "failed", kind = retry ? "crashed" : "failed";
+    const bool no_device = *exit_code == contract::code(contract::ExitCode::device_unavailable);
     reason =
-        attempt + " crashed with exit status " + std::to_string(*exit_code) +
+        attempt +
+        (no_device ? " could not open its pool's device on the host it ran on (exit status " +
+                         std::to_string(*exit_code) + ")"
+                   : " crashed with exit status " + std::to_string(*exit_code)) +
         (retry
              ? "; retry " + std::to_string(failures) + " of " + std::to_string(j.spec->max_retries)
              : "; no retries left (max_retries = " + std::to_string(j.spec->max_retries) + ")");
