@@ -21,22 +21,13 @@
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/step_measure.h"
 
 namespace loom::cli {
 namespace {
 
-struct Cell {
-  dispatch::PathCount native, decomposed, fallback;
-  bool used() const { return native.calls + decomposed.calls + fallback.calls > 0; }
-  // The path that decides coverage: fallback if any call fell back, else decomposed, else native.
-  dispatch::Path path() const {
-    if (fallback.calls)
-      return dispatch::Path::fallback;
-    if (decomposed.calls)
-      return dispatch::Path::decomposed;
-    return dispatch::Path::native;
-  }
-};
+// One op's calls per step by path (what decides its coverage: train/step_measure.h).
+using Cell = train::OpPaths;
 
 // The step captured in graph mode, without and with elementwise fusion.
 struct FusionResult {
@@ -53,6 +44,7 @@ struct FusionResult {
 struct Report {
   std::map<OpId, Cell> cells;
   double step_seconds = 0;
+  std::int64_t vocab = 0;  // a GPT's vocabulary
   std::optional<FusionResult> fusion;
   // An imported model's element types and how each is held (io::describe_element_types).
   std::optional<std::string> element_types;
@@ -141,10 +133,9 @@ Report measure(const OpsOptions& o, Backend& device) {
     check(!o.onnx.empty(), "loom ops --model onnx needs --onnx FILE");
     spec.onnx = o.onnx;
   } else {
-    spec.width = o.width_of_image_model > 0 ? o.width_of_image_model
-                 : model_kind == "mlp"      ? 512
-                                            : 128;
-    spec.layers = o.layers_of_image_model > 0 ? o.layers_of_image_model : 2;
+    // loom train's defaults for the image models (core/job_contract.def)
+    spec.width = model_kind == "mlp" ? 512 : 128;
+    spec.layers = 2;
   }
   auto model = train::make_model(spec, 1, device);
   nn::Rng rng(7);
@@ -193,12 +184,8 @@ Report measure(const OpsOptions& o, Backend& device) {
         "loom ops: " + std::string(device.name()) + " has no " + o.precision + " matmul products");
   struct Restore {  // the device is the process's: leave it as found
     Backend& device;
-    ~Restore() {
-      device.set_matmul_precision(DType::f32);
-      dispatch::set_synchronous_timing(false);
-    }
+    ~Restore() { device.set_matmul_precision(DType::f32); }
   } restore{device};
-  dispatch::set_synchronous_timing(o.sync);
   optim::AdamW opt(model->parameters(), {});
   auto step = [&] {
     autograd::Tape tape;
@@ -210,34 +197,18 @@ Report measure(const OpsOptions& o, Backend& device) {
     opt.zero_grad();
     loss.value().item();
   };
-  if (o.steps > 1)
-    step();  // first-step costs (allocation, kernel selection) left out
   std::optional<FusionResult> fusion;
   if (o.fusion)
     fusion = measure_fusion(o, device, *model, inputs, targets, opt);
-  dispatch::stats().reset();
-  auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.steps; ++i)
-    step();
+  // One untimed step first (allocation, kernel selection), unless only one is asked for.
+  train::StepMeasure measured = train::measure_steps(device, o.steps > 1 ? 1 : 0, o.steps, step);
   Report r;
-  r.step_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / o.steps;
+  r.cells = std::move(measured.ops);
+  r.step_seconds = measured.step_seconds;
+  r.vocab = o.vocab;
   r.fusion = std::move(fusion);
   if (const auto* imported = dynamic_cast<const nn::OnnxModel*>(model.get()))
     r.element_types = io::describe_element_types(imported->graph());
-  for (const auto& [key, count] : dispatch::stats().counts) {
-    const auto& [backend, op, path] = key;
-    if (backend != device.name())
-      continue;
-    Cell& c = r.cells[op];
-    dispatch::PathCount per_step = count;
-    per_step.calls /= static_cast<std::uint64_t>(o.steps);
-    per_step.bytes_moved /= static_cast<std::uint64_t>(o.steps);
-    per_step.seconds /= o.steps;
-    (path == dispatch::Path::native       ? c.native
-     : path == dispatch::Path::decomposed ? c.decomposed
-                                          : c.fallback) = per_step;
-  }
   return r;
 }
 
@@ -282,7 +253,8 @@ CLI::App* add_ops_command(CLI::App& app, OpsOptions& o) {
   ops->add_option("--precision", o.precision, "f32 | bf16: the operands of matmul products")
       ->check(CLI::IsMember({"f32", "bf16"}));
   ops->add_option("--config", o.config,
-                  "a training config (YAML): report that run's model, shape and batch");
+                  "a training config (YAML): measure the step loom train runs for it (its model, "
+                  "data, mode, fusion, dropout, precision)");
   ops->add_option("--threads", o.threads, "CPU threads (default: all, or the config's)")
       ->check(CLI::Range(1, 1024));
   ops->add_flag("--fusion", o.fusion,
@@ -295,96 +267,99 @@ CLI::App* add_ops_command(CLI::App& app, OpsOptions& o) {
 }
 
 namespace {
-// The model, shape and batch of a training config, as `loom train CONFIG` would build them
-// (the fleet service asks for the coverage and speed of a job's own model this way).
-OpsOptions with_config(OpsOptions o) {
-  train::TrainConfig cfg;
+// The model, shape and batch of a training config, as `loom train CONFIG` builds them
+// (the fleet service asks for the coverage and speed of a job's own model this way); the
+// step itself is measured as `loom train` runs it (measure_config).
+OpsOptions with_config(OpsOptions o, train::TrainConfig& cfg) {
+  check(!o.fusion,
+        "loom ops --config: --fusion measures the flags' model; a config's step "
+        "runs as its mode and fusion keys say (mode: graph, fusion: true)");
   cfg.load_yaml(o.config);
   cfg.finalize();
   o.model = cfg.model;
   o.onnx = cfg.onnx;
   o.batch = cfg.batch;
-  if (cfg.model == "gpt") {
-    o.layers = cfg.layers;
-    o.width = cfg.width;
-    o.heads = cfg.heads;
-    o.context = cfg.context;
-    o.vocab = cfg.data == "random" ? cfg.vocab : data::TextDataset::load(cfg.data).vocab();
-  } else if (cfg.model != "onnx") {
-    o.width_of_image_model = cfg.width;
-    o.layers_of_image_model = cfg.layers;
-  }
+  o.layers = cfg.layers;
+  o.width = cfg.width;
+  o.heads = cfg.heads;
+  o.context = cfg.context;
   o.precision = cfg.precision;
   if (o.threads == 0)
     o.threads = cfg.threads;
+  cfg.threads = o.threads;
   return o;
+}
+
+// The config's training step on `device_name`, through the trainer's own pieces.
+Report measure_config(const OpsOptions& o, const train::TrainConfig& cfg,
+                      const std::string& device_name) {
+  train::StepMeasure measured = train::measure_training_step(cfg, device_name, o.steps);
+  Report r;
+  r.cells = std::move(measured.ops);
+  r.step_seconds = measured.step_seconds;
+  r.vocab = measured.vocab;
+  return r;
 }
 
 namespace record = contract::record;
 
 // The GPT's shape as the planner's performance model reads it (the fleet service prices a
 // chip's step with it).
-nlohmann::ordered_json transformer_record(const OpsOptions& o) {
+nlohmann::ordered_json transformer_record(const OpsOptions& o, std::int64_t vocab) {
   return {{record::kLayers, o.layers}, {record::kHidden, o.width},       {record::kHeads, o.heads},
-          {record::kFfn, 4 * o.width}, {record::kVocab, o.vocab},        {record::kSeq, o.context},
+          {record::kFfn, 4 * o.width}, {record::kVocab, vocab},          {record::kSeq, o.context},
           {record::kBatch, o.batch},   {record::kPrecision, o.precision}};
 }
-}  // namespace
 
-int run_ops(const OpsOptions& given) {
-  const OpsOptions o = given.config.empty() ? given : with_config(given);
-  if (o.threads > 0)
-    cpu::set_num_threads(static_cast<int>(o.threads));
-  std::vector<std::string> names =
-      o.backend == "all" ? dispatch::device_names() : std::vector<std::string>{o.backend};
-  std::vector<Report> reports;
-  for (const auto& n : names)
-    reports.push_back(measure(o, dispatch::device(n)));
-  if (o.json) {
-    for (std::size_t b = 0; b < names.size(); ++b) {
-      nlohmann::ordered_json j{{record::kSchemaVersion, record::kOpsSchemaVersion},
-                               {"backend", names[b]},
-                               {"model", o.model},
-                               {record::kStepSeconds, reports[b].step_seconds}};
-      // Op calls per step that reach the device or come back from it: native kernels and
-      // fallbacks (a decomposed op's parts are counted as the ops they are).
-      std::uint64_t launches = 0;
-      for (const auto& [op, c] : reports[b].cells)
-        launches += c.native.calls + c.fallback.calls;
-      j[record::kLaunchesPerStep] = launches;
-      if (reports[b].element_types)
-        j["element_types"] = *reports[b].element_types;
-      if (o.model == "gpt")
-        j[record::kTransformer] = transformer_record(o);
-      for (const auto& [op, c] : reports[b].cells)
-        j[record::kOps][std::string(op_name(op))] = {
-            {record::kOpPath, dispatch::path_name(c.path())},
-            {"calls", c.native.calls + c.decomposed.calls + c.fallback.calls},
-            {"bytes_moved", c.fallback.bytes_moved},
-            {"seconds", c.native.seconds + c.decomposed.seconds + c.fallback.seconds}};
-      if (const auto& f = reports[b].fusion) {
-        nlohmann::ordered_json fusion{{"capturable", f->capturable}, {"kernel", f->kernel}};
-        if (f->capturable) {
-          fusion["nodes_unfused"] = f->nodes_unfused;
-          fusion["nodes_fused"] = f->nodes_fused;
-          fusion["step_s_unfused"] = f->step_seconds_unfused;
-          fusion["step_s_fused"] = f->step_seconds_fused;
-          fusion["gemm_biases"] = f->gemm_biases;
-          fusion["gemm_epilogues"] = f->gemm_epilogues;
-          fusion["duplicates"] = f->duplicates;
-          fusion["chains"] = nlohmann::json::array();
-          for (const graph::FusedChain& c : f->chains)
-            fusion["chains"].push_back({{"node", c.node},
-                                        {"members", c.members},
-                                        {"program", c.program},
-                                        {"gemm_epilogue", c.gemm_epilogue}});
-        }
-        j["fusion"] = fusion;
-      }
-      std::printf("%s\n", j.dump().c_str());
+// One backend's `loom ops --json` object (the job contract's record: the fleet service
+// reads it).
+nlohmann::ordered_json json_of(const OpsOptions& o, const std::string& backend, const Report& r) {
+  nlohmann::ordered_json j{{record::kSchemaVersion, record::kOpsSchemaVersion},
+                           {"backend", backend},
+                           {"model", o.model},
+                           {record::kStepSeconds, r.step_seconds}};
+  // Op calls per step that reach the device or come back from it: native kernels and
+  // fallbacks (a decomposed op's parts are counted as the ops they are).
+  std::uint64_t launches = 0;
+  for (const auto& [op, c] : r.cells)
+    launches += c.native.calls + c.fallback.calls;
+  j[record::kLaunchesPerStep] = launches;
+  if (r.element_types)
+    j["element_types"] = *r.element_types;
+  if (o.model == "gpt")
+    j[record::kTransformer] = transformer_record(o, r.vocab);
+  for (const auto& [op, c] : r.cells)
+    j[record::kOps][std::string(op_name(op))] = {
+        {record::kOpPath, dispatch::path_name(c.path())},
+        {"calls", c.native.calls + c.decomposed.calls + c.fallback.calls},
+        {"bytes_moved", c.fallback.bytes_moved},
+        {"seconds", c.native.seconds + c.decomposed.seconds + c.fallback.seconds}};
+  if (const auto& f = r.fusion) {
+    nlohmann::ordered_json fusion{{"capturable", f->capturable}, {"kernel", f->kernel}};
+    if (f->capturable) {
+      fusion["nodes_unfused"] = f->nodes_unfused;
+      fusion["nodes_fused"] = f->nodes_fused;
+      fusion["step_s_unfused"] = f->step_seconds_unfused;
+      fusion["step_s_fused"] = f->step_seconds_fused;
+      fusion["gemm_biases"] = f->gemm_biases;
+      fusion["gemm_epilogues"] = f->gemm_epilogues;
+      fusion["duplicates"] = f->duplicates;
+      fusion["chains"] = nlohmann::json::array();
+      for (const graph::FusedChain& c : f->chains)
+        fusion["chains"].push_back({{"node", c.node},
+                                    {"members", c.members},
+                                    {"program", c.program},
+                                    {"gemm_epilogue", c.gemm_epilogue}});
     }
-    return 0;
+    j["fusion"] = fusion;
   }
+  return j;
+}
+
+// The text report: every op used on any backend by path, then each backend's summary and
+// fusion.
+void print_table(const OpsOptions& o, const std::vector<std::string>& names,
+                 const std::vector<Report>& reports) {
   if (reports.front().element_types)
     std::printf("element types of %s: %s\n", o.onnx.c_str(),
                 reports.front().element_types->c_str());
@@ -457,6 +432,27 @@ int run_ops(const OpsOptions& given) {
       std::printf("  node %-4zu %2zu ops%s: %s\n", c.node, c.members,
                   c.gemm_epilogue ? " (in a GEMM's epilogue)" : "", c.program.c_str());
   }
+}
+}  // namespace
+
+int run_ops(const OpsOptions& given) {
+  train::TrainConfig cfg;
+  const OpsOptions o = given.config.empty() ? given : with_config(given, cfg);
+  if (o.threads > 0)
+    cpu::set_num_threads(static_cast<int>(o.threads));
+  dispatch::set_synchronous_timing(o.sync);
+  std::vector<std::string> names =
+      o.backend == "all" ? dispatch::device_names() : std::vector<std::string>{o.backend};
+  std::vector<Report> reports;
+  for (const auto& n : names)
+    reports.push_back(o.config.empty() ? measure(o, dispatch::device(n))
+                                       : measure_config(o, cfg, n));
+  if (o.json) {
+    for (std::size_t b = 0; b < names.size(); ++b)
+      std::printf("%s\n", json_of(o, names[b], reports[b]).dump().c_str());
+    return 0;
+  }
+  print_table(o, names, reports);
   return 0;
 }
 

@@ -18,10 +18,8 @@ struct OpsOptions {
   bool sync = false;              // time each op to its completion on the device
   bool fusion = false;  // also capture the step in graph mode: the fused chains, and its time
                         // per step unfused and fused
-  std::string config;   // a training config (YAML): its model, shape and batch replace the above
+  std::string config;   // a training config (YAML): its step, as loom train runs it, is measured
   std::int64_t threads = 0;  // CPU threads (0: the default)
-  // mlp and cnn: width and layers from a config (0: the training defaults, 512/128 and 2).
-  std::int64_t width_of_image_model = 0, layers_of_image_model = 0;
 };
 
 CLI::App* add_ops_command(CLI::App& app, OpsOptions& options);

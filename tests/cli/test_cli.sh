@@ -138,6 +138,33 @@ assert r["transformer"] == {"layers": 2, "hidden": 64, "heads": 2, "ffn": 256, "
 assert r["launches_per_step"] == sum(c["calls"] for c in r["ops"].values() if c["path"] != "decomposed")
 assert r["step_s"] > 0
 ' || { echo "FAIL: loom ops --config --json"; failures=$((failures + 1)); }
+# The probe measures the step loom train runs for the config: graph mode replays the
+# fused chains (OpenCL: the CPU's GPT step has none to fuse; none with fusion: false),
+# dropout runs its op, an eager step has neither.
+printf 'layers: 1\nwidth: 32\nheads: 2\ncontext: 16\nbatch: 2\nsteps: 5\n' > "$dir/probe-eager.yaml"
+{ cat "$dir/probe-eager.yaml"; printf 'mode: graph\n'; } > "$dir/probe-graph.yaml"
+{ cat "$dir/probe-graph.yaml"; printf 'fusion: false\n'; } > "$dir/probe-unfused.yaml"
+{ cat "$dir/probe-eager.yaml"; printf 'dropout: 0.1\n'; } > "$dir/probe-dropout.yaml"
+graph_backend=cpu
+"$loom" ops --backend all 2>/dev/null | grep -q '^opencl:' && graph_backend=opencl
+for run in eager graph unfused dropout; do
+  backend=cpu
+  [[ $run == graph || $run == unfused ]] && backend=$graph_backend
+  "$loom" ops --config "$dir/probe-$run.yaml" --backend $backend --threads 1 --steps 2 --json > "$dir/probe-$run.json"
+done
+python3 - "$dir" "$graph_backend" <<'EOF_PY' || { echo "FAIL: loom ops --config measures another step than loom train runs"; failures=$((failures + 1)); }
+import json, sys
+ops = {run: json.load(open(f"{sys.argv[1]}/probe-{run}.json"))["ops"] for run in ("eager", "graph", "unfused", "dropout")}
+assert "fused_elementwise" not in ops["eager"] and "dropout" not in ops["eager"], sorted(ops["eager"])
+assert "fused_elementwise" not in ops["unfused"], sorted(ops["unfused"])
+if sys.argv[2] == "opencl":
+    assert ops["graph"]["fused_elementwise"]["path"] == "native" and ops["graph"]["fused_elementwise"]["calls"] > 0, ops["graph"]
+else:
+    print("note: no OpenCL backend here: the fused graph step is not checked")
+assert ops["dropout"]["dropout"]["calls"] > 0 and ops["dropout"]["dropout_backward"]["calls"] > 0, sorted(ops["dropout"])
+print("ok: loom ops --config measures the step loom train runs (graph, fusion, dropout)")
+EOF_PY
+expect_error "loom ops --config: --fusion measures the flags' model" ops --config "$dir/probe-eager.yaml" --fusion
 expect_error "node count '0' is not a positive integer" fleet simulate --fleet v100:0x4 --synthetic 10
 expect_error "needs exactly one of --gavel, --jobs, --synthetic and --alibaba" fleet simulate --fleet v100:2x4
 expect_error "missing.trace: cannot open the trace" fleet simulate --fleet v100:2x4 --gavel "$dir/missing.trace" \
