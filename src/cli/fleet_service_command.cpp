@@ -1,10 +1,8 @@
 #include "cli/fleet_service_command.h"
 
 #include <fcntl.h>
-#include <httplib.h>
 #include <sys/file.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <chrono>
 #include <csignal>
@@ -15,17 +13,16 @@
 #include <random>
 #include <thread>
 
-#include "cluster/catalog/catalog.h"
 #include "cluster/service/attempts.h"
+#include "cluster/service/client.h"
 #include "cluster/service/http_api.h"
+#include "cluster/service/job_file.h"
 #include "cluster/service/service.h"
 #include "core/error.h"
-#include "core/job_contract.h"
 
 namespace loom::cli {
 
 namespace fs = std::filesystem;
-using service::BadRequest;
 
 void add_fleet_service_commands(CLI::App& fleet, FleetServiceOptions& o) {
   o.serve = fleet.add_subcommand("serve",
@@ -141,128 +138,6 @@ int serve(const FleetServiceOptions& o) {
 // The client
 // ---------------------------------------------------------------------------
 
-class Client {
- public:
-  explicit Client(const FleetServiceOptions& o) {
-    std::string server = o.server;
-    if (server.empty())
-      if (const char* env = std::getenv("LOOM_FLEET_SERVER"))
-        server = env;
-    if (server.empty())
-      server = "http://127.0.0.1:8470";
-    while (!server.empty() && (server.back() == '/' || server.back() == '\n'))
-      server.pop_back();
-    server_ = server;
-    client_ = std::make_unique<httplib::Client>(server);
-    check(client_->is_valid(), "--server '" + server + "' is not an http://HOST:PORT address");
-    client_->set_connection_timeout(5);
-    client_->set_read_timeout(90);
-    token_ = o.token;
-    if (token_.empty())
-      if (const char* env = std::getenv("LOOM_FLEET_TOKEN"))
-        token_ = env;
-  }
-
-  nlohmann::json get(const std::string& path) { return answer(client_->Get(path, headers())); }
-  nlohmann::json post(const std::string& path, const nlohmann::json& body, int* status = nullptr) {
-    return answer(client_->Post(path, headers(),
-                                body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                                "application/json"),
-                  status);
-  }
-
- private:
-  httplib::Headers headers() const {
-    return token_.empty() ? httplib::Headers{}
-                          : httplib::Headers{{"Authorization", "Bearer " + token_}};
-  }
-  nlohmann::json answer(const httplib::Result& r, int* status = nullptr) {
-    check(static_cast<bool>(r), "cannot reach the fleet service at " + server_ + " (" +
-                                    httplib::to_string(r.error()) +
-                                    "); is loom fleet serve running?");
-    nlohmann::json body = nlohmann::json::parse(r->body, nullptr, false);
-    if (status)
-      *status = r->status;
-    if (r->status >= 400)
-      throw Error("fleet service: " + (body.is_object() && body.contains("error")
-                                           ? body["error"].get<std::string>()
-                                           : "HTTP " + std::to_string(r->status)));
-    check(!body.is_discarded(), "fleet service: the answer is not JSON");
-    return body;
-  }
-  std::string server_, token_;
-  std::unique_ptr<httplib::Client> client_;
-};
-
-// A YAML scalar as JSON: quoted scalars stay strings; plain ones become numbers or
-// booleans where they read as such.
-nlohmann::json json_of(const YAML::Node& node, const std::string& where) {
-  if (node.IsMap()) {
-    nlohmann::json j = nlohmann::json::object();
-    for (const auto& item : node) {
-      check(item.first.IsScalar(), where + ": a key must be a field name");
-      j[item.first.Scalar()] = json_of(item.second, where + "." + item.first.Scalar());
-    }
-    return j;
-  }
-  if (node.IsSequence()) {
-    nlohmann::json j = nlohmann::json::array();
-    for (std::size_t i = 0; i < node.size(); ++i)
-      j.push_back(json_of(node[i], where + "[" + std::to_string(i) + "]"));
-    return j;
-  }
-  if (node.IsNull())
-    return nullptr;
-  const std::string& text = node.Scalar();
-  if (node.Tag() == "!")
-    return text;
-  if (text == "true" || text == "false")
-    return text == "true";
-  std::int64_t i = 0;
-  if (YAML::convert<std::int64_t>::decode(node, i) &&
-      text.find_first_of(".eE") == std::string::npos)
-    return i;
-  double d = 0;
-  if (YAML::convert<double>::decode(node, d))
-    return d;
-  return text;
-}
-
-// A job file: the job's fields, with `config:` inline or `config_file:` naming a training
-// config. Files the config names (keys with the contract's kPath role: data, onnx, init,
-// mnist_dir) become absolute paths, so the job finds them wherever the service runs it.
-nlohmann::json read_job_file(const std::string& path) {
-  YAML::Node root = cluster::read_yaml_file(path);
-  check(root.IsMap(), path + ": a job is a mapping of fields (name, config, steps, ...)");
-  nlohmann::json job = json_of(root, path);
-  const fs::path base = fs::absolute(path).parent_path();
-  if (job.contains("config_file")) {
-    check(!job.contains("config"), path + ": give config or config_file, not both");
-    check(job["config_file"].is_string(), path + ": field 'config_file' must be a path");
-    fs::path file = job["config_file"].get<std::string>();
-    if (file.is_relative())
-      file = base / file;
-    job["config"] = json_of(cluster::read_yaml_file(file.string()), file.string());
-    job.erase("config_file");
-  }
-  if (job.contains("config") && job["config"].is_object())
-    for (const contract::TrainKey& train_key : contract::kTrainKeys) {
-      const std::string key(train_key.name);
-      if (!train_key.has(contract::kPath) || !job["config"].contains(key) ||
-          !job["config"][key].is_string())
-        continue;
-      const std::string value = job["config"][key].get<std::string>();
-      if (value == "random" || value == "mnist" || value.empty() || fs::path(value).is_absolute())
-        continue;
-      for (const fs::path& candidate : {base / value, fs::absolute(value)})
-        if (std::error_code ec; fs::exists(candidate, ec)) {
-          job["config"][key] = fs::weakly_canonical(candidate).string();
-          break;
-        }
-    }
-  return job;
-}
-
 std::string random_key() {
   std::random_device device;
   char text[33];
@@ -280,10 +155,10 @@ std::string when(double seconds) {
 }
 
 int submit(const FleetServiceOptions& o) {
-  nlohmann::json job = read_job_file(o.job_file);
+  nlohmann::json job = service::read_job_file(o.job_file);
   if (job.is_object() && !job.contains("idempotency_key"))
     job["idempotency_key"] = random_key();  // a retry below cannot make a second job
-  Client client(o);
+  service::Client client(o.server, o.token);
   for (int attempt = 1;; ++attempt) {
     try {
       int status = 0;
@@ -295,7 +170,7 @@ int submit(const FleetServiceOptions& o) {
                     answer["created"].get<bool>() ? "submitted" : "exists already (same key)");
       return 0;
     } catch (const Error& e) {
-      const bool unreachable = std::string(e.what()).rfind("cannot reach", 0) == 0;
+      const bool unreachable = std::string(e.what()).rfind(service::Client::kUnreachable, 0) == 0;
       if (!unreachable || attempt >= 3)
         throw;
       std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -304,7 +179,7 @@ int submit(const FleetServiceOptions& o) {
 }
 
 int status(const FleetServiceOptions& o) {
-  Client client(o);
+  service::Client client(o.server, o.token);
   if (o.job > 0) {
     nlohmann::json j = client.get("/api/jobs/" + std::to_string(o.job));
     if (o.json) {
@@ -349,7 +224,7 @@ int status(const FleetServiceOptions& o) {
 }
 
 int logs(const FleetServiceOptions& o) {
-  Client client(o);
+  service::Client client(o.server, o.token);
   std::int64_t attempt = o.attempt, offset = 0;
   for (;;) {
     std::string path =
@@ -388,7 +263,7 @@ int logs(const FleetServiceOptions& o) {
 }
 
 int pools(const FleetServiceOptions& o) {
-  Client client(o);
+  service::Client client(o.server, o.token);
   nlohmann::json answer = client.get("/api/pools");
   if (o.json) {
     std::printf("%s\n", answer.dump().c_str());
@@ -408,7 +283,7 @@ int pools(const FleetServiceOptions& o) {
 }
 
 int events(const FleetServiceOptions& o) {
-  Client client(o);
+  service::Client client(o.server, o.token);
   std::int64_t after = o.after;
   do {
     nlohmann::json answer =
@@ -440,7 +315,8 @@ bool run_fleet_service(const FleetServiceOptions& o, int& status_code) {
   } else if (o.status->parsed()) {
     status_code = status(o);
   } else if (o.cancel->parsed()) {
-    Client(o).post("/api/jobs/" + std::to_string(o.job) + "/cancel", nlohmann::json::object());
+    service::Client(o.server, o.token)
+        .post("/api/jobs/" + std::to_string(o.job) + "/cancel", nlohmann::json::object());
     std::printf("job %lld: cancel requested\n", static_cast<long long>(o.job));
     status_code = 0;
   } else if (o.logs->parsed()) {
@@ -448,8 +324,8 @@ bool run_fleet_service(const FleetServiceOptions& o, int& status_code) {
   } else if (o.pools_cmd->parsed()) {
     status_code = pools(o);
   } else if (o.drain->parsed()) {
-    Client(o).post("/api/pools/" + o.pool + (o.undo ? "/undrain" : "/drain"),
-                   nlohmann::json::object());
+    service::Client(o.server, o.token)
+        .post("/api/pools/" + o.pool + (o.undo ? "/undrain" : "/drain"), nlohmann::json::object());
     std::printf("pool %s: %s\n", o.pool.c_str(), o.undo ? "open" : "draining");
     status_code = 0;
   } else if (o.events->parsed()) {
