@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/plan/plan.h"
+#include "cluster/plan/sizing.h"
 #include "core/checked.h"
 #include "core/error.h"
 
@@ -414,15 +415,6 @@ int run_leave_one_source_out(const Catalog& catalog, const PlanOptions& o) {
   return 0;
 }
 
-// The best feasible layout on `chips` chips, if any.
-std::optional<Candidate> best_on(const Model& m, const Chip& chip, std::int64_t chips,
-                                 const Constraints& c) {
-  std::vector<Candidate> found = search(m, chip, chips, c);
-  if (found.empty() || !found.front().estimate.feasible)
-    return std::nullopt;
-  return found.front();
-}
-
 }  // namespace
 
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
@@ -582,34 +574,10 @@ int run_plan(const PlanOptions& o) {
       std::vector<Candidate> found = search(m, chip, *count, c, {}, &stats);
       double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (found.empty()) {
-        // Say which rule the fixed parts break, when they pin the layout down.
-        std::int64_t tp = o.tp.value_or(1), pp = o.pp.value_or(1), cp = o.cp.value_or(1);
-        // search() has checked each fixed degree (1..count): divided one at a time, as
-        // their product can overflow.
-        const std::int64_t dp = o.dp.value_or(std::max<std::int64_t>(1, *count / tp / pp / cp));
-        const std::int64_t batch = o.global_batch.value_or(
-            std::llround(c.default_batch_tokens / static_cast<double>(o.seq.value_or(m.seq))));
-        Layout l{tp,
-                 pp,
-                 dp,
-                 o.ep.value_or(1),
-                 cp,
-                 o.micro_batch.value_or(1),
-                 batch,
-                 o.seq.value_or(m.seq),
-                 c.interleave.value_or(1),
-                 Recompute::full,
-                 1,
-                 c.precision,
-                 c.stages};
-        std::string why = check_layout(m, chip, l);
-        throw Error("no valid layout of " + m.id + " on " + std::to_string(*count) + " " + id +
-                    " chips" +
-                    (why.empty() ? " (check that tp divides the heads, pp is at most the layers, "
-                                   "and chips = tp*pp*dp*cp)"
-                                 : ": " + why));
-      }
+      check(!found.empty(), [&] {
+        return "no valid layout of " + m.id + " on " + std::to_string(*count) + " " + id +
+               " chips" + why_no_layout(m, chip, *count, c);
+      });
       std::size_t n = o.compare.empty()
                           ? std::min<std::size_t>(found.size(), static_cast<std::size_t>(o.top))
                           : 1;
@@ -620,21 +588,8 @@ int run_plan(const PlanOptions& o) {
                      static_cast<long long>(stats.feasible), seconds);
     } else {
       check(o.budget || o.deadline, "give --chips N, --budget USD or --deadline DAYS");
-      // Chip counts: multiples of the scale-up domain, doubling.
-      std::int64_t domain = chip.scaleup_domain.known() ? scaleup_domain_chips(chip) : 8;
-      std::optional<Candidate> pick;
-      for (std::int64_t n = domain; n <= 262144; n *= 2) {
-        std::optional<Candidate> best = best_on(m, chip, n, c);
-        if (!best)
-          continue;
-        Totals t = totals(best->estimate, chip, best->layout, tokens, price.value_or(-1));
-        if (o.deadline && t.days <= *o.deadline) {
-          pick = best;
-          break;
-        }
-        if (o.budget && t.cost_known && t.cost_usd <= *o.budget)
-          pick = best;  // larger counts finish sooner
-      }
+      std::optional<Candidate> pick =
+          size_for(m, chip, c, tokens, price.value_or(-1), {o.deadline, o.budget});
       if (pick) {
         shown.push_back(*pick);
       } else if (!o.json) {

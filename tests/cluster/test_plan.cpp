@@ -15,6 +15,7 @@
 #include <set>
 
 #include "cluster/plan/plan.h"
+#include "cluster/plan/sizing.h"
 #include "core/error.h"
 #include "test_util.h"
 
@@ -1109,6 +1110,55 @@ TEST(Plan, EstimateBoundsAreChecked) {
   std::ofstream(dir + "/chips.yaml") << bad;
   e = error_of([&] { Catalog::load(dir); });
   EXPECT_NE(e.find("field 'hbm_gb': give both low and high, or neither"), std::string::npos) << e;
+}
+
+// The chip count for a deadline or a budget (loom plan --deadline / --budget): the counts
+// tried are the scale-up domain's multiples, doubling; a deadline takes the smallest count
+// that finishes in time, a budget the largest within it, and with both the deadline's
+// count, else the budget's.
+TEST(Sizing, ADeadlineTakesTheSmallestCountInTimeABudgetTheLargestWithinIt) {
+  Catalog cat = catalog();
+  const Model& m = cat.model("megatron-1.7b");
+  const Chip& chip = cat.chip("h100-sxm");
+  const double tokens = 1e11;
+  const Constraints fixed;
+  std::vector<std::pair<std::int64_t, Totals>> at;  // each count with a layout: its totals
+  for (std::int64_t n = scaleup_domain_chips(chip); n <= 262144; n *= 2)
+    if (std::optional<Candidate> best = best_on(m, chip, n, fixed)) {
+      at.emplace_back(n, totals(best->estimate, chip, best->layout, tokens, -1));
+      ASSERT_TRUE(at.back().second.cost_known) << n;
+    }
+  ASSERT_GE(at.size(), 4u);
+  auto chips_of = [](const std::optional<Candidate>& c) {
+    return c ? c->layout.tp * c->layout.pp * c->layout.dp * c->layout.cp : std::int64_t{0};
+  };
+  auto first_in_time = [&](double days) {
+    for (const auto& [n, t] : at)
+      if (t.days <= days)
+        return n;
+    return std::int64_t{0};
+  };
+  auto last_within = [&](double usd) {
+    std::int64_t pick = 0;
+    for (const auto& [n, t] : at)
+      if (t.cost_usd <= usd)
+        pick = n;
+    return pick;
+  };
+  const double deadline = at[2].second.days, budget = at[1].second.cost_usd;
+  EXPECT_EQ(chips_of(size_for(m, chip, fixed, tokens, -1, {deadline, std::nullopt})),
+            first_in_time(deadline));
+  EXPECT_EQ(chips_of(size_for(m, chip, fixed, tokens, -1, {std::nullopt, budget})),
+            last_within(budget));
+  EXPECT_GE(last_within(budget), at[1].first);
+  // A deadline nothing meets: no plan; with a budget too, the budget's count.
+  EXPECT_FALSE(size_for(m, chip, fixed, tokens, -1, {1e-9, std::nullopt}));
+  EXPECT_EQ(chips_of(size_for(m, chip, fixed, tokens, -1, {1e-9, budget})), last_within(budget));
+  // Why a pinned layout does not exist: tp = 5 does not divide megatron-1.7b's 24 heads.
+  Constraints pinned;
+  pinned.tp = 5;
+  EXPECT_NE(why_no_layout(m, chip, 40, pinned).find("heads"), std::string::npos)
+      << why_no_layout(m, chip, 40, pinned);
 }
 
 }  // namespace
