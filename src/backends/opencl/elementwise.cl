@@ -1,5 +1,5 @@
 // Elementwise functions shared by Loom's OpenCL kernels (kernels.cl) and the kernels
-// generated for fused chains (opencl_backend.cpp, fused_source): both programs are
+// generated for fused chains (opencl_fusion.cpp, fused_source): both programs are
 // compiled with this text first, so a fused chain computes what the unfused kernels do.
 
 float gelu_tanh(const float x) {

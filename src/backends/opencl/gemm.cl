@@ -1,6 +1,6 @@
 // Loom's GEMM kernels for OpenCL CPU devices (gemm_nt, gemm_nn, gemm_tn), shared by the
 // backend's program (kernels.cl follows this file) and by the programs generated for a
-// product and the elementwise chain that reads it (matmul_elementwise, opencl_backend.cpp).
+// product and the elementwise chain that reads it (matmul_elementwise, opencl_fusion.cpp).
 //
 // How a kernel writes each element of the product is a hook: LOOM_GEMM_STORE(index, col,
 // value) for one element, LOOM_GEMM_STORE8(index, col, value) for eight in a row, where

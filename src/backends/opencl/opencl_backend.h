@@ -2,7 +2,7 @@
 // (PoCL runs it on a CPU in CI). Kernels are embedded OpenCL C compiled at run time
 // with an on-disk binary cache; GEMM is CLBlast on GPUs and Loom's gemm_nt kernel on CPU
 // devices (see matmul_dot). The native operator set is the kernel
-// table (kernels() in opencl_backend.cpp); every other op reaches the device by
+// table (kernels() in opencl_ops.cpp); every other op reaches the device by
 // decomposition or counted fallback.
 #pragma once
 
