@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -357,6 +358,28 @@ std::vector<double> numbers(const Tensor& t) {
 // One ONNX backend test: the model on test_data_set_0's inputs against its outputs, with
 // the ONNX runner's default tolerance (rtol 1e-3, atol 1e-7).
 }  // namespace
+
+OutputError output_error(const Tensor& got_tensor, const Tensor& want, double atol, double rtol) {
+  check(got_tensor.shape() == want.shape(), "output_error: shapes " +
+                                                shape_str(got_tensor.shape()) + " and " +
+                                                shape_str(want.shape()) + " differ");
+  const std::vector<float> got = got_tensor.to_floats(), ref = want.to_floats();
+  OutputError e;
+  double worst_ratio = 0;
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    const bool same = got[k] == ref[k] || (std::isnan(got[k]) && std::isnan(ref[k]));
+    double diff = same ? 0.0 : std::fabs(static_cast<double>(got[k]) - ref[k]);
+    if (std::isnan(diff))
+      diff = std::numeric_limits<double>::infinity();
+    e.max_abs = std::max(e.max_abs, diff);
+    const double bound = atol + rtol * std::fabs(ref[k]);
+    const double ratio = diff == 0 ? 0.0 : diff / bound;
+    worst_ratio =
+        std::max(worst_ratio, std::isnan(ratio) ? std::numeric_limits<double>::infinity() : ratio);
+  }
+  e.within_tolerance = worst_ratio <= 1.0;
+  return e;
+}
 
 OnnxTestResult run_onnx_backend_test(const std::string& folder, Backend& device) {
   const std::filesystem::path dir(folder);

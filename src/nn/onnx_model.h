@@ -41,6 +41,16 @@ struct OnnxTestResult {
 };
 OnnxTestResult run_onnx_backend_test(const std::string& folder, Backend& device);
 
+// How far a model's output `got` is from an expected `want` of the same shape: the largest
+// |got - want| and whether every element is within atol + rtol * |want|. Equal values
+// (infinities included) and NaN against NaN agree; any other NaN or infinity is an
+// infinite error, so it cannot hide behind a maximum.
+struct OutputError {
+  double max_abs = 0;
+  bool within_tolerance = true;
+};
+OutputError output_error(const Tensor& got, const Tensor& want, double atol, double rtol);
+
 class OnnxModel final : public Model {
  public:
   // Reads `path` and places its float initializers on `backend` as parameters.

@@ -7,7 +7,11 @@
 #include <filesystem>
 #include <system_error>
 
+#include "autograd/tape.h"
 #include "core/error.h"
+#include "dispatch/devices.h"
+#include "nn/init.h"
+#include "nn/onnx_model.h"
 #include "optim/adamw.h"
 #include "train/training_run.h"
 
@@ -102,6 +106,64 @@ StepMeasure measure_training_step(TrainConfig config, const std::string& device_
   measured.graph_nodes = summary.graph_nodes;
   measured.graph_fused_chains = summary.graph_fused_chains;
   return measured;
+}
+
+namespace {
+
+// The ONNX graph's first input as declared and targets one per row of its logits.
+void onnx_batch(nn::OnnxModel& model, nn::Rng& rng, Backend& device, SyntheticStep& s) {
+  const auto& graph = model.graph();
+  Shape shape;
+  for (std::int64_t d : graph.inputs.front().shape)
+    shape.push_back(d > 0 ? d : 1);
+  const std::int64_t classes =
+      !graph.outputs.front().shape.empty() && graph.outputs.front().shape.back() > 0
+          ? graph.outputs.front().shape.back()
+          : 2;
+  if (graph.inputs.front().dtype == DType::f32) {
+    s.inputs = nn::normal_tensor(shape, 1.0, rng, device);
+  } else {  // integer inputs are held on the host, as the importer reads them
+    std::vector<std::int32_t> x(static_cast<std::size_t>(shape_numel(shape)));
+    for (auto& v : x)
+      v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(classes));
+    s.inputs = Tensor::from_ints(shape, x, dispatch::device("cpu"));
+  }
+  autograd::Tape probe;
+  probe.set_recording(false);
+  std::vector<std::int32_t> y(static_cast<std::size_t>(model.forward(probe, s.inputs, {}).dim(0)));
+  for (auto& v : y)
+    v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(classes));
+  s.targets = Tensor::from_ints({static_cast<std::int64_t>(y.size())}, y, device);
+}
+
+std::vector<std::int32_t> random_ids(std::size_t n, std::uint64_t below, nn::Rng& rng) {
+  std::vector<std::int32_t> ids(n);
+  for (auto& v : ids)
+    v = static_cast<std::int32_t>(rng.next() % below);
+  return ids;
+}
+
+}  // namespace
+
+SyntheticStep synthetic_step(const ModelSpec& spec, std::int64_t batch, Backend& device) {
+  SyntheticStep s;
+  s.model = make_model(spec, 1, device);
+  nn::Rng rng(7);
+  if (spec.kind == "gpt") {
+    const auto n = static_cast<std::size_t>(batch * spec.context);
+    const auto vocab = static_cast<std::uint64_t>(spec.vocab);
+    std::vector<std::int32_t> x = random_ids(n, vocab, rng);
+    std::vector<std::int32_t> y = random_ids(n, vocab, rng);
+    s.inputs = Tensor::from_ints({batch, spec.context}, x, device);
+    s.targets = Tensor::from_ints({batch * spec.context}, y, device);
+  } else if (auto* imported = dynamic_cast<nn::OnnxModel*>(s.model.get())) {
+    onnx_batch(*imported, rng, device, s);
+  } else {
+    s.inputs = nn::normal_tensor({batch, 1, 28, 28}, 1.0, rng, device);
+    s.targets =
+        Tensor::from_ints({batch}, random_ids(static_cast<std::size_t>(batch), 10, rng), device);
+  }
+  return s;
 }
 
 }  // namespace loom::train

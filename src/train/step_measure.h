@@ -7,11 +7,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "core/backend.h"
 #include "dispatch/dispatch.h"
+#include "nn/model.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 
 namespace loom::train {
@@ -49,5 +52,16 @@ StepMeasure measure_steps(Backend& device, int warmup, int steps,
 // process (pipeline and ZeRO settings are not measured: they need the job's processes);
 // nothing is written (the run's folder is a temporary one, removed after).
 StepMeasure measure_training_step(TrainConfig config, const std::string& device_name, int steps);
+
+// A model built from flags alone (`loom ops --model gpt|mlp|cnn|onnx`, seed 1) and one
+// batch of random data shaped for it (seed 7): token ids and targets below the vocabulary
+// (gpt; `batch` windows of spec.context); normal 28x28 images and labels 0-9 (mlp, cnn);
+// the ONNX graph's first input as declared (symbolic dimensions: 1), normal if float, else
+// ids below the output's last axis, with targets one per row of the logits (onnx).
+struct SyntheticStep {
+  std::unique_ptr<nn::Model> model;
+  Tensor inputs, targets;
+};
+SyntheticStep synthetic_step(const ModelSpec& spec, std::int64_t batch, Backend& device);
 
 }  // namespace loom::train

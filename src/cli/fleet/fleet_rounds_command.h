@@ -1,4 +1,4 @@
-// cli/fleet_rounds_command — `loom fleet rounds`: round-based, time-sliced scheduling as
+// cli/fleet/fleet_rounds_command — `loom fleet rounds`: round-based, time-sliced scheduling as
 // Gavel simulates it (cluster/sched/rounds.h), on Gavel's continuous workload or a trace,
 // over several seeds, with the mean JCT of a window of jobs and its spread.
 #pragma once
@@ -18,8 +18,8 @@ struct FleetRoundsOptions {
   std::int64_t max_active_jobs = 20000;
   std::int64_t stop_after = 0;  // > 0: the continuous workload ends after this many jobs
   bool json = false;
-  bool strict_throughputs = false;  // --gavel: refuse extrapolated run times
-  bool sensitivity = false;         // also +/-20% throughputs, extrapolated jobs left out
+  bool strict_throughputs = false;       // --gavel: refuse extrapolated run times
+  bool sensitivity = false;              // also +/-20% throughputs, extrapolated jobs left out
   std::string solver = "water_filling";  // which max-min optimum (MaxMinSolver)
   CLI::App* command = nullptr;
 };

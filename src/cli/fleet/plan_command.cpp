@@ -1,4 +1,4 @@
-#include "cli/plan_command.h"
+#include "cli/fleet/plan_command.h"
 
 #include <algorithm>
 #include <charconv>
@@ -415,6 +415,210 @@ int run_leave_one_source_out(const Catalog& catalog, const PlanOptions& o) {
   return 0;
 }
 
+// The chips --compare, --system or --chip plans on: "id" or "id:count" each (a per-chip count,
+// e.g. 910c:100000,b200:36000); a system is "@id".
+std::vector<std::string> planned_entries(const PlanOptions& o) {
+  std::vector<std::string> entries;
+  if (!o.compare.empty()) {
+    const std::string& list = o.compare;
+    for (std::size_t at = 0; at <= list.size();) {
+      std::size_t comma = list.find(',', at);
+      if (comma == std::string::npos)
+        comma = list.size();
+      if (comma > at)
+        entries.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+  } else if (!o.system.empty()) {
+    entries.push_back("@" + o.system);
+  } else {
+    check(!o.chip.empty(), "give --chip ID, --system ID or --compare a,b,c");
+    entries.push_back(o.chip);
+  }
+  return entries;
+}
+
+// --chips with every one of --tp, --pp and --dp: the product (times --cp) must be the count.
+void check_layout_product(const PlanOptions& o) {
+  if (!(o.chips && o.tp && o.pp && o.dp))
+    return;
+  const std::string what = "--tp x --pp x --dp x --cp";
+  std::int64_t product = checked_mul(checked_mul(checked_mul(*o.tp, *o.pp, what), *o.dp, what),
+                                     o.cp.value_or(1), what);
+  check(product == *o.chips,
+        "chips " + std::to_string(*o.chips) + " != tp*pp*dp*cp = " + std::to_string(*o.tp) + "*" +
+            std::to_string(*o.pp) + "*" + std::to_string(*o.dp) + "*" +
+            std::to_string(o.cp.value_or(1)) + " = " + std::to_string(product));
+}
+
+// A chip --price names must be one planned here (a misspelt id would silently price nothing).
+void check_priced_chips_are_planned(const Catalog& catalog, const Prices& prices,
+                                    const std::vector<std::string>& entries) {
+  for (const auto& named : prices.per_chip) {
+    std::string planned;
+    bool found = false;
+    for (const std::string& entry : entries) {
+      const std::string id = entry.substr(0, entry.find(':'));
+      const std::string chip_id = id[0] == '@' ? catalog.chip_in_system(id.substr(1)).id : id;
+      found = found || chip_id == named.first;
+      planned += (planned.empty() ? "" : ", ") + chip_id;
+    }
+    check(found, [&] {
+      return "--price names chip '" + named.first +
+             "', which is not planned here (planned: " + planned + ")";
+    });
+  }
+}
+
+struct PlannedChip {
+  std::string id;  // as given: a chip id or "@system"
+  std::optional<std::int64_t> count;
+};
+
+PlannedChip parse_entry(const std::string& entry, std::optional<std::int64_t> chips) {
+  const std::size_t colon = entry.find(':');
+  if (colon == std::string::npos)
+    return {entry, chips};
+  const std::string n = entry.substr(colon + 1);
+  std::int64_t parsed = 0;
+  const auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), parsed);
+  check(ec == std::errc() && end == n.data() + n.size() && parsed > 0,
+        "--compare '" + entry + "': count '" + n + "' is not a positive integer");
+  return {entry.substr(0, colon), parsed};
+}
+
+// The layouts shown for one chip: the best --top of a search at a given count, or the
+// smallest count that meets --deadline or --budget (none: said in the table).
+std::vector<Candidate> layouts_for(const PlanOptions& o, const Model& m, const Chip& chip,
+                                   const PlannedChip& planned, const Constraints& c, double tokens,
+                                   std::optional<double> price) {
+  std::vector<Candidate> shown;
+  if (planned.count) {
+    auto start = std::chrono::steady_clock::now();
+    SearchStats stats;
+    std::vector<Candidate> found = search(m, chip, *planned.count, c, {}, &stats);
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    check(!found.empty(), [&] {
+      return "no valid layout of " + m.id + " on " + std::to_string(*planned.count) + " " +
+             planned.id + " chips" + why_no_layout(m, chip, *planned.count, c);
+    });
+    std::size_t n = o.compare.empty()
+                        ? std::min<std::size_t>(found.size(), static_cast<std::size_t>(o.top))
+                        : 1;
+    shown.assign(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(n));
+    if (!o.json && o.compare.empty())
+      std::fprintf(stderr, "searched %lld layouts (%lld feasible) in %.3f s\n",
+                   static_cast<long long>(stats.evaluated), static_cast<long long>(stats.feasible),
+                   seconds);
+    return shown;
+  }
+  check(o.budget || o.deadline, "give --chips N, --budget USD or --deadline DAYS");
+  std::optional<Candidate> pick =
+      size_for(m, chip, c, tokens, price.value_or(-1), {o.deadline, o.budget});
+  if (pick)
+    shown.push_back(*pick);
+  else if (!o.json)
+    std::printf("%-10s no plan meets the %s\n", planned.id.c_str(),
+                o.deadline ? "deadline" : "budget");
+  return shown;
+}
+
+// On a chip with estimated figures the answer is a range: the same layout with every
+// estimate at the bound that makes it slowest (slow) and at the one that makes it fastest.
+struct Bound {
+  Estimate estimate;
+  Totals totals;
+};
+struct Range {
+  Bound slow, fast;
+};
+
+std::optional<Range> range_of(const Model& m, const Chip& chip, const Candidate& cand,
+                              double tokens, std::optional<double> price) {
+  if (!has_estimates(chip) || cand.estimate.step_time_s <= 0)
+    return std::nullopt;
+  auto at = [&](bool optimistic) {
+    const Chip bounded = chip_at_bounds(chip, optimistic);
+    Estimate e = estimate(m, bounded, cand.layout);
+    return Bound{e, totals(e, bounded, cand.layout, tokens, price.value_or(-1))};
+  };
+  return Range{at(false), at(true)};
+}
+
+void print_layout_json(const Model& m, const Chip& chip, const Candidate& cand, double tokens,
+                       std::optional<double> price, const std::optional<RateFit>& fit,
+                       const std::optional<Range>& range) {
+  nlohmann::ordered_json j = layout_json(m, chip, cand, tokens, price);
+  if (fit)
+    j["gemm_efficiency_fit"] = {{"catalog", fit->catalog},
+                                {"fitted", fit->fitted},
+                                {"runs", fit->runs},
+                                {"sources", fit->sources},
+                                {"median_error_at_catalog", fit->median_error_at_catalog}};
+  if (range) {
+    const Totals& fast = range->fast.totals;
+    const Totals& slow = range->slow.totals;
+    j["range"] = {
+        {"tokens_per_s", {range->slow.estimate.tokens_per_s, range->fast.estimate.tokens_per_s}},
+        {"days", {fast.days, slow.days}},
+        {"rests_on", "estimated chip figures at their catalog bounds"}};
+    if (slow.energy_known && fast.energy_known)
+      j["range"]["energy_kwh"] = {fast.energy_kwh, slow.energy_kwh};
+    if (slow.cost_known && fast.cost_known)
+      j["range"]["cost_usd"] = {fast.cost_usd, slow.cost_usd};
+  }
+  std::printf("%s\n", j.dump().c_str());
+}
+
+// The range's line under its row: the slow end takes the longest and, at its power bound,
+// draws the most.
+void print_range_line(const Range& range) {
+  const Totals& fast = range.fast.totals;
+  const Totals& slow = range.slow.totals;
+  std::string energy, cost;
+  if (fast.energy_known && slow.energy_known)
+    energy = ", " + format_fixed(fast.energy_kwh / 1e6, 1) + ".." +
+             format_fixed(slow.energy_kwh / 1e6, 1) + " kMWh";
+  if (fast.cost_known && slow.cost_known)
+    cost = ", $" + format_fixed(fast.cost_usd / 1e6, 2) + "M..$" +
+           format_fixed(slow.cost_usd / 1e6, 2) + "M";
+  std::printf("%-10s   range from estimated figures: %.0f..%.0f tok/s, %.1f..%.1f days%s%s\n", "",
+              range.slow.estimate.tokens_per_s, range.fast.estimate.tokens_per_s, fast.days,
+              slow.days, energy.c_str(), cost.c_str());
+}
+
+// --compare: where every figure behind the comparison comes from.
+void print_chip_figures(const std::vector<Chip>& compared) {
+  std::printf("\nchip figures (value [low..high] source, confidence):\n");
+  for (const Chip& chip : compared) {
+    std::printf("  %s (%s)\n", chip.id.c_str(), chip.name.c_str());
+    const std::pair<const char*, const Figure*> figures[] = {
+        {"bf16_tflops", &chip.bf16_tflops},
+        {"fp8_tflops", &chip.fp8_tflops},
+        {"hbm_gb", &chip.hbm_gb},
+        {"hbm_tbps", &chip.hbm_tbps},
+        {"scaleup_gbps", &chip.scaleup_gbps},
+        {"scaleup_domain", &chip.scaleup_domain},
+        {"scaleout_gbits", &chip.scaleout_gbits},
+        {"tdp_w", &chip.tdp_w},
+        {"price_per_hour", &chip.price_per_hour},
+        {"gemm_efficiency", &chip.gemm_efficiency},
+        {"attention_efficiency", &chip.attention_efficiency}};
+    for (const auto& [name, f] : figures) {
+      char value[64];
+      if (!f->known())
+        std::snprintf(value, sizeof value, "%s", f->unsupported ? "unsupported" : "unknown");
+      else if (f->ranged())
+        std::snprintf(value, sizeof value, "%g [%g..%g]", *f->value, *f->low, *f->high);
+      else
+        std::snprintf(value, sizeof value, "%g", *f->value);
+      std::printf("    %-20s %-20s %s, %s\n", name, value, f->source.c_str(),
+                  f->confidence.c_str());
+    }
+  }
+}
+
 }  // namespace
 
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
@@ -498,196 +702,46 @@ int run_plan(const PlanOptions& o) {
     return run_validate(catalog, o);
   if (!o.leave_one_source_out.empty())
     return run_leave_one_source_out(catalog, o);
-  Model m = resolve_model(catalog, o);
-  Constraints c = constraints_of(o);
-  double tokens = parse_count(o.tokens);
+  const Model m = resolve_model(catalog, o);
+  const Constraints c = constraints_of(o);
+  const double tokens = parse_count(o.tokens);
   const Prices prices = parse_prices(o.price);
+  const std::vector<std::string> entries = planned_entries(o);
+  check_layout_product(o);
+  check_priced_chips_are_planned(catalog, prices, entries);
 
-  std::vector<std::string> chip_ids;
-  if (!o.compare.empty()) {
-    std::string list = o.compare;
-    for (std::size_t at = 0; at <= list.size();) {
-      std::size_t comma = list.find(',', at);
-      if (comma == std::string::npos)
-        comma = list.size();
-      if (comma > at)
-        chip_ids.push_back(list.substr(at, comma - at));
-      at = comma + 1;
-    }
-  } else if (!o.system.empty()) {
-    chip_ids.push_back("@" + o.system);
-  } else {
-    check(!o.chip.empty(), "give --chip ID, --system ID or --compare a,b,c");
-    chip_ids.push_back(o.chip);
-  }
-  if (o.chips && o.tp && o.pp && o.dp) {
-    const std::string what = "--tp x --pp x --dp x --cp";
-    std::int64_t product = checked_mul(checked_mul(checked_mul(*o.tp, *o.pp, what), *o.dp, what),
-                                       o.cp.value_or(1), what);
-    check(product == *o.chips,
-          "chips " + std::to_string(*o.chips) + " != tp*pp*dp*cp = " + std::to_string(*o.tp) + "*" +
-              std::to_string(*o.pp) + "*" + std::to_string(*o.dp) + "*" +
-              std::to_string(o.cp.value_or(1)) + " = " + std::to_string(product));
-  }
-  // A chip --price names must be one planned here (a misspelt id would silently price nothing).
-  for (const auto& named : prices.per_chip) {
-    std::string planned;
-    bool found = false;
-    for (const std::string& entry : chip_ids) {
-      const std::string id = entry.substr(0, entry.find(':'));
-      const std::string chip_id = id[0] == '@' ? catalog.chip_in_system(id.substr(1)).id : id;
-      found = found || chip_id == named.first;
-      planned += (planned.empty() ? "" : ", ") + chip_id;
-    }
-    check(found, [&] {
-      return "--price names chip '" + named.first +
-             "', which is not planned here (planned: " + planned + ")";
-    });
-  }
   // The header comes before the first row, after what --measured prints about the first chip.
   bool header_printed = o.json;
   std::vector<Chip> compared;
-  for (const std::string& entry : chip_ids) {
-    // "id" or "id:count" (a per-chip count, e.g. 910c:100000,b200:36000).
-    std::string id = entry;
-    std::optional<std::int64_t> count = o.chips;
-    if (std::size_t colon = entry.find(':'); colon != std::string::npos) {
-      id = entry.substr(0, colon);
-      std::string n = entry.substr(colon + 1);
-      std::int64_t parsed = 0;
-      const auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), parsed);
-      check(ec == std::errc() && end == n.data() + n.size() && parsed > 0,
-            "--compare '" + entry + "': count '" + n + "' is not a positive integer");
-      count = parsed;
-    }
-    Chip chip = id[0] == '@' ? catalog.chip_in_system(id.substr(1)) : catalog.chip(id);
-    const std::optional<double> price = prices.of(id[0] == '@' ? chip.id : id);
+  for (const std::string& entry : entries) {
+    const PlannedChip planned = parse_entry(entry, o.chips);
+    const bool system = planned.id[0] == '@';
+    Chip chip = system ? catalog.chip_in_system(planned.id.substr(1)) : catalog.chip(planned.id);
+    const std::optional<double> price = prices.of(system ? chip.id : planned.id);
     if (!o.profile.empty())
       apply_device_profile(chip, o.profile, o.precision);
     std::optional<RateFit> fit;
     if (!o.measured.empty())
       fit = recalibrate(catalog, o.measured, chip, o.json);
-    std::vector<Candidate> shown;
-    if (count) {
-      auto start = std::chrono::steady_clock::now();
-      SearchStats stats;
-      std::vector<Candidate> found = search(m, chip, *count, c, {}, &stats);
-      double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      check(!found.empty(), [&] {
-        return "no valid layout of " + m.id + " on " + std::to_string(*count) + " " + id +
-               " chips" + why_no_layout(m, chip, *count, c);
-      });
-      std::size_t n = o.compare.empty()
-                          ? std::min<std::size_t>(found.size(), static_cast<std::size_t>(o.top))
-                          : 1;
-      shown.assign(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(n));
-      if (!o.json && o.compare.empty())
-        std::fprintf(stderr, "searched %lld layouts (%lld feasible) in %.3f s\n",
-                     static_cast<long long>(stats.evaluated),
-                     static_cast<long long>(stats.feasible), seconds);
-    } else {
-      check(o.budget || o.deadline, "give --chips N, --budget USD or --deadline DAYS");
-      std::optional<Candidate> pick =
-          size_for(m, chip, c, tokens, price.value_or(-1), {o.deadline, o.budget});
-      if (pick) {
-        shown.push_back(*pick);
-      } else if (!o.json) {
-        std::printf("%-10s no plan meets the %s\n", id.c_str(), o.deadline ? "deadline" : "budget");
-      }
-    }
-    for (const Candidate& cand : shown) {
-      // On a chip with estimated figures the answer is a range: the same layout with every
-      // estimate at the bound that makes it slowest and at the one that makes it fastest.
-      struct Bound {
-        Estimate estimate;
-        Totals totals;
-      };
-      std::optional<std::pair<Bound, Bound>> range;
-      if (has_estimates(chip) && cand.estimate.step_time_s > 0) {
-        auto at = [&](bool optimistic) {
-          const Chip bounded = chip_at_bounds(chip, optimistic);
-          Estimate e = estimate(m, bounded, cand.layout);
-          return Bound{e, totals(e, bounded, cand.layout, tokens, price.value_or(-1))};
-        };
-        range = std::pair{at(false), at(true)};
-      }
+    for (const Candidate& cand : layouts_for(o, m, chip, planned, c, tokens, price)) {
+      const std::optional<Range> range = range_of(m, chip, cand, tokens, price);
       if (o.json) {
-        nlohmann::ordered_json j = layout_json(m, chip, cand, tokens, price);
-        if (fit)
-          j["gemm_efficiency_fit"] = {{"catalog", fit->catalog},
-                                      {"fitted", fit->fitted},
-                                      {"runs", fit->runs},
-                                      {"sources", fit->sources},
-                                      {"median_error_at_catalog", fit->median_error_at_catalog}};
-        if (range)
-          j["range"] = {{"tokens_per_s",
-                         {range->first.estimate.tokens_per_s, range->second.estimate.tokens_per_s}},
-                        {"days", {range->second.totals.days, range->first.totals.days}},
-                        {"rests_on", "estimated chip figures at their catalog bounds"}};
-        if (range && range->first.totals.energy_known && range->second.totals.energy_known)
-          j["range"]["energy_kwh"] = {range->second.totals.energy_kwh,
-                                      range->first.totals.energy_kwh};
-        if (range && range->first.totals.cost_known && range->second.totals.cost_known)
-          j["range"]["cost_usd"] = {range->second.totals.cost_usd, range->first.totals.cost_usd};
-        std::printf("%s\n", j.dump().c_str());
-      } else {
-        if (!header_printed) {
-          print_table_header();
-          header_printed = true;
-        }
-        print_row(chip, cand, tokens, price);
-        if (range) {
-          // The slow end (first) takes the longest and, at its power bound, draws the most.
-          const Totals& fast = range->second.totals;
-          const Totals& slow = range->first.totals;
-          std::string energy, cost;
-          if (fast.energy_known && slow.energy_known)
-            energy = ", " + format_fixed(fast.energy_kwh / 1e6, 1) + ".." +
-                     format_fixed(slow.energy_kwh / 1e6, 1) + " kMWh";
-          if (fast.cost_known && slow.cost_known)
-            cost = ", $" + format_fixed(fast.cost_usd / 1e6, 2) + "M..$" +
-                   format_fixed(slow.cost_usd / 1e6, 2) + "M";
-          std::printf(
-              "%-10s   range from estimated figures: %.0f..%.0f tok/s, %.1f..%.1f days%s%s\n", "",
-              range->first.estimate.tokens_per_s, range->second.estimate.tokens_per_s, fast.days,
-              slow.days, energy.c_str(), cost.c_str());
-        }
+        print_layout_json(m, chip, cand, tokens, price, fit, range);
+        continue;
       }
+      if (!header_printed) {
+        print_table_header();
+        header_printed = true;
+      }
+      print_row(chip, cand, tokens, price);
+      if (range)
+        print_range_line(*range);
     }
     if (!o.compare.empty())
       compared.push_back(chip);
   }
-  // --compare: where every figure behind the comparison comes from.
-  if (!o.json && !compared.empty()) {
-    std::printf("\nchip figures (value [low..high] source, confidence):\n");
-    for (const Chip& chip : compared) {
-      std::printf("  %s (%s)\n", chip.id.c_str(), chip.name.c_str());
-      const std::pair<const char*, const Figure*> figures[] = {
-          {"bf16_tflops", &chip.bf16_tflops},
-          {"fp8_tflops", &chip.fp8_tflops},
-          {"hbm_gb", &chip.hbm_gb},
-          {"hbm_tbps", &chip.hbm_tbps},
-          {"scaleup_gbps", &chip.scaleup_gbps},
-          {"scaleup_domain", &chip.scaleup_domain},
-          {"scaleout_gbits", &chip.scaleout_gbits},
-          {"tdp_w", &chip.tdp_w},
-          {"price_per_hour", &chip.price_per_hour},
-          {"gemm_efficiency", &chip.gemm_efficiency},
-          {"attention_efficiency", &chip.attention_efficiency}};
-      for (const auto& [name, f] : figures) {
-        char value[64];
-        if (!f->known())
-          std::snprintf(value, sizeof value, "%s", f->unsupported ? "unsupported" : "unknown");
-        else if (f->ranged())
-          std::snprintf(value, sizeof value, "%g [%g..%g]", *f->value, *f->low, *f->high);
-        else
-          std::snprintf(value, sizeof value, "%g", *f->value);
-        std::printf("    %-20s %-20s %s, %s\n", name, value, f->source.c_str(),
-                    f->confidence.c_str());
-      }
-    }
-  }
+  if (!o.json && !compared.empty())
+    print_chip_figures(compared);
   return 0;
 }
 

@@ -1,4 +1,4 @@
-#include "cli/fleet_service_command.h"
+#include "cli/fleet/fleet_service_command.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

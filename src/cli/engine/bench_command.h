@@ -1,4 +1,4 @@
-// cli/bench_command — `loom bench --device X`: measure a backend and write its device
+// cli/engine/bench_command — `loom bench --device X`: measure a backend and write its device
 // profile (docs/device-profile.md), the file `loom plan --profile` reads.
 #pragma once
 

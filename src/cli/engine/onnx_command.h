@@ -1,4 +1,4 @@
-// cli/onnx_command — `loom onnx MODEL`: what an ONNX model needs from Loom, and running it.
+// cli/engine/onnx_command — `loom onnx MODEL`: what an ONNX model needs from Loom, and running it.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -1,4 +1,4 @@
-// cli/plan_command — `loom plan`: a thin layer over cluster/plan.
+// cli/fleet/plan_command — `loom plan`: a thin layer over cluster/plan.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -1,4 +1,4 @@
-#include "cli/ops_command.h"
+#include "cli/engine/ops_command.h"
 
 #include <chrono>
 #include <cstdio>
@@ -120,66 +120,26 @@ FusionResult measure_fusion(const OpsOptions& o, Backend& device, nn::Model& mod
 // One training step (forward, backward, clipping, AdamW) of the model on `device`.
 // Counters and time are per step: one untimed warm-up step, then the mean of o.steps.
 Report measure(const OpsOptions& o, Backend& device) {
-  const std::string& model_kind = o.model;
   train::ModelSpec spec;
-  spec.kind = model_kind;
-  if (model_kind == "gpt") {
+  spec.kind = o.model;
+  if (o.model == "gpt") {
     spec.layers = o.layers;
     spec.width = o.width;
     spec.heads = o.heads;
     spec.context = o.context;
     spec.vocab = o.vocab;
-  } else if (model_kind == "onnx") {
+  } else if (o.model == "onnx") {
     check(!o.onnx.empty(), "loom ops --model onnx needs --onnx FILE");
     spec.onnx = o.onnx;
   } else {
     // loom train's defaults for the image models (core/job_contract.def)
-    spec.width = model_kind == "mlp" ? 512 : 128;
+    spec.width = o.model == "mlp" ? 512 : 128;
     spec.layers = 2;
   }
-  auto model = train::make_model(spec, 1, device);
-  nn::Rng rng(7);
-  Tensor inputs, targets;
-  if (model_kind == "gpt") {
-    std::vector<std::int32_t> x(o.batch * o.context), y(o.batch * o.context);
-    for (auto& v : x)
-      v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(o.vocab));
-    for (auto& v : y)
-      v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(o.vocab));
-    inputs = Tensor::from_ints({o.batch, o.context}, x, device);
-    targets = Tensor::from_ints({o.batch * o.context}, y, device);
-  } else if (model_kind == "onnx") {
-    // The graph's first input as declared (symbolic dimensions: 1); token ids below the
-    // size of the output's last axis; targets one per row of the logits.
-    const auto& graph = dynamic_cast<nn::OnnxModel&>(*model).graph();
-    Shape shape;
-    for (std::int64_t d : graph.inputs.front().shape)
-      shape.push_back(d > 0 ? d : 1);
-    const std::int64_t classes =
-        !graph.outputs.front().shape.empty() && graph.outputs.front().shape.back() > 0
-            ? graph.outputs.front().shape.back()
-            : 2;
-    if (graph.inputs.front().dtype == DType::f32) {
-      inputs = nn::normal_tensor(shape, 1.0, rng, device);
-    } else {
-      std::vector<std::int32_t> x(static_cast<std::size_t>(shape_numel(shape)));
-      for (auto& v : x)
-        v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(classes));
-      inputs = Tensor::from_ints(shape, x, cpu::backend());
-    }
-    autograd::Tape probe;
-    probe.set_recording(false);
-    std::vector<std::int32_t> y(static_cast<std::size_t>(model->forward(probe, inputs, {}).dim(0)));
-    for (auto& v : y)
-      v = static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(classes));
-    targets = Tensor::from_ints({static_cast<std::int64_t>(y.size())}, y, device);
-  } else {
-    inputs = nn::normal_tensor({o.batch, 1, 28, 28}, 1.0, rng, device);
-    std::vector<std::int32_t> y(static_cast<std::size_t>(o.batch));
-    for (auto& v : y)
-      v = static_cast<std::int32_t>(rng.next() % 10);
-    targets = Tensor::from_ints({o.batch}, y, device);
-  }
+  train::SyntheticStep synthetic = train::synthetic_step(spec, o.batch, device);
+  auto& model = synthetic.model;
+  const Tensor& inputs = synthetic.inputs;
+  const Tensor& targets = synthetic.targets;
   check(device.set_matmul_precision(o.precision == "bf16" ? DType::bf16 : DType::f32),
         "loom ops: " + std::string(device.name()) + " has no " + o.precision + " matmul products");
   struct Restore {  // the device is the process's: leave it as found

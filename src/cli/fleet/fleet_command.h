@@ -1,4 +1,4 @@
-// cli/fleet_command — `loom fleet simulate`: a job list on a fleet under each policy.
+// cli/fleet/fleet_command — `loom fleet simulate`: a job list on a fleet under each policy.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -1,4 +1,4 @@
-// cli/ops_command — `loom ops`: what a model's training step runs on each backend.
+// cli/engine/ops_command — `loom ops`: what a model's training step runs on each backend.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -1,4 +1,4 @@
-// cli/fleet_service_command — the live fleet: `loom fleet serve` (the daemon) and its
+// cli/fleet/fleet_service_command — the live fleet: `loom fleet serve` (the daemon) and its
 // client commands (submit, status, cancel, logs, pools, drain, events), plus `loom fleet
 // supervise`, the process the daemon launches around each training attempt.
 #pragma once

@@ -1,4 +1,4 @@
-// cli/mean_interval — the mean of results over seeds with a 95% confidence interval
+// cluster/sched/mean_interval — the mean of results over seeds with a 95% confidence interval
 // (Student's t), as the fleet commands report them.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <iterator>
 #include <vector>
 
-namespace loom::cli {
+namespace loom::cluster {
 
 struct MeanInterval {
   double mean = 0;
@@ -40,4 +40,4 @@ inline MeanInterval mean_interval(const std::vector<double>& values) {
   return m;
 }
 
-}  // namespace loom::cli
+}  // namespace loom::cluster
