@@ -26,9 +26,9 @@ namespace {
 // its --gtest_filter: CTest runs each test as its own process with its own filter). Two
 // tests running side by side never share a cache, so one cannot read what another is
 // writing, nor find an entry a killed process left half-made.
-// A new folder starts as a copy of test-cache/seed, which the CTest fixture
-// `opencl_kernel_cache_seed` fills before any test starts (tests/CMakeLists.txt) and no
-// test writes: without it each test process would compile Loom's OpenCL program again
+// A new folder starts as links to the files of test-cache/seed, which the CTest fixture
+// `opencl_kernel_cache_seed` fills before any test starts (tests/kernel_cache_seed.sh) and
+// no test writes: without it each test process would compile Loom's OpenCL program again
 // (about 4 s of PoCL's compiler; 0.2 s from the seed). The folder persists between runs of
 // the same test. Set before any static initializer of the executable runs (priority
 // 101), as the test list itself may open the OpenCL devices (backend_names() in
@@ -63,8 +63,15 @@ __attribute__((constructor(101))) void use_a_kernel_cache_of_this_tests_own() {
     // a cache.
     const fs::path partial = caches / (name + ".copying." + std::to_string(::getpid()));
     fs::create_directories(partial, ec);
-    if (fs::exists(caches / "seed", ec))
-      fs::copy(caches / "seed", partial, fs::copy_options::recursive, ec);
+    // Hard links: the seed may hold the kernels of a whole earlier suite (tens of MB), and
+    // its files are read-only (both caches replace a file by renaming a new one over it).
+    if (fs::exists(caches / "seed", ec)) {
+      fs::copy(caches / "seed", partial,
+               fs::copy_options::recursive | fs::copy_options::create_hard_links, ec);
+      if (ec)  // another file system: copies
+        fs::copy(caches / "seed", partial,
+                 fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
+    }
     fs::rename(partial, dir, ec);
     if (ec)
       fs::remove_all(partial, ec);
