@@ -48,18 +48,13 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
   return bench;
 }
 
-int run_bench(const BenchOptions& o) {
-  Backend& device = dispatch::device(o.device);
-  const int reps = o.quick ? 3 : 7;
-  nn::Rng rng(1);
-  nlohmann::ordered_json profile{{"format", "loom-device-profile/1"},
-                                 {"device", device.info().name}};
-  if (!o.chip.empty())
-    profile["chip"] = o.chip;
+namespace {
 
-  // GEMM throughput by size and operand type: C[n,n] = A[n,n] B[n,n], 2 n^3 FLOPs. bf16
-  // is measured where the backend offers it (set_matmul_precision), as Loom runs it: on
-  // the CPU an emulation, on a GPU the tensor cores. A GPU also gets the large sizes.
+// GEMM throughput by size and operand type: C[n,n] = A[n,n] B[n,n], 2 n^3 FLOPs. bf16 is
+// measured where the backend offers it (set_matmul_precision), as Loom runs it: on the CPU
+// an emulation, on a GPU the tensor cores. A GPU also gets the large sizes.
+void measure_gemm(const BenchOptions& o, Backend& device, int reps, nn::Rng& rng,
+                  nlohmann::ordered_json& profile) {
   std::vector<std::int64_t> sizes = o.quick ? std::vector<std::int64_t>{64, 256}
                                             : std::vector<std::int64_t>{256, 512, 1024, 2048};
   if (!o.quick && o.device == "cuda")
@@ -80,7 +75,12 @@ int run_bench(const BenchOptions& o) {
     }
   }
   device.set_matmul_precision(DType::f32);
-  // Memory bandwidth: y = alpha x reads and writes every byte once.
+}
+
+// Memory bandwidth (y = alpha x reads and writes every byte once) and launch latency (a
+// one-element add, dispatch included).
+void measure_memory(const BenchOptions& o, Backend& device, int reps,
+                    nlohmann::ordered_json& profile) {
   std::int64_t elements = o.quick ? (1 << 20) : (16 << 20);
   Tensor x = nn::constant_tensor({elements}, 1.0f, device);
   Attrs half;
@@ -89,14 +89,16 @@ int run_bench(const BenchOptions& o) {
   double gbs = 2.0 * static_cast<double>(elements) * 4.0 / s / 1e9;
   profile["memory_bandwidth_gbs"] = gbs;
   std::fprintf(stderr, "memory bandwidth: %.1f GB/s\n", gbs);
-  // Launch latency: a one-element add, dispatch included.
   Tensor one = nn::constant_tensor({1}, 1.0f, device);
   double latency = median_seconds(device, reps * 5, [&] {
     dispatch::call1(OpId::add, {one, one});
   });
   profile["launch_latency_us"] = latency * 1e6;
   std::fprintf(stderr, "launch latency: %.1f us\n", latency * 1e6);
-  // Time per operator in one training step of the default GPT.
+}
+
+// Time per operator in one training step of the default GPT.
+void measure_step_ops(Backend& device, nn::Rng& rng, nlohmann::ordered_json& profile) {
   nn::Gpt gpt({65, 64, 4, 4, 128, 0.0}, 1, device);
   optim::AdamW opt(gpt.parameters(), {});
   std::vector<std::int32_t> ids(12 * 64);
@@ -131,6 +133,21 @@ int run_bench(const BenchOptions& o) {
   }
   profile["ops"] = {{"model", "default gpt (L4 d128 h4 T64 B12), one training step"},
                     {"by_op", ops}};
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& o) {
+  Backend& device = dispatch::device(o.device);
+  const int reps = o.quick ? 3 : 7;
+  nn::Rng rng(1);
+  nlohmann::ordered_json profile{{"format", "loom-device-profile/1"},
+                                 {"device", device.info().name}};
+  if (!o.chip.empty())
+    profile["chip"] = o.chip;
+  measure_gemm(o, device, reps, rng, profile);
+  measure_memory(o, device, reps, profile);
+  measure_step_ops(device, rng, profile);
   std::string path = o.out.empty() ? "profile-" + o.device + ".json" : o.out;
   io::write_file_atomically(path, profile.dump(2) + "\n");
   std::printf("%s\n", path.c_str());
