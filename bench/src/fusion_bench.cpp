@@ -26,7 +26,7 @@
 #include "dispatch/devices.h"
 #include "graph/graph.h"
 #include "nn/init.h"
-#include "nn/onnx_model.h"
+#include "onnx/model.h"
 #include "optim/adamw.h"
 
 namespace {

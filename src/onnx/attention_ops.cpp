@@ -1,4 +1,4 @@
-// nn/onnx_attention_ops.cpp — ONNX Attention (opset 23) as catalog calls: scaled
+// onnx/attention_ops.cpp — ONNX Attention (opset 23) as catalog calls: scaled
 // products, the bias from the mask, causality and padding, softcap, softmax, and grouped
 // key/value heads; and the ops that pick elements by index (GatherElements, TopK) or
 // build one-hot tensors (OneHot, Hardmax, EyeLike).
@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "core/checked.h"
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 namespace {

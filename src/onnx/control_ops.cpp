@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 

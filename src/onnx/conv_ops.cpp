@@ -1,4 +1,4 @@
-// nn/onnx_conv_ops.cpp — ONNX ops of convolutional networks: Conv, pooling,
+// onnx/conv_ops.cpp — ONNX ops of convolutional networks: Conv, pooling,
 // BatchNormalization (inference form), Clip.
 #include <algorithm>
 #include <array>
@@ -7,7 +7,7 @@
 #include <optional>
 #include <span>
 
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 namespace {
@@ -35,7 +35,7 @@ std::int64_t uniform_stride(const Runner& r, const io::OnnxNode& n) {
 // Whether the catalog's 2-D ops take the node as it is: an NCHW input, no dilation, no
 // auto_pad SAME_*, one stride for both dimensions (and for pools a square window, and no
 // ceil mode for AveragePool). Anything else goes to the general window ops
-// (onnx_window_ops.cpp).
+// (window_ops.cpp).
 bool fits_2d_ops(const Runner& r, const io::OnnxNode& n, bool pool) {
   if (r.var(n, 0).shape().size() != 4 || !all_equal(r.attr_ints(n, "dilations"), 1))
     return false;

@@ -15,7 +15,7 @@
 
 #include "core/checked.h"
 #include "core/reference_util.h"
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 

@@ -1,4 +1,4 @@
-// nn/onnx_layout_ops.cpp — ONNX ops that rearrange or make tensors (Split, Squeeze,
+// onnx/layout_ops.cpp — ONNX ops that rearrange or make tensors (Split, Squeeze,
 // Expand, Tile, Pad, Trilu, ConstantOfShape, Size, Range) and the activations written as
 // compositions of catalog ops (LeakyRelu, Elu, Selu, Celu, HardSigmoid, HardSwish,
 // Softplus, Softsign, Mish, PRelu, ThresholdedRelu, Gelu).
@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "core/checked.h"
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 namespace {

@@ -1,4 +1,4 @@
-// nn/onnx_logic_ops.cpp — ONNX comparisons, logic, Where, the variadic Max, Min, Sum,
+// onnx/logic_ops.cpp — ONNX comparisons, logic, Where, the variadic Max, Min, Sum,
 // Mean, Mod, and the trigonometric and rounding functions (the catalog's `math`). Float operands
 // run through the catalog (compare, where) on the model's device; integer and boolean operands are
 // host values, computed here with numpy broadcasting.
@@ -7,7 +7,7 @@
 
 #include "core/checked.h"
 #include "core/reference_util.h"
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 

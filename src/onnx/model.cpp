@@ -1,4 +1,4 @@
-#include "nn/onnx_model.h"
+#include "onnx/model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "autograd/functions.h"
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn {
 
@@ -39,7 +39,7 @@ const OpTable& op_table() {
     // Ops defined on integers too, whose float translation gives the same values when
     // every integer is exact in f32: an integer data input goes through it (Clip, Pad,
     // MaxPool, TopK, ReduceMax of int8/uint8/int64/bool, Split of shape values). Pow of
-    // integers is computed on the host (onnx_shape_ops.cpp).
+    // integers is computed on the host (shape_ops.cpp).
     const std::vector<std::pair<const char*, std::vector<std::size_t>>> integer_ops{
         {"Clip", {0, 1, 2}}, {"Pad", {0}},       {"MaxPool", {0}}, {"TopK", {0}},
         {"ReduceMax", {0}},  {"ReduceMin", {0}}, {"Split", {0}}};

@@ -1,4 +1,4 @@
-// nn/onnx_model.h — a model imported from ONNX, run (and trained) by Loom's engine.
+// onnx/model.h — a model imported from ONNX, run (and trained) by Loom's engine.
 //
 // Each ONNX node becomes differentiable catalog calls (autograd functions), so an
 // imported model runs on every backend through dispatch (native, decomposed or counted
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "io/onnx.h"
+#include "onnx/parser.h"
 #include "nn/model.h"
 
 namespace loom::nn {

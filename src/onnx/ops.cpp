@@ -1,4 +1,4 @@
-// nn/onnx_ops.cpp — ONNX ops on float tensors: arithmetic, products, softmax, views,
+// onnx/ops.cpp — ONNX ops on float tensors: arithmetic, products, softmax, views,
 // constants, dropout, elementwise functions.
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "core/checked.h"
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 namespace {

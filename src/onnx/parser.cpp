@@ -1,4 +1,4 @@
-#include "io/onnx.h"
+#include "onnx/parser.h"
 
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>

@@ -1,6 +1,6 @@
-// io/onnx.h — reading ONNX models and tensors (the format every framework exports).
+// onnx/parser.h — reading ONNX models and tensors (the format every framework exports).
 //
-// The protobuf schema stays inside onnx.cpp: a model becomes plain Loom structures
+// The protobuf schema stays inside parser.cpp: a model becomes plain Loom structures
 // (nodes with typed attributes, named initializers as host tensors, the graph's inputs
 // and outputs), so nothing above io/ depends on protobuf. Every failure names the file
 // and what was wrong (unreadable, not an ONNX model, a tensor type Loom does not hold,

@@ -1,4 +1,4 @@
-// nn/onnx_reduce_ops.cpp — ONNX reductions (the Reduce family, ArgMax, ArgMin), the
+// onnx/reduce_ops.cpp — ONNX reductions (the Reduce family, ArgMax, ArgMin), the
 // normalisations written as one op (LayerNormalization, RMSNormalization) and the loss
 // ops (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss), as catalog calls.
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "core/checked.h"
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 namespace {

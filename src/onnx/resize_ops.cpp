@@ -1,4 +1,4 @@
-// nn/onnx_resize_ops.cpp — ONNX Resize (nearest, linear and cubic, every coordinate
+// onnx/resize_ops.cpp — ONNX Resize (nearest, linear and cubic, every coordinate
 // transformation, antialiasing, axes, aspect-ratio policies), CumSum, CumProd, BitShift
 // and LpNormalization.
 //
@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "core/checked.h"
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 namespace {

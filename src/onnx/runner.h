@@ -1,7 +1,7 @@
-// nn/onnx_runner.h — inside the ONNX importer: the values flowing through a graph and the
+// onnx/runner.h — inside the ONNX importer: the values flowing through a graph and the
 // runner each ONNX op's translation reads its inputs from and writes its outputs to.
-// onnx_model.cpp runs the graph; onnx_ops.cpp, onnx_shape_ops.cpp and onnx_conv_ops.cpp
-// translate the ops. Not a public header: nothing outside nn/ includes it.
+// model.cpp runs the graph; ops.cpp, shape_ops.cpp, conv_ops.cpp and the other *_ops.cpp
+// translate the ops. Not a public header: nothing outside onnx/ includes it.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "dispatch/dispatch.h"
-#include "io/onnx.h"
+#include "onnx/parser.h"
 #include "nn/model.h"
 
 namespace loom::nn::onnx_import {
@@ -159,29 +159,29 @@ using OpFn = std::function<void(Runner& r, const io::OnnxNode& node)>;
 using OpTable = std::map<std::string, OpFn>;
 
 // Each file's ops, added to `table` under their ONNX names.
-void add_tensor_ops(OpTable& table);  // onnx_ops.cpp: arithmetic, matmul, softmax, views, ...
+void add_tensor_ops(OpTable& table);  // ops.cpp: arithmetic, matmul, softmax, views, ...
 void add_shape_ops(
-    OpTable& table);                // onnx_shape_ops.cpp: host shape arithmetic, gather, slice, ...
-void add_conv_ops(OpTable& table);  // onnx_conv_ops.cpp: convolution, pooling, normalisation
-void add_logic_ops(OpTable& table);      // onnx_logic_ops.cpp: comparisons, logic, Where, Max, Min
-void add_reduce_ops(OpTable& table);     // onnx_reduce_ops.cpp: reductions, norms, losses
-void add_attention_ops(OpTable& table);  // onnx_attention_ops.cpp: Attention, TopK, OneHot
-void add_resize_ops(OpTable& table);     // onnx_resize_ops.cpp: Resize, CumSum, BitShift
-void add_window_ops(OpTable& table);     // onnx_window_ops.cpp: ConvTranspose, LpPool
-// Convolution and pooling of any rank, stride, dilation and padding (onnx_window_ops.cpp);
+    OpTable& table);                // shape_ops.cpp: host shape arithmetic, gather, slice, ...
+void add_conv_ops(OpTable& table);  // conv_ops.cpp: convolution, pooling, normalisation
+void add_logic_ops(OpTable& table);      // logic_ops.cpp: comparisons, logic, Where, Max, Min
+void add_reduce_ops(OpTable& table);     // reduce_ops.cpp: reductions, norms, losses
+void add_attention_ops(OpTable& table);  // attention_ops.cpp: Attention, TopK, OneHot
+void add_resize_ops(OpTable& table);     // resize_ops.cpp: Resize, CumSum, BitShift
+void add_window_ops(OpTable& table);     // window_ops.cpp: ConvTranspose, LpPool
+// Convolution and pooling of any rank, stride, dilation and padding (window_ops.cpp);
 // Conv, MaxPool and AveragePool use them where the catalog's 2-D ops do not fit.
 void general_conv(Runner& r, const io::OnnxNode& n);
 void general_pool(Runner& r, const io::OnnxNode& n);
-void add_layout_ops(OpTable& table);   // onnx_layout_ops.cpp: Split, Pad, Range, activations
-void add_control_ops(OpTable& table);  // onnx_control_ops.cpp: If, Loop, Scan
-void add_index_ops(OpTable& table);    // onnx_index_ops.cpp: Scatter*, GatherND, GroupNorm, Einsum
+void add_layout_ops(OpTable& table);   // layout_ops.cpp: Split, Pad, Range, activations
+void add_control_ops(OpTable& table);  // control_ops.cpp: If, Loop, Scan
+void add_index_ops(OpTable& table);    // index_ops.cpp: Scatter*, GatherND, GroupNorm, Einsum
 // Runs op f, when input 0 is an integer host tensor, with the integer host tensors among
 // `inputs` held as f32 values (|v| <= 2^23, so sums of two stay exact; else a named error), and
 // gives f's float outputs back as integers of input 0's type (rounded to the nearest;
-// onnx_logic_ops.cpp). With a float input 0, f runs as it is.
+// logic_ops.cpp). With a float input 0, f runs as it is.
 void through_floats(Runner& r, const io::OnnxNode& n, const OpFn& f,
                     const std::vector<std::size_t>& inputs);
-// Runs `nodes` in order on r (onnx_model.cpp): each op's translation, then the fixedness
+// Runs `nodes` in order on r (model.cpp): each op's translation, then the fixedness
 // of its outputs (Value::fixed).
 void run_nodes(Runner& r, const std::vector<io::OnnxNode>& nodes);
 

@@ -1,4 +1,4 @@
-// nn/onnx_shape_ops.cpp — ONNX ops that compute shapes on the host (Shape, Gather, Slice,
+// onnx/shape_ops.cpp — ONNX ops that compute shapes on the host (Shape, Gather, Slice,
 // Unsqueeze, Concat, Cast, integer arithmetic), with their float forms, and ReduceMean, Pow.
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include "core/broadcast.h"
 #include "core/reference_util.h"
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 namespace {

@@ -1,4 +1,4 @@
-// nn/onnx_window_ops.cpp — convolution and pooling of any rank (1-D, 2-D, 3-D, ...) with
+// onnx/window_ops.cpp — convolution and pooling of any rank (1-D, 2-D, 3-D, ...) with
 // any strides, dilations, padding (auto_pad too) and ceil mode, and ConvTranspose and
 // LpPool: what the catalog's conv2d and square 2-D pools do not cover.
 //
@@ -12,7 +12,7 @@
 #include <numeric>
 
 #include "core/checked.h"
-#include "nn/onnx_runner.h"
+#include "onnx/runner.h"
 
 namespace loom::nn::onnx_import {
 namespace {

@@ -10,7 +10,7 @@
 #include "io/safetensors.h"
 #include "nn/gpt.h"
 #include "nn/layers.h"
-#include "nn/onnx_model.h"
+#include "onnx/model.h"
 
 namespace loom::train {
 

@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "dispatch/devices.h"
 #include "nn/init.h"
-#include "nn/onnx_model.h"
+#include "onnx/model.h"
 #include "optim/adamw.h"
 #include "train/training_run.h"
 

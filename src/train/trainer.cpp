@@ -14,7 +14,7 @@
 #include "data/text.h"
 #include "dist/communicator.h"
 #include "nn/init.h"
-#include "nn/onnx_model.h"
+#include "onnx/model.h"
 #include "train/checkpoint.h"
 #include "train/training_run.h"
 

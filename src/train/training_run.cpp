@@ -21,7 +21,7 @@
 #include "dispatch/devices.h"
 #include "io/atomic_file.h"
 #include "nn/init.h"
-#include "nn/onnx_model.h"
+#include "onnx/model.h"
 
 namespace loom::train {
 

@@ -13,7 +13,7 @@
 #include "dispatch/dispatch.h"
 #include "graph/graph.h"
 #include "nn/gpt.h"
-#include "nn/onnx_model.h"
+#include "onnx/model.h"
 #include "optim/adamw.h"
 #include "test_util.h"
 

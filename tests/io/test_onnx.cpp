@@ -13,8 +13,8 @@
 #include "autograd/functions.h"
 #include "core/error.h"
 #include "dispatch/dispatch.h"
-#include "io/onnx.h"
-#include "nn/onnx_model.h"
+#include "onnx/parser.h"
+#include "onnx/model.h"
 #include "optim/adamw.h"
 #include "test_util.h"
 

@@ -11,8 +11,8 @@
 
 #include "autograd/functions.h"
 #include "graph/graph.h"
-#include "io/onnx.h"
-#include "nn/onnx_model.h"
+#include "onnx/parser.h"
+#include "onnx/model.h"
 #include "optim/adamw.h"
 #include "test_util.h"
 

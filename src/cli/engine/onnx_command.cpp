@@ -10,8 +10,8 @@
 
 #include "core/error.h"
 #include "dispatch/devices.h"
-#include "io/onnx.h"
-#include "nn/onnx_model.h"
+#include "onnx/parser.h"
+#include "onnx/model.h"
 
 namespace loom::cli {
 
