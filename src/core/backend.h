@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "core/dtype.h"
+#include "core/error.h"
 
 namespace loom {
 
@@ -156,6 +157,14 @@ class Backend {
   // default) or bf16 (operands rounded to bf16, products accumulated in f32; weights,
   // activations and optimizer state stay f32). Returns false when the backend cannot.
   virtual bool set_matmul_precision(DType dtype) { return dtype == DType::f32; }
+
+  // The host threads the backend's kernels use (the CPU's OpenMP and oneDNN pool). Returns
+  // false when the backend has no such setting (its kernels run on the device); throws
+  // when `threads` is below 1.
+  virtual bool set_threads(int threads) {
+    check(threads >= 1, [&] { return "threads = " + std::to_string(threads) + ", expected >= 1"; });
+    return false;
+  }
 
   // Returns memory the backend's allocator keeps for reuse to the system (or driver), e.g.
   // before a graph allocates its planned memory. Default: nothing is cached.

@@ -27,6 +27,10 @@ std::vector<std::string> device_names() {
   return names;
 }
 
+Backend& host() {
+  return cpu::backend();
+}
+
 Backend& device(const std::string& name) {
   if (name == "cpu")
     return cpu::backend();

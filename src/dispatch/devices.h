@@ -10,6 +10,9 @@ namespace loom::dispatch {
 
 // The backend called `name`; throws listing the available ones.
 Backend& device(const std::string& name);
+// The device host tensors live on and fallbacks run on (the CPU): shape arithmetic,
+// integer inputs, checkpoint loading for text generation.
+Backend& host();
 std::vector<std::string> device_names();
 
 }  // namespace loom::dispatch

@@ -63,11 +63,11 @@ void attention(Runner& r, const io::OnnxNode& n) {
     const Value& mask = r.value(n, 3);
     ag::Var m;
     if (mask.host.defined()) {
-      std::vector<std::int64_t> keep = host_values(mask.host);
+      std::vector<std::int64_t> keep = host_values(r.host, mask.host);
       std::vector<float> f(keep.size());
       for (std::size_t i = 0; i < keep.size(); ++i)
         f[i] = keep[i] != 0 ? 0.0f : kMinusInf;
-      m = r.constant(Tensor::from_floats(mask.host.shape(), f, cpu::backend()));
+      m = r.constant(Tensor::from_floats(mask.host.shape(), f, r.host));
     } else {
       m = mask.var;
     }
@@ -86,7 +86,7 @@ void attention(Runner& r, const io::OnnxNode& n) {
           r.tape,
           {m, r.constant(Tensor::from_floats(
                   pad, std::vector<float>(static_cast<std::size_t>(shape_numel(pad)), kMinusInf),
-                  cpu::backend()))},
+                  r.host))},
           static_cast<int>(pad.size()) - 1);
     }
     bias = m;
@@ -97,7 +97,7 @@ void attention(Runner& r, const io::OnnxNode& n) {
       for (std::int64_t j = 0; j < total; ++j)
         if (j > past + i)
           causal[static_cast<std::size_t>(i * total + j)] = kMinusInf;
-    ag::Var c = r.constant(Tensor::from_floats({length, total}, causal, cpu::backend()));
+    ag::Var c = r.constant(Tensor::from_floats({length, total}, causal, r.host));
     bias = bias ? ag::add(r.tape, *bias, c) : c;
   }
   if (r.has_input(n, 6)) {  // nonpad_kv_seqlen [B]: keys at or beyond it are padding
@@ -110,7 +110,7 @@ void attention(Runner& r, const io::OnnxNode& n) {
       for (std::int64_t j = std::max<std::int64_t>(valid[static_cast<std::size_t>(b)], 0);
            j < total; ++j)
         pad[static_cast<std::size_t>(b * total + j)] = kMinusInf;
-    ag::Var p = r.constant(Tensor::from_floats({batch, 1, 1, total}, pad, cpu::backend()));
+    ag::Var p = r.constant(Tensor::from_floats({batch, 1, 1, total}, pad, r.host));
     bias = bias ? ag::add(r.tape, *bias, p) : p;
   }
 
@@ -187,8 +187,8 @@ std::vector<std::int32_t> linear_indices(const Shape& data, const Shape& out,
 ag::Var pick_elements(Runner& r, const ag::Var& x, const std::vector<std::int32_t>& linear,
                       const Shape& out) {
   ag::Var column = ag::reshape(r.tape, x, {x.value().numel(), 1});
-  Tensor ids = Tensor::from_ints({static_cast<std::int64_t>(linear.size())}, linear, cpu::backend())
-                   .to(r.backend);
+  Tensor ids =
+      Tensor::from_ints({static_cast<std::int64_t>(linear.size())}, linear, r.host).to(r.backend);
   return ag::reshape(r.tape, ag::embedding(r.tape, column, ids), out);
 }
 
@@ -206,13 +206,13 @@ void gather_elements(Runner& r, const io::OnnxNode& n) {
         d == axis || indices.shape()[d] <= data[static_cast<std::size_t>(d)],
         r.where(n) + ": indices " + shape_str(indices.shape()) + " exceed data " + shape_str(data));
   const std::vector<std::int32_t> linear =
-      linear_indices(data, indices.shape(), host_values(indices), axis, r.where(n));
+      linear_indices(data, indices.shape(), host_values(r.host, indices), axis, r.where(n));
   if (is_host(r, n, 0)) {
     const std::vector<std::int64_t> values = r.ints(n, 0);
     std::vector<std::int64_t> out(linear.size());
     for (std::size_t i = 0; i < linear.size(); ++i)
       out[i] = values[static_cast<std::size_t>(linear[i])];
-    r.set_host(n, 0, host_ints(indices.shape(), out));
+    r.set_host(n, 0, host_ints(r.host, indices.shape(), out));
     return;
   }
   r.set(n, 0, pick_elements(r, r.var(n, 0), linear, indices.shape()));
@@ -252,7 +252,7 @@ void top_k(Runner& r, const io::OnnxNode& n) {
     }
   r.set(n, 0, pick_elements(r, x, linear_indices(s, out, chosen, axis, r.where(n)), out));
   if (n.outputs.size() > 1 && !n.outputs[1].empty())
-    r.set_host(n, 1, host_ints(out, chosen));
+    r.set_host(n, 1, host_ints(r.host, out, chosen));
 }
 
 // OneHot(indices, depth, values [off, on]): one more axis of `depth` (at `axis`), on at
@@ -263,7 +263,7 @@ void one_hot(Runner& r, const io::OnnxNode& n) {
   std::vector<std::int64_t> indices;
   Shape in_shape;
   if (indices_t.defined()) {
-    indices = host_values(indices_t);
+    indices = host_values(r.host, indices_t);
     in_shape = indices_t.shape();
   } else {  // float indices: truncated, as the reference casts them
     const std::vector<float> f = r.read_on_host(n, r.var(n, 0).value()).to_floats();
@@ -291,14 +291,14 @@ void one_hot(Runner& r, const io::OnnxNode& n) {
       if (c >= 0 && c < depth)
         on[static_cast<std::size_t>((o * depth + c) * inner + i)] = 1;
     }
-  Tensor mask = Tensor::from_host(out, DType::u8, on.data(), cpu::backend());
+  Tensor mask = Tensor::from_host(out, DType::u8, on.data(), r.host);
   if (is_host(r, n, 2)) {
     const std::vector<std::int64_t> values = r.ints(n, 2);
     check(values.size() == 2, r.where(n) + ": values must hold [off, on]");
     std::vector<std::int64_t> result(on.size());
     for (std::size_t e = 0; e < on.size(); ++e)
       result[e] = on[e] != 0 ? values[1] : values[0];
-    r.set_host(n, 0, host_ints(out, result));
+    r.set_host(n, 0, host_ints(r.host, out, result));
     return;
   }
   const ag::Var& values = r.var(n, 2);
@@ -327,7 +327,7 @@ void hardmax(Runner& r, const io::OnnxNode& n) {
           best = j;
       out[static_cast<std::size_t>((o * dim + best) * inner + i)] = 1.0f;
     }
-  r.set(n, 0, r.constant(Tensor::from_floats(s, out, cpu::backend())));
+  r.set(n, 0, r.constant(Tensor::from_floats(s, out, r.host)));
 }
 
 // EyeLike: ones on diagonal k of a matrix shaped like the input, in its type (or dtype).
@@ -342,9 +342,9 @@ void eye_like(Runner& r, const io::OnnxNode& n) {
   const std::int64_t dtype = r.attr_int(n, "dtype", is_host(r, n, 0) ? 7 : 1);
   if (dtype == 1 || dtype == 10 || dtype == 11 || dtype == 16) {
     std::vector<float> f(ones.begin(), ones.end());
-    r.set(n, 0, r.constant(Tensor::from_floats(s, f, cpu::backend())));
+    r.set(n, 0, r.constant(Tensor::from_floats(s, f, r.host)));
   } else {
-    r.set_host(n, 0, host_ints(s, ones));
+    r.set_host(n, 0, host_ints(r.host, s, ones));
   }
 }
 

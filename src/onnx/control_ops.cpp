@@ -33,7 +33,7 @@ std::vector<Value> run_subgraph(Runner& r, const io::OnnxNode& n, const io::Onnx
   check(inputs.size() == body.inputs.size(),
         body.path + ": the body takes " + std::to_string(body.inputs.size()) + " inputs, " +
             r.where(n) + " gives it " + std::to_string(inputs.size()));
-  Runner inner(body, r.tape, r.options, r.backend);
+  Runner inner(body, r.tape, r.options, r.backend, r.host);
   inner.env = r.env;
   // One count of nodes run and one budget for the whole graph: dropout sites stay distinct
   // across iterations, and nested loops cannot multiply their way past the budget.
@@ -63,9 +63,9 @@ std::vector<Value> run_subgraph(Runner& r, const io::OnnxNode& n, const io::Onnx
   return outputs;
 }
 
-Value host_scalar(std::int64_t v, DType dtype) {
+Value host_scalar(Backend& host, std::int64_t v, DType dtype) {
   Value out;
-  out.host = host_tensor({}, {dtype == DType::u8 ? std::int64_t{v != 0} : v}, dtype);
+  out.host = host_tensor(host, {}, {dtype == DType::u8 ? std::int64_t{v != 0} : v}, dtype);
   return out;
 }
 
@@ -74,7 +74,7 @@ bool truth(Runner& r, const io::OnnxNode& n, const Value& v, const std::string& 
   if (v.host.defined()) {
     check(v.host.numel() == 1,
           r.where(n) + ": " + what + " must hold one value, got " + shape_str(v.host.shape()));
-    return host_values(v.host).front() != 0;
+    return host_values(r.host, v.host).front() != 0;
   }
   check(v.var.defined() && v.var.value().numel() == 1,
         r.where(n) + ": " + what + " must be a scalar");
@@ -83,7 +83,7 @@ bool truth(Runner& r, const io::OnnxNode& n, const Value& v, const std::string& 
 
 // Host tensor t with one more axis of size 1 at `axis`, and t's elements at `index` of
 // `axis` without that axis: the stacking and slicing of Loop's and Scan's host values.
-Tensor host_take(const Tensor& t, int axis, std::int64_t index) {
+Tensor host_take(Backend& host, const Tensor& t, int axis, std::int64_t index) {
   const Shape& s = t.shape();
   std::int64_t outer = 1, inner = 1;
   for (int d = 0; d < axis; ++d)
@@ -91,7 +91,7 @@ Tensor host_take(const Tensor& t, int axis, std::int64_t index) {
   for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < s.size(); ++d)
     inner *= s[d];
   const std::int64_t len = s[static_cast<std::size_t>(axis)];
-  const std::vector<std::int64_t> all = host_values(t);
+  const std::vector<std::int64_t> all = host_values(host, t);
   std::vector<std::int64_t> out;
   out.reserve(static_cast<std::size_t>(outer * inner));
   for (std::int64_t o = 0; o < outer; ++o)
@@ -99,7 +99,7 @@ Tensor host_take(const Tensor& t, int axis, std::int64_t index) {
       out.push_back(all[static_cast<std::size_t>((o * len + index) * inner + i)]);
   Shape shape = s;
   shape.erase(shape.begin() + axis);
-  return host_tensor(shape, out, t.dtype());
+  return host_tensor(host, shape, out, t.dtype());
 }
 
 // The values of one scan output over the iterations, stacked along a new `axis` (all
@@ -120,9 +120,9 @@ Value stack(Runner& r, const io::OnnxNode& n, const std::vector<Value>& parts, s
     shape.insert(shape.begin() + axis_of(axis, static_cast<int>(shape.size()) + 1, r.where(n)), 0);
     Value out;
     if (declared.dtype == DType::f32)
-      out.var = r.constant(Tensor::from_floats(shape, std::vector<float>{}, cpu::backend()));
+      out.var = r.constant(Tensor::from_floats(shape, std::vector<float>{}, r.host));
     else
-      out.host = host_tensor(shape, {}, declared.dtype);
+      out.host = host_tensor(r.host, shape, {}, declared.dtype);
     return out;
   }
   const bool on_host = parts.front().host.defined();
@@ -151,7 +151,7 @@ Value stack(Runner& r, const io::OnnxNode& n, const std::vector<Value>& parts, s
     inner *= one[d];
   std::vector<std::vector<std::int64_t>> values;
   for (const Value& p : parts)
-    values.push_back(host_values(p.host));
+    values.push_back(host_values(r.host, p.host));
   std::vector<std::int64_t> all;
   for (std::int64_t o = 0; o < outer; ++o)
     for (const auto& v : values)
@@ -159,7 +159,7 @@ Value stack(Runner& r, const io::OnnxNode& n, const std::vector<Value>& parts, s
         all.push_back(v[static_cast<std::size_t>(o * inner + i)]);
   Shape shape = one;
   shape.insert(shape.begin() + at, static_cast<std::int64_t>(parts.size()));
-  out.host = host_tensor(shape, all, parts.front().host.dtype());
+  out.host = host_tensor(r.host, shape, all, parts.front().host.dtype());
   return out;
 }
 
@@ -198,7 +198,8 @@ void loop(Runner& r, const io::OnnxNode& n) {
         r.where(n) + ": has more outputs than the body's loop-carried and scan values");
   std::vector<std::vector<Value>> scanned(scans);
   for (std::int64_t i = 0; i < trips && go; ++i) {
-    std::vector<Value> in{host_scalar(i, DType::i64), host_scalar(go ? 1 : 0, cond_type)};
+    std::vector<Value> in{host_scalar(r.host, i, DType::i64),
+                          host_scalar(r.host, go ? 1 : 0, cond_type)};
     in.insert(in.end(), carried.begin(), carried.end());
     std::vector<Value> out = run_subgraph(r, n, body, in);
     go = truth(r, n, out[0], "the body's condition");
@@ -267,7 +268,7 @@ void scan(Runner& r, const io::OnnxNode& n) {
       const Value& whole = r.value(n, states + k);
       Value slice;
       if (whole.host.defined()) {
-        slice.host = host_take(whole.host, axes[k], at);
+        slice.host = host_take(r.host, whole.host, axes[k], at);
       } else {
         Shape without = whole.var.shape();
         without.erase(without.begin() + axes[k]);

@@ -95,7 +95,7 @@ ag::Var pad_spatial(Runner& r, const ag::Var& x, const std::array<std::int64_t, 
       Shape s = y.shape();
       s[static_cast<std::size_t>(axis)] = size;
       std::vector<float> values(static_cast<std::size_t>(shape_numel(s)), fill);
-      return r.constant(Tensor::from_floats(s, values, cpu::backend()));
+      return r.constant(Tensor::from_floats(s, values, r.host));
     };
     if (before > 0)
       parts.push_back(block(before));
@@ -133,7 +133,7 @@ void conv(Runner& r, const io::OnnxNode& n) {
           ? r.var(n, 2)
           : r.constant(Tensor::from_floats(
                 {out_channels}, std::vector<float>(static_cast<std::size_t>(out_channels), 0.0f),
-                cpu::backend()));
+                r.host));
   check(groups >= 1 && x.dim(1) % groups == 0 && out_channels % groups == 0 &&
             x.dim(1) / groups == w.dim(1),
         r.where(n) + ": group " + std::to_string(groups) + " does not divide the channels of " +
@@ -208,8 +208,7 @@ void average_pool(Runner& r, const io::OnnxNode& n) {
   if (r.attr_int(n, "count_include_pad", 0) == 0 && !all_equal(pads, 0)) {
     Shape plane{1, 1, x.dim(2), x.dim(3)};
     ag::Var ones = r.constant(Tensor::from_floats(
-        plane, std::vector<float>(static_cast<std::size_t>(shape_numel(plane)), 1.0f),
-        cpu::backend()));
+        plane, std::vector<float>(static_cast<std::size_t>(shape_numel(plane)), 1.0f), r.host));
     y = ag::div(r.tape, y,
                 ag::avg_pool2d(r.tape, pad_spatial(r, ones, pads, 0.0f), kernel, stride));
   }
@@ -276,7 +275,7 @@ void clip(Runner& r, const io::OnnxNode& n) {
       return r.var(n, input);
     if (n.attributes.count(attr))
       return r.constant(Tensor::from_floats(
-          {}, std::vector<float>{static_cast<float>(r.attr_float(n, attr, 0))}, cpu::backend()));
+          {}, std::vector<float>{static_cast<float>(r.attr_float(n, attr, 0))}, r.host));
     return std::nullopt;
   };
   std::optional<ag::Var> lo = bound(1, "min"), hi = bound(2, "max");

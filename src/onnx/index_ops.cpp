@@ -44,7 +44,7 @@ void scatter(Runner& r, const io::OnnxNode& n, const std::vector<std::int32_t>& 
           : reduction == "max" ? std::max(y, v)
                                : std::min(y, v);
     }
-    r.set_host(n, 0, host_tensor(r.shape_of(n, 0), out, r.value(n, 0).host.dtype()));
+    r.set_host(n, 0, host_tensor(r.host, r.shape_of(n, 0), out, r.value(n, 0).host.dtype()));
     return;
   }
   const ag::Var data = r.as_float(n, 0), updates = r.as_float(n, 2);
@@ -91,8 +91,7 @@ void scatter(Runner& r, const io::OnnxNode& n, const std::vector<std::int32_t>& 
         has[static_cast<std::size_t>(p)] = 1;
       }
     ag::Var picked = pick_elements(r, current, ids, data.shape());  // y where no update
-    Tensor mask =
-        Tensor::from_host(data.shape(), DType::u8, has.data(), cpu::backend()).to(r.backend);
+    Tensor mask = Tensor::from_host(data.shape(), DType::u8, has.data(), r.host).to(r.backend);
     ag::Var combined =
         reduction == "add"   ? ag::add(r.tape, y, picked)
         : reduction == "mul" ? ag::mul(r.tape, y, picked)
@@ -120,7 +119,8 @@ void scatter_elements(Runner& r, const io::OnnxNode& n) {
         d == axis ||
             indices.shape()[static_cast<std::size_t>(d)] <= data[static_cast<std::size_t>(d)],
         r.where(n) + ": indices " + shape_str(indices.shape()) + " exceed data " + shape_str(data));
-  scatter(r, n, linear_indices(data, indices.shape(), host_values(indices), axis, r.where(n)),
+  scatter(r, n,
+          linear_indices(data, indices.shape(), host_values(r.host, indices), axis, r.where(n)),
           indices.shape());
 }
 
@@ -149,7 +149,7 @@ std::pair<std::vector<std::int64_t>, std::int64_t> nd_slices(const Runner& r, co
               " differ in their first " + std::to_string(batch_dims) + " (batch) dimensions");
     batch *= data[du];
   }
-  const std::vector<std::int64_t> idx = host_values(indices);
+  const std::vector<std::int64_t> idx = host_values(r.host, indices);
   const std::int64_t tuples = static_cast<std::int64_t>(idx.size()) / k;
   check(batch_dims == 0 || (batch > 0 && tuples % batch == 0),
         r.where(n) + ": indices do not split over the " + std::to_string(batch) + " batches");
@@ -205,7 +205,7 @@ void gather_nd(Runner& r, const io::OnnxNode& n) {
     std::vector<std::int64_t> picked;
     for (std::int32_t i : linear)
       picked.push_back(values[static_cast<std::size_t>(i)]);
-    r.set_host(n, 0, host_tensor(out, picked, r.value(n, 0).host.dtype()));
+    r.set_host(n, 0, host_tensor(r.host, out, picked, r.value(n, 0).host.dtype()));
     return;
   }
   r.set(n, 0, pick_elements(r, r.var(n, 0), linear, out));

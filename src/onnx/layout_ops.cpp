@@ -50,7 +50,7 @@ void set_reshaped(Runner& r, const io::OnnxNode& n, const Shape& shape) {
   if (v.var.defined())
     r.set(n, 0, ag::reshape(r.tape, v.var, shape));
   else
-    r.set_host(n, 0, host_ints(shape, r.ints(n, 0)));
+    r.set_host(n, 0, host_ints(r.host, shape, r.ints(n, 0)));
 }
 
 void squeeze(Runner& r, const io::OnnxNode& n) {
@@ -79,12 +79,13 @@ void expand(Runner& r, const io::OnnxNode& n) {
     r.set(n, 0, ag::expand(r.tape, v.var, target));
     return;
   }
-  r.set_host(n, 0,
-             host_broadcast(
-                 v.host,
-                 host_ints(target, std::vector<std::int64_t>(
-                                       static_cast<std::size_t>(shape_numel(target)), 0)),
-                 DType::i64, [](std::int64_t x, std::int64_t) { return x; }, r.where(n)));
+  r.set_host(
+      n, 0,
+      host_broadcast(
+          v.host,
+          host_ints(r.host, target,
+                    std::vector<std::int64_t>(static_cast<std::size_t>(shape_numel(target)), 0)),
+          DType::i64, [](std::int64_t x, std::int64_t) { return x; }, r.where(n)));
 }
 
 // Tile: each axis repeated `repeats` times, by concatenation.
@@ -165,7 +166,7 @@ void pad(Runner& r, const io::OnnxNode& n) {
       Shape s = y.shape();
       s[static_cast<std::size_t>(axis)] = count;
       return r.constant(Tensor::from_floats(
-          s, std::vector<float>(static_cast<std::size_t>(shape_numel(s)), value), cpu::backend()));
+          s, std::vector<float>(static_cast<std::size_t>(shape_numel(s)), value), r.host));
     };
     if (lead > 0) {
       if (mode == "constant") {
@@ -205,7 +206,7 @@ void trilu(Runner& r, const io::OnnxNode& n) {
   for (std::int64_t i = 0; i < rows; ++i)
     for (std::int64_t j = 0; j < cols; ++j)
       keep[static_cast<std::size_t>(i * cols + j)] = upper ? j - i >= k : j - i <= k;
-  Tensor mask = Tensor::from_host({rows, cols}, DType::u8, keep.data(), cpu::backend());
+  Tensor mask = Tensor::from_host({rows, cols}, DType::u8, keep.data(), r.host);
   if (v.host.defined()) {
     r.set_host(n, 0,
                host_broadcast(
@@ -232,17 +233,18 @@ void constant_of_shape(Runner& r, const io::OnnxNode& n) {
         it == n.attributes.end() || !it->second.t.defined() ? 0.0f : it->second.t.to_floats().at(0);
     r.set(n, 0,
           r.constant(Tensor::from_floats(
-              shape, std::vector<float>(static_cast<std::size_t>(count), fill), cpu::backend())));
+              shape, std::vector<float>(static_cast<std::size_t>(count), fill), r.host)));
     return;
   }
-  const std::vector<std::int64_t> one = host_values(it->second.t);
+  const std::vector<std::int64_t> one = host_values(r.host, it->second.t);
   check(!one.empty(), r.where(n) + ": the value attribute holds no element");
-  r.set_host(n, 0,
-             host_ints(shape, std::vector<std::int64_t>(static_cast<std::size_t>(count), one[0])));
+  r.set_host(
+      n, 0,
+      host_ints(r.host, shape, std::vector<std::int64_t>(static_cast<std::size_t>(count), one[0])));
 }
 
 void size(Runner& r, const io::OnnxNode& n) {
-  r.set_host(n, 0, host_ints({}, {shape_numel(r.shape_of(n, 0))}));
+  r.set_host(n, 0, host_ints(r.host, {}, {shape_numel(r.shape_of(n, 0))}));
 }
 
 // Range(start, limit, delta): ceil((limit - start) / delta) values (none when negative).
@@ -263,14 +265,14 @@ void range(Runner& r, const io::OnnxNode& n) {
     for (std::int64_t i = 0; i < count; ++i)
       v[static_cast<std::size_t>(i)] =
           static_cast<std::int64_t>(start) + i * static_cast<std::int64_t>(delta);
-    r.set_host(n, 0, host_ints({count}, v));
+    r.set_host(n, 0, host_ints(r.host, {count}, v));
     return;
   }
   std::vector<float> v(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i)  // accumulated as the reference does: start + i delta
     v[static_cast<std::size_t>(i)] =
         static_cast<float>(start) + static_cast<float>(i) * static_cast<float>(delta);
-  r.set(n, 0, r.constant(Tensor::from_floats({count}, v, cpu::backend())));
+  r.set(n, 0, r.constant(Tensor::from_floats({count}, v, r.host)));
 }
 
 // ---- activations ------------------------------------------------------------------

@@ -11,9 +11,9 @@
 
 namespace loom::nn::onnx_import {
 
-std::vector<std::int64_t> host_values(const Tensor& t) {
+std::vector<std::int64_t> host_values(Backend& host, const Tensor& t) {
   std::vector<std::int64_t> out(static_cast<std::size_t>(t.numel()));
-  const Tensor h = t.to(cpu::backend());
+  const Tensor h = t.to(host);
   switch (h.dtype()) {
     case DType::i64:
       std::copy_n(h.data<std::int64_t>(), h.numel(), out.begin());
@@ -33,7 +33,8 @@ std::vector<std::int64_t> host_values(const Tensor& t) {
 Tensor host_broadcast(const Tensor& a, const Tensor& b, DType dtype,
                       std::int64_t (*f)(std::int64_t, std::int64_t), const std::string& where) {
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), where);
-  const std::vector<std::int64_t> va = host_values(a), vb = host_values(b);
+  Backend& host = a.backend();
+  const std::vector<std::int64_t> va = host_values(host, a), vb = host_values(host, b);
   const Strides sa = broadcast_strides(a.shape(), shape), sb = broadcast_strides(b.shape(), shape);
   std::vector<std::int64_t> out(static_cast<std::size_t>(shape_numel(shape)));
   for_each_index(shape, [&](std::int64_t k, const std::vector<std::int64_t>& index) {
@@ -41,9 +42,9 @@ Tensor host_broadcast(const Tensor& a, const Tensor& b, DType dtype,
                                          vb[static_cast<std::size_t>(offset_of(index, sb))]);
   });
   if (dtype == DType::i64)
-    return host_ints(shape, out);
+    return host_ints(host, shape, out);
   std::vector<std::uint8_t> bytes(out.begin(), out.end());
-  return Tensor::from_host(shape, DType::u8, bytes.data(), cpu::backend());
+  return Tensor::from_host(shape, DType::u8, bytes.data(), host);
 }
 
 ag::Var absolute(Runner& r, const ag::Var& x) {
@@ -61,7 +62,7 @@ void through_floats(Runner& r, const io::OnnxNode& n, const OpFn& f,
     if (!is_host(r, n, i))
       continue;
     const Value original = r.value(n, i);
-    const std::vector<std::int64_t> ints = host_values(original.host);
+    const std::vector<std::int64_t> ints = host_values(r.host, original.host);
     // 2^23: the ops' float forms add and subtract two such values (Clip's lo + relu(x -
     // lo)), and sums up to 2^24 are still exact in f32.
     constexpr std::int64_t exact = std::int64_t{1} << 23;
@@ -73,7 +74,7 @@ void through_floats(Runner& r, const io::OnnxNode& n, const OpFn& f,
       floats[k] = static_cast<float>(ints[k]);
     }
     Value as_float;
-    as_float.var = r.constant(Tensor::from_floats(original.host.shape(), floats, cpu::backend()));
+    as_float.var = r.constant(Tensor::from_floats(original.host.shape(), floats, r.host));
     as_float.fixed = original.fixed;
     originals.emplace_back(n.inputs[i], original);
     r.env[n.inputs[i]] = as_float;
@@ -98,7 +99,7 @@ void through_floats(Runner& r, const io::OnnxNode& n, const OpFn& f,
     std::vector<std::int64_t> rounded(v.size());
     for (std::size_t k = 0; k < v.size(); ++k)
       rounded[k] = std::llround(v[k]);
-    r.set_host(n, o, host_tensor(y.shape(), rounded, dtype));
+    r.set_host(n, o, host_tensor(r.host, y.shape(), rounded, dtype));
   }
 }
 
@@ -180,8 +181,7 @@ void logical_not(Runner& r, const io::OnnxNode& n) {
   std::vector<std::uint8_t> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i)
     out[i] = v[i] == 0;
-  r.set_host(n, 0,
-             Tensor::from_host(r.value(n, 0).host.shape(), DType::u8, out.data(), cpu::backend()));
+  r.set_host(n, 0, Tensor::from_host(r.value(n, 0).host.shape(), DType::u8, out.data(), r.host));
 }
 
 // Mod: integers on the host. fmod 0 takes the divisor's sign (Python's %), fmod 1 the
@@ -242,7 +242,8 @@ void where_op(Runner& r, const io::OnnxNode& n) {
     const Tensor& y = r.value(n, 2).host;
     const Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), x.shape(), r.where(n)),
                                          y.shape(), r.where(n));
-    const std::vector<std::int64_t> c = host_values(cond), vx = host_values(x), vy = host_values(y);
+    const std::vector<std::int64_t> c = host_values(r.host, cond), vx = host_values(r.host, x),
+                                    vy = host_values(r.host, y);
     const Strides sc = broadcast_strides(cond.shape(), shape),
                   sx = broadcast_strides(x.shape(), shape),
                   sy = broadcast_strides(y.shape(), shape);
@@ -252,14 +253,14 @@ void where_op(Runner& r, const io::OnnxNode& n) {
                                              ? vx[static_cast<std::size_t>(offset_of(index, sx))]
                                              : vy[static_cast<std::size_t>(offset_of(index, sy))];
     });
-    r.set_host(n, 0, host_ints(shape, out));
+    r.set_host(n, 0, host_ints(r.host, shape, out));
     return;
   }
   Tensor c =
       cond.dtype() == DType::u8
           ? cond
           : host_broadcast(
-                cond, host_ints({}, {0}), DType::u8,
+                cond, host_ints(r.host, {}, {0}), DType::u8,
                 [](std::int64_t x, std::int64_t) -> std::int64_t { return x != 0; }, r.where(n));
   r.set(n, 0, ag::where(r.tape, c.to(r.backend), r.as_float(n, 1), r.as_float(n, 2)));
 }
@@ -307,12 +308,12 @@ void total(Runner& r, const io::OnnxNode& n) {
 // IsNaN: x != x. IsInf: |x| == inf, with detect_negative / detect_positive.
 void is_nan(Runner& r, const io::OnnxNode& n) {
   const ag::Var& x = r.var(n, 0);
-  std::vector<std::int64_t> equal =
-      host_values(r.read_on_host(n, compare_on_device(x.value(), x.value(), Comparison::eq)));
+  std::vector<std::int64_t> equal = host_values(
+      r.host, r.read_on_host(n, compare_on_device(x.value(), x.value(), Comparison::eq)));
   std::vector<std::uint8_t> out(equal.size());
   for (std::size_t i = 0; i < equal.size(); ++i)
     out[i] = equal[i] == 0;
-  r.set_host(n, 0, Tensor::from_host(x.shape(), DType::u8, out.data(), cpu::backend()));
+  r.set_host(n, 0, Tensor::from_host(x.shape(), DType::u8, out.data(), r.host));
 }
 
 void is_inf(Runner& r, const io::OnnxNode& n) {
@@ -321,13 +322,15 @@ void is_inf(Runner& r, const io::OnnxNode& n) {
   const bool positive = r.attr_int(n, "detect_positive", 1) != 0;
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<std::int64_t> pos = host_values(
+      r.host,
       r.read_on_host(n, compare_on_device(x.value(), r.scalar(inf).value(), Comparison::eq)));
   std::vector<std::int64_t> neg = host_values(
+      r.host,
       r.read_on_host(n, compare_on_device(x.value(), r.scalar(-inf).value(), Comparison::eq)));
   std::vector<std::uint8_t> out(pos.size());
   for (std::size_t i = 0; i < pos.size(); ++i)
     out[i] = (positive && pos[i] != 0) || (negative && neg[i] != 0);
-  r.set_host(n, 0, Tensor::from_host(x.shape(), DType::u8, out.data(), cpu::backend()));
+  r.set_host(n, 0, Tensor::from_host(x.shape(), DType::u8, out.data(), r.host));
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include <set>
 
 #include "autograd/functions.h"
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "onnx/runner.h"
 
@@ -138,8 +137,8 @@ bool exporter_literal(const std::string& name, const Tensor& tensor) {
 
 }  // namespace
 
-OnnxModel::OnnxModel(const std::string& path, Backend& backend)
-    : graph_(io::read_onnx(path, cpu::backend())), backend_(backend) {
+OnnxModel::OnnxModel(const std::string& path, Backend& backend, Backend& host)
+    : graph_(io::read_onnx(path, host)), backend_(backend), host_(host) {
   // Initializers some node reads as data (the others are only settings, constants).
   // Subgraphs (If's branches, Loop's body) may read them by name too.
   std::set<std::string> data_inputs;
@@ -240,7 +239,7 @@ std::vector<std::pair<ag::Var, Tensor>> OnnxModel::run_graph(ag::Tape& tape,
   check(inputs.size() == graph_.inputs.size(), graph_.path + ": the graph takes " +
                                                    std::to_string(graph_.inputs.size()) +
                                                    " inputs, got " + std::to_string(inputs.size()));
-  Runner r(graph_, tape, options, backend_);
+  Runner r(graph_, tape, options, backend_, host_);
   r.node_limit = r.node_budget = node_limit_;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const io::OnnxValueInfo& info = graph_.inputs[i];
@@ -251,7 +250,7 @@ std::vector<std::pair<ag::Var, Tensor>> OnnxModel::run_graph(ag::Tape& tape,
         device_ids = given;
       std::vector<std::int32_t> ids = given.to_ints();
       std::vector<std::int64_t> wide(ids.begin(), ids.end());
-      given = Tensor::from_host(given.shape(), DType::i64, wide.data(), cpu::backend());
+      given = Tensor::from_host(given.shape(), DType::i64, wide.data(), host_);
     }
     check(given.dtype() == info.dtype, graph_.path + ": input '" + info.name + "' is " +
                                            given.describe() + ", expected " +
@@ -271,7 +270,7 @@ std::vector<std::pair<ag::Var, Tensor>> OnnxModel::run_graph(ag::Tape& tape,
       r.env[info.name] =
           Value{ag::Var(in_place ? given : given.to(backend_), false), Tensor(), Tensor()};
     else
-      r.env[info.name] = Value{ag::Var(), given.to(cpu::backend()), device_ids};
+      r.env[info.name] = Value{ag::Var(), given.to(host_), device_ids};
     r.env[info.name].onnx_type = info.onnx_type;
   }
   for (const auto& [name, index] : param_index_)
@@ -331,8 +330,8 @@ ag::Var OnnxModel::forward(ag::Tape& tape, const Tensor& inputs, const ForwardOp
 namespace {
 
 // Values of an f32/i64/i32/u8 tensor as doubles.
-std::vector<double> numbers(const Tensor& t) {
-  Tensor h = t.to(cpu::backend());
+std::vector<double> numbers(Backend& host, const Tensor& t) {
+  Tensor h = t.to(host);
   std::vector<double> v(static_cast<std::size_t>(h.numel()));
   for (std::int64_t i = 0; i < h.numel(); ++i) {
     switch (h.dtype()) {
@@ -381,11 +380,11 @@ OutputError output_error(const Tensor& got_tensor, const Tensor& want, double at
   return e;
 }
 
-OnnxTestResult run_onnx_backend_test(const std::string& folder, Backend& device) {
+OnnxTestResult run_onnx_backend_test(const std::string& folder, Backend& device, Backend& host) {
   const std::filesystem::path dir(folder);
   OnnxTestResult r{dir.filename().string(), "pass", ""};
   try {
-    OnnxModel model((dir / "model.onnx").string(), device);
+    OnnxModel model((dir / "model.onnx").string(), device, host);
     for (const auto& use : model.coverage())
       if (!use.supported) {
         r.status = "unsupported";
@@ -403,19 +402,19 @@ OnnxTestResult run_onnx_backend_test(const std::string& folder, Backend& device)
     std::vector<Tensor> inputs;
     for (std::size_t i = 0; std::filesystem::exists(data / ("input_" + std::to_string(i) + ".pb"));
          ++i)
-      inputs.push_back(io::read_onnx_tensor(
-          (data / ("input_" + std::to_string(i) + ".pb")).string(), cpu::backend()));
+      inputs.push_back(
+          io::read_onnx_tensor((data / ("input_" + std::to_string(i) + ".pb")).string(), host));
     std::vector<Tensor> outputs = model.evaluate(inputs);
     for (std::size_t k = 0; k < outputs.size(); ++k) {
-      Tensor want = io::read_onnx_tensor((data / ("output_" + std::to_string(k) + ".pb")).string(),
-                                         cpu::backend());
+      Tensor want =
+          io::read_onnx_tensor((data / ("output_" + std::to_string(k) + ".pb")).string(), host);
       if (outputs[k].shape() != want.shape()) {
         r.status = "fail";
         r.detail = "output " + std::to_string(k) + " is " + shape_str(outputs[k].shape()) +
                    ", expected " + shape_str(want.shape());
         return r;
       }
-      std::vector<double> got = numbers(outputs[k]), ref = numbers(want);
+      std::vector<double> got = numbers(host, outputs[k]), ref = numbers(host, want);
       for (std::size_t i = 0; i < got.size(); ++i) {
         const bool same =
             got[i] == ref[i] || (std::isnan(got[i]) && std::isnan(ref[i]));  // inf, nan

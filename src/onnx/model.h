@@ -22,8 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "onnx/parser.h"
+#include "dispatch/devices.h"
 #include "nn/model.h"
+#include "onnx/parser.h"
 
 namespace loom::nn {
 
@@ -39,7 +40,8 @@ struct OnnxTestResult {
   // Bernoulli; a mismatch there says nothing, and it is never counted as a pass)
   std::string test, status, detail;
 };
-OnnxTestResult run_onnx_backend_test(const std::string& folder, Backend& device);
+OnnxTestResult run_onnx_backend_test(const std::string& folder, Backend& device,
+                                     Backend& host = dispatch::host());
 
 // How far a model's output `got` is from an expected `want` of the same shape: the largest
 // |got - want| and whether every element is within atol + rtol * |want|. Equal values
@@ -54,7 +56,9 @@ OutputError output_error(const Tensor& got, const Tensor& want, double atol, dou
 class OnnxModel final : public Model {
  public:
   // Reads `path` and places its float initializers on `backend` as parameters.
-  OnnxModel(const std::string& path, Backend& backend);
+  // Integer tensors, shape arithmetic and the file's initializers live on `host` (the
+  // CPU) until a float one moves to `backend`.
+  OnnxModel(const std::string& path, Backend& backend, Backend& host = dispatch::host());
 
   std::vector<Parameter>& parameters() override { return params_; }
   // The first graph input is `inputs`; returns the first graph output.
@@ -94,6 +98,7 @@ class OnnxModel final : public Model {
                                                           const ForwardOptions& options);
   io::OnnxGraph graph_;
   Backend& backend_;
+  Backend& host_;
   std::int64_t node_limit_ = std::int64_t{1} << 22;
   std::vector<Parameter> params_;
   std::map<std::string, std::size_t> param_index_;        // initializer name -> params_ index

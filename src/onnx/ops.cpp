@@ -147,7 +147,7 @@ Shape reshape_target(Runner& r, const io::OnnxNode& n, const Shape& in) {
 void reshape(Runner& r, const io::OnnxNode& n) {
   if (is_host(r, n, 0)) {
     const Tensor& h = r.value(n, 0).host;
-    r.set_host(n, 0, host_ints(reshape_target(r, n, h.shape()), r.ints(n, 0)));
+    r.set_host(n, 0, host_ints(r.host, reshape_target(r, n, h.shape()), r.ints(n, 0)));
     return;
   }
   const ag::Var& x = r.var(n, 0);
@@ -193,7 +193,7 @@ void dropout(Runner& r, const io::OnnxNode& n) {
     r.set(n, 0, x);
     if (n.outputs.size() > 1 && !n.outputs[1].empty()) {  // the mask: every element kept
       std::vector<std::uint8_t> keep(static_cast<std::size_t>(x.value().numel()), 1);
-      r.set_host(n, 1, Tensor::from_host(x.shape(), DType::u8, keep.data(), cpu::backend()));
+      r.set_host(n, 1, Tensor::from_host(x.shape(), DType::u8, keep.data(), r.host));
     }
     return;
   }
@@ -202,8 +202,7 @@ void dropout(Runner& r, const io::OnnxNode& n) {
     // The mask: the same draw (seed and site) applied to ones gives 1 / (1 - ratio) where
     // an element is kept and 0 where it is dropped.
     ag::Var ones = r.constant(Tensor::from_floats(
-        x.shape(), std::vector<float>(static_cast<std::size_t>(x.value().numel()), 1.0f),
-        cpu::backend()));
+        x.shape(), std::vector<float>(static_cast<std::size_t>(x.value().numel()), 1.0f), r.host));
     ag::Var kept = ag::dropout(r.tape, ones, ratio, r.options.dropout_seed, r.node_index);
     r.set_host(
         n, 1,
@@ -213,7 +212,7 @@ void dropout(Runner& r, const io::OnnxNode& n) {
 
 void constant(Runner& r, const io::OnnxNode& n) {
   const auto& attrs = n.attributes;
-  Backend& host = cpu::backend();
+  Backend& host = r.host;
   Tensor value;
   if (auto it = attrs.find("value"); it != attrs.end() && it->second.t.defined()) {
     value = it->second.t;
@@ -241,7 +240,7 @@ void constant(Runner& r, const io::OnnxNode& n) {
 // ---- more elementwise ------------------------------------------------------------------
 
 ag::Var one_like(Runner& r) {
-  return r.constant(Tensor::from_floats({}, std::vector<float>{1.0f}, cpu::backend()));
+  return r.constant(Tensor::from_floats({}, std::vector<float>{1.0f}, r.host));
 }
 
 void sigmoid(Runner& r, const io::OnnxNode& n) {  // 1 / (1 + e^{-x})
@@ -257,7 +256,7 @@ void host_unary(Runner& r, const io::OnnxNode& n,
   std::vector<std::int64_t> v = r.ints(n, 0);
   for (std::int64_t& x : v)
     x = f(x, r.where(n));
-  r.set_host(n, 0, host_ints(r.value(n, 0).host.shape(), v));
+  r.set_host(n, 0, host_ints(r.host, r.value(n, 0).host.shape(), v));
 }
 
 std::int64_t negated(std::int64_t x, const std::string& where) {

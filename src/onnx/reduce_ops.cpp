@@ -80,7 +80,7 @@ void reduce(Runner& r, const io::OnnxNode& n) {
             r.constant(Tensor::from_floats(
                 out_shape,
                 std::vector<float>(static_cast<std::size_t>(shape_numel(out_shape)), identity),
-                cpu::backend())));
+                r.host)));
       return;
     }
   auto sum = [&](const ag::Var& v) { return ag::sum(r.tape, v, *axes, true); };
@@ -152,7 +152,7 @@ void arg_extreme(Runner& r, const io::OnnxNode& n) {
       }
       out[static_cast<std::size_t>(o * inner + i)] = best;
     }
-  r.set_host(n, 0, host_ints(reduced_shape(s, {axis}, keepdims), out));
+  r.set_host(n, 0, host_ints(r.host, reduced_shape(s, {axis}, keepdims), out));
 }
 
 // LayerNormalization over the dimensions from `axis` on: the catalog's layer_norm on the
@@ -175,7 +175,7 @@ void layer_normalization(Runner& r, const io::OnnxNode& n) {
       r.has_input(n, 2)
           ? flat_param(r.var(n, 2))
           : r.constant(Tensor::from_floats(
-                {cols}, std::vector<float>(static_cast<std::size_t>(cols), 0.0f), cpu::backend()));
+                {cols}, std::vector<float>(static_cast<std::size_t>(cols), 0.0f), r.host));
   ag::Var x2 = ag::reshape(r.tape, x, {rows, cols});
   r.set(n, 0, ag::reshape(r.tape, ag::layer_norm(r.tape, x2, weight, bias, eps), s));
   const bool wants_mean = n.outputs.size() > 1 && !n.outputs[1].empty();
@@ -222,7 +222,7 @@ ag::Var negative_log_likelihood(Runner& r, const io::OnnxNode& n, const ag::Var&
   check(target.shape() == expected_target, r.where(n) + ": the target is " +
                                                shape_str(target.shape()) + ", expected " +
                                                shape_str(expected_target));
-  const std::vector<std::int64_t> t = host_values(target);
+  const std::vector<std::int64_t> t = host_values(r.host, target);
   const bool has_ignore = n.attributes.count("ignore_index") > 0;
   const std::int64_t ignore = r.attr_int(n, "ignore_index", 0);
   const std::int64_t classes = s[1], inner = shape_numel(Shape(s.begin() + 2, s.end()));
@@ -239,7 +239,7 @@ ag::Var negative_log_likelihood(Runner& r, const io::OnnxNode& n, const ag::Var&
       mask[static_cast<std::size_t>((i * classes + c) * inner + d)] = 1;
       ++counted;
     }
-  Tensor keep = Tensor::from_host(s, DType::u8, mask.data(), cpu::backend()).to(r.backend);
+  Tensor keep = Tensor::from_host(s, DType::u8, mask.data(), r.host).to(r.backend);
   ag::Var zero = r.scalar(0.0f);
   ag::Var picked = ag::where(r.tape, keep, logp, zero);
   std::optional<ag::Var> weight_full;

@@ -250,15 +250,14 @@ void resize(Runner& r, const io::OnnxNode& n) {
         wt[static_cast<std::size_t>(s * out[a] + o)] =
             static_cast<float>(w[static_cast<std::size_t>(o * in_shape[a] + s)]);
     ag::Var moved = ag::permute(r.tape, y, order);
-    ag::Var product = times_last(
-        r, moved, r.constant(Tensor::from_floats({in_shape[a], out[a]}, wt, cpu::backend())));
+    ag::Var product =
+        times_last(r, moved, r.constant(Tensor::from_floats({in_shape[a], out[a]}, wt, r.host)));
     if (std::find(extrapolated.begin(), extrapolated.end(), true) != extrapolated.end()) {
       std::vector<float> fill(static_cast<std::size_t>(out[a]), 0.0f);
       for (std::size_t o = 0; o < fill.size(); ++o)
         if (extrapolated[o])
           fill[o] = static_cast<float>(rule.extrapolation);
-      product =
-          ag::add(r.tape, product, r.constant(Tensor::from_floats({out[a]}, fill, cpu::backend())));
+      product = ag::add(r.tape, product, r.constant(Tensor::from_floats({out[a]}, fill, r.host)));
     }
     y = ag::permute(r.tape, product, order);
   }
@@ -290,7 +289,7 @@ void cum_sum(Runner& r, const io::OnnxNode& n) {
             if (contributes(i, j))
               out[static_cast<std::size_t>((o * len + j) * inner + in)] +=
                   v[static_cast<std::size_t>((o * len + i) * inner + in)];
-    r.set_host(n, 0, host_ints(s, out));
+    r.set_host(n, 0, host_ints(r.host, s, out));
     return;
   }
   std::vector<float> m(static_cast<std::size_t>(len * len), 0.0f);
@@ -301,8 +300,7 @@ void cum_sum(Runner& r, const io::OnnxNode& n) {
   std::iota(order.begin(), order.end(), 0);
   std::swap(order[static_cast<std::size_t>(axis)], order.back());
   ag::Var moved = ag::permute(r.tape, r.var(n, 0), order);
-  ag::Var summed =
-      times_last(r, moved, r.constant(Tensor::from_floats({len, len}, m, cpu::backend())));
+  ag::Var summed = times_last(r, moved, r.constant(Tensor::from_floats({len, len}, m, r.host)));
   r.set(n, 0, ag::permute(r.tape, summed, order));
 }
 
@@ -331,7 +329,7 @@ void cum_prod(Runner& r, const io::OnnxNode& n) {
           running = next;
         }
       }
-    r.set_host(n, 0, host_ints(s, out));
+    r.set_host(n, 0, host_ints(r.host, s, out));
     return;
   }
   const ag::Var& x = r.var(n, 0);
@@ -343,7 +341,7 @@ void cum_prod(Runner& r, const io::OnnxNode& n) {
   Shape one = x.shape();
   one[static_cast<std::size_t>(axis)] = 1;
   ag::Var ones = r.constant(Tensor::from_floats(
-      one, std::vector<float>(static_cast<std::size_t>(shape_numel(one)), 1.0f), cpu::backend()));
+      one, std::vector<float>(static_cast<std::size_t>(shape_numel(one)), 1.0f), r.host));
   ag::Var running = ones;
   for (std::int64_t step = 0; step < len; ++step) {
     const std::int64_t j = reverse ? len - 1 - step : step;

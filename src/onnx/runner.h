@@ -11,11 +11,10 @@
 #include <vector>
 
 #include "autograd/functions.h"
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "dispatch/dispatch.h"
-#include "onnx/parser.h"
 #include "nn/model.h"
+#include "onnx/parser.h"
 
 namespace loom::nn::onnx_import {
 
@@ -40,13 +39,15 @@ struct Value {
 };
 
 // An integer (or bool) host tensor's values as int64.
-std::vector<std::int64_t> host_values(const Tensor& t);
+std::vector<std::int64_t> host_values(Backend& host, const Tensor& t);
 
 class Runner {
  public:
+  // `backend` runs the graph's float work; `host` holds its integer tensors and shape
+  // arithmetic (the CPU: dispatch::host()).
   Runner(const io::OnnxGraph& graph, ag::Tape& tape, const ForwardOptions& options,
-         Backend& backend)
-      : graph_(graph), tape(tape), options(options), backend(backend) {}
+         Backend& backend, Backend& host)
+      : graph_(graph), tape(tape), options(options), backend(backend), host(host) {}
 
   std::string where(const io::OnnxNode& node) const {
     return graph_.path + ": node '" + node.name + "' (" + node.op_type + ")";
@@ -73,7 +74,7 @@ class Runner {
     check(v.host.defined(), where(node) + ": input '" + node.inputs[i] +
                                 "' must be a constant integer tensor (shapes computed at run time "
                                 "from tensor values are not supported yet)");
-    return host_values(v.host);
+    return host_values(host, v.host);
   }
   std::int64_t attr_int(const io::OnnxNode& node, const std::string& name,
                         std::int64_t fallback) const {
@@ -98,7 +99,7 @@ class Runner {
   }
   ag::Var constant(const Tensor& host_tensor) { return ag::Var(host_tensor.to(backend), false); }
   ag::Var scalar(float v) {
-    return constant(Tensor::from_floats({}, std::span<const float>(&v, 1), cpu::backend()));
+    return constant(Tensor::from_floats({}, std::span<const float>(&v, 1), host));
   }
   // Input i's shape, float or integer.
   Shape shape_of(const io::OnnxNode& node, std::size_t i) const {
@@ -112,7 +113,7 @@ class Runner {
       return v.var;
     std::vector<std::int64_t> values = ints(node, i);
     std::vector<float> f(values.begin(), values.end());
-    return constant(Tensor::from_floats(v.host.shape(), f, cpu::backend()));
+    return constant(Tensor::from_floats(v.host.shape(), f, host));
   }
   // A device tensor's values, read on the host (for results that have no gradient and
   // feed host computations: comparisons, ArgMax, Range's limits). Refused while a graph is
@@ -123,7 +124,7 @@ class Runner {
           where(node) +
               ": reads a device tensor's values on the host, which a captured graph "
               "would freeze at this step's values (run this model in eager mode)");
-    return t.to(cpu::backend());
+    return t.to(host);
   }
   // Float input i's values on the host (an op's setting: Pad's value, Resize's scales).
   // Refused while a graph is captured unless the input is fixed.
@@ -132,7 +133,7 @@ class Runner {
           where(node) + ": reads input '" + node.inputs[i] +
               "' on the host, which a captured graph would freeze at this step's values, and "
               "the input may change between steps (run this model in eager mode)");
-    return as_float(node, i).value().to(cpu::backend());
+    return as_float(node, i).value().to(host);
   }
   std::int64_t opset() const { return graph_.opset; }
   // Whether every input the node is given is fixed (see Value::fixed).
@@ -147,6 +148,7 @@ class Runner {
   ag::Tape& tape;
   const ForwardOptions& options;
   Backend& backend;
+  Backend& host;
   std::map<std::string, Value> env;
   std::size_t node_index = 0;  // counts every node run, subgraphs' too (dropout sites)
   // Node executions left to this run of the graph, shared with its subgraphs: a file whose
@@ -159,10 +161,9 @@ using OpFn = std::function<void(Runner& r, const io::OnnxNode& node)>;
 using OpTable = std::map<std::string, OpFn>;
 
 // Each file's ops, added to `table` under their ONNX names.
-void add_tensor_ops(OpTable& table);  // ops.cpp: arithmetic, matmul, softmax, views, ...
-void add_shape_ops(
-    OpTable& table);                // shape_ops.cpp: host shape arithmetic, gather, slice, ...
-void add_conv_ops(OpTable& table);  // conv_ops.cpp: convolution, pooling, normalisation
+void add_tensor_ops(OpTable& table);     // ops.cpp: arithmetic, matmul, softmax, views, ...
+void add_shape_ops(OpTable& table);      // shape_ops.cpp: host shape arithmetic, gather, slice, ...
+void add_conv_ops(OpTable& table);       // conv_ops.cpp: convolution, pooling, normalisation
 void add_logic_ops(OpTable& table);      // logic_ops.cpp: comparisons, logic, Where, Max, Min
 void add_reduce_ops(OpTable& table);     // reduce_ops.cpp: reductions, norms, losses
 void add_attention_ops(OpTable& table);  // attention_ops.cpp: Attention, TopK, OneHot
@@ -192,21 +193,22 @@ inline int axis_of(std::int64_t axis, int rank, const std::string& where) {
 }
 
 // An i64 tensor on the host.
-inline Tensor host_ints(const Shape& shape, const std::vector<std::int64_t>& values) {
-  return Tensor::from_host(shape, DType::i64, values.data(), cpu::backend());
+inline Tensor host_ints(Backend& host, const Shape& shape,
+                        const std::vector<std::int64_t>& values) {
+  return Tensor::from_host(shape, DType::i64, values.data(), host);
 }
 
 // A host tensor of `dtype` (u8 for booleans, i64 otherwise) holding `values`.
-inline Tensor host_tensor(const Shape& shape, const std::vector<std::int64_t>& values,
-                          DType dtype) {
+inline Tensor host_tensor(Backend& host, const Shape& shape,
+                          const std::vector<std::int64_t>& values, DType dtype) {
   if (dtype != DType::u8)
-    return host_ints(shape, values);
+    return host_ints(host, shape, values);
   std::vector<std::uint8_t> bytes(values.begin(), values.end());
-  return Tensor::from_host(shape, DType::u8, bytes.data(), cpu::backend());
+  return Tensor::from_host(shape, DType::u8, bytes.data(), host);
 }
 
 // out[i] = f(a[i], b[i]) over host integer tensors with numpy broadcasting, as `dtype`
-// (i64, or u8 for a boolean result).
+// (i64, or u8 for a boolean result), on the host that holds `a`.
 Tensor host_broadcast(const Tensor& a, const Tensor& b, DType dtype,
                       std::int64_t (*f)(std::int64_t, std::int64_t), const std::string& where);
 

@@ -49,7 +49,7 @@ void host_binary(Runner& r, const io::OnnxNode& n) {
     check(!overflows, r.where(n) + ": integer " + n.op_type + " of " + std::to_string(x) + " and " +
                           std::to_string(y) + " overflows int64");
   }
-  r.set_host(n, 0, host_ints(a.size() == count ? ta.shape() : tb.shape(), out));
+  r.set_host(n, 0, host_ints(r.host, a.size() == count ? ta.shape() : tb.shape(), out));
 }
 
 template <ag::Var (*F)(ag::Tape&, const ag::Var&, const ag::Var&)>
@@ -68,7 +68,7 @@ void shape(Runner& r, const io::OnnxNode& n) {
   start = std::clamp(start < 0 ? start + rank : start, std::int64_t{0}, rank);
   end = std::clamp(end < 0 ? end + rank : end, std::int64_t{0}, rank);
   std::vector<std::int64_t> dims(s.begin() + start, s.begin() + std::max(start, end));
-  r.set_host(n, 0, host_ints({static_cast<std::int64_t>(dims.size())}, dims));
+  r.set_host(n, 0, host_ints(r.host, {static_cast<std::int64_t>(dims.size())}, dims));
 }
 
 // Gather along axis 0: rows of a float matrix by integer ids (an embedding lookup), or
@@ -89,7 +89,7 @@ void gather(Runner& r, const io::OnnxNode& n) {
                                         std::to_string(size) + " values");
       out.push_back(data[static_cast<std::size_t>(i < 0 ? i + size : i)]);
     }
-    r.set_host(n, 0, host_ints(indices.shape(), out));
+    r.set_host(n, 0, host_ints(r.host, indices.shape(), out));
     return;
   }
   const ag::Var& table = r.var(n, 0);
@@ -125,7 +125,7 @@ void gather(Runner& r, const io::OnnxNode& n) {
                                         std::to_string(count) + " rows");
     rows.push_back(static_cast<std::int32_t>(i < 0 ? i + count : i));
   }
-  Tensor id_tensor = Tensor::from_ints(indices.shape(), rows, cpu::backend()).to(r.backend);
+  Tensor id_tensor = Tensor::from_ints(indices.shape(), rows, r.host).to(r.backend);
   r.set(n, 0, ag::embedding(r.tape, table, id_tensor));
 }
 
@@ -198,7 +198,7 @@ void slice(Runner& r, const io::OnnxNode& n) {
       std::vector<std::int64_t> picked;
       for (std::int32_t at : linear)
         picked.push_back(values[static_cast<std::size_t>(at)]);
-      r.set_host(n, 0, host_ints(out, picked));
+      r.set_host(n, 0, host_ints(r.host, out, picked));
     }
     return;
   }
@@ -219,7 +219,7 @@ void slice(Runner& r, const io::OnnxNode& n) {
   if (x.defined())
     r.set(n, 0, x);
   else
-    r.set_host(n, 0, host.to(cpu::backend()));  // a contiguous copy
+    r.set_host(n, 0, host.to(r.host));  // a contiguous copy
 }
 
 void unsqueeze(Runner& r, const io::OnnxNode& n) {
@@ -243,7 +243,7 @@ void unsqueeze(Runner& r, const io::OnnxNode& n) {
   if (v.var.defined())
     r.set(n, 0, ag::reshape(r.tape, v.var, out));
   else
-    r.set_host(n, 0, host_ints(out, r.ints(n, 0)));
+    r.set_host(n, 0, host_ints(r.host, out, r.ints(n, 0)));
 }
 
 void concat(Runner& r, const io::OnnxNode& n) {
@@ -258,7 +258,7 @@ void concat(Runner& r, const io::OnnxNode& n) {
       std::vector<std::int64_t> part = r.ints(n, i);
       out.insert(out.end(), part.begin(), part.end());
     }
-    r.set_host(n, 0, host_ints({static_cast<std::int64_t>(out.size())}, out));
+    r.set_host(n, 0, host_ints(r.host, {static_cast<std::int64_t>(out.size())}, out));
     return;
   }
   std::vector<ag::Var> parts;
@@ -305,8 +305,7 @@ void cast_to(Runner& r, const io::OnnxNode& n, std::int64_t to) {
     std::vector<float> values = r.read_on_host(n, x.value()).to_floats();
     for (float& f : values)
       f = narrow_float_round(f, format, saturate);
-    r.set(n, 0,
-          rounded_like(r, x, Tensor::from_floats(x.shape(), values, cpu::backend()).to(r.backend)));
+    r.set(n, 0, rounded_like(r, x, Tensor::from_floats(x.shape(), values, r.host).to(r.backend)));
     return;
   }
   if (v.var.defined() && to_float) {
@@ -330,13 +329,14 @@ void cast_to(Runner& r, const io::OnnxNode& n, std::int64_t to) {
   if (v.var.defined()) {
     if (to == kBool) {  // x != 0
       Tensor zero = compare_on_device(v.var.value(), r.scalar(0.0f).value(), Comparison::eq);
-      values = host_values(r.read_on_host(n, zero));
+      values = host_values(r.host, r.read_on_host(n, zero));
       for (std::int64_t& x : values)
         x = x == 0;
     } else {
       Attrs i32;
       i32.dtype = DType::i32;
-      values = host_values(r.read_on_host(n, dispatch::call1(OpId::cast, {v.var.value()}, i32)));
+      values =
+          host_values(r.host, r.read_on_host(n, dispatch::call1(OpId::cast, {v.var.value()}, i32)));
     }
   } else {
     values = r.ints(n, 0);
@@ -369,9 +369,9 @@ void cast_to(Runner& r, const io::OnnxNode& n, std::int64_t to) {
   }
   if (to == kBool || to == kUint8) {
     std::vector<std::uint8_t> bytes(values.begin(), values.end());
-    r.set_host(n, 0, Tensor::from_host(shape, DType::u8, bytes.data(), cpu::backend()));
+    r.set_host(n, 0, Tensor::from_host(shape, DType::u8, bytes.data(), r.host));
   } else {
-    r.set_host(n, 0, host_ints(shape, values));
+    r.set_host(n, 0, host_ints(r.host, shape, values));
   }
 }
 
@@ -434,7 +434,7 @@ void pow(Runner& r, const io::OnnxNode& n) {
     const Tensor exponent = r.input_on_host(n, 1);
     const std::string where = r.where(n);
     const Shape shape = broadcast_shapes(base.shape(), exponent.shape(), where);
-    const std::vector<std::int64_t> xs = host_values(base);
+    const std::vector<std::int64_t> xs = host_values(r.host, base);
     const std::vector<float> ys = exponent.to_floats();
     const Strides sx = broadcast_strides(base.shape(), shape),
                   sy = broadcast_strides(exponent.shape(), shape);
@@ -447,7 +447,7 @@ void pow(Runner& r, const io::OnnxNode& n) {
             where + ": integer Pow gives " + std::to_string(v) + ", outside int64");
       out[static_cast<std::size_t>(k)] = static_cast<std::int64_t>(v);
     });
-    r.set_host(n, 0, host_tensor(shape, out, base.dtype()));
+    r.set_host(n, 0, host_tensor(r.host, shape, out, base.dtype()));
     return;
   }
   const ag::Var& x = r.var(n, 0);
@@ -456,9 +456,7 @@ void pow(Runner& r, const io::OnnxNode& n) {
     constant = static_cast<double>(r.ints(n, 1).at(0));
   else if (!is_host(r, n, 1) && r.var(n, 1).value().numel() == 1 && r.value(n, 1).fixed)
     constant = r.input_on_host(n, 1).item();
-  auto one = [&] {
-    return r.constant(Tensor::from_floats({}, std::vector<float>{1.0f}, cpu::backend()));
-  };
+  auto one = [&] { return r.constant(Tensor::from_floats({}, std::vector<float>{1.0f}, r.host)); };
   if (constant && *constant == std::round(*constant) && std::fabs(*constant) <= 16) {
     const auto e = static_cast<int>(std::fabs(*constant));
     ag::Var y = e == 0 ? ag::add(r.tape, ag::scale(r.tape, x, 0.0), one()) : x;  // x^0: ones
@@ -477,7 +475,7 @@ void pow(Runner& r, const io::OnnxNode& n) {
   if (is_host(r, n, 1)) {
     std::vector<std::int64_t> ints = r.ints(n, 1);
     std::vector<float> v(ints.begin(), ints.end());
-    exponent = r.constant(Tensor::from_floats(r.value(n, 1).host.shape(), v, cpu::backend()));
+    exponent = r.constant(Tensor::from_floats(r.value(n, 1).host.shape(), v, r.host));
   } else {
     exponent = r.var(n, 1);
   }

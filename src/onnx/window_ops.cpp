@@ -126,12 +126,12 @@ ag::Var gather_windows(Runner& r, const ag::Var& x, const Geometry& g, float fil
     for (std::size_t e = 0; e < within.size(); ++e)
       ids[static_cast<std::size_t>(p) * within.size() + e] =
           within[e] < 0 ? fill_index : static_cast<std::int32_t>(p * in_size + within[e]);
-  ag::Var column = ag::concat(
-      r.tape,
-      {ag::reshape(r.tape, x, {shape_numel(s), 1}),
-       r.constant(Tensor::from_floats({1, 1}, std::vector<float>{fill}, cpu::backend()))},
-      0);
-  Tensor id_tensor = Tensor::from_ints({total}, ids, cpu::backend()).to(r.backend);
+  ag::Var column =
+      ag::concat(r.tape,
+                 {ag::reshape(r.tape, x, {shape_numel(s), 1}),
+                  r.constant(Tensor::from_floats({1, 1}, std::vector<float>{fill}, r.host))},
+                 0);
+  Tensor id_tensor = Tensor::from_ints({total}, ids, r.host).to(r.backend);
   Shape cols{s[0], s[1]};
   cols.insert(cols.end(), g.out.begin(), g.out.end());
   cols.push_back(k_size);
@@ -363,7 +363,7 @@ void general_pool(Runner& r, const io::OnnxNode& n) {
   Shape count_shape(g.out.begin(), g.out.end());
   r.set(n, 0,
         ag::div(r.tape, ag::sum(r.tape, cols, {last}, false),
-                r.constant(Tensor::from_floats(count_shape, counts, cpu::backend()))));
+                r.constant(Tensor::from_floats(count_shape, counts, r.host))));
 }
 
 void add_window_ops(OpTable& table) {

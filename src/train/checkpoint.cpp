@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "dispatch/devices.h"
 #include "io/safetensors.h"
 #include "nn/gpt.h"
 #include "nn/layers.h"
@@ -99,7 +100,8 @@ std::unique_ptr<nn::Model> make_model(const ModelSpec& spec, std::uint64_t seed,
     return std::make_unique<nn::Gpt>(c, seed, backend);
   }
   if (spec.kind == "onnx")
-    return std::make_unique<nn::OnnxModel>(spec.onnx, backend);  // weights from the file
+    return std::make_unique<nn::OnnxModel>(spec.onnx, backend,
+                                           dispatch::host());  // weights from the file
   if (spec.kind == "mlp") {
     nn::MlpConfig c;
     c.hidden = spec.width;

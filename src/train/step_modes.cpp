@@ -4,8 +4,8 @@
 #include <functional>
 
 #include "autograd/functions.h"
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "dispatch/devices.h"
 #include "graph/graph.h"
 #include "optim/adamw.h"
 #include "train/prefetch.h"
@@ -69,7 +69,7 @@ class GraphStep : public StepMode {
           run.data_comm(), static_cast<std::size_t>(cfg.bucket_mb * 1e6));
     if (!run.device.host_accessible())
       prefetch_ = std::make_unique<BatchPrefetch>(
-          run.device, [&run](std::int64_t s) { return run.local_batch(s, cpu::backend()); });
+          run.device, [&run](std::int64_t s) { return run.local_batch(s, dispatch::host()); });
   }
 
   double run(std::int64_t step) override {

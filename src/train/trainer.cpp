@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/functions.h"
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "data/text.h"
+#include "dispatch/devices.h"
 #include "dist/communicator.h"
 #include "nn/init.h"
 #include "onnx/model.h"
@@ -122,7 +122,7 @@ TextShape text_shape(const LoadedModel& loaded) {
 
 std::string sample_text(const std::string& checkpoint, const std::string& prompt,
                         std::int64_t tokens, double temperature, std::uint64_t seed) {
-  Backend& device = cpu::backend();
+  Backend& device = dispatch::host();
   LoadedModel loaded = load_model_file(checkpoint, device);
   check(loaded.spec.kind == "gpt" || loaded.spec.kind == "onnx",
         checkpoint + ": a " + loaded.spec.kind + " model does not generate text");
@@ -189,7 +189,7 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
 
 CheckpointScore evaluate_checkpoint(const std::string& checkpoint, const std::string& data_path,
                                     std::int64_t batch) {
-  Backend& device = cpu::backend();
+  Backend& device = dispatch::host();
   LoadedModel loaded = load_model_file(checkpoint, device);
   CheckpointScore result;
   const bool images =

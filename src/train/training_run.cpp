@@ -15,7 +15,6 @@
 #include <thread>
 
 #include "autograd/functions.h"
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/job_contract.h"
 #include "dispatch/devices.h"
@@ -30,12 +29,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Selects the device and its product precision (the CPU's kernels also run the partial
-// backend and every fallback: they are reset first).
+// Selects the device and its product precision. The host's kernels also run the partial
+// backend and every fallback: they take the run's threads and start at f32 products.
 Backend& open_device(const TrainConfig& cfg) {
-  cpu::set_num_threads(static_cast<int>(cfg.threads));
+  Backend& host = dispatch::host();
+  host.set_threads(static_cast<int>(cfg.threads));
+  host.set_matmul_precision(DType::f32);
   Backend& device = dispatch::device(cfg.device);
-  cpu::backend().set_matmul_precision(DType::f32);
   check(device.set_matmul_precision(cfg.precision == "bf16" ? DType::bf16 : DType::f32),
         "precision: '" + cfg.precision + "' is not supported on device '" + cfg.device + "'");
   return device;

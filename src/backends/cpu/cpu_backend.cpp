@@ -156,6 +156,11 @@ bool CpuBackend::set_matmul_precision(DType dtype) {
   return true;
 }
 
+bool CpuBackend::set_threads(int threads) {
+  set_num_threads(threads);
+  return true;
+}
+
 void set_num_threads(int threads) {
   check(threads >= 1, [&] { return "threads = " + std::to_string(threads) + ", expected >= 1"; });
   omp_set_num_threads(threads);

@@ -36,6 +36,7 @@ class CpuBackend final : public Backend {
   void download(const Buffer& src, std::size_t src_offset, void* host, std::size_t bytes) override;
   // bf16: matmul and linear round their operands to bf16 first (attention stays f32).
   bool set_matmul_precision(DType dtype) override;
+  bool set_threads(int threads) override;  // every CPU kernel's pool (OpenMP and oneDNN)
   void release_cached_memory() override { trim_cache(); }
 
   // "fast" when a CPU-specific kernel is registered for `op`, "reference" otherwise.

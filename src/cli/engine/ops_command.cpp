@@ -7,7 +7,6 @@
 #include <optional>
 
 #include "autograd/functions.h"
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/job_contract.h"
 #include "core/op_catalog.h"
@@ -15,9 +14,9 @@
 #include "dispatch/devices.h"
 #include "dispatch/dispatch.h"
 #include "graph/graph.h"
-#include "onnx/parser.h"
 #include "nn/init.h"
 #include "onnx/model.h"
+#include "onnx/parser.h"
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -399,7 +398,7 @@ int run_ops(const OpsOptions& given) {
   train::TrainConfig cfg;
   const OpsOptions o = given.config.empty() ? given : with_config(given, cfg);
   if (o.threads > 0)
-    cpu::set_num_threads(static_cast<int>(o.threads));
+    dispatch::host().set_threads(static_cast<int>(o.threads));
   dispatch::set_synchronous_timing(o.sync);
   std::vector<std::string> names =
       o.backend == "all" ? dispatch::device_names() : std::vector<std::string>{o.backend};
