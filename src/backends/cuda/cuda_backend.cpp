@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_backend_internal.h"
 #include "backends/cuda/kernel_args.h"
 #include "backends/cuda/kernels_fatbin.h"  // generated: loom_cuda_fatbin[], from kernels.cu
+#include "backends/device_kernel_rows.h"
 #include "backends/device_ops.h"
 #include "backends/kernel_table.h"
 #include "core/broadcast.h"
@@ -638,12 +639,6 @@ void CudaBackend::adamw(const OpCall& call) {
 }
 
 namespace {
-bool f32_copy(const OpCall& call) {
-  return device_ops::f32_except_ids(call) && call.inputs[0].rank() <= kMaxCopyRank;
-}
-bool f32_linear(const OpCall& call) {
-  return device_ops::f32_except_ids(call) && call.inputs[1].rank() == 2;
-}
 // matmul_elementwise: f32, and a chain the interpreter kernel holds (its fallback path;
 // asked without tensors, as the graph's fusion pass does, it accepts).
 bool f32_matmul_elementwise(const OpCall& call) {
@@ -663,48 +658,15 @@ bool f32_matmul_elementwise(const OpCall& call) {
 // The native kernels, once: supports() and launch() both read this table.
 const KernelTable<CudaBackend>& CudaBackend::kernels() {
   using B = CudaBackend;
-  using device_ops::UnaryBackwardKernel;
-  using device_ops::UnaryKernel;
   constexpr auto f32 = device_ops::f32_except_ids;
   static const KernelTable<B> table(
-      "cuda", {
-                  {OpId::fill, device_ops::f32_fill, &B::fill},
-                  {OpId::copy, f32_copy, &B::copy},
-                  {OpId::add, device_ops::f32_binary_one_kernel, &B::binary},
-                  {OpId::sub, device_ops::f32_binary_one_kernel, &B::binary},
-                  {OpId::mul, device_ops::f32_binary_one_kernel, &B::binary},
-                  {OpId::div, device_ops::f32_binary_one_kernel, &B::binary},
-                  {OpId::exp, f32, &B::unary<UnaryKernel::exp>},
-                  {OpId::log, f32, &B::unary<UnaryKernel::log>},
-                  {OpId::tanh, f32, &B::unary<UnaryKernel::tanh>},
-                  {OpId::relu, f32, &B::unary<UnaryKernel::relu>},
-                  {OpId::gelu, f32, &B::unary<UnaryKernel::gelu>},
-                  {OpId::scale, f32, &B::unary<UnaryKernel::scale>},
-                  {OpId::sqrt, f32, &B::unary<UnaryKernel::sqrt>},
-                  {OpId::erf, f32, &B::unary<UnaryKernel::erf>},
-                  {OpId::math, f32, &B::math},
-                  {OpId::relu_backward, f32, &B::unary_backward<UnaryBackwardKernel::relu>},
-                  {OpId::gelu_backward, f32, &B::unary_backward<UnaryBackwardKernel::gelu>},
-                  {OpId::tanh_backward, f32, &B::unary_backward<UnaryBackwardKernel::tanh>},
-                  {OpId::sum, device_ops::f32_sum_rows_or_cols, &B::reduce},
-                  {OpId::max, device_ops::f32_max_last_axis, &B::reduce},
-                  {OpId::matmul, f32, &B::matmul},
-                  {OpId::linear, f32_linear, &B::linear},
-                  {OpId::slice_backward, f32, &B::slice_backward},
-                  {OpId::sum_squares, f32, &B::sum_squares},
+      "cuda", device_ops::SharedKernelRows<B, kMaxCopyRank>::with({
                   {OpId::layer_norm, f32, &B::layer_norm},
-                  {OpId::layer_norm_backward, f32, &B::layer_norm_backward},
-                  {OpId::embedding, f32, &B::embedding},
-                  {OpId::embedding_backward, f32, &B::embedding_backward},
-                  {OpId::embedding_backward_add, f32, &B::embedding_backward},
-                  {OpId::cross_entropy, f32, &B::cross_entropy},
-                  {OpId::cross_entropy_backward, f32, &B::cross_entropy_backward},
                   {OpId::causal_attention, f32, &B::attention_forward},
                   {OpId::causal_attention_backward, f32, &B::attention_backward},
-                  {OpId::adamw_step, f32, &B::adamw},
                   {OpId::fused_elementwise, fused_fits, &B::fused},
                   {OpId::matmul_elementwise, f32_matmul_elementwise, &B::matmul_elementwise},
-              });
+              }));
   return table;
 }
 

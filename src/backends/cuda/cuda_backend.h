@@ -25,6 +25,10 @@ namespace loom {
 template <class Device>
 class KernelTable;
 struct ElementwiseProgram;
+namespace device_ops {
+template <class B, int MaxCopyRank>
+struct SharedKernelRows;
+}  // namespace device_ops
 }  // namespace loom
 
 namespace loom::cuda {
@@ -88,6 +92,8 @@ class CudaBackend final : public Backend {
   void sum_columns(const float* x, float* y, long long rows, long long cols, float scale);
   // The kernel table (kernels() in cuda_backend.cpp) and its launchers.
   static const KernelTable<CudaBackend>& kernels();
+  template <class B, int MaxCopyRank>
+  friend struct device_ops::SharedKernelRows;  // the launchers the device backends share
   void fill(const OpCall& call);
   void binary(const OpCall& call);
   template <device_ops::UnaryKernel Code>

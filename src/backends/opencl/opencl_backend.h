@@ -26,7 +26,11 @@
 namespace loom {
 template <class Device>
 class KernelTable;
-}
+namespace device_ops {
+template <class B, int MaxCopyRank>
+struct SharedKernelRows;
+}  // namespace device_ops
+}  // namespace loom
 
 namespace loom::opencl {
 
@@ -125,6 +129,8 @@ class OpenClBackend final : public Backend {
 
   // The kernel table and its launchers, one per entry (or per family of entries).
   static const KernelTable<OpenClBackend>& kernels();
+  template <class B, int MaxCopyRank>
+  friend struct device_ops::SharedKernelRows;  // the launchers the device backends share
   struct StridedView {  // a view's shape and strides, padded to kMaxCopyRank dimensions
     cl_ulong shape[kMaxCopyRank] = {1, 1, 1, 1, 1, 1};
     cl_ulong stride[kMaxCopyRank] = {0, 0, 0, 0, 0, 0};

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <vector>
 
+#include "backends/device_kernel_rows.h"
 #include "backends/device_ops.h"
 #include "backends/kernel_table.h"
 #include "backends/opencl/opencl_backend_internal.h"
@@ -28,9 +29,6 @@ namespace {
 constexpr int kMaxCopyRank = OpenClBackend::kMaxCopyRank;
 constexpr std::int64_t kMaxHead = 256;  // LOOM_MAX_HEAD in kernels.cl
 
-bool f32_copy(const OpCall& call) {
-  return device_ops::f32_except_ids(call) && call.inputs[0].rank() <= kMaxCopyRank;
-}
 // The GEMM kernels call the epilogue once per element, in scalar code (their vector
 // width is the eight columns a work-item computes), where a chain kernel of its own is
 // vectorized across work-items by a CPU device's compiler: a chain of adds, multiplies and
@@ -45,9 +43,6 @@ bool f32_cheap_epilogue(const OpCall& call) {
         s.op != OpId::expand)
       return false;
   return true;
-}
-bool f32_linear(const OpCall& call) {
-  return device_ops::f32_except_ids(call) && call.inputs[1].rank() == 2;
 }
 bool f32_expand(const OpCall& call) {
   return device_ops::f32_except_ids(call) &&
@@ -363,48 +358,14 @@ void OpenClBackend::adamw(const OpCall& call) {
 // The native kernels, once: supports() and launch() both read this table.
 const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
   using B = OpenClBackend;
-  using device_ops::UnaryBackwardKernel;
-  using device_ops::UnaryKernel;
-  constexpr auto f32 = device_ops::f32_except_ids;
   static const KernelTable<B> table(
-      "opencl", {
-                    {OpId::fill, device_ops::f32_fill, &B::fill},
-                    {OpId::copy, f32_copy, &B::copy},
+      "opencl", device_ops::SharedKernelRows<B, kMaxCopyRank>::with({
                     {OpId::expand, f32_expand, &B::expand},
-                    {OpId::add, device_ops::f32_binary_one_kernel, &B::binary},
-                    {OpId::sub, device_ops::f32_binary_one_kernel, &B::binary},
-                    {OpId::mul, device_ops::f32_binary_one_kernel, &B::binary},
-                    {OpId::div, device_ops::f32_binary_one_kernel, &B::binary},
-                    {OpId::exp, f32, &B::unary<UnaryKernel::exp>},
-                    {OpId::log, f32, &B::unary<UnaryKernel::log>},
-                    {OpId::tanh, f32, &B::unary<UnaryKernel::tanh>},
-                    {OpId::relu, f32, &B::unary<UnaryKernel::relu>},
-                    {OpId::gelu, f32, &B::unary<UnaryKernel::gelu>},
-                    {OpId::scale, f32, &B::unary<UnaryKernel::scale>},
-                    {OpId::sqrt, f32, &B::unary<UnaryKernel::sqrt>},
-                    {OpId::erf, f32, &B::unary<UnaryKernel::erf>},
-                    {OpId::math, f32, &B::math},
-                    {OpId::relu_backward, f32, &B::unary_backward<UnaryBackwardKernel::relu>},
-                    {OpId::gelu_backward, f32, &B::unary_backward<UnaryBackwardKernel::gelu>},
-                    {OpId::tanh_backward, f32, &B::unary_backward<UnaryBackwardKernel::tanh>},
-                    {OpId::sum, device_ops::f32_sum_rows_or_cols, &B::reduce},
-                    {OpId::max, device_ops::f32_max_last_axis, &B::reduce},
-                    {OpId::matmul, f32, &B::matmul},
-                    {OpId::linear, f32_linear, &B::linear},
                     {OpId::matmul_elementwise, f32_cheap_epilogue, &B::matmul_elementwise},
-                    {OpId::slice_backward, f32, &B::slice_backward},
-                    {OpId::sum_squares, f32, &B::sum_squares},
-                    {OpId::embedding, f32, &B::embedding},
-                    {OpId::embedding_backward, f32, &B::embedding_backward},
-                    {OpId::embedding_backward_add, f32, &B::embedding_backward},
-                    {OpId::cross_entropy, f32, &B::cross_entropy},
-                    {OpId::cross_entropy_backward, f32, &B::cross_entropy_backward},
-                    {OpId::layer_norm_backward, f32, &B::layer_norm_backward},
                     {OpId::causal_attention, f32_attention, &B::attention},
                     {OpId::causal_attention_backward, f32_attention, &B::attention},
-                    {OpId::adamw_step, f32, &B::adamw},
                     {OpId::fused_elementwise, fused_rank_fits, &B::fused},
-                });
+                }));
   return table;
 }
 
