@@ -3,8 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <utility>
 
 #include "core/error.h"
 
@@ -124,7 +127,7 @@ void TrainConfig::finalize() {
                                   " is not divisible by heads = " + std::to_string(heads));
   }
   check(min_lr <= lr, "min_lr = " + std::to_string(min_lr) + " exceeds lr = " + std::to_string(lr));
-  check(mode == "eager" || pipeline == 1,
+  check(execution() == ExecutionMode::eager || pipeline == 1,
         "mode = graph with pipeline = " + std::to_string(pipeline) +
             ": pipeline stages run eagerly for now; use mode = eager");
 }
@@ -149,6 +152,50 @@ std::string TrainConfig::to_json() const {
     j[k] = f.get(*this);
   // A value from a file may hold bytes that are not UTF-8: replaced, not thrown on.
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+namespace {
+
+// `value` read through `table`, the typed form of each of the key's choices; an error
+// naming the key, the value and the contract's choices for any other text (set() refuses
+// those, so only a value assigned past it reaches here). TrainConfig.TypedSettings... in
+// tests/train checks that each table covers the contract's choices exactly.
+template <class T>
+T typed(const char* key, const std::string& value,
+        std::initializer_list<std::pair<std::string_view, T>> table) {
+  for (const auto& [text, typed_value] : table)
+    if (value == text)
+      return typed_value;
+  const contract::TrainKey* spec = contract::find_train_key(key);
+  throw Error(std::string(key) + " = '" + value + "': expected one of " +
+              std::string(spec != nullptr ? spec->choices : std::string_view("?")));
+}
+
+}  // namespace
+
+ExecutionMode TrainConfig::execution() const {
+  return typed<ExecutionMode>("mode", mode,
+                              {{"eager", ExecutionMode::eager}, {"graph", ExecutionMode::graph}});
+}
+
+bool TrainConfig::fuses() const {
+  return typed<bool>("fusion", fusion, {{"true", true}, {"false", false}});
+}
+
+Overlap TrainConfig::overlap_setting() const {
+  return typed<Overlap>(
+      "overlap", overlap,
+      {{"auto", Overlap::automatic}, {"true", Overlap::on}, {"false", Overlap::off}});
+}
+
+DType TrainConfig::product_dtype() const {
+  return typed<DType>("precision", precision, {{"f32", DType::f32}, {"bf16", DType::bf16}});
+}
+
+dist::PipelineSchedule TrainConfig::schedule() const {
+  return typed<dist::PipelineSchedule>(
+      "pipeline_schedule", pipeline_schedule,
+      {{"1f1b", dist::PipelineSchedule::one_f_one_b}, {"gpipe", dist::PipelineSchedule::gpipe}});
 }
 
 }  // namespace loom::train

@@ -8,9 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/job_contract.h"
+#include "dist/pipeline.h"
 
 namespace loom::train {
+
+// The fixed-choice settings in typed form (TrainConfig's accessors below).
+enum class ExecutionMode { eager, graph };  // mode
+enum class Overlap { automatic, on, off };  // overlap: auto follows the communicator
 
 struct TrainConfig {
   // One member per key of core/job_contract.def (its type and default; the range, the
@@ -36,6 +42,16 @@ struct TrainConfig {
   static const std::vector<std::string>& keys();
   static std::string help(const std::string& key);
   std::string to_json() const;
+  // The fixed-choice keys read as types, so no use compares text: mode, fusion, overlap,
+  // precision and pipeline_schedule. The text stays the contract's record (YAML, flags,
+  // checkpoints, the service); set() accepts only the contract's choices, and a value
+  // written past it is refused here by key, value and choices.
+  ExecutionMode execution() const;
+  bool fuses() const;
+  Overlap overlap_setting() const;
+  DType product_dtype() const;  // the products' operand precision (set_matmul_precision)
+  dist::PipelineSchedule schedule() const;
+
   // Trains on text (tokens) rather than MNIST images: gpt, or an ONNX model given text.
   bool text() const {
     return model == "gpt" || (model == "onnx" && data != "mnist");

@@ -85,7 +85,7 @@ StepMeasure measure_training_step(TrainConfig config, const std::string& device_
   // The capturing step and the checked replay come before the timed steps in graph mode;
   // the run is exactly as long as the steps taken (its learning rates' schedule, and the
   // prefetcher, which fetches no batch past the last step).
-  const bool graph = config.mode == "graph";
+  const bool graph = config.execution() == ExecutionMode::graph;
   const int warmup = graph ? 2 : (steps > 1 ? 1 : 0);
   config.steps = warmup + steps;
   config.warmup = std::min<std::int64_t>(config.warmup, config.steps);

@@ -54,16 +54,15 @@ class EagerStep : public StepMode {
 // as it is final. On a device with memory of its own, the next step's batch is uploaded
 // on a copy stream while this step computes (train/prefetch.h).
 class GraphStep : public StepMode {
-  static graph::Passes passes(const TrainConfig& cfg) {
-    return graph::Passes::all(cfg.fusion == "true");
-  }
+  static graph::Passes passes(const TrainConfig& cfg) { return graph::Passes::all(cfg.fuses()); }
 
  public:
   explicit GraphStep(TrainingRun& run)
       : run_(run), averager_(run.data_comm()), step_(passes(run.cfg)) {
     const TrainConfig& cfg = run.cfg;
     const bool overlap =
-        cfg.overlap == "true" || (cfg.overlap == "auto" && run.data_comm().spans_machines());
+        cfg.overlap_setting() == Overlap::on ||
+        (cfg.overlap_setting() == Overlap::automatic && run.data_comm().spans_machines());
     if (overlap && run.data_comm().size() > 1 && run.device.host_accessible())
       overlapped_ = std::make_unique<dist::OverlappedAverager>(
           run.data_comm(), static_cast<std::size_t>(cfg.bucket_mb * 1e6));
@@ -174,7 +173,7 @@ class PipelineStep : public StepMode {
 std::unique_ptr<StepMode> make_step_mode(TrainingRun& run) {
   if (run.pipelined)
     return std::make_unique<PipelineStep>(run);
-  if (run.cfg.mode == "graph")
+  if (run.cfg.execution() == ExecutionMode::graph)
     return std::make_unique<GraphStep>(run);
   return std::make_unique<EagerStep>(run);
 }

@@ -36,7 +36,7 @@ Backend& open_device(const TrainConfig& cfg) {
   host.set_threads(static_cast<int>(cfg.threads));
   host.set_matmul_precision(DType::f32);
   Backend& device = dispatch::device(cfg.device);
-  check(device.set_matmul_precision(cfg.precision == "bf16" ? DType::bf16 : DType::f32),
+  check(device.set_matmul_precision(cfg.product_dtype()),
         "precision: '" + cfg.precision + "' is not supported on device '" + cfg.device + "'");
   return device;
 }
@@ -47,7 +47,7 @@ void check_imported_model(const nn::Model& model, const TrainConfig& cfg, const 
   if (imported == nullptr)
     return;
   const bool tokens = imported->graph().inputs.front().dtype != DType::f32;
-  check(cfg.mode != "graph" || imported->capturable(),
+  check(cfg.execution() != ExecutionMode::graph || imported->capturable(),
         cfg.onnx + ": mode = graph: " + imported->capture_refusal() + "; use mode = eager");
   check(tokens == source.text(), cfg.onnx + ": the model takes " +
                                      (tokens ? "token ids" : "float images") +
@@ -200,9 +200,7 @@ TrainingRun::TrainingRun(const TrainConfig& config)
   if (pipelined)
     pipeline = std::make_unique<dist::GptPipeline>(
         *stages_of_replica_, dynamic_cast<nn::Gpt&>(*model),
-        cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline,
-        cfg.pipeline_schedule == "gpipe" ? dist::PipelineSchedule::gpipe
-                                         : dist::PipelineSchedule::one_f_one_b);
+        cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline, cfg.schedule());
   std::error_code ec;
   fs::create_directories(cfg.out, ec);
   check(!ec, cfg.out + ": cannot create the output folder: " + ec.message());

@@ -3,8 +3,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
+#include "core/job_contract.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -97,6 +101,45 @@ TEST(Config, YamlAndFlagsAreValidatedWithFileFieldAndValue) {
 
 // Every hostile config kept in tests/fixtures/fuzz/train_config loads and serialises (as
 // every run does), or gives a loom::Error naming the file: never another exception.
+// Every choice the contract lists for a fixed-choice key reads as its own typed value,
+// and text assigned past set() is refused by key, value and choices: a choice added to
+// core/job_contract.def without its typed form fails here.
+TEST(Config, FixedChoiceSettingsReadAsTypesCoveringTheContractsChoices) {
+  using Reader = std::function<int(const train::TrainConfig&)>;
+  const std::vector<std::pair<std::string, Reader>> keys{
+      {"mode", [](const train::TrainConfig& c) { return static_cast<int>(c.execution()); }},
+      {"fusion", [](const train::TrainConfig& c) { return static_cast<int>(c.fuses()); }},
+      {"overlap",
+       [](const train::TrainConfig& c) { return static_cast<int>(c.overlap_setting()); }},
+      {"precision",
+       [](const train::TrainConfig& c) { return static_cast<int>(c.product_dtype()); }},
+      {"pipeline_schedule",
+       [](const train::TrainConfig& c) { return static_cast<int>(c.schedule()); }}};
+  for (const auto& [key, read] : keys) {
+    const contract::TrainKey* spec = contract::find_train_key(key);
+    ASSERT_NE(spec, nullptr) << key;
+    const std::string choices(spec->choices);
+    std::set<int> seen;
+    std::size_t count = 0;
+    for (std::size_t at = 0; at <= choices.size(); ++count) {
+      std::size_t bar = choices.find('|', at);
+      if (bar == std::string::npos)
+        bar = choices.size();
+      train::TrainConfig c;
+      c.set(key, choices.substr(at, bar - at), "test");
+      seen.insert(read(c));
+      at = bar + 1;
+    }
+    EXPECT_GE(count, 2u) << key;
+    EXPECT_EQ(seen.size(), count) << key << ": two choices read as the same value";
+  }
+  train::TrainConfig c;
+  c.mode = "lazy";  // past set(), which would refuse it
+  const std::string e = error_of([&] { c.execution(); });
+  EXPECT_NE(e.find("mode = 'lazy'"), std::string::npos) << e;
+  EXPECT_NE(e.find("eager|graph"), std::string::npos) << e;
+}
+
 TEST(Config, FuzzFixturesGiveNamedErrors) {
   std::vector<std::string> files = fuzz_inputs("train_config");
   EXPECT_FALSE(files.empty());
