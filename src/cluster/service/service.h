@@ -94,7 +94,13 @@ class Service {
   StepTime step_time(const JobSpec& spec, const PoolSpec& pool);
 
  private:
-  struct Route;  // what the service knows of a job on a pool
+  struct Route {           // what the service knows of a job on a pool
+    bool allowed = false;  // coverage allows it
+    bool pending = false;  // coverage or speed not known yet (a probe is wanted)
+    StepTime speed;        // measured, else the performance model's, else probed
+    std::string why_not;   // !allowed: why
+    std::string error;     // the job's config is bad (the probe said why)
+  };
   struct Queue;  // the waiting jobs as the policy core sees them, built once per pass
   Queue waiting_jobs(double now, bool record_reasons);
   struct ProbeRequest {
