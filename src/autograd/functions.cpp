@@ -238,6 +238,20 @@ Var gelu(Tape& tape, const Var& x) {
   });
 }
 
+Var silu(Tape& tape, const Var& x) {
+  Tensor xv = x.value();
+  return tape.record({x}, call1(OpId::silu, {xv}), [xv](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::silu_backward, {g, xv})};
+  });
+}
+
+Var swiglu(Tape& tape, const Var& gate, const Var& up) {
+  Tensor gv = gate.value(), uv = up.value();
+  return tape.record({gate, up}, call1(OpId::swiglu, {gv, uv}), [gv, uv](const Tensor& g) {
+    return call(OpId::swiglu_backward, {g, gv, uv});
+  });
+}
+
 Var dropout(Tape& tape, const Var& x, double p, std::uint64_t seed) {
   if (p == 0.0)
     return x;
@@ -410,6 +424,33 @@ Var layer_norm(Tape& tape, const Var& x, const Var& weight, const Var& bias, dou
   Tensor mean = out[1], rstd = out[2];
   return tape.record({x, weight, bias}, out[0], [xv, wv, mean, rstd](const Tensor& g) {
     return call(OpId::layer_norm_backward, {g, xv, wv, mean, rstd});
+  });
+}
+
+Var rms_norm(Tape& tape, const Var& x, const Var& weight, double eps) {
+  Attrs a;
+  a.eps = eps;
+  Tensor xv = x.value(), wv = weight.value();
+  std::vector<Tensor> out = call(OpId::rms_norm, {xv, wv}, a);
+  Tensor rstd = out[1];
+  return tape.record({x, weight}, out[0], [xv, wv, rstd](const Tensor& g) {
+    return call(OpId::rms_norm_backward, {g, xv, wv, rstd});
+  });
+}
+
+Var rope(Tape& tape, const Var& x, const Tensor& cos, const Tensor& sin, const Tensor& neg_sin) {
+  return tape.record({x}, call1(OpId::rope, {x.value(), cos, sin}),
+                     [cos, neg_sin](const Tensor& g) {
+                       return std::vector<Tensor>{call1(OpId::rope, {g, cos, neg_sin})};
+                     });
+}
+
+Var attention(Tape& tape, const Var& q, const Var& k, const Var& v) {
+  Tensor qv = q.value(), kv = k.value(), vv = v.value();
+  std::vector<Tensor> out = call(OpId::attention, {qv, kv, vv});
+  Tensor o = out[0], lse = out[1];
+  return tape.record({q, k, v}, o, [qv, kv, vv, o, lse](const Tensor& g) {
+    return call(OpId::attention_backward, {g, qv, kv, vv, o, lse});
   });
 }
 

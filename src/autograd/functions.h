@@ -33,6 +33,9 @@ Var erf(Tape& tape, const Var& x);
 Var math(Tape& tape, const Var& x, MathFunction f);
 Var relu(Tape& tape, const Var& x);
 Var gelu(Tape& tape, const Var& x);
+Var silu(Tape& tape, const Var& x);
+// silu(gate) * up: the gated MLP's activation (SwiGLU).
+Var swiglu(Tape& tape, const Var& gate, const Var& up);
 Var dropout(Tape& tape, const Var& x, double p, std::uint64_t seed);
 // Dropout whose mask changes every step: seed = mix_seed(step_seed, site), recorded so a
 // replayed graph can draw the next step's mask.
@@ -54,6 +57,13 @@ Var linear(Tape& tape, const Var& x, const Var& weight, const Var& bias, bool tr
 
 // Model pieces.
 Var layer_norm(Tape& tape, const Var& x, const Var& weight, const Var& bias, double eps = 1e-5);
+Var rms_norm(Tape& tape, const Var& x, const Var& weight, double eps);
+// Rotary position embedding of x [...,T,N,D] by the tables cos, sin [T,D/2] (rotate-half
+// pairs (i, i + D/2)); the backward turns the gradient back, which is the same op with
+// sin negated (neg_sin, kept by the caller with its tables).
+Var rope(Tape& tape, const Var& x, const Tensor& cos, const Tensor& sin, const Tensor& neg_sin);
+// Causal grouped-query attention: q [B,Tq,H,D], k and v [B,Tk,G,D] -> [B,Tq,H,D].
+Var attention(Tape& tape, const Var& q, const Var& k, const Var& v);
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids);
 Var causal_attention(Tape& tape, const Var& qkv, std::int64_t heads);
 Var conv2d(Tape& tape, const Var& x, const Var& weight, const Var& bias, std::int64_t stride,

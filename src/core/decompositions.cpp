@@ -152,6 +152,81 @@ std::vector<Tensor> layer_norm(OpRunner& r, std::span<const Tensor> in, const At
   return {y, mean.reshape(rows), rstd.reshape(rows)};
 }
 
+// sigmoid(x) = 1 / (1 + e^-x); silu(x) = x sigmoid(x)
+Tensor sigmoid(Ops& o, const Tensor& x) {
+  return o.div(o.constant(1.0, x), o.add(o.constant(1.0, x), o.exp(o.scale(x, -1.0))));
+}
+std::vector<Tensor> silu(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};
+  return {o.mul(in[0], sigmoid(o, in[0]))};
+}
+// silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
+std::vector<Tensor> silu_backward(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};
+  const Tensor& x = in[1];
+  Tensor s = sigmoid(o, x);
+  Tensor one_minus_s = o.add(o.constant(1.0, x), o.scale(s, -1.0));
+  return {o.mul(in[0], o.mul(s, o.add(o.constant(1.0, x), o.mul(x, one_minus_s))))};
+}
+std::vector<Tensor> swiglu(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};
+  return {o.mul(o.one(OpId::silu, {in[0]}), in[1])};
+}
+// dgate = silu'(gate) (dy up), dup = dy silu(gate)
+std::vector<Tensor> swiglu_backward(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};
+  return {o.one(OpId::silu_backward, {o.mul(in[0], in[2]), in[1]}),
+          o.mul(in[0], o.one(OpId::silu, {in[1]}))};
+}
+
+// y = x rstd w, rstd = (mean(x^2) + eps)^(-1/2) = exp(-log(mean(x^2) + eps) / 2)
+std::vector<Tensor> rms_norm(OpRunner& r, std::span<const Tensor> in, const Attrs& a) {
+  Ops o{r};
+  const Tensor& x = in[0];
+  double c = static_cast<double>(x.dim(-1));
+  Tensor mean_square = o.scale(o.sum_last(o.mul(x, x), true), 1.0 / c);
+  Tensor rstd = o.exp(o.scale(o.log(o.add(mean_square, o.constant(a.eps, x))), -0.5));
+  Shape rows(x.shape().begin(), x.shape().end() - 1);
+  return {o.mul(o.mul(x, rstd), in[1]), rstd.reshape(rows)};
+}
+// xhat = x rstd, g = dy w: dx = rstd (g - xhat mean(g xhat)), dw = sum over rows of dy xhat
+std::vector<Tensor> rms_norm_backward(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};
+  const Tensor &dy = in[0], &x = in[1];
+  Shape kept = in[3].shape();
+  kept.push_back(1);
+  Tensor rstd = in[3].reshape(kept);
+  Tensor xhat = o.mul(x, rstd);
+  Tensor g = o.mul(dy, in[2]);
+  Tensor mean_gx = o.scale(o.sum_last(o.mul(g, xhat), true), 1.0 / static_cast<double>(x.dim(-1)));
+  Tensor dx = o.mul(rstd, o.add(g, o.scale(o.mul(xhat, mean_gx), -1.0)));
+  Tensor dw = o.mul(dy, xhat);
+  if (x.rank() > 1) {
+    Attrs rows;
+    for (int axis = 0; axis + 1 < x.rank(); ++axis)
+      rows.axes.push_back(axis);
+    dw = o.one(OpId::sum, {dw}, rows);
+  }
+  return {dx, dw};
+}
+
+// The halves x1 = x[..., :D/2], x2 = x[..., D/2:] turned by the angle of their position:
+// y = concat(x1 cos - x2 sin, x2 cos + x1 sin), the tables broadcast as [T, 1, D/2].
+std::vector<Tensor> rope(OpRunner& r, std::span<const Tensor> in, const Attrs&) {
+  Ops o{r};
+  const Tensor& x = in[0];
+  const int last = x.rank() - 1;
+  const std::int64_t half = x.dim(-1) / 2;
+  Tensor x1 = x.slice(last, 0, half), x2 = x.slice(last, half, 2 * half);
+  Shape table{in[1].dim(0), 1, half};
+  Tensor c = in[1].reshape(table), s = in[2].reshape(table);
+  Attrs join;
+  join.axis = last;
+  std::array<Tensor, 2> halves{o.add(o.mul(x1, c), o.scale(o.mul(x2, s), -1.0)),
+                               o.add(o.mul(x2, c), o.mul(x1, s))};
+  return r.run(OpId::concat, halves, join);
+}
+
 // The chain run step by step as the ops it was made of (what the graph ran before fusion).
 // Broadcasting ops take their operands as they are; the other two-operand ops (the
 // *_backward pairs) need equal shapes, so an operand of another shape is expanded first.
@@ -228,6 +303,14 @@ std::array<DecomposeFn, kNumOps> make_table() {
   set(OpId::softmax_backward, softmax_backward);
   set(OpId::log_softmax_backward, log_softmax_backward);
   set(OpId::layer_norm, layer_norm);
+  set(OpId::silu, silu);
+  set(OpId::silu_backward, silu_backward);
+  set(OpId::swiglu, swiglu);
+  set(OpId::swiglu_backward, swiglu_backward);
+  set(OpId::rms_norm, rms_norm);
+  set(OpId::rms_norm_backward, rms_norm_backward);
+  set(OpId::rope, rope);
+
   set(OpId::fused_elementwise, fused_elementwise);
   set(OpId::matmul_elementwise, matmul_elementwise);
   set(OpId::embedding_backward_add, embedding_backward_add);

@@ -188,6 +188,22 @@ Specs infer_relu_backward(Inputs in, const Attrs&) {
 Specs infer_gelu_backward(Inputs in, const Attrs&) {
   return infer_pair_f32(in, "gelu_backward");
 }
+Specs infer_silu(Inputs in, const Attrs&) {
+  return infer_unary_f32(in, "silu");
+}
+Specs infer_silu_backward(Inputs in, const Attrs&) {
+  return infer_pair_f32(in, "silu_backward");
+}
+Specs infer_swiglu(Inputs in, const Attrs&) {
+  return infer_pair_f32(in, "swiglu");
+}
+Specs infer_swiglu_backward(Inputs in, const Attrs&) {
+  for (int i = 0; i < 3; ++i)
+    expect_dtype(in, i, DType::f32, "swiglu_backward");
+  expect_same_shape(in, 0, 1, "swiglu_backward");
+  expect_same_shape(in, 1, 2, "swiglu_backward");
+  return {{in[1].shape(), DType::f32}, {in[2].shape(), DType::f32}};
+}
 Specs infer_tanh_backward(Inputs in, const Attrs&) {
   return infer_pair_f32(in, "tanh_backward");
 }
@@ -366,6 +382,46 @@ Specs infer_layer_norm_backward(Inputs in, const Attrs&) {
   return {{in[1].shape(), DType::f32}, {in[2].shape(), DType::f32}, {in[2].shape(), DType::f32}};
 }
 
+Specs infer_rms_norm(Inputs in, const Attrs& a) {
+  for (int i = 0; i < 2; ++i)
+    expect_dtype(in, i, DType::f32, "rms_norm");
+  check(in[0].rank() >= 1, "rms_norm: input 0 is a scalar");
+  std::int64_t c = in[0].dim(-1);
+  check(in[1].shape() == Shape{c}, [&] {
+    return "rms_norm: weight " + in[1].describe() + " must be [" + std::to_string(c) + "]";
+  });
+  check(a.eps > 0, "rms_norm: eps must be > 0");
+  Shape rows(in[0].shape().begin(), in[0].shape().end() - 1);
+  return {{in[0].shape(), DType::f32}, {rows, DType::f32}};
+}
+Specs infer_rms_norm_backward(Inputs in, const Attrs&) {
+  for (int i = 0; i < 4; ++i)
+    expect_dtype(in, i, DType::f32, "rms_norm_backward");
+  expect_same_shape(in, 0, 1, "rms_norm_backward");
+  check(in[1].rank() >= 1, "rms_norm_backward: x is a scalar");
+  Shape rows(in[1].shape().begin(), in[1].shape().end() - 1);
+  check(in[3].shape() == rows, [&] {
+    return "rms_norm_backward: rstd " + in[3].describe() + " must be " + shape_str(rows);
+  });
+  check(in[2].shape() == Shape{in[1].dim(-1)},
+        [&] { return "rms_norm_backward: weight " + in[2].describe() + " does not match x"; });
+  return {{in[1].shape(), DType::f32}, {in[2].shape(), DType::f32}};
+}
+
+// x [..., T, N, D] with D even; cos and sin [T, D/2], one row per position.
+Specs infer_rope(Inputs in, const Attrs&) {
+  for (int i = 0; i < 3; ++i)
+    expect_dtype(in, i, DType::f32, "rope");
+  check(in[0].rank() >= 3 && in[0].dim(-1) % 2 == 0,
+        [&] { return "rope: x " + in[0].describe() + " must be [...,T,N,D] with D even"; });
+  Shape table{in[0].dim(-3), in[0].dim(-1) / 2};
+  check(in[1].shape() == table && in[2].shape() == table, [&] {
+    return "rope: cos " + in[1].describe() + " and sin " + in[2].describe() + " must be " +
+           shape_str(table) + " for x " + in[0].describe();
+  });
+  return {{in[0].shape(), DType::f32}};
+}
+
 Specs infer_embedding(Inputs in, const Attrs&) {
   expect_dtype(in, 0, DType::f32, "embedding");
   expect_rank(in, 0, 2, "embedding");
@@ -415,6 +471,32 @@ Specs infer_causal_attention_backward(Inputs in, const Attrs& a) {
           return "causal_attention_backward: dout/out/lse do not match qkv " + in[1].describe();
         });
   return {{in[1].shape(), DType::f32}};
+}
+
+// q [B,Tq,H,D], k and v [B,Tk,G,D] with G dividing H and Tq <= Tk.
+Specs infer_attention(Inputs in, const Attrs&) {
+  for (int i = 0; i < 3; ++i) {
+    expect_dtype(in, i, DType::f32, "attention");
+    expect_rank(in, i, 4, "attention");
+  }
+  expect_same_shape(in, 1, 2, "attention");
+  const Tensor &q = in[0], &k = in[1];
+  check(q.dim(0) == k.dim(0) && q.dim(3) == k.dim(3) && k.dim(2) > 0 && q.dim(2) % k.dim(2) == 0 &&
+            q.dim(1) <= k.dim(1),
+        [&] {
+          return "attention: q " + q.describe() + " and k/v " + k.describe() +
+                 " must be [B,Tq,H,D] and [B,Tk,G,D] with G dividing H and Tq <= Tk";
+        });
+  return {{q.shape(), DType::f32}, {Shape{q.dim(0), q.dim(2), q.dim(1)}, DType::f32}};
+}
+Specs infer_attention_backward(Inputs in, const Attrs& a) {
+  Specs fwd = infer_attention(in.subspan(1, 3), a);
+  for (int i : {0, 4, 5})
+    expect_dtype(in, i, DType::f32, "attention_backward");
+  check(in[0].shape() == fwd[0].shape && in[4].shape() == fwd[0].shape &&
+            in[5].shape() == fwd[1].shape,
+        [&] { return "attention_backward: dout/out/lse do not match q " + in[1].describe(); });
+  return {{in[1].shape(), DType::f32}, {in[2].shape(), DType::f32}, {in[3].shape(), DType::f32}};
 }
 
 std::int64_t conv_out(std::int64_t size, std::int64_t kernel, std::int64_t stride,

@@ -309,6 +309,37 @@ void relu(const OpCall& call) {
 void gelu(const OpCall& call) {
   unary(call, [](float x) { return gelu_tanh(x); });
 }
+namespace {
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+}  // namespace
+void silu(const OpCall& call) {
+  unary(call, [](float x) { return static_cast<float>(x * sigmoid(x)); });
+}
+void silu_backward(const OpCall& call) {
+  // d/dx x s(x) = s + x s (1 - s) = s (1 + x (1 - s))
+  pairwise(call, [](float dy, float x) {
+    double s = sigmoid(x);
+    return static_cast<float>(dy * s * (1.0 + x * (1.0 - s)));
+  });
+}
+void swiglu(const OpCall& call) {
+  pairwise(call,
+           [](float gate, float up) { return static_cast<float>(gate * sigmoid(gate) * up); });
+}
+void swiglu_backward(const OpCall& call) {
+  const float* dy = call.inputs[0].data<float>();
+  const float* gate = call.inputs[1].data<float>();
+  const float* up = call.inputs[2].data<float>();
+  float* dgate = call.outputs[0].data<float>();
+  float* dup = call.outputs[1].data<float>();
+  for (std::int64_t i = 0; i < call.inputs[0].numel(); ++i) {
+    double g = gate[i], s = sigmoid(g);
+    dgate[i] = static_cast<float>(static_cast<double>(dy[i]) * up[i] * s * (1.0 + g * (1.0 - s)));
+    dup[i] = static_cast<float>(static_cast<double>(dy[i]) * g * s);
+  }
+}
 void relu_backward(const OpCall& call) {
   pairwise(call, [](float dy, float x) { return x > 0.0f ? dy : 0.0f; });
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/op_catalog.h"
@@ -154,6 +155,168 @@ void embedding_backward_add(const OpCall& call) {
   float* out = call.outputs[0].data<float>();
   for (std::int64_t i = 0; i < base.numel(); ++i)
     out[i] = pb[i] + ps[i];
+}
+
+void rms_norm(const OpCall& call) {
+  // y = x rstd w, rstd = 1 / sqrt(mean(x^2) + eps)
+  const Tensor& x = call.inputs[0];
+  const float* w = call.inputs[1].data<float>();
+  std::int64_t c = x.dim(-1), rows = c == 0 ? 0 : x.numel() / c;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x.data<float>() + r * c;
+    double squares = 0.0;
+    for (std::int64_t j = 0; j < c; ++j)
+      squares += static_cast<double>(xr[j]) * xr[j];
+    double rstd = 1.0 / std::sqrt(squares / static_cast<double>(c) + call.attrs.eps);
+    for (std::int64_t j = 0; j < c; ++j)
+      call.outputs[0].data<float>()[r * c + j] = static_cast<float>(xr[j] * rstd * w[j]);
+    call.outputs[1].data<float>()[r] = static_cast<float>(rstd);
+  }
+}
+
+void rms_norm_backward(const OpCall& call) {
+  // With xhat = x rstd and g = dy w (rstd depends on x through mean(x^2)):
+  //   dx = rstd (g - xhat mean(g xhat)),  dw = sum_rows dy xhat.
+  const float* dy = call.inputs[0].data<float>();
+  const float* x = call.inputs[1].data<float>();
+  const float* w = call.inputs[2].data<float>();
+  const float* rstd = call.inputs[3].data<float>();
+  std::int64_t c = call.inputs[1].dim(-1), rows = c == 0 ? 0 : call.inputs[1].numel() / c;
+  std::vector<double> dw(c, 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mean_gx = 0.0;
+    for (std::int64_t j = 0; j < c; ++j) {
+      double xhat = x[r * c + j] * static_cast<double>(rstd[r]);
+      mean_gx += static_cast<double>(dy[r * c + j]) * w[j] * xhat;
+      dw[j] += dy[r * c + j] * xhat;
+    }
+    mean_gx /= static_cast<double>(c);
+    for (std::int64_t j = 0; j < c; ++j) {
+      double xhat = x[r * c + j] * static_cast<double>(rstd[r]);
+      double g = static_cast<double>(dy[r * c + j]) * w[j];
+      call.outputs[0].data<float>()[r * c + j] = static_cast<float>(rstd[r] * (g - xhat * mean_gx));
+    }
+  }
+  for (std::int64_t j = 0; j < c; ++j)
+    call.outputs[1].data<float>()[j] = static_cast<float>(dw[j]);
+}
+
+void rope(const OpCall& call) {
+  // Per head, the pair (x_i, x_{i+D/2}) at position t turns by angle a = angle(t, i):
+  //   y_i = x_i cos a - x_{i+D/2} sin a,  y_{i+D/2} = x_{i+D/2} cos a + x_i sin a.
+  const Tensor& x = call.inputs[0];
+  const float* cos_table = call.inputs[1].data<float>();
+  const float* sin_table = call.inputs[2].data<float>();
+  std::int64_t d = x.dim(-1), half = d / 2, n = x.dim(-2), t = x.dim(-3);
+  std::int64_t heads = x.numel() / std::max<std::int64_t>(d, 1);
+  const float* px = x.data<float>();
+  float* py = call.outputs[0].data<float>();
+  for (std::int64_t row = 0; row < heads; ++row) {
+    std::int64_t position = (row / n) % t;
+    const float* xr = px + row * d;
+    float* yr = py + row * d;
+    for (std::int64_t i = 0; i < half; ++i) {
+      double c = cos_table[position * half + i], s = sin_table[position * half + i];
+      double a = xr[i], b = xr[i + half];
+      yr[i] = static_cast<float>(a * c - b * s);
+      yr[i + half] = static_cast<float>(b * c + a * s);
+    }
+  }
+}
+
+namespace {
+// q [B,Tq,H,D]; k, v [B,Tk,G,D]; query head h reads key/value head h / (H/G). Query i sits
+// at position i + Tk - Tq and sees keys 0..i + Tk - Tq.
+struct GroupedShape {
+  std::int64_t b, tq, tk, h, g, d;
+  std::int64_t q(std::int64_t bi, std::int64_t ti, std::int64_t hi, std::int64_t di) const {
+    return ((bi * tq + ti) * h + hi) * d + di;
+  }
+  std::int64_t kv(std::int64_t bi, std::int64_t ti, std::int64_t hi, std::int64_t di) const {
+    return ((bi * tk + ti) * g + hi / (h / g)) * d + di;  // hi: the query head
+  }
+  std::int64_t last_key(std::int64_t i) const { return i + tk - tq; }
+};
+GroupedShape grouped_shape(const Tensor& q, const Tensor& k) {
+  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+}
+}  // namespace
+
+void attention(const OpCall& call) {
+  const float* q = call.inputs[0].data<float>();
+  const float* k = call.inputs[1].data<float>();
+  const float* v = call.inputs[2].data<float>();
+  GroupedShape s = grouped_shape(call.inputs[0], call.inputs[1]);
+  float* out = call.outputs[0].data<float>();
+  float* lse = call.outputs[1].data<float>();
+  double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  std::vector<double> p(s.tk);
+  for (std::int64_t b = 0; b < s.b; ++b) {
+    for (std::int64_t h = 0; h < s.h; ++h) {
+      for (std::int64_t i = 0; i < s.tq; ++i) {
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = 0; j <= s.last_key(i); ++j) {
+          double dot = 0.0;
+          for (std::int64_t e = 0; e < s.d; ++e)
+            dot += static_cast<double>(q[s.q(b, i, h, e)]) * k[s.kv(b, j, h, e)];
+          p[j] = dot * scale;
+          m = std::max(m, p[j]);
+        }
+        double total = 0.0;
+        for (std::int64_t j = 0; j <= s.last_key(i); ++j)
+          total += std::exp(p[j] - m);
+        lse[(b * s.h + h) * s.tq + i] = static_cast<float>(m + std::log(total));
+        for (std::int64_t e = 0; e < s.d; ++e) {
+          double acc = 0.0;
+          for (std::int64_t j = 0; j <= s.last_key(i); ++j)
+            acc += std::exp(p[j] - m) / total * v[s.kv(b, j, h, e)];
+          out[s.q(b, i, h, e)] = static_cast<float>(acc);
+        }
+      }
+    }
+  }
+}
+
+void attention_backward(const OpCall& call) {
+  // As causal_attention_backward, with each key/value head's gradient summed over the
+  // query heads that read it.
+  const float* dout = call.inputs[0].data<float>();
+  const float* q = call.inputs[1].data<float>();
+  const float* k = call.inputs[2].data<float>();
+  const float* v = call.inputs[3].data<float>();
+  const float* out = call.inputs[4].data<float>();
+  const float* lse = call.inputs[5].data<float>();
+  GroupedShape s = grouped_shape(call.inputs[1], call.inputs[2]);
+  std::vector<double> dq(call.outputs[0].numel(), 0.0), dk(call.outputs[1].numel(), 0.0),
+      dv(call.outputs[2].numel(), 0.0);
+  double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  for (std::int64_t b = 0; b < s.b; ++b) {
+    for (std::int64_t h = 0; h < s.h; ++h) {
+      for (std::int64_t i = 0; i < s.tq; ++i) {
+        double delta = 0.0;
+        for (std::int64_t e = 0; e < s.d; ++e)
+          delta += static_cast<double>(dout[s.q(b, i, h, e)]) * out[s.q(b, i, h, e)];
+        for (std::int64_t j = 0; j <= s.last_key(i); ++j) {
+          double dot = 0.0, dp = 0.0;
+          for (std::int64_t e = 0; e < s.d; ++e) {
+            dot += static_cast<double>(q[s.q(b, i, h, e)]) * k[s.kv(b, j, h, e)];
+            dp += static_cast<double>(dout[s.q(b, i, h, e)]) * v[s.kv(b, j, h, e)];
+          }
+          double p = std::exp(dot * scale - lse[(b * s.h + h) * s.tq + i]);
+          double ds = p * (dp - delta);
+          for (std::int64_t e = 0; e < s.d; ++e) {
+            dq[s.q(b, i, h, e)] += ds * scale * k[s.kv(b, j, h, e)];
+            dk[s.kv(b, j, h, e)] += ds * scale * q[s.q(b, i, h, e)];
+            dv[s.kv(b, j, h, e)] += p * dout[s.q(b, i, h, e)];
+          }
+        }
+      }
+    }
+  }
+  std::vector<double>* grads[] = {&dq, &dk, &dv};
+  for (int o = 0; o < 3; ++o)
+    for (std::size_t n = 0; n < grads[o]->size(); ++n)
+      call.outputs[o].data<float>()[n] = static_cast<float>((*grads[o])[n]);
 }
 
 namespace {

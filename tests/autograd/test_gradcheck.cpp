@@ -201,6 +201,46 @@ TEST_P(Gradcheck, CausalAttention) {
   gradcheck({r({2, 5, 12})}, [](ag::Tape& t, auto& v) { return ag::causal_attention(t, v[0], 2); });
 }
 
+TEST_P(Gradcheck, SiluAndSwiglu) {
+  gradcheck({r({3, 7}, -3.0f, 3.0f)}, [](ag::Tape& t, auto& v) { return ag::silu(t, v[0]); });
+  gradcheck({r({2, 3, 5}, -3.0f, 3.0f), r({2, 3, 5})},
+            [](ag::Tape& t, auto& v) { return ag::swiglu(t, v[0], v[1]); });
+}
+
+TEST_P(Gradcheck, RmsNorm) {
+  gradcheck(
+      {r({3, 8}, -2.0f, 2.0f), r({8})},
+      [](ag::Tape& t, auto& v) { return ag::rms_norm(t, v[0], v[1], 1e-6); }, {}, 5e-3);
+  gradcheck(
+      {r({2, 3, 2, 4}, -2.0f, 2.0f), r({4})},  // per head (Qwen3's q/k norm)
+      [](ag::Tape& t, auto& v) { return ag::rms_norm(t, v[0], v[1], 1e-6); }, {}, 5e-3);
+}
+
+TEST_P(Gradcheck, Rope) {
+  // Tables of arbitrary angles: the op must rotate each (i, i + D/2) pair by its row's angle.
+  nn::Rng rng(11);
+  std::vector<float> c, s, ns;
+  for (int i = 0; i < 5 * 3; ++i) {
+    double angle = 6.0 * rng.uniform();
+    c.push_back(static_cast<float>(std::cos(angle)));
+    s.push_back(static_cast<float>(std::sin(angle)));
+    ns.push_back(-s.back());
+  }
+  Tensor cos_t = Tensor::from_floats({5, 3}, c, *current);
+  Tensor sin_t = Tensor::from_floats({5, 3}, s, *current);
+  Tensor neg_sin = Tensor::from_floats({5, 3}, ns, *current);
+  gradcheck({r({2, 5, 2, 6})},
+            [&](ag::Tape& t, auto& v) { return ag::rope(t, v[0], cos_t, sin_t, neg_sin); });
+}
+
+TEST_P(Gradcheck, GroupedQueryAttention) {
+  // 4 query heads over 2 key/value heads; 3 queries at the end of 5 positions (a KV cache).
+  gradcheck({r({2, 5, 4, 3}), r({2, 5, 2, 3}), r({2, 5, 2, 3})},
+            [](ag::Tape& t, auto& v) { return ag::attention(t, v[0], v[1], v[2]); });
+  gradcheck({r({1, 3, 4, 3}), r({1, 5, 1, 3}), r({1, 5, 1, 3})},
+            [](ag::Tape& t, auto& v) { return ag::attention(t, v[0], v[1], v[2]); });
+}
+
 TEST_P(Gradcheck, Conv2dAndPooling) {
   gradcheck({r({2, 2, 5, 5}), r({3, 2, 3, 3}), r({3})},
             [](ag::Tape& t, auto& v) { return ag::conv2d(t, v[0], v[1], v[2], 1, 1); });

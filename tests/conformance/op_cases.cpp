@@ -262,6 +262,25 @@ void nn_cases(Builder& b) {
     b.add(shape_str(s), OpId::layer_norm_backward, {b.r(s), x, w, fwd[1], fwd[2]}, {},
           Measure::nmse, 1e-9);
   }
+  for (Shape s : {Shape{4, 16}, Shape{2, 3, 4, 8}, Shape{5, 3}, Shape{64, 384}}) {
+    Tensor x = b.r(s, -2.0f, 3.0f), w = b.r({s.back()});
+    Attrs a;
+    a.eps = 1e-6;
+    b.add(shape_str(s), OpId::rms_norm, {x, w}, a, Measure::elementwise, 2e-4);
+    std::vector<Tensor> fwd = run_reference(OpId::rms_norm, {x, w}, a);
+    b.add(shape_str(s), OpId::rms_norm_backward, {b.r(s), x, w, fwd[1]}, a, Measure::nmse, 1e-9);
+  }
+  for (Shape s : {Shape{2, 5, 3, 8}, Shape{7, 2, 4}, Shape{1, 64, 4, 32}}) {
+    Shape table{s[s.size() - 3], s.back() / 2};
+    b.add(shape_str(s), OpId::rope, {b.r(s), b.r(table), b.r(table)});
+  }
+  for (Shape s : {Shape{3, 7}, Shape{2, 64, 344}}) {
+    b.add(shape_str(s), OpId::silu, {b.r(s, -6.0f, 6.0f)});
+    b.add(shape_str(s), OpId::silu_backward, {b.r(s), b.r(s, -6.0f, 6.0f)});
+    b.add(shape_str(s), OpId::swiglu, {b.r(s, -6.0f, 6.0f), b.r(s)});
+    b.add(shape_str(s), OpId::swiglu_backward, {b.r(s), b.r(s, -6.0f, 6.0f), b.r(s)}, Attrs{},
+          Measure::nmse, 1e-9);
+  }
   b.add("11x6", OpId::embedding, {b.r({11, 6}), b.ids({2, 3}, 11)});
   b.add("large", OpId::embedding, {b.r({65, 128}), b.ids({12, 64}, 65)});
   Attrs eb;
@@ -286,6 +305,25 @@ void nn_cases(Builder& b) {
     b.add(label, OpId::causal_attention, {qkv}, a, Measure::nmse, 1e-9);
     std::vector<Tensor> fwd = run_reference(OpId::causal_attention, {qkv}, a);
     b.add(label, OpId::causal_attention_backward, {b.r({bt, t, c}), qkv, fwd[0], fwd[1]}, a,
+          Measure::nmse, 1e-9);
+  }
+  // Grouped-query attention: B, Tq, Tk, H, G, D (Tq < Tk: queries after a KV cache).
+  for (auto [bt, tq, tk, h, g, d] :
+       std::vector<std::array<std::int64_t, 6>>{{2, 5, 5, 2, 2, 4},
+                                                {1, 1, 1, 1, 1, 4},
+                                                {2, 17, 17, 4, 2, 8},
+                                                {1, 3, 9, 4, 1, 8},
+                                                {2, 64, 64, 4, 2, 16},
+                                                {1, 100, 100, 6, 3, 8}}) {
+    char label[96];
+    std::snprintf(label, sizeof label, "B%lldTq%lldTk%lldH%lldG%lldD%lld",
+                  static_cast<long long>(bt), static_cast<long long>(tq),
+                  static_cast<long long>(tk), static_cast<long long>(h), static_cast<long long>(g),
+                  static_cast<long long>(d));
+    Tensor q = b.r({bt, tq, h, d}), k = b.r({bt, tk, g, d}), v = b.r({bt, tk, g, d});
+    b.add(label, OpId::attention, {q, k, v}, {}, Measure::nmse, 1e-9);
+    std::vector<Tensor> fwd = run_reference(OpId::attention, {q, k, v}, {});
+    b.add(label, OpId::attention_backward, {b.r({bt, tq, h, d}), q, k, v, fwd[0], fwd[1]}, {},
           Measure::nmse, 1e-9);
   }
   struct Conv {

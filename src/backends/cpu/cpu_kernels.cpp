@@ -448,6 +448,32 @@ void relu(const OpCall& call) {
 void gelu(const OpCall& call) {
   unary_fast(call, [](float x) { return gelu_fast(x); });
 }
+void silu(const OpCall& call) {
+  unary_fast(call, [](float x) { return x * sigmoid_fast(x); });
+}
+void silu_backward(const OpCall& call) {
+  pairwise_fast(call, [](float dy, float x) {
+    float s = sigmoid_fast(x);
+    return dy * s * (1.0f + x * (1.0f - s));
+  });
+}
+void swiglu(const OpCall& call) {
+  pairwise_fast(call, [](float gate, float up) { return gate * sigmoid_fast(gate) * up; });
+}
+void swiglu_backward(const OpCall& call) {
+  const float* dy = call.inputs[0].data<float>();
+  const float* gate = call.inputs[1].data<float>();
+  const float* up = call.inputs[2].data<float>();
+  float* dgate = call.outputs[0].data<float>();
+  float* dup = call.outputs[1].data<float>();
+  std::int64_t n = call.inputs[0].numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) {
+    float g = gate[i], s = sigmoid_fast(g);
+    dgate[i] = dy[i] * up[i] * s * (1.0f + g * (1.0f - s));
+    dup[i] = dy[i] * g * s;
+  }
+}
 void relu_backward(const OpCall& call) {
   pairwise_fast(call, [](float dy, float x) { return x > 0.0f ? dy : 0.0f; });
 }
@@ -674,6 +700,10 @@ void register_elementwise_kernels(std::array<KernelFn, kNumOps>& table) {
   set(OpId::tanh, tanh);
   set(OpId::relu, relu);
   set(OpId::gelu, gelu);
+  set(OpId::silu, silu);
+  set(OpId::silu_backward, silu_backward);
+  set(OpId::swiglu, swiglu);
+  set(OpId::swiglu_backward, swiglu_backward);
   set(OpId::relu_backward, relu_backward);
   set(OpId::gelu_backward, gelu_backward);
   set(OpId::tanh_backward, tanh_backward);

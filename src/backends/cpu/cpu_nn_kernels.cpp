@@ -262,135 +262,265 @@ void cross_entropy_backward(const OpCall& call) {
   }
 }
 
-// ---- causal attention ---------------------------------------------------------------
-// qkv is [B,T,3C]; per (batch, head) the T x D blocks of q, k, v are strided views with
-// leading dimension 3C, which GEMM reads directly: no split, permute or copy. Queries go
-// in blocks of kQueryBlock rows; block i only meets keys [0, end_i), end_i = its last row
-// + 1, so the masked upper triangle is (almost all) never computed.
+// ---- attention ------------------------------------------------------------------------
+// One kernel serves both catalog ops: causal_attention's fused qkv [B,T,3C] and attention's
+// separate q [B,Tq,H,D], k and v [B,Tk,G,D]. Per (batch, head) the Tq x D block of q and
+// the Tk x D blocks of k and v are strided views (row strides ld_q, ld_kv), which GEMM reads
+// directly: no split, permute or copy. Query head h reads key/value head h / (H/G).
+// Queries go in blocks of kQueryBlock rows; query i sits at position i + Tk - Tq, so block
+// [i0, i0+rows) meets only keys [0, i0 + rows + Tk - Tq): the masked upper triangle is
+// (almost all) never computed.
 constexpr std::int64_t kQueryBlock = 64;  // measured: 64 beats 32 at T = 64 and 128 (bigger GEMMs)
 
-struct Heads {
-  std::int64_t b, t, c, h, d;
+struct AttentionLayout {
+  std::int64_t b, tq, tk, h, g, d;
+  std::int64_t ld_q, ld_kv, ld_o;           // row strides of q, of k and v, of out
+  std::int64_t batch_q, batch_kv, batch_o;  // batch strides
+  std::int64_t offset() const { return tk - tq; }
+  std::int64_t group() const { return h / g; }
 };
-Heads heads_of(const Tensor& qkv, std::int64_t heads) {
-  std::int64_t c = qkv.dim(2) / 3;
-  return {qkv.dim(0), qkv.dim(1), c, heads, c / heads};
+// causal_attention: qkv [B,T,3C], out [B,T,C], heads H = G.
+AttentionLayout fused_layout(const Tensor& qkv, std::int64_t heads) {
+  std::int64_t b = qkv.dim(0), t = qkv.dim(1), c = qkv.dim(2) / 3;
+  return {b, t, t, heads, heads, c / heads, 3 * c, 3 * c, c, t * 3 * c, t * 3 * c, t * c};
+}
+// attention: q [B,Tq,H,D], k and v [B,Tk,G,D], out [B,Tq,H,D].
+AttentionLayout grouped_layout(const Tensor& q, const Tensor& k) {
+  std::int64_t b = q.dim(0), tq = q.dim(1), tk = k.dim(1), h = q.dim(2), g = k.dim(2), d = q.dim(3);
+  return {b, tq, tk, h, g, d, h * d, g * d, h * d, tq * h * d, tk * g * d, tq * h * d};
 }
 
-void causal_attention(const OpCall& call) {
-  const float* qkv = call.inputs[0].data<float>();
-  Heads s = heads_of(call.inputs[0], call.attrs.heads);
-  float* out = call.outputs[0].data<float>();
-  float* lse = call.outputs[1].data<float>();
+// q, k, v, out: the first element of batch 0, head 0 of each.
+void attention_forward(const AttentionLayout& s, const float* q, const float* k, const float* v,
+                       float* out, float* lse) {
   float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
-  std::int64_t ld = 3 * s.c;
 #pragma omp parallel
   {
-    std::vector<float> scores(static_cast<std::size_t>(kQueryBlock * s.t));
+    std::vector<float> scores(static_cast<std::size_t>(kQueryBlock * s.tk));
 #pragma omp for schedule(static) collapse(2)
     for (std::int64_t b = 0; b < s.b; ++b) {
       for (std::int64_t h = 0; h < s.h; ++h) {
-        const float* q = qkv + b * s.t * ld + h * s.d;
-        const float* k = q + s.c;
-        const float* v = q + 2 * s.c;
-        float* o = out + b * s.t * s.c + h * s.d;
-        float* lse_bh = lse + (b * s.h + h) * s.t;
-        for (std::int64_t i0 = 0; i0 < s.t; i0 += kQueryBlock) {
-          std::int64_t rows = std::min(kQueryBlock, s.t - i0), end = i0 + rows;
+        const float* qh = q + b * s.batch_q + h * s.d;
+        const std::int64_t kv_offset = b * s.batch_kv + (h / s.group()) * s.d;
+        const float* kh = k + kv_offset;
+        const float* vh = v + kv_offset;
+        float* o = out + b * s.batch_o + h * s.d;
+        float* lse_bh = lse + (b * s.h + h) * s.tq;
+        for (std::int64_t i0 = 0; i0 < s.tq; i0 += kQueryBlock) {
+          std::int64_t rows = std::min(kQueryBlock, s.tq - i0), end = i0 + rows + s.offset();
           // S = scale q_block k[0:end]^T, [rows, end] with leading dimension end.
-          gemm(false, true, rows, end, s.d, scale, q + i0 * ld, ld, k, ld, 0.0f, scores.data(),
-               end);
+          gemm(false, true, rows, end, s.d, scale, qh + i0 * s.ld_q, s.ld_q, kh, s.ld_kv, 0.0f,
+               scores.data(), end);
           for (std::int64_t r = 0; r < rows; ++r) {
-            std::int64_t i = i0 + r;  // keys 0..i are visible
+            std::int64_t last = i0 + r + s.offset();  // keys 0..last are visible
             float* row = scores.data() + r * end;
-            float m = lanes_max(i + 1, [&](std::int64_t j) { return row[j]; });
+            float m = lanes_max(last + 1, [&](std::int64_t j) { return row[j]; });
             float total = 0.0f;
 #pragma omp simd reduction(+ : total)
-            for (std::int64_t j = 0; j <= i; ++j) {
+            for (std::int64_t j = 0; j <= last; ++j) {
               row[j] = exp_approx(row[j] - m);
               total += row[j];
             }
             float inv = 1.0f / total;
 #pragma omp simd
-            for (std::int64_t j = 0; j <= i; ++j)
+            for (std::int64_t j = 0; j <= last; ++j)
               row[j] *= inv;
-            for (std::int64_t j = i + 1; j < end; ++j)
+            for (std::int64_t j = last + 1; j < end; ++j)
               row[j] = 0.0f;
-            lse_bh[i] = m + std::log(total);
+            lse_bh[i0 + r] = m + std::log(total);
           }
-          gemm(false, false, rows, s.d, end, 1.0f, scores.data(), end, v, ld, 0.0f, o + i0 * s.c,
-               s.c);  // O = P v
+          gemm(false, false, rows, s.d, end, 1.0f, scores.data(), end, vh, s.ld_kv, 0.0f,
+               o + i0 * s.ld_o, s.ld_o);  // O = P v
         }
       }
     }
   }
 }
 
-void causal_attention_backward(const OpCall& call) {
-  // Per query block: P recomputed from lse; dV += P^T dO; dP = dO V^T;
-  // dS = P (dP - rowsum(dO * O)); dQ = scale dS K; dK += scale dS^T Q.
-  const float* dout = call.inputs[0].data<float>();
-  const float* qkv = call.inputs[1].data<float>();
-  const float* out = call.inputs[2].data<float>();
-  const float* lse = call.inputs[3].data<float>();
-  Heads s = heads_of(call.inputs[1], call.attrs.heads);
-  float* dqkv = call.outputs[0].data<float>();
+// Per query block: P recomputed from lse; dV += P^T dO; dP = dO V^T;
+// dS = P (dP - rowsum(dO * O)); dQ = scale dS K; dK += scale dS^T Q. The heads sharing a
+// key/value head run in turn on one thread, so its dK and dV sum without races.
+void attention_backward_pass(const AttentionLayout& s, const float* dout, const float* q,
+                             const float* k, const float* v, const float* out, const float* lse,
+                             float* dq, float* dk, float* dv) {
   float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
-  std::int64_t ld = 3 * s.c;
 #pragma omp parallel
   {
-    std::vector<float> p(static_cast<std::size_t>(kQueryBlock * s.t)), dp(p.size());
+    std::vector<float> p(static_cast<std::size_t>(kQueryBlock * s.tk)), dp(p.size());
 #pragma omp for schedule(static) collapse(2)
     for (std::int64_t b = 0; b < s.b; ++b) {
-      for (std::int64_t h = 0; h < s.h; ++h) {
-        const float* q = qkv + b * s.t * ld + h * s.d;
-        const float* k = q + s.c;
-        const float* v = q + 2 * s.c;
-        const float* o = out + b * s.t * s.c + h * s.d;
-        const float* dot = dout + b * s.t * s.c + h * s.d;
-        float* dq = dqkv + b * s.t * ld + h * s.d;
-        float* dk = dq + s.c;
-        float* dv = dq + 2 * s.c;
-        const float* lse_bh = lse + (b * s.h + h) * s.t;
-        for (std::int64_t t = 0; t < s.t; ++t) {  // dK and dV accumulate over query blocks
-          std::fill_n(dk + t * ld, s.d, 0.0f);
-          std::fill_n(dv + t * ld, s.d, 0.0f);
+      for (std::int64_t g = 0; g < s.g; ++g) {
+        const std::int64_t kv_offset = b * s.batch_kv + g * s.d;
+        const float* kg = k + kv_offset;
+        const float* vg = v + kv_offset;
+        float* dkg = dk + kv_offset;
+        float* dvg = dv + kv_offset;
+        for (std::int64_t t = 0; t < s.tk; ++t) {  // dK and dV accumulate over query blocks
+          std::fill_n(dkg + t * s.ld_kv, s.d, 0.0f);
+          std::fill_n(dvg + t * s.ld_kv, s.d, 0.0f);
         }
-        for (std::int64_t i0 = 0; i0 < s.t; i0 += kQueryBlock) {
-          std::int64_t rows = std::min(kQueryBlock, s.t - i0), end = i0 + rows;
-          gemm(false, true, rows, end, s.d, scale, q + i0 * ld, ld, k, ld, 0.0f, p.data(), end);
-          for (std::int64_t r = 0; r < rows; ++r) {
-            std::int64_t i = i0 + r;
-            float* row = p.data() + r * end;
-            float l = lse_bh[i];
+        for (std::int64_t h = g * s.group(); h < (g + 1) * s.group(); ++h) {
+          const float* qh = q + b * s.batch_q + h * s.d;
+          float* dqh = dq + b * s.batch_q + h * s.d;
+          const float* o = out + b * s.batch_o + h * s.d;
+          const float* dot = dout + b * s.batch_o + h * s.d;
+          const float* lse_bh = lse + (b * s.h + h) * s.tq;
+          for (std::int64_t i0 = 0; i0 < s.tq; i0 += kQueryBlock) {
+            std::int64_t rows = std::min(kQueryBlock, s.tq - i0), end = i0 + rows + s.offset();
+            gemm(false, true, rows, end, s.d, scale, qh + i0 * s.ld_q, s.ld_q, kg, s.ld_kv, 0.0f,
+                 p.data(), end);
+            for (std::int64_t r = 0; r < rows; ++r) {
+              std::int64_t last = i0 + r + s.offset();
+              float* row = p.data() + r * end;
+              float l = lse_bh[i0 + r];
 #pragma omp simd
-            for (std::int64_t j = 0; j <= i; ++j)
-              row[j] = exp_approx(row[j] - l);
-            for (std::int64_t j = i + 1; j < end; ++j)
-              row[j] = 0.0f;
-          }
-          const float* dot_blk = dot + i0 * s.c;
-          gemm(true, false, end, s.d, rows, 1.0f, p.data(), end, dot_blk, s.c, 1.0f, dv,
-               ld);  // dV += P^T dO
-          gemm(false, true, rows, end, s.d, 1.0f, dot_blk, s.c, v, ld, 0.0f, dp.data(),
-               end);  // dP = dO V^T
-          for (std::int64_t r = 0; r < rows; ++r) {
-            std::int64_t i = i0 + r;
-            const float* dot_i = dot + i * s.c;
-            const float* o_i = o + i * s.c;
-            float delta = lanes_sum(s.d, [&](std::int64_t e) { return dot_i[e] * o_i[e]; });
-            float* prow = p.data() + r * end;
-            const float* dprow = dp.data() + r * end;
+              for (std::int64_t j = 0; j <= last; ++j)
+                row[j] = exp_approx(row[j] - l);
+              for (std::int64_t j = last + 1; j < end; ++j)
+                row[j] = 0.0f;
+            }
+            const float* dot_blk = dot + i0 * s.ld_o;
+            gemm(true, false, end, s.d, rows, 1.0f, p.data(), end, dot_blk, s.ld_o, 1.0f, dvg,
+                 s.ld_kv);  // dV += P^T dO
+            gemm(false, true, rows, end, s.d, 1.0f, dot_blk, s.ld_o, vg, s.ld_kv, 0.0f, dp.data(),
+                 end);  // dP = dO V^T
+            for (std::int64_t r = 0; r < rows; ++r) {
+              std::int64_t last = i0 + r + s.offset();
+              const float* dot_i = dot + (i0 + r) * s.ld_o;
+              const float* o_i = o + (i0 + r) * s.ld_o;
+              float delta = lanes_sum(s.d, [&](std::int64_t e) { return dot_i[e] * o_i[e]; });
+              float* prow = p.data() + r * end;
+              const float* dprow = dp.data() + r * end;
 #pragma omp simd
-            for (std::int64_t j = 0; j <= i; ++j)
-              prow[j] = prow[j] * (dprow[j] - delta);  // now dS
+              for (std::int64_t j = 0; j <= last; ++j)
+                prow[j] = prow[j] * (dprow[j] - delta);  // now dS
+            }
+            gemm(false, false, rows, s.d, end, scale, p.data(), end, kg, s.ld_kv, 0.0f,
+                 dqh + i0 * s.ld_q, s.ld_q);  // dQ = scale dS K
+            gemm(true, false, end, s.d, rows, scale, p.data(), end, qh + i0 * s.ld_q, s.ld_q, 1.0f,
+                 dkg, s.ld_kv);  // dK += scale dS^T Q
           }
-          gemm(false, false, rows, s.d, end, scale, p.data(), end, k, ld, 0.0f, dq + i0 * ld,
-               ld);  // dQ = scale dS K
-          gemm(true, false, end, s.d, rows, scale, p.data(), end, q + i0 * ld, ld, 1.0f, dk,
-               ld);  // dK += scale dS^T Q
         }
       }
+    }
+  }
+}
+
+void causal_attention(const OpCall& call) {
+  const float* qkv = call.inputs[0].data<float>();
+  AttentionLayout s = fused_layout(call.inputs[0], call.attrs.heads);
+  attention_forward(s, qkv, qkv + s.h * s.d, qkv + 2 * s.h * s.d, call.outputs[0].data<float>(),
+                    call.outputs[1].data<float>());
+}
+
+void causal_attention_backward(const OpCall& call) {
+  const float* qkv = call.inputs[1].data<float>();
+  AttentionLayout s = fused_layout(call.inputs[1], call.attrs.heads);
+  float* dqkv = call.outputs[0].data<float>();
+  const std::int64_t c = s.h * s.d;
+  attention_backward_pass(s, call.inputs[0].data<float>(), qkv, qkv + c, qkv + 2 * c,
+                          call.inputs[2].data<float>(), call.inputs[3].data<float>(), dqkv,
+                          dqkv + c, dqkv + 2 * c);
+}
+
+void attention(const OpCall& call) {
+  AttentionLayout s = grouped_layout(call.inputs[0], call.inputs[1]);
+  attention_forward(s, call.inputs[0].data<float>(), call.inputs[1].data<float>(),
+                    call.inputs[2].data<float>(), call.outputs[0].data<float>(),
+                    call.outputs[1].data<float>());
+}
+
+void attention_backward(const OpCall& call) {
+  AttentionLayout s = grouped_layout(call.inputs[1], call.inputs[2]);
+  attention_backward_pass(
+      s, call.inputs[0].data<float>(), call.inputs[1].data<float>(), call.inputs[2].data<float>(),
+      call.inputs[3].data<float>(), call.inputs[4].data<float>(), call.inputs[5].data<float>(),
+      call.outputs[0].data<float>(), call.outputs[1].data<float>(), call.outputs[2].data<float>());
+}
+
+// ---- RMSNorm, rotary positions, SiLU and SwiGLU -----------------------------------------
+// rms_norm: y = x rstd w, rstd = (mean(x^2) + eps)^(-1/2), one pass per row.
+void rms_norm(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  const float* px = x.data<float>();
+  const float* w = call.inputs[1].data<float>();
+  float* y = call.outputs[0].data<float>();
+  float* rstd_out = call.outputs[1].data<float>();
+  std::int64_t c = x.dim(-1), rows = c == 0 ? 0 : x.numel() / c;
+  float eps = static_cast<float>(call.attrs.eps);
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = px + r * c;
+    float squares = lanes_sum(c, [&](std::int64_t j) { return xr[j] * xr[j]; });
+    float rstd = 1.0f / std::sqrt(squares / static_cast<float>(c) + eps);
+    float* yr = y + r * c;
+#pragma omp simd
+    for (std::int64_t j = 0; j < c; ++j)
+      yr[j] = xr[j] * rstd * w[j];
+    rstd_out[r] = rstd;
+  }
+}
+
+// dx = rstd (g - xhat mean(g xhat)), g = dy w, xhat = x rstd; dw = sum over rows of dy xhat
+// (per-thread partial sums in a fixed order, then combined in thread order).
+void rms_norm_backward(const OpCall& call) {
+  const float* dy = call.inputs[0].data<float>();
+  const float* x = call.inputs[1].data<float>();
+  const float* w = call.inputs[2].data<float>();
+  const float* rstd = call.inputs[3].data<float>();
+  float* dx = call.outputs[0].data<float>();
+  float* dw = call.outputs[1].data<float>();
+  std::int64_t c = call.inputs[1].dim(-1), rows = c == 0 ? 0 : call.inputs[1].numel() / c;
+  const int threads = call.inputs[1].numel() > kParallelGrain ? omp_get_max_threads() : 1;
+  std::vector<float> partial(static_cast<std::size_t>(threads * c), 0.0f);
+#pragma omp parallel num_threads(threads)
+  {
+    float* mine = partial.data() + omp_get_thread_num() * c;
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * c;
+      const float* dyr = dy + r * c;
+      const float rs = rstd[r];
+      float mean_gx = lanes_sum(c, [&](std::int64_t j) { return dyr[j] * w[j] * xr[j] * rs; }) /
+                      static_cast<float>(c);
+      float* dxr = dx + r * c;
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j) {
+        float xhat = xr[j] * rs;
+        dxr[j] = rs * (dyr[j] * w[j] - xhat * mean_gx);
+        mine[j] += dyr[j] * xhat;
+      }
+    }
+  }
+  for (std::int64_t j = 0; j < c; ++j) {
+    float total = 0.0f;
+    for (int t = 0; t < threads; ++t)
+      total += partial[static_cast<std::size_t>(t * c + j)];
+    dw[j] = total;
+  }
+}
+
+// Each head's pairs (i, i + D/2) at position t turn by the angle whose cos and sin are
+// row t of the tables.
+void rope(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  const float* cos_table = call.inputs[1].data<float>();
+  const float* sin_table = call.inputs[2].data<float>();
+  std::int64_t d = x.dim(-1), half = d / 2, n = x.dim(-2), t = x.dim(-3);
+  std::int64_t heads = d == 0 ? 0 : x.numel() / d;
+  const float* px = x.data<float>();
+  float* py = call.outputs[0].data<float>();
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelGrain)
+  for (std::int64_t row = 0; row < heads; ++row) {
+    const float* cr = cos_table + ((row / n) % t) * half;
+    const float* sr = sin_table + ((row / n) % t) * half;
+    const float* xr = px + row * d;
+    float* yr = py + row * d;
+#pragma omp simd
+    for (std::int64_t i = 0; i < half; ++i) {
+      float a = xr[i], b = xr[i + half];
+      yr[i] = a * cr[i] - b * sr[i];
+      yr[i + half] = b * cr[i] + a * sr[i];
     }
   }
 }
@@ -574,6 +704,11 @@ void register_nn_kernels(std::array<KernelFn, kNumOps>& table) {
   set(OpId::cross_entropy, cross_entropy);
   set(OpId::cross_entropy_backward, cross_entropy_backward);
   set(OpId::causal_attention, causal_attention);
+  set(OpId::attention, attention);
+  set(OpId::attention_backward, attention_backward);
+  set(OpId::rms_norm, rms_norm);
+  set(OpId::rms_norm_backward, rms_norm_backward);
+  set(OpId::rope, rope);
   set(OpId::causal_attention_backward, causal_attention_backward);
   set(OpId::conv2d, conv2d);
   set(OpId::conv2d_backward, conv2d_backward);

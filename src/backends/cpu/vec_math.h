@@ -78,6 +78,11 @@ inline float tanh_approx(float x) {
   return 1.0f - 2.0f / (exp_approx(2.0f * x) + 1.0f);
 }
 
+// sigmoid(x) = 1 / (1 + e^-x); SiLU is x sigmoid(x), its derivative s (1 + x (1 - s)).
+inline float sigmoid_fast(float x) {
+  return 1.0f / (1.0f + exp_approx(-x));
+}
+
 inline float gelu_fast(float x) {
   constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * x * (1.0f + tanh_approx(k * (x + 0.044715f * x * x * x)));

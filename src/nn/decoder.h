@@ -1,0 +1,87 @@
+// nn/decoder.h — the Llama-lineage decoder as Hugging Face's `transformers` defines it for
+// the families `llama`, `mistral`, `qwen2` and `qwen3`: token embedding, pre-norm blocks of
+// RMSNorm -> grouped-query self-attention with rotary positions -> residual, RMSNorm ->
+// SwiGLU MLP -> residual, a final RMSNorm and an LM head (separate or tied to the
+// embedding). What distinguishes the families is configuration, not code:
+//   llama    attention_bias (q, k, v and o biases), mlp_bias, rope_scaling (linear, llama3)
+//   mistral  as llama without biases; a sliding window longer than the context is a no-op
+//   qwen2    q, k, v biases (no o bias), often tied embeddings
+//   qwen3    RMSNorm of each query and key head before the rotation (q_norm, k_norm)
+// Parameters carry the Hugging Face names and nn.Linear layouts ([out, in]), so a model
+// folder loads and saves without renaming (nn/hf_config.h reads its config.json).
+#pragma once
+
+#include <string>
+
+#include "nn/init.h"
+#include "nn/model.h"
+
+namespace loom::nn {
+
+// How the rotary frequencies are scaled for contexts beyond the trained one.
+enum class RopeScaling { none, linear, llama3 };
+
+struct DecoderConfig {
+  std::string family = "llama";     // the model_type: llama | mistral | qwen2 | qwen3
+  std::int64_t vocab = 256;         // vocab_size
+  std::int64_t hidden = 64;         // hidden_size (C)
+  std::int64_t intermediate = 172;  // intermediate_size (the MLP's width F)
+  std::int64_t layers = 2;          // num_hidden_layers
+  std::int64_t heads = 4;           // num_attention_heads (H)
+  std::int64_t kv_heads = 4;        // num_key_value_heads (G, dividing H)
+  std::int64_t head_dim = 16;       // D; hidden / heads unless the config says otherwise
+  std::int64_t context = 128;       // max_position_embeddings
+  double norm_eps = 1e-6;           // rms_norm_eps
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling = RopeScaling::none;
+  double rope_factor = 1.0;                   // linear and llama3
+  double rope_low_freq_factor = 1.0;          // llama3
+  double rope_high_freq_factor = 4.0;         // llama3
+  std::int64_t rope_original_context = 8192;  // llama3: original_max_position_embeddings
+  bool qkv_bias = false;                      // biases on q_proj, k_proj, v_proj
+  bool o_bias = false;                        // a bias on o_proj (llama's attention_bias)
+  bool mlp_bias = false;                      // biases on gate_proj, up_proj, down_proj
+  bool qk_norm = false;                       // qwen3: per-head RMSNorm of q and k
+  bool tie_embeddings = false;                // lm_head is embed_tokens
+  std::int64_t sliding_window = 0;            // mistral/qwen2: 0 none; else sequences
+                                              // longer than the window are refused
+  double init_std = 0.02;                     // initializer_range, for new weights
+  void validate() const;                      // throws naming the field and value
+};
+
+// The rotary inverse frequencies theta^(-2i/D), i < D/2, scaled as rope_scaling says,
+// computed in f32 step by step as transformers computes them (so the tables agree to the
+// last bit or two). Position t turns pair i by the angle t * frequency[i].
+std::vector<float> rope_inverse_frequencies(const DecoderConfig& config);
+
+class Decoder final : public Model {
+ public:
+  Decoder(const DecoderConfig& config, std::uint64_t seed, Backend& backend);
+  std::vector<Parameter>& parameters() override { return params_; }
+  // ids [B,T] i32 with T <= context -> logits [B*T, vocab].
+  autograd::Var forward(autograd::Tape& tape, const Tensor& ids,
+                        const ForwardOptions& options) override;
+  std::string kind() const override { return config_.family; }
+  const DecoderConfig& config() const { return config_; }
+
+ private:
+  struct Block {  // indices into params_; npos where the configuration has no such tensor
+    std::size_t input_norm, q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, post_norm,
+        gate, up, down, gate_bias, up_bias, down_bias;
+  };
+  autograd::Var& param(std::size_t index) { return params_[index].var; }
+  // x [N, in] times the [out, in] weight, plus the bias when there is one.
+  autograd::Var project(autograd::Tape& tape, const autograd::Var& x, std::size_t weight,
+                        std::size_t bias);
+  autograd::Var attention_block(autograd::Tape& tape, const autograd::Var& x, const Block& b,
+                                std::int64_t batch, std::int64_t t);
+  autograd::Var mlp_block(autograd::Tape& tape, const autograd::Var& x, const Block& b);
+
+  DecoderConfig config_;
+  std::vector<Parameter> params_;
+  std::size_t embed_ = 0, final_norm_ = 0, lm_head_ = 0;
+  std::vector<Block> blocks_;
+  Tensor cos_, sin_, neg_sin_;  // [context, D/2] on the model's device
+};
+
+}  // namespace loom::nn
