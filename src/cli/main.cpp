@@ -1,5 +1,5 @@
-// cli/ — the one binary: the engine's commands (`loom train | sample | eval | ops | bench |
-// onnx`) and the fleet's (`loom plan | fleet`). Each command parses its flags, calls one
+// cli/ — the one binary: the engine's commands (`loom train | sample | eval | export | ops |
+// bench | onnx`) and the fleet's (`loom plan | fleet`). Each command parses its flags, calls one
 // library function and prints; main only routes and turns an exception into the job
 // contract's exit status.
 #include <CLI/CLI.hpp>
@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
   commands.emplace_back(add_sample_command(app, sample), [&] { return run_sample(sample); });
   EvalOptions eval;
   commands.emplace_back(add_eval_command(app, eval), [&] { return run_eval(eval); });
+  ExportOptions export_options;
+  commands.emplace_back(add_export_command(app, export_options),
+                        [&] { return run_export(export_options); });
   OpsOptions ops;
   commands.emplace_back(add_ops_command(app, ops), [&] { return run_ops(ops); });
   BenchOptions bench;

@@ -16,7 +16,7 @@ constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
 }
 
 void DecoderConfig::validate() const {
-  check(family == "llama" || family == "mistral" || family == "qwen2" || family == "qwen3",
+  check(is_decoder_family(family),
         "decoder: family '" + family + "' is not one of llama, mistral, qwen2, qwen3");
   auto positive = [](const char* field, std::int64_t value) {
     check(value > 0, std::string(field) + " = " + std::to_string(value) + ", expected > 0");

@@ -12,11 +12,17 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "nn/init.h"
 #include "nn/model.h"
 
 namespace loom::nn {
+
+// The model_type values the decoder implements: llama, mistral, qwen2, qwen3.
+inline bool is_decoder_family(std::string_view family) {
+  return family == "llama" || family == "mistral" || family == "qwen2" || family == "qwen3";
+}
 
 // How the rotary frequencies are scaled for contexts beyond the trained one.
 enum class RopeScaling { none, linear, llama3 };

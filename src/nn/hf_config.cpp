@@ -162,7 +162,7 @@ DecoderConfig decoder_config_from_hf_json(const std::string& text, const std::st
   check(j.contains("model_type") && j["model_type"].is_string(),
         where + ": field 'model_type' is missing or not a string");
   c.family = j["model_type"].get<std::string>();
-  check(c.family == "llama" || c.family == "mistral" || c.family == "qwen2" || c.family == "qwen3",
+  check(is_decoder_family(c.family),
         where + ": model_type '" + c.family +
             "' is not implemented (llama, mistral, qwen2, qwen3; GPT-2 folders load as "
             "kind gpt)");

@@ -17,7 +17,8 @@ class Mlp final : public Model {
  public:
   Mlp(const MlpConfig& config, std::uint64_t seed, Backend& backend);
   std::vector<Parameter>& parameters() override { return params_; }
-  autograd::Var forward(autograd::Tape& tape, const Tensor& inputs, const ForwardOptions& options) override;
+  autograd::Var forward(autograd::Tape& tape, const Tensor& inputs,
+                        const ForwardOptions& options) override;
   std::string kind() const override { return "mlp"; }
 
  private:
@@ -34,7 +35,8 @@ class Cnn final : public Model {
  public:
   Cnn(const CnnConfig& config, std::uint64_t seed, Backend& backend);
   std::vector<Parameter>& parameters() override { return params_; }
-  autograd::Var forward(autograd::Tape& tape, const Tensor& inputs, const ForwardOptions& options) override;
+  autograd::Var forward(autograd::Tape& tape, const Tensor& inputs,
+                        const ForwardOptions& options) override;
   std::string kind() const override { return "cnn"; }
 
  private:

@@ -11,7 +11,7 @@
 namespace loom::nn {
 
 struct Parameter {
-  std::string name;   // the checkpoint name (Hugging Face names for GPT)
+  std::string name;  // the checkpoint name (Hugging Face names for GPT)
   autograd::Var var;
   bool weight_decay;  // AdamW decays matrices and embeddings, not biases or norms
 };
@@ -26,7 +26,8 @@ class Model {
   virtual ~Model() = default;
   virtual std::vector<Parameter>& parameters() = 0;
   // inputs: token ids [B,T] (i32) or images [N,C,H,W] (f32) -> logits [N_rows, classes].
-  virtual autograd::Var forward(autograd::Tape& tape, const Tensor& inputs, const ForwardOptions& options) = 0;
+  virtual autograd::Var forward(autograd::Tape& tape, const Tensor& inputs,
+                                const ForwardOptions& options) = 0;
   virtual std::string kind() const = 0;  // "gpt", "mlp", "cnn"
 
   std::int64_t parameter_count();

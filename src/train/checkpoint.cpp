@@ -9,7 +9,9 @@
 #include "core/error.h"
 #include "dispatch/devices.h"
 #include "io/safetensors.h"
+#include "nn/decoder.h"
 #include "nn/gpt.h"
+#include "nn/hf_config.h"
 #include "nn/layers.h"
 #include "onnx/model.h"
 
@@ -23,6 +25,8 @@ std::string ModelSpec::to_json() const {
                            {"dropout", dropout}, {"bias", bias}};
   if (!onnx.empty())
     j["onnx"] = onnx;
+  if (!decoder.empty())
+    j["config"] = nlohmann::ordered_json::parse(decoder);
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
@@ -65,8 +69,10 @@ ModelSpec ModelSpec::from_json(const std::string& text, const std::string& where
   check(j.contains("kind") && j["kind"].is_string(),
         where + ": loom_model field 'kind' is missing or not a string");
   s.kind = j["kind"].get<std::string>();
-  check(s.kind == "gpt" || s.kind == "mlp" || s.kind == "cnn" || s.kind == "onnx",
-        where + ": loom_model kind '" + s.kind + "' is unknown (gpt, mlp, cnn, onnx)");
+  check(s.kind == "gpt" || nn::is_decoder_family(s.kind) || s.kind == "mlp" || s.kind == "cnn" ||
+            s.kind == "onnx",
+        where + ": loom_model kind '" + s.kind +
+            "' is unknown (gpt, llama, mistral, qwen2, qwen3, mlp, cnn, onnx)");
   s.vocab = spec_integer(j, "vocab", 1, 1 << 24, where);
   s.context = spec_integer(j, "context", 1, 1 << 20, where);
   s.layers = spec_integer(j, "layers", 1, 1024, where);
@@ -88,6 +94,13 @@ ModelSpec ModelSpec::from_json(const std::string& text, const std::string& where
     check(j["onnx"].is_string(), where + ": loom_model field 'onnx' must be a path");
     s.onnx = j["onnx"].get<std::string>();
   }
+  if (nn::is_decoder_family(s.kind)) {
+    check(j.contains("config") && j["config"].is_object(),
+          where + ": loom_model of kind '" + s.kind +
+              "' has no field 'config' (the model's config.json)");
+    s.decoder = j["config"].dump();
+    nn::decoder_config_from_hf_json(s.decoder, where + " (loom_model config)");  // validates
+  }
   check(s.kind != "onnx" || !s.onnx.empty(),
         where + ": loom_model kind 'onnx' names no model file (field 'onnx')");
   return s;
@@ -99,6 +112,9 @@ std::unique_ptr<nn::Model> make_model(const ModelSpec& spec, std::uint64_t seed,
                     spec.width, spec.dropout, spec.bias};
     return std::make_unique<nn::Gpt>(c, seed, backend);
   }
+  if (nn::is_decoder_family(spec.kind))
+    return std::make_unique<nn::Decoder>(
+        nn::decoder_config_from_hf_json(spec.decoder, "the model's config"), seed, backend);
   if (spec.kind == "onnx")
     return std::make_unique<nn::OnnxModel>(spec.onnx, backend,
                                            dispatch::host());  // weights from the file
@@ -141,15 +157,18 @@ void save_checkpoint(const std::string& dir, nn::Model& model, const ModelSpec& 
                          {"loom_vocab", vocab_utf8}});
 }
 
-namespace {
 bool is_ignorable_extra(const std::string& name) {
   // transformers' GPT2LMHeadModel state dict: the tied head and causal-mask buffers.
   auto ends_with = [&](const std::string& suffix) {
     return name.size() >= suffix.size() &&
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  return name == "lm_head.weight" || ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+  // Older Llama checkpoints also hold each layer's rotary inverse frequencies (recomputed).
+  return name == "lm_head.weight" || ends_with(".attn.bias") || ends_with(".attn.masked_bias") ||
+         ends_with(".rotary_emb.inv_freq");
 }
+
+namespace {
 
 void load_into(const io::SafetensorsFile& file, nn::Model& model, const std::string& prefix) {
   for (nn::Parameter& p : model.parameters()) {

@@ -18,11 +18,13 @@
 namespace loom::train {
 
 struct ModelSpec {
-  std::string kind = "gpt";  // gpt | mlp | cnn | onnx
+  std::string kind = "gpt";  // gpt | llama | mistral | qwen2 | qwen3 | mlp | cnn | onnx
   std::int64_t vocab = 65, context = 64, layers = 4, heads = 4, width = 128;
   double dropout = 0.0;
   bool bias = true;
-  std::string onnx;  // kind onnx: the model file
+  std::string onnx;     // kind onnx: the model file
+  std::string decoder;  // decoder families: the model's config.json text (nn/hf_config.h),
+                        // which decides it; vocab ... width above repeat its sizes
   std::string to_json() const;
   static ModelSpec from_json(const std::string& text, const std::string& where);
 };
@@ -41,6 +43,10 @@ std::int64_t metadata_integer(const std::map<std::string, std::string>& metadata
 void save_checkpoint(const std::string& dir, nn::Model& model, const ModelSpec& spec,
                      const std::string& vocab_utf8, optim::AdamW& optimizer, std::int64_t step,
                      const std::string& config_json);
+
+// Tensors of Hugging Face state dicts that are not parameters: a tied head saved anyway,
+// GPT-2's causal-mask buffers, older Llama checkpoints' rotary frequencies.
+bool is_ignorable_extra(const std::string& name);
 
 // Loads weights into `model`; every model parameter must be present with its shape.
 // Known Hugging Face extras (lm_head.weight tied to wte, attention mask buffers) are ignored.

@@ -9,7 +9,8 @@
 // link over it. rename(2) is atomic, so a process killed at any instant (kill -9, power
 // loss after the syncs) leaves every step-* folder complete and the link pointing at one
 // of them (or missing, before the first). Older checkpoints, and the temporary folders of
-// a writer killed mid-checkpoint, are removed only after the new one is in place. `loom sample OUT/checkpoint` and `loom eval` follow the link.
+// a writer killed mid-checkpoint, are removed only after the new one is in place. `loom sample
+// OUT/checkpoint` and `loom eval` follow the link.
 #pragma once
 
 #include <cstdint>

@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "core/error.h"
+#include "nn/decoder.h"
+#include "train/hf_folder.h"
 
 namespace loom::train {
 namespace {
@@ -106,7 +108,18 @@ void TrainConfig::load_yaml(const std::string& path) {
   }
 }
 
+bool TrainConfig::text() const {
+  return model == "gpt" || nn::is_decoder_family(model) || (model == "onnx" && data != "mnist");
+}
+
 void TrainConfig::finalize() {
+  if (is_hf_folder(init)) {
+    // The folder's config.json decides the model; a different model named too is a conflict.
+    const std::string family = hf_model_spec(init).kind;
+    check(!explicitly_set.count("model") || model == family,
+          "init: " + init + " holds a " + family + " model, but model = " + model);
+    model = family;
+  }
   const contract::DefaultsKind kind =
       contract::defaults_kind(model, explicitly_set.count("data") > 0, data);
   check(model != "onnx" || !onnx.empty(), "model = onnx needs --onnx FILE (an .onnx model)");
@@ -121,8 +134,15 @@ void TrainConfig::finalize() {
     }
     check(data == "mnist",
           "model '" + model + "' trains on --data mnist, got data = '" + data + "'");
-  } else if (model == "gpt") {
-    check(data != "mnist", "model 'gpt' trains on text or random tokens, not data = 'mnist'");
+  } else if (model == "gpt" || nn::is_decoder_family(model)) {
+    check(data != "mnist",
+          "model '" + model + "' trains on text or random tokens, not data = 'mnist'");
+    check(!nn::is_decoder_family(model) || dropout == 0.0,
+          "dropout = " + std::to_string(dropout) + ": model '" + model +
+              "' has no dropout (its families train without it)");
+    check(kv_heads == 0 || heads % kv_heads == 0,
+          "heads = " + std::to_string(heads) +
+              " is not a multiple of kv_heads = " + std::to_string(kv_heads));
     check(width % heads == 0, "width = " + std::to_string(width) +
                                   " is not divisible by heads = " + std::to_string(heads));
   }

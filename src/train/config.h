@@ -52,10 +52,9 @@ struct TrainConfig {
   DType product_dtype() const;  // the products' operand precision (set_matmul_precision)
   dist::PipelineSchedule schedule() const;
 
-  // Trains on text (tokens) rather than MNIST images: gpt, or an ONNX model given text.
-  bool text() const {
-    return model == "gpt" || (model == "onnx" && data != "mnist");
-  }
+  // Trains on text (tokens) rather than MNIST images: gpt, a decoder family, or an ONNX
+  // model given text.
+  bool text() const;
 };
 
 }  // namespace loom::train

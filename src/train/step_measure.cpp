@@ -10,6 +10,7 @@
 #include "autograd/tape.h"
 #include "core/error.h"
 #include "dispatch/devices.h"
+#include "nn/decoder.h"
 #include "nn/init.h"
 #include "onnx/model.h"
 #include "optim/adamw.h"
@@ -149,7 +150,7 @@ SyntheticStep synthetic_step(const ModelSpec& spec, std::int64_t batch, Backend&
   SyntheticStep s;
   s.model = make_model(spec, 1, device);
   nn::Rng rng(7);
-  if (spec.kind == "gpt") {
+  if (spec.kind == "gpt" || nn::is_decoder_family(spec.kind)) {
     const auto n = static_cast<std::size_t>(batch * spec.context);
     const auto vocab = static_cast<std::uint64_t>(spec.vocab);
     std::vector<std::int32_t> x = random_ids(n, vocab, rng);

@@ -13,6 +13,7 @@
 #include "data/text.h"
 #include "dispatch/devices.h"
 #include "dist/communicator.h"
+#include "nn/decoder.h"
 #include "nn/init.h"
 #include "onnx/model.h"
 #include "train/checkpoint.h"
@@ -124,7 +125,8 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
                         std::int64_t tokens, double temperature, std::uint64_t seed) {
   Backend& device = dispatch::host();
   LoadedModel loaded = load_model_file(checkpoint, device);
-  check(loaded.spec.kind == "gpt" || loaded.spec.kind == "onnx",
+  check(loaded.spec.kind == "gpt" || nn::is_decoder_family(loaded.spec.kind) ||
+            loaded.spec.kind == "onnx",
         checkpoint + ": a " + loaded.spec.kind + " model does not generate text");
   check(loaded.tokenizer.size() > 0,
         checkpoint + ": has no character vocabulary (trained on random tokens?)");

@@ -19,8 +19,11 @@
 #include "core/job_contract.h"
 #include "dispatch/devices.h"
 #include "io/atomic_file.h"
+#include "nn/decoder.h"
+#include "nn/hf_config.h"
 #include "nn/init.h"
 #include "onnx/model.h"
+#include "train/hf_folder.h"
 
 namespace loom::train {
 
@@ -132,6 +135,54 @@ double mean_loss(nn::Model& model, const std::vector<data::Batch>& batches) {
   return count > 0 ? total / static_cast<double>(count) : 0.0;
 }
 
+// A decoder family's description: the config.json of the Hugging Face folder the run
+// starts from (--init DIR), else the run's keys (width, heads, kv_heads, ffn, layers,
+// context, rope_theta, tie_embeddings) with the family's own traits (Qwen2's q/k/v biases,
+// Qwen3's q/k norms).
+ModelSpec decoder_spec(const TrainConfig& cfg, std::int64_t data_vocab) {
+  ModelSpec spec;
+  if (is_hf_folder(cfg.init)) {
+    spec = hf_model_spec(cfg.init);
+    check(cfg.context <= spec.context,
+          "context = " + std::to_string(cfg.context) + " exceeds the model's " +
+              "max_position_embeddings = " + std::to_string(spec.context) + " (" + cfg.init +
+              "/config.json)");
+  } else {
+    nn::DecoderConfig c;
+    c.family = cfg.model;
+    c.vocab = data_vocab;
+    c.hidden = cfg.width;
+    c.heads = cfg.heads;
+    c.kv_heads = cfg.kv_heads > 0 ? cfg.kv_heads : cfg.heads;
+    c.head_dim = cfg.width / cfg.heads;
+    // Llama's rule for the SwiGLU width: 2/3 of 4C (the same parameters as a 4C GELU MLP),
+    // rounded up to a multiple of 32.
+    c.intermediate = cfg.ffn > 0 ? cfg.ffn : (8 * cfg.width / 3 + 31) / 32 * 32;
+    c.layers = cfg.layers;
+    c.context = cfg.context;
+    c.rope_theta = cfg.rope_theta;
+    c.tie_embeddings = cfg.tie_embeddings;
+    c.qkv_bias = cfg.model == "qwen2" ||
+                 (cfg.model == "llama" && cfg.bias && cfg.explicitly_set.count("bias") > 0);
+    c.o_bias = c.mlp_bias = cfg.model == "llama" && c.qkv_bias;
+    c.qk_norm = cfg.model == "qwen3";
+    c.validate();
+    spec.kind = c.family;
+    spec.vocab = c.vocab;
+    spec.context = c.context;
+    spec.layers = c.layers;
+    spec.heads = c.heads;
+    spec.width = c.hidden;
+    spec.bias = c.qkv_bias;
+    spec.decoder = nn::hf_config_json(c);
+  }
+  check(data_vocab <= spec.vocab,
+        "the data's vocabulary (" + std::to_string(data_vocab) +
+            " tokens) exceeds the model's vocab_size = " + std::to_string(spec.vocab));
+  spec.dropout = 0.0;
+  return spec;
+}
+
 // ---------------------------------------------------------------------------
 // TrainingRun
 // ---------------------------------------------------------------------------
@@ -155,7 +206,10 @@ TrainingRun::TrainingRun(const TrainConfig& config)
                    cfg.width,
                    cfg.dropout,
                    cfg.bias,
-                   cfg.onnx.empty() ? "" : fs::absolute(cfg.onnx).lexically_normal().string()};
+                   cfg.onnx.empty() ? "" : fs::absolute(cfg.onnx).lexically_normal().string(),
+                   ""};
+  if (nn::is_decoder_family(cfg.model))
+    spec = decoder_spec(cfg, source.vocab());
   if (pipelined) {
     check(world.size() % cfg.pipeline == 0,
           "pipeline = " + std::to_string(cfg.pipeline) + " needs a multiple of " +
@@ -176,7 +230,9 @@ TrainingRun::TrainingRun(const TrainConfig& config)
             (pipelined ? "replicas" : "processes"));
   model = make_model(spec, static_cast<std::uint64_t>(cfg.seed), device);
   check_imported_model(*model, cfg, source);
-  if (!cfg.init.empty())
+  if (is_hf_folder(cfg.init))
+    load_hf_weights(cfg.init, *model);
+  else if (!cfg.init.empty())
     load_weights(cfg.init, *model);
   optimizer = std::make_unique<optim::AdamW>(
       model->parameters(), optim::AdamWConfig{cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});

@@ -4,6 +4,7 @@
 
 #include "core/job_contract.h"
 #include "train/config.h"
+#include "train/hf_folder.h"
 #include "train/trainer.h"
 
 namespace loom::cli {
@@ -117,6 +118,21 @@ int run_eval(const EvalOptions& o) {
   else
     std::printf(o.json ? "{\"test_accuracy\": %.6f}\n" : "test accuracy %.4f\n",
                 *score.test_accuracy);
+  return contract::code(contract::ExitCode::ok);
+}
+
+CLI::App* add_export_command(CLI::App& app, ExportOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "export",
+      "write a checkpoint as a Hugging Face model folder (config.json, model.safetensors)");
+  cmd->add_option("--hf", o.checkpoint, "checkpoint folder or model.safetensors")->required();
+  cmd->add_option("out", o.out, "the folder to write")->required();
+  return cmd;
+}
+
+int run_export(const ExportOptions& o) {
+  train::export_checkpoint_hf(o.checkpoint, o.out);
+  std::printf("wrote %s (config.json, model.safetensors)\n", o.out.c_str());
   return contract::code(contract::ExitCode::ok);
 }
 

@@ -1,4 +1,5 @@
-// cli/engine/train_command — `loom train`, `loom sample` and `loom eval`: a thin layer over train/.
+// cli/engine/train_command — `loom train`, `loom sample`, `loom eval` and `loom export`: a thin
+// layer over train/.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -34,5 +35,11 @@ struct EvalOptions {
 };
 CLI::App* add_eval_command(CLI::App& app, EvalOptions& options);
 int run_eval(const EvalOptions& options);
+
+struct ExportOptions {
+  std::string checkpoint, out;
+};
+CLI::App* add_export_command(CLI::App& app, ExportOptions& options);
+int run_export(const ExportOptions& options);
 
 }  // namespace loom::cli
