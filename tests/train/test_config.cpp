@@ -53,7 +53,7 @@ TEST(Config, YamlAndFlagsAreValidatedWithFileFieldAndValue) {
     train::TrainConfig x;
     x.set("model", "rnn", "command line --model");
   });
-  EXPECT_NE(e.find("'rnn' is not one of: gpt, mlp, cnn"), std::string::npos) << e;
+  EXPECT_NE(e.find("'rnn' is not one of: gpt, llama, mistral, qwen2, qwen3, mlp, cnn"), std::string::npos) << e;
   e = error_of([&] {
     train::TrainConfig x;
     x.load_yaml(dir + "/absent.yaml");
