@@ -4,6 +4,7 @@
 // ids (kernels cannot raise errors).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -77,6 +78,35 @@ inline int math_unary_code(MathFunction f) {
 }
 // Codes of the `unary_backward` kernels: relu (dy, x), gelu (dy, x), tanh (dy, y).
 enum class UnaryBackwardKernel : int { relu = 0, gelu = 1, tanh = 2 };
+
+// Attention's operands as strided views, for causal_attention's fused qkv [B,T,3C] and
+// attention's separate q [B,Tq,H,D], k and v [B,Tk,G,D] alike: row strides of q (and dq),
+// of k and v, of out (and dout); batch strides of each. Query head h reads key/value head
+// h / (H/G); query i sits at position i + Tk - Tq.
+struct AttentionLayout {
+  std::int64_t b, tq, tk, h, g, d;
+  std::int64_t ld_q, ld_kv, ld_o;
+  std::int64_t batch_q, batch_kv, batch_o;
+  float scale() const { return 1.0f / std::sqrt(static_cast<float>(d)); }
+  std::int64_t offset() const { return tk - tq; }  // query i sees keys 0..i + offset()
+  std::int64_t group() const { return h / g; }     // query heads per key/value head
+};
+inline AttentionLayout fused_attention_layout(const Tensor& qkv, std::int64_t heads) {
+  std::int64_t b = qkv.dim(0), t = qkv.dim(1), c = qkv.dim(2) / 3;
+  return {b, t, t, heads, heads, c / heads, 3 * c, 3 * c, c, t * 3 * c, t * 3 * c, t * c};
+}
+inline AttentionLayout grouped_attention_layout(const Tensor& q, const Tensor& k) {
+  std::int64_t b = q.dim(0), tq = q.dim(1), tk = k.dim(1), h = q.dim(2), g = k.dim(2), d = q.dim(3);
+  return {b, tq, tk, h, g, d, h * d, g * d, h * d, tq * h * d, tk * g * d, tq * h * d};
+}
+// The head size D of an attention call (forward or backward, fused or grouped).
+inline std::int64_t attention_head_dim(const OpCall& call) {
+  const bool forward = call.op == OpId::causal_attention || call.op == OpId::attention;
+  const Tensor& first = call.inputs[forward ? 0 : 1];
+  if (call.op == OpId::attention || call.op == OpId::attention_backward)
+    return first.dim(3);
+  return first.dim(2) / 3 / std::max<std::int64_t>(call.attrs.heads, 1);
+}
 
 // Conditions the device backends' kernel tables share (backends/kernel_table.h).
 inline bool f32_fill(const OpCall& call) {

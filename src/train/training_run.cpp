@@ -135,10 +135,7 @@ double mean_loss(nn::Model& model, const std::vector<data::Batch>& batches) {
   return count > 0 ? total / static_cast<double>(count) : 0.0;
 }
 
-// A decoder family's description: the config.json of the Hugging Face folder the run
-// starts from (--init DIR), else the run's keys (width, heads, kv_heads, ffn, layers,
-// context, rope_theta, tie_embeddings) with the family's own traits (Qwen2's q/k/v biases,
-// Qwen3's q/k norms).
+// Qwen2's q/k/v biases, Qwen3's q/k norms; llama's biases only when `bias` is set.
 ModelSpec decoder_spec(const TrainConfig& cfg, std::int64_t data_vocab) {
   ModelSpec spec;
   if (is_hf_folder(cfg.init)) {

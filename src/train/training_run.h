@@ -32,6 +32,12 @@
 
 namespace loom::train {
 
+// A decoder family's description (model = llama | mistral | qwen2 | qwen3): the config.json
+// of the Hugging Face folder the run starts from (--init DIR), else the run's keys (width,
+// heads, kv_heads, ffn, layers, context, rope_theta, tie_embeddings) with the family's own
+// traits; `data_vocab` tokens must fit its vocabulary.
+ModelSpec decoder_spec(const TrainConfig& cfg, std::int64_t data_vocab);
+
 // Data parallelism: each of the job's processes (mpirun -np N) trains on its share of
 // every batch; gradients are averaged, so the N processes take the steps one process
 // would take with the whole batch. Rank 0 alone logs, evaluates and writes. With

@@ -12,6 +12,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/vec_math.h"
+#include "backends/device_ops.h"
 #include "core/error.h"
 
 namespace loom::cpu {
@@ -272,28 +273,12 @@ void cross_entropy_backward(const OpCall& call) {
 // (almost all) never computed.
 constexpr std::int64_t kQueryBlock = 64;  // measured: 64 beats 32 at T = 64 and 128 (bigger GEMMs)
 
-struct AttentionLayout {
-  std::int64_t b, tq, tk, h, g, d;
-  std::int64_t ld_q, ld_kv, ld_o;           // row strides of q, of k and v, of out
-  std::int64_t batch_q, batch_kv, batch_o;  // batch strides
-  std::int64_t offset() const { return tk - tq; }
-  std::int64_t group() const { return h / g; }
-};
-// causal_attention: qkv [B,T,3C], out [B,T,C], heads H = G.
-AttentionLayout fused_layout(const Tensor& qkv, std::int64_t heads) {
-  std::int64_t b = qkv.dim(0), t = qkv.dim(1), c = qkv.dim(2) / 3;
-  return {b, t, t, heads, heads, c / heads, 3 * c, 3 * c, c, t * 3 * c, t * 3 * c, t * c};
-}
-// attention: q [B,Tq,H,D], k and v [B,Tk,G,D], out [B,Tq,H,D].
-AttentionLayout grouped_layout(const Tensor& q, const Tensor& k) {
-  std::int64_t b = q.dim(0), tq = q.dim(1), tk = k.dim(1), h = q.dim(2), g = k.dim(2), d = q.dim(3);
-  return {b, tq, tk, h, g, d, h * d, g * d, h * d, tq * h * d, tk * g * d, tq * h * d};
-}
+using device_ops::AttentionLayout;
 
 // q, k, v, out: the first element of batch 0, head 0 of each.
 void attention_forward(const AttentionLayout& s, const float* q, const float* k, const float* v,
                        float* out, float* lse) {
-  float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  float scale = s.scale();
 #pragma omp parallel
   {
     std::vector<float> scores(static_cast<std::size_t>(kQueryBlock * s.tk));
@@ -408,14 +393,14 @@ void attention_backward_pass(const AttentionLayout& s, const float* dout, const 
 
 void causal_attention(const OpCall& call) {
   const float* qkv = call.inputs[0].data<float>();
-  AttentionLayout s = fused_layout(call.inputs[0], call.attrs.heads);
+  AttentionLayout s = device_ops::fused_attention_layout(call.inputs[0], call.attrs.heads);
   attention_forward(s, qkv, qkv + s.h * s.d, qkv + 2 * s.h * s.d, call.outputs[0].data<float>(),
                     call.outputs[1].data<float>());
 }
 
 void causal_attention_backward(const OpCall& call) {
   const float* qkv = call.inputs[1].data<float>();
-  AttentionLayout s = fused_layout(call.inputs[1], call.attrs.heads);
+  AttentionLayout s = device_ops::fused_attention_layout(call.inputs[1], call.attrs.heads);
   float* dqkv = call.outputs[0].data<float>();
   const std::int64_t c = s.h * s.d;
   attention_backward_pass(s, call.inputs[0].data<float>(), qkv, qkv + c, qkv + 2 * c,
@@ -424,14 +409,14 @@ void causal_attention_backward(const OpCall& call) {
 }
 
 void attention(const OpCall& call) {
-  AttentionLayout s = grouped_layout(call.inputs[0], call.inputs[1]);
+  AttentionLayout s = device_ops::grouped_attention_layout(call.inputs[0], call.inputs[1]);
   attention_forward(s, call.inputs[0].data<float>(), call.inputs[1].data<float>(),
                     call.inputs[2].data<float>(), call.outputs[0].data<float>(),
                     call.outputs[1].data<float>());
 }
 
 void attention_backward(const OpCall& call) {
-  AttentionLayout s = grouped_layout(call.inputs[1], call.inputs[2]);
+  AttentionLayout s = device_ops::grouped_attention_layout(call.inputs[1], call.inputs[2]);
   attention_backward_pass(
       s, call.inputs[0].data<float>(), call.inputs[1].data<float>(), call.inputs[2].data<float>(),
       call.inputs[3].data<float>(), call.inputs[4].data<float>(), call.inputs[5].data<float>(),

@@ -320,54 +320,61 @@ __kernel void layer_norm_backward_cols(__global const float* dy, const ulong dy_
   db[db_off + j] = sb;
 }
 
-// ---- causal attention on qkv [B,T,3C] (head h uses columns h*D.. of q, k, v) -------------
+// ---- attention -------------------------------------------------------------------------
+// One family of kernels for causal_attention's fused qkv [B,T,3C] and attention's separate
+// q [B,Tq,H,D], k and v [B,Tk,G,D]: q, k, v and out are strided views, row strides ldq, ldkv,
+// ldo and batch strides bq, bkv, bo, each head's D columns at h*D (query heads) or g*D (key/
+// value heads, g = h / (H/G)). Query i sits at position i + Tk - Tq and sees keys 0..that.
 #define LOOM_MAX_HEAD 256
+#define LOOM_ATTENTION_LAYOUT                                                                  \
+  const ulong Tq, const ulong Tk, const ulong H, const ulong G, const ulong D, const ulong ldq, \
+      const ulong ldkv, const ulong ldo, const ulong bq, const ulong bkv, const ulong bo, const float scale
 
 // One work-item per (b, h, i): out[b,i,h,:] and lse[b,h,i].
-__kernel void attention_forward(__global const float* qkv, const ulong qkv_off, __global float* out,
-                                const ulong out_off, __global float* lse, const ulong lse_off, const ulong T,
-                                const ulong C, const ulong H, const float scale) {
-  ulong id = get_global_id(0), i = id % T, h = (id / T) % H, b = id / (T * H);
-  ulong D = C / H, ld = 3 * C;
-  __global const float* q = qkv + qkv_off + (b * T + i) * ld + h * D;
+__kernel void attention_forward(__global const float* q, const ulong q_off, __global const float* k,
+                                const ulong k_off, __global const float* v, const ulong v_off, __global float* out,
+                                const ulong out_off, __global float* lse, const ulong lse_off,
+                                LOOM_ATTENTION_LAYOUT) {
+  ulong id = get_global_id(0), i = id % Tq, h = (id / Tq) % H, b = id / (Tq * H);
+  ulong g = h / (H / G), last = i + Tk - Tq;
+  __global const float* qi = q + q_off + b * bq + i * ldq + h * D;
+  __global const float* k0 = k + k_off + b * bkv + g * D;
+  __global const float* v0 = v + v_off + b * bkv + g * D;
   float m = -INFINITY;
-  for (ulong j = 0; j <= i; ++j) {
-    __global const float* k = qkv + qkv_off + (b * T + j) * ld + C + h * D;
+  for (ulong j = 0; j <= last; ++j) {
     float s = 0.0f;
-    for (ulong e = 0; e < D; ++e) s += q[e] * k[e];
+    for (ulong e = 0; e < D; ++e) s += qi[e] * k0[j * ldkv + e];
     m = fmax(m, s * scale);
   }
   float acc[LOOM_MAX_HEAD];
   for (ulong e = 0; e < D; ++e) acc[e] = 0.0f;
   float total = 0.0f;
-  for (ulong j = 0; j <= i; ++j) {
-    __global const float* k = qkv + qkv_off + (b * T + j) * ld + C + h * D;
-    __global const float* v = qkv + qkv_off + (b * T + j) * ld + 2 * C + h * D;
+  for (ulong j = 0; j <= last; ++j) {
     float s = 0.0f;
-    for (ulong e = 0; e < D; ++e) s += q[e] * k[e];
+    for (ulong e = 0; e < D; ++e) s += qi[e] * k0[j * ldkv + e];
     float p = exp(s * scale - m);
     total += p;
-    for (ulong e = 0; e < D; ++e) acc[e] += p * v[e];
+    for (ulong e = 0; e < D; ++e) acc[e] += p * v0[j * ldkv + e];
   }
-  for (ulong e = 0; e < D; ++e) out[out_off + (b * T + i) * C + h * D + e] = acc[e] / total;
-  lse[lse_off + (b * H + h) * T + i] = m + log(total);
+  for (ulong e = 0; e < D; ++e) out[out_off + b * bo + i * ldo + h * D + e] = acc[e] / total;
+  lse[lse_off + (b * H + h) * Tq + i] = m + log(total);
 }
 
-// p_ij and ds_ij = p_ij (dO_i . v_j - dO_i . O_i), recomputed from lse.
-float attention_ds(__global const float* qkv, const ulong qkv_off, __global const float* dout, const ulong dout_off,
+// p_ij and ds_ij = p_ij (dO_i . v_j - dO_i . O_i), recomputed from lse (dO and O: out's layout).
+float attention_ds(__global const float* q, const ulong q_off, __global const float* k, const ulong k_off,
+                   __global const float* v, const ulong v_off, __global const float* dout, const ulong dout_off,
                    __global const float* out, const ulong out_off, const float lse_i, const ulong b, const ulong h,
-                   const ulong i, const ulong j, const ulong T, const ulong C, const ulong H, const float scale,
-                   float* p_out) {
-  ulong D = C / H, ld = 3 * C;
-  __global const float* q = qkv + qkv_off + (b * T + i) * ld + h * D;
-  __global const float* k = qkv + qkv_off + (b * T + j) * ld + C + h * D;
-  __global const float* v = qkv + qkv_off + (b * T + j) * ld + 2 * C + h * D;
-  __global const float* dO = dout + dout_off + (b * T + i) * C + h * D;
-  __global const float* O = out + out_off + (b * T + i) * C + h * D;
+                   const ulong i, const ulong j, LOOM_ATTENTION_LAYOUT, float* p_out) {
+  ulong g = h / (H / G);
+  __global const float* qi = q + q_off + b * bq + i * ldq + h * D;
+  __global const float* kj = k + k_off + b * bkv + j * ldkv + g * D;
+  __global const float* vj = v + v_off + b * bkv + j * ldkv + g * D;
+  __global const float* dO = dout + dout_off + b * bo + i * ldo + h * D;
+  __global const float* O = out + out_off + b * bo + i * ldo + h * D;
   float s = 0.0f, dp = 0.0f, delta = 0.0f;
   for (ulong e = 0; e < D; ++e) {
-    s += q[e] * k[e];
-    dp += dO[e] * v[e];
+    s += qi[e] * kj[e];
+    dp += dO[e] * vj[e];
     delta += dO[e] * O[e];
   }
   float p = exp(s * scale - lse_i);
@@ -375,48 +382,136 @@ float attention_ds(__global const float* qkv, const ulong qkv_off, __global cons
   return p * (dp - delta);
 }
 
-// One work-item per (b, h, i): dq_i = scale sum_{j<=i} ds_ij k_j.
-__kernel void attention_backward_dq(__global const float* dout, const ulong dout_off, __global const float* qkv,
-                                    const ulong qkv_off, __global const float* out, const ulong out_off,
-                                    __global const float* lse, const ulong lse_off, __global float* dqkv,
-                                    const ulong dqkv_off, const ulong T, const ulong C, const ulong H,
-                                    const float scale) {
-  ulong id = get_global_id(0), i = id % T, h = (id / T) % H, b = id / (T * H);
-  ulong D = C / H, ld = 3 * C;
+#define LOOM_ATTENTION_ARGS Tq, Tk, H, G, D, ldq, ldkv, ldo, bq, bkv, bo, scale
+
+// One work-item per (b, h, i): dq_i = scale sum_{j <= last_i} ds_ij k_j (dq: q's layout).
+__kernel void attention_backward_dq(__global const float* dout, const ulong dout_off, __global const float* q,
+                                    const ulong q_off, __global const float* k, const ulong k_off,
+                                    __global const float* v, const ulong v_off, __global const float* out,
+                                    const ulong out_off, __global const float* lse, const ulong lse_off,
+                                    __global float* dq, const ulong dq_off, LOOM_ATTENTION_LAYOUT) {
+  ulong id = get_global_id(0), i = id % Tq, h = (id / Tq) % H, b = id / (Tq * H);
+  ulong g = h / (H / G), last = i + Tk - Tq;
   float acc[LOOM_MAX_HEAD];
   for (ulong e = 0; e < D; ++e) acc[e] = 0.0f;
-  float lse_i = lse[lse_off + (b * H + h) * T + i], p;
-  for (ulong j = 0; j <= i; ++j) {
-    float ds = attention_ds(qkv, qkv_off, dout, dout_off, out, out_off, lse_i, b, h, i, j, T, C, H, scale, &p);
-    __global const float* k = qkv + qkv_off + (b * T + j) * ld + C + h * D;
-    for (ulong e = 0; e < D; ++e) acc[e] += ds * scale * k[e];
+  float lse_i = lse[lse_off + (b * H + h) * Tq + i], p;
+  for (ulong j = 0; j <= last; ++j) {
+    float ds = attention_ds(q, q_off, k, k_off, v, v_off, dout, dout_off, out, out_off, lse_i, b, h, i, j,
+                            LOOM_ATTENTION_ARGS, &p);
+    __global const float* kj = k + k_off + b * bkv + j * ldkv + g * D;
+    for (ulong e = 0; e < D; ++e) acc[e] += ds * scale * kj[e];
   }
-  for (ulong e = 0; e < D; ++e) dqkv[dqkv_off + (b * T + i) * ld + h * D + e] = acc[e];
+  for (ulong e = 0; e < D; ++e) dq[dq_off + b * bq + i * ldq + h * D + e] = acc[e];
 }
 
-// One work-item per (b, h, j): dk_j = scale sum_{i>=j} ds_ij q_i; dv_j = sum_{i>=j} p_ij dO_i.
-__kernel void attention_backward_dkv(__global const float* dout, const ulong dout_off, __global const float* qkv,
-                                     const ulong qkv_off, __global const float* out, const ulong out_off,
-                                     __global const float* lse, const ulong lse_off, __global float* dqkv,
-                                     const ulong dqkv_off, const ulong T, const ulong C, const ulong H,
-                                     const float scale) {
-  ulong id = get_global_id(0), j = id % T, h = (id / T) % H, b = id / (T * H);
-  ulong D = C / H, ld = 3 * C;
-  float dk[LOOM_MAX_HEAD], dv[LOOM_MAX_HEAD];
-  for (ulong e = 0; e < D; ++e) dk[e] = dv[e] = 0.0f;
+// One work-item per (b, g, j): over the query heads h of group g and the queries i that see
+// key j, dk_j = scale sum ds_ij q_i and dv_j = sum p_ij dO_i (dk, dv: k's layout).
+__kernel void attention_backward_dkv(__global const float* dout, const ulong dout_off, __global const float* q,
+                                     const ulong q_off, __global const float* k, const ulong k_off,
+                                     __global const float* v, const ulong v_off, __global const float* out,
+                                     const ulong out_off, __global const float* lse, const ulong lse_off,
+                                     __global float* dk, const ulong dk_off, __global float* dv, const ulong dv_off,
+                                     LOOM_ATTENTION_LAYOUT) {
+  ulong id = get_global_id(0), j = id % Tk, g = (id / Tk) % G, b = id / (Tk * G);
+  ulong offset = Tk - Tq, first = j > offset ? j - offset : 0, group = H / G;
+  float dkj[LOOM_MAX_HEAD], dvj[LOOM_MAX_HEAD];
+  for (ulong e = 0; e < D; ++e) dkj[e] = dvj[e] = 0.0f;
   float p;
-  for (ulong i = j; i < T; ++i) {
-    float lse_i = lse[lse_off + (b * H + h) * T + i];
-    float ds = attention_ds(qkv, qkv_off, dout, dout_off, out, out_off, lse_i, b, h, i, j, T, C, H, scale, &p);
-    __global const float* q = qkv + qkv_off + (b * T + i) * ld + h * D;
-    __global const float* dO = dout + dout_off + (b * T + i) * C + h * D;
-    for (ulong e = 0; e < D; ++e) {
-      dk[e] += ds * scale * q[e];
-      dv[e] += p * dO[e];
+  for (ulong h = g * group; h < (g + 1) * group; ++h) {
+    for (ulong i = first; i < Tq; ++i) {
+      float lse_i = lse[lse_off + (b * H + h) * Tq + i];
+      float ds = attention_ds(q, q_off, k, k_off, v, v_off, dout, dout_off, out, out_off, lse_i, b, h, i, j,
+                              LOOM_ATTENTION_ARGS, &p);
+      __global const float* qi = q + q_off + b * bq + i * ldq + h * D;
+      __global const float* dO = dout + dout_off + b * bo + i * ldo + h * D;
+      for (ulong e = 0; e < D; ++e) {
+        dkj[e] += ds * scale * qi[e];
+        dvj[e] += p * dO[e];
+      }
     }
   }
   for (ulong e = 0; e < D; ++e) {
-    dqkv[dqkv_off + (b * T + j) * ld + C + h * D + e] = dk[e];
-    dqkv[dqkv_off + (b * T + j) * ld + 2 * C + h * D + e] = dv[e];
+    dk[dk_off + b * bkv + j * ldkv + g * D + e] = dkj[e];
+    dv[dv_off + b * bkv + j * ldkv + g * D + e] = dvj[e];
   }
+}
+
+// ---- RMSNorm, rotary positions, SiLU and SwiGLU -------------------------------------------
+// One work-item per row: rstd = (mean(x^2) + eps)^(-1/2), y = x rstd w.
+__kernel void rms_norm_rows(__global const float* x, const ulong x_off, __global const float* w, const ulong w_off,
+                            __global float* y, const ulong y_off, __global float* rstd, const ulong rstd_off,
+                            const ulong c, const float eps) {
+  ulong r = get_global_id(0);
+  __global const float* xr = x + x_off + r * c;
+  float squares = 0.0f;
+  for (ulong j = 0; j < c; ++j) squares += xr[j] * xr[j];
+  float rs = 1.0f / sqrt(squares / (float)c + eps);
+  for (ulong j = 0; j < c; ++j) y[y_off + r * c + j] = xr[j] * rs * w[w_off + j];
+  rstd[rstd_off + r] = rs;
+}
+
+// Per row: dx = rstd (g - xhat mean(g xhat)), g = dy w, xhat = x rstd.
+__kernel void rms_norm_backward_rows(__global const float* dy, const ulong dy_off, __global const float* x,
+                                     const ulong x_off, __global const float* w, const ulong w_off,
+                                     __global const float* rstd, const ulong rstd_off, __global float* dx,
+                                     const ulong dx_off, const ulong c) {
+  ulong r = get_global_id(0);
+  float rs = rstd[rstd_off + r], mgx = 0.0f;
+  for (ulong j = 0; j < c; ++j) mgx += dy[dy_off + r * c + j] * w[w_off + j] * x[x_off + r * c + j] * rs;
+  mgx /= (float)c;
+  for (ulong j = 0; j < c; ++j) {
+    float xhat = x[x_off + r * c + j] * rs;
+    dx[dx_off + r * c + j] = rs * (dy[dy_off + r * c + j] * w[w_off + j] - xhat * mgx);
+  }
+}
+
+// Per column: dw = sum_rows dy xhat.
+__kernel void rms_norm_backward_cols(__global const float* dy, const ulong dy_off, __global const float* x,
+                                     const ulong x_off, __global const float* rstd, const ulong rstd_off,
+                                     __global float* dw, const ulong dw_off, const ulong rows, const ulong c) {
+  ulong j = get_global_id(0);
+  float sw = 0.0f;
+  for (ulong r = 0; r < rows; ++r) sw += dy[dy_off + r * c + j] * x[x_off + r * c + j] * rstd[rstd_off + r];
+  dw[dw_off + j] = sw;
+}
+
+// One work-item per pair (row of D, i < D/2): the row's position is (row / N) % T.
+__kernel void rope(__global const float* x, const ulong x_off, __global const float* cs, const ulong cs_off,
+                   __global const float* sn, const ulong sn_off, __global float* y, const ulong y_off,
+                   const ulong T, const ulong N, const ulong pairs) {
+  ulong id = get_global_id(0), i = id % pairs, row = id / pairs, t = (row / N) % T;
+  float c = cs[cs_off + t * pairs + i], s = sn[sn_off + t * pairs + i];
+  float a = x[x_off + row * 2 * pairs + i], b = x[x_off + row * 2 * pairs + pairs + i];
+  y[y_off + row * 2 * pairs + i] = a * c - b * s;
+  y[y_off + row * 2 * pairs + pairs + i] = b * c + a * s;
+}
+
+float loom_sigmoid(const float x) { return 1.0f / (1.0f + exp(-x)); }
+
+__kernel void silu(__global const float* x, const ulong x_off, __global float* y, const ulong y_off) {
+  size_t i = get_global_id(0);
+  float v = x[x_off + i];
+  y[y_off + i] = v * loom_sigmoid(v);
+}
+// dy s (1 + x (1 - s))
+__kernel void silu_backward(__global const float* dy, const ulong dy_off, __global const float* x,
+                            const ulong x_off, __global float* dx, const ulong dx_off) {
+  size_t i = get_global_id(0);
+  float v = x[x_off + i], s = loom_sigmoid(v);
+  dx[dx_off + i] = dy[dy_off + i] * s * (1.0f + v * (1.0f - s));
+}
+__kernel void swiglu(__global const float* gate, const ulong gate_off, __global const float* up,
+                     const ulong up_off, __global float* y, const ulong y_off) {
+  size_t i = get_global_id(0);
+  float g = gate[gate_off + i];
+  y[y_off + i] = g * loom_sigmoid(g) * up[up_off + i];
+}
+__kernel void swiglu_backward(__global const float* dy, const ulong dy_off, __global const float* gate,
+                              const ulong gate_off, __global const float* up, const ulong up_off,
+                              __global float* dgate, const ulong dgate_off, __global float* dup,
+                              const ulong dup_off) {
+  size_t i = get_global_id(0);
+  float g = gate[gate_off + i], s = loom_sigmoid(g), d = dy[dy_off + i];
+  dgate[dgate_off + i] = d * up[up_off + i] * s * (1.0f + g * (1.0f - s));
+  dup[dup_off + i] = d * g * s;
 }

@@ -186,6 +186,10 @@ class OpenClBackend final : public Backend {
   void cross_entropy_backward(const OpCall& call);
   void layer_norm_backward(const OpCall& call);
   void attention(const OpCall& call);
+  void rms_norm(const OpCall& call);
+  void rms_norm_backward(const OpCall& call);
+  void rope(const OpCall& call);
+  void gated(const OpCall& call);  // silu, swiglu and their backwards
   void adamw(const OpCall& call);
   // fused_elementwise: a kernel generated for the chain, built once per chain and way of
   // reading its inputs (kept here and in the disk cache).

@@ -48,10 +48,9 @@ bool f32_expand(const OpCall& call) {
   return device_ops::f32_except_ids(call) &&
          call.attrs.shape.size() <= static_cast<std::size_t>(kMaxCopyRank);
 }
+// The kernels keep a head's D accumulators in registers: at most kMaxHead of them.
 bool f32_attention(const OpCall& call) {
-  const Tensor& qkv = call.inputs[call.op == OpId::causal_attention ? 0 : 1];
-  return device_ops::f32_except_ids(call) &&
-         qkv.dim(2) / 3 / std::max<std::int64_t>(call.attrs.heads, 1) <= kMaxHead;
+  return device_ops::f32_except_ids(call) && device_ops::attention_head_dim(call) <= kMaxHead;
 }
 }  // namespace
 
@@ -322,25 +321,111 @@ void OpenClBackend::layer_norm_backward(const OpCall& call) {
       mem_of(out[2]), off_of(out[2]), static_cast<cl_ulong>(rows), static_cast<cl_ulong>(c));
 }
 
-// causal_attention and its backward: one work item per (batch, head, query row).
+// causal_attention, attention and their backwards: one work item per (batch, head, query
+// row) for the output and dq, per (batch, key/value head, key row) for dk and dv.
 void OpenClBackend::attention(const OpCall& call) {
   const auto& in = call.inputs;
   auto& out = call.outputs;
-  const bool forward = call.op == OpId::causal_attention;
-  const Tensor& qkv = in[forward ? 0 : 1];
-  cl_ulong b = static_cast<cl_ulong>(qkv.dim(0)), t = static_cast<cl_ulong>(qkv.dim(1));
-  cl_ulong c = static_cast<cl_ulong>(qkv.dim(2) / 3), h = static_cast<cl_ulong>(call.attrs.heads);
-  float scale = 1.0f / std::sqrt(static_cast<float>(c / h));
-  std::size_t items = static_cast<std::size_t>(b * h * t);
+  const bool fused =
+      call.op == OpId::causal_attention || call.op == OpId::causal_attention_backward;
+  const bool forward = call.op == OpId::causal_attention || call.op == OpId::attention;
+  const device_ops::AttentionLayout a =
+      fused ? device_ops::fused_attention_layout(in[forward ? 0 : 1], call.attrs.heads)
+            : device_ops::grouped_attention_layout(in[forward ? 0 : 1], in[forward ? 1 : 2]);
+  // q, k, v (and dq, dk, dv) as buffer and offset: the fused tensor's thirds, or three tensors.
+  const std::size_t first = forward ? 0 : 1;
+  const Tensor& q = in[first];
+  const Tensor& k = fused ? q : in[first + 1];
+  const Tensor& v = fused ? q : in[first + 2];
+  const cl_ulong third = static_cast<cl_ulong>(a.h * a.d);
+  const cl_ulong q_off = off_of(q), k_off = off_of(k) + (fused ? third : 0),
+                 v_off = off_of(v) + (fused ? 2 * third : 0);
+  auto layout = [&](auto launch) {
+    launch(static_cast<cl_ulong>(a.tq), static_cast<cl_ulong>(a.tk), static_cast<cl_ulong>(a.h),
+           static_cast<cl_ulong>(a.g), static_cast<cl_ulong>(a.d), static_cast<cl_ulong>(a.ld_q),
+           static_cast<cl_ulong>(a.ld_kv), static_cast<cl_ulong>(a.ld_o),
+           static_cast<cl_ulong>(a.batch_q), static_cast<cl_ulong>(a.batch_kv),
+           static_cast<cl_ulong>(a.batch_o), a.scale());
+  };
+  const std::size_t query_items = static_cast<std::size_t>(a.b * a.h * a.tq);
   if (forward) {
-    run("attention_forward", items, mem_of(qkv), off_of(qkv), mem_of(out[0]), off_of(out[0]),
-        mem_of(out[1]), off_of(out[1]), t, c, h, scale);
+    layout([&](auto... l) {
+      run("attention_forward", query_items, mem_of(q), q_off, mem_of(k), k_off, mem_of(v), v_off,
+          mem_of(out[0]), off_of(out[0]), mem_of(out[1]), off_of(out[1]), l...);
+    });
     return;
   }
-  for (const char* k : {"attention_backward_dq", "attention_backward_dkv"})
-    run(k, items, mem_of(in[0]), off_of(in[0]), mem_of(qkv), off_of(qkv), mem_of(in[2]),
-        off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]), t, c, h,
-        scale);
+  const Tensor& o = in[fused ? 2 : 4];
+  const Tensor& lse = in[fused ? 3 : 5];
+  const Tensor& dq = out[0];
+  const Tensor& dk = fused ? dq : out[1];
+  const Tensor& dv = fused ? dq : out[2];
+  const cl_ulong dk_off = off_of(dk) + (fused ? third : 0),
+                 dv_off = off_of(dv) + (fused ? 2 * third : 0);
+  layout([&](auto... l) {
+    run("attention_backward_dq", query_items, mem_of(in[0]), off_of(in[0]), mem_of(q), q_off,
+        mem_of(k), k_off, mem_of(v), v_off, mem_of(o), off_of(o), mem_of(lse), off_of(lse),
+        mem_of(dq), off_of(dq), l...);
+    run("attention_backward_dkv", static_cast<std::size_t>(a.b * a.g * a.tk), mem_of(in[0]),
+        off_of(in[0]), mem_of(q), q_off, mem_of(k), k_off, mem_of(v), v_off, mem_of(o), off_of(o),
+        mem_of(lse), off_of(lse), mem_of(dk), dk_off, mem_of(dv), dv_off, l...);
+  });
+}
+
+void OpenClBackend::rms_norm(const OpCall& call) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  std::size_t c = static_cast<std::size_t>(in[0].dim(-1)), rows = c == 0 ? 0 : count(in[0]) / c;
+  run("rms_norm_rows", rows, mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]),
+      mem_of(out[0]), off_of(out[0]), mem_of(out[1]), off_of(out[1]), static_cast<cl_ulong>(c),
+      static_cast<cl_float>(call.attrs.eps));
+}
+
+void OpenClBackend::rms_norm_backward(const OpCall& call) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  const Tensor& x = in[1];
+  std::size_t c = static_cast<std::size_t>(x.dim(-1)), rows = c == 0 ? 0 : count(x) / c;
+  run("rms_norm_backward_rows", rows, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x),
+      mem_of(in[2]), off_of(in[2]), mem_of(in[3]), off_of(in[3]), mem_of(out[0]), off_of(out[0]),
+      static_cast<cl_ulong>(c));
+  run("rms_norm_backward_cols", c, mem_of(in[0]), off_of(in[0]), mem_of(x), off_of(x),
+      mem_of(in[3]), off_of(in[3]), mem_of(out[1]), off_of(out[1]), static_cast<cl_ulong>(rows),
+      static_cast<cl_ulong>(c));
+}
+
+void OpenClBackend::rope(const OpCall& call) {
+  const auto& in = call.inputs;
+  Tensor& y = call.outputs[0];
+  const Tensor& x = in[0];
+  run("rope", count(x) / 2, mem_of(x), off_of(x), mem_of(in[1]), off_of(in[1]), mem_of(in[2]),
+      off_of(in[2]), mem_of(y), off_of(y), static_cast<cl_ulong>(x.dim(-3)),
+      static_cast<cl_ulong>(x.dim(-2)), static_cast<cl_ulong>(x.dim(-1) / 2));
+}
+
+// silu, silu_backward, swiglu, swiglu_backward: one work item per element, each input and
+// output passed as buffer and offset in the op's order.
+void OpenClBackend::gated(const OpCall& call) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  const std::size_t n = count(in[0]);
+  switch (call.op) {
+    case OpId::silu:
+      run("silu", n, mem_of(in[0]), off_of(in[0]), mem_of(out[0]), off_of(out[0]));
+      break;
+    case OpId::silu_backward:
+      run("silu_backward", n, mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]),
+          mem_of(out[0]), off_of(out[0]));
+      break;
+    case OpId::swiglu:
+      run("swiglu", n, mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]), mem_of(out[0]),
+          off_of(out[0]));
+      break;
+    default:  // swiglu_backward
+      run("swiglu_backward", n, mem_of(in[0]), off_of(in[0]), mem_of(in[1]), off_of(in[1]),
+          mem_of(in[2]), off_of(in[2]), mem_of(out[0]), off_of(out[0]), mem_of(out[1]),
+          off_of(out[1]));
+  }
 }
 
 void OpenClBackend::adamw(const OpCall& call) {
@@ -364,6 +449,15 @@ const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
                     {OpId::matmul_elementwise, f32_cheap_epilogue, &B::matmul_elementwise},
                     {OpId::causal_attention, f32_attention, &B::attention},
                     {OpId::causal_attention_backward, f32_attention, &B::attention},
+                    {OpId::attention, f32_attention, &B::attention},
+                    {OpId::attention_backward, f32_attention, &B::attention},
+                    {OpId::rms_norm, device_ops::f32_except_ids, &B::rms_norm},
+                    {OpId::rms_norm_backward, device_ops::f32_except_ids, &B::rms_norm_backward},
+                    {OpId::rope, device_ops::f32_except_ids, &B::rope},
+                    {OpId::silu, device_ops::f32_except_ids, &B::gated},
+                    {OpId::silu_backward, device_ops::f32_except_ids, &B::gated},
+                    {OpId::swiglu, device_ops::f32_except_ids, &B::gated},
+                    {OpId::swiglu_backward, device_ops::f32_except_ids, &B::gated},
                     {OpId::fused_elementwise, fused_rank_fits, &B::fused},
                 }));
   return table;

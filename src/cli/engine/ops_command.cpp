@@ -14,6 +14,7 @@
 #include "dispatch/devices.h"
 #include "dispatch/dispatch.h"
 #include "graph/graph.h"
+#include "nn/decoder.h"
 #include "nn/init.h"
 #include "onnx/model.h"
 #include "onnx/parser.h"
@@ -21,6 +22,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/step_measure.h"
+#include "train/training_run.h"
 
 namespace loom::cli {
 namespace {
@@ -127,6 +129,15 @@ Report measure(const OpsOptions& o, Backend& device) {
     spec.heads = o.heads;
     spec.context = o.context;
     spec.vocab = o.vocab;
+  } else if (nn::is_decoder_family(o.model)) {
+    train::TrainConfig shape;  // the decoder loom train builds for these keys
+    shape.model = o.model;
+    shape.layers = o.layers;
+    shape.width = o.width;
+    shape.heads = o.heads;
+    shape.kv_heads = o.kv_heads;
+    shape.context = o.context;
+    spec = train::decoder_spec(shape, o.vocab);
   } else if (o.model == "onnx") {
     check(!o.onnx.empty(), "loom ops --model onnx needs --onnx FILE");
     spec.onnx = o.onnx;
@@ -195,14 +206,18 @@ std::string cell_text(const Cell& c) {
 CLI::App* add_ops_command(CLI::App& app, OpsOptions& o) {
   CLI::App* ops =
       app.add_subcommand("ops", "operator coverage of a model's training step on each backend");
-  ops->add_option("--model", o.model, "gpt | mlp | cnn | onnx (with --onnx FILE)")
-      ->check(CLI::IsMember({"gpt", "mlp", "cnn", "onnx"}));
+  ops->add_option("--model", o.model,
+                  "gpt | llama | mistral | qwen2 | qwen3 | mlp | cnn | onnx (with --onnx FILE)")
+      ->check(CLI::IsMember({"gpt", "llama", "mistral", "qwen2", "qwen3", "mlp", "cnn", "onnx"}));
   ops->add_option("--onnx", o.onnx, "model onnx: the .onnx file whose training step to report");
   ops->add_option("--backend", o.backend, "a backend name or all");
   ops->add_flag("--json", o.json, "one JSON object per backend");
   ops->add_option("--layers", o.layers, "gpt: transformer blocks")->check(CLI::Range(1, 1024));
   ops->add_option("--width", o.width, "gpt: embedding width")->check(CLI::Range(1, 65536));
   ops->add_option("--heads", o.heads, "gpt: attention heads")->check(CLI::Range(1, 1024));
+  ops->add_option("--kv_heads", o.kv_heads,
+                  "decoder families: key/value heads (0: as many as heads)")
+      ->check(CLI::Range(0, 1024));
   ops->add_option("--context", o.context, "gpt: context length")->check(CLI::Range(1, 1 << 20));
   ops->add_option("--batch", o.batch, "gpt: sequences per step")->check(CLI::Range(1, 1 << 20));
   ops->add_option("--vocab", o.vocab, "gpt: vocabulary size")->check(CLI::Range(1, 1 << 24));
@@ -241,6 +256,7 @@ OpsOptions with_config(OpsOptions o, train::TrainConfig& cfg) {
   o.layers = cfg.layers;
   o.width = cfg.width;
   o.heads = cfg.heads;
+  o.kv_heads = cfg.kv_heads;
   o.context = cfg.context;
   o.precision = cfg.precision;
   if (o.threads == 0)
@@ -285,7 +301,7 @@ nlohmann::ordered_json json_of(const OpsOptions& o, const std::string& backend, 
   j[record::kLaunchesPerStep] = launches;
   if (r.element_types)
     j["element_types"] = *r.element_types;
-  if (o.model == "gpt")
+  if (o.model == "gpt" || nn::is_decoder_family(o.model))
     j[record::kTransformer] = transformer_record(o, r.vocab);
   for (const auto& [op, c] : r.cells)
     j[record::kOps][std::string(op_name(op))] = {

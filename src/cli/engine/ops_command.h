@@ -11,8 +11,10 @@ struct OpsOptions {
   std::string onnx;  // model onnx: the file
   std::string backend = "all";
   bool json = false;
-  // gpt's shape (defaults: the default training run) and the timed steps after one warm-up.
+  // gpt's and the decoder families' shape (defaults: the default training run) and the timed steps
+  // after one warm-up.
   std::int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 12, vocab = 65;
+  std::int64_t kv_heads = 0;  // decoder families: key/value heads (0: as many as heads)
   int steps = 1;
   std::string precision = "f32";  // f32 | bf16: the operands of matmul products
   bool sync = false;              // time each op to its completion on the device
