@@ -628,6 +628,62 @@ void CudaBackend::layer_norm_backward(const OpCall& call) {
   sum_columns(ptr(db), ptr(out[2]), chunks, c, 1.0f);
 }
 
+void CudaBackend::rms_norm(const OpCall& call) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  i64 c = in[0].dim(-1), rows = c == 0 ? 0 : numel(in[0]) / c;
+  run_rows("rms_norm_forward", rows, ptr(in[0]), ptr(in[1]), ptr(out[0]), ptr(out[1]), rows, c,
+           static_cast<float>(call.attrs.eps));
+}
+
+void CudaBackend::rms_norm_backward(const OpCall& call) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  const Tensor& x = in[1];
+  i64 c = x.dim(-1), rows = c == 0 ? 0 : numel(x) / c;
+  run_rows("rms_norm_backward_rows", rows, ptr(in[0]), ptr(x), ptr(in[2]), ptr(in[3]), ptr(out[0]),
+           rows, c);
+  const unsigned col_blocks = static_cast<unsigned>((c + 31) / 32);
+  const i64 chunks = row_chunks(rows, c);
+  if (chunks == 1) {
+    run("rms_norm_backward_cols", col_blocks, 1, 32, 32, ptr(in[0]), ptr(x), ptr(in[3]),
+        ptr(out[1]), rows, c, rows);
+    return;
+  }
+  Tensor dw = Tensor::empty({chunks * c}, DType::f32, *this);
+  run("rms_norm_backward_cols", col_blocks, static_cast<unsigned>(chunks), 32, 32, ptr(in[0]),
+      ptr(x), ptr(in[3]), ptr(dw), rows, c, (rows + chunks - 1) / chunks);
+  sum_columns(ptr(dw), ptr(out[1]), chunks, c, 1.0f);
+}
+
+void CudaBackend::rope(const OpCall& call) {
+  const auto& in = call.inputs;
+  const Tensor& x = in[0];
+  const i64 pairs = numel(x) / 2;
+  run_1d("rope", pairs, ptr(x), ptr(in[1]), ptr(in[2]), ptr(call.outputs[0]), pairs,
+         static_cast<i64>(x.dim(-3)), static_cast<i64>(x.dim(-2)), static_cast<i64>(x.dim(-1) / 2));
+}
+
+// silu, silu_backward, swiglu, swiglu_backward: one thread per element.
+void CudaBackend::gated(const OpCall& call) {
+  const auto& in = call.inputs;
+  auto& out = call.outputs;
+  const i64 n = numel(in[0]);
+  switch (call.op) {
+    case OpId::silu:
+      run_1d("silu", n, ptr(in[0]), ptr(out[0]), n);
+      break;
+    case OpId::silu_backward:
+      run_1d("silu_backward", n, ptr(in[0]), ptr(in[1]), ptr(out[0]), n);
+      break;
+    case OpId::swiglu:
+      run_1d("swiglu", n, ptr(in[0]), ptr(in[1]), ptr(out[0]), n);
+      break;
+    default:  // swiglu_backward
+      run_1d("swiglu_backward", n, ptr(in[0]), ptr(in[1]), ptr(in[2]), ptr(out[0]), ptr(out[1]), n);
+  }
+}
+
 void CudaBackend::adamw(const OpCall& call) {
   const auto& in = call.inputs;
   auto& out = call.outputs;
@@ -664,6 +720,8 @@ const KernelTable<CudaBackend>& CudaBackend::kernels() {
                   {OpId::layer_norm, f32, &B::layer_norm},
                   {OpId::causal_attention, f32, &B::attention_forward},
                   {OpId::causal_attention_backward, f32, &B::attention_backward},
+                  {OpId::attention, f32, &B::attention_forward},
+                  {OpId::attention_backward, f32, &B::attention_backward},
                   {OpId::fused_elementwise, fused_fits, &B::fused},
                   {OpId::matmul_elementwise, f32_matmul_elementwise, &B::matmul_elementwise},
               }));

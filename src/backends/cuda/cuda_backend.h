@@ -119,8 +119,16 @@ class CudaBackend final : public Backend {
   void matmul_elementwise(const OpCall& call);
   bool lt_matmul_elementwise(const OpCall& call);  // false: not an epilogue cuBLASLt runs
   GemmOperand head_operand(const Tensor& t, long long offset, long long ld, long long stride);
+  // A strided q, k or v view (row stride ld, from column col0; key/value heads repeated for
+  // `group` query heads each) as [B, H, t, D] blocks in `to`.
+  void split_heads(const Tensor& from, long long ld, long long col0, long long t, long long group,
+                   const device_ops::AttentionLayout& layout, bool bf16, Tensor& to);
   void attention_forward(const OpCall& call);
   void attention_backward(const OpCall& call);
+  void rms_norm(const OpCall& call);
+  void rms_norm_backward(const OpCall& call);
+  void rope(const OpCall& call);
+  void gated(const OpCall& call);  // silu, swiglu and their backwards
   void embedding_backward(const OpCall& call);
 
   // bf16 copies of f32 GEMM operands under bf16 products, kept until their source bytes

@@ -519,17 +519,19 @@ LOOM_KERNEL layer_norm_backward_cols(const float* dy, const float* x, const floa
   }
 }
 
-// ---- causal attention through cuBLAS -------------------------------------------------------
-// qkv is [B, T, 3C]; head h of q, k, v is columns h*D.., C + h*D.., 2C + h*D... The host
-// splits them into [B, H, T, D] blocks, multiplies with batched GEMMs, and these kernels
-// do the row-wise softmax work between the products.
+// ---- attention through cuBLAS ---------------------------------------------------------------
+// q, k, v are strided views: row t of head h at x[(b T + t) ld + col0 + h D] (causal_attention's
+// fused qkv: ld = 3C and col0 = 0, C, 2C; attention's separate q [B,Tq,H,D] and k, v
+// [B,Tk,G,D]: ld = H D or G D, col0 = 0). The host splits them into [B, H, T, D] blocks (a
+// key/value head repeated for each of its H/G query heads), multiplies with batched GEMMs,
+// and these kernels do the row-wise softmax work between the products.
 
-// [B, T, ld] columns col0 + h*D + d  ->  y[B, H, T, D], f32 or (the operand of bf16
-// products) bf16.
-LOOM_KERNEL heads_split(const float* x, void* y, int bf16, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0) {
+// x's head h / group  ->  y[B, H, T, D], f32 or (the operand of bf16 products) bf16.
+LOOM_KERNEL heads_split(const float* x, void* y, int bf16, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0,
+                        i64 group) {
   for (i64 i = first_index(); i < n; i += grid_stride()) {
     i64 d = i % D, t = (i / D) % T, h = (i / (D * T)) % H, b = i / (D * T * H);
-    float value = x[(b * T + t) * ld + col0 + h * D + d];
+    float value = x[(b * T + t) * ld + col0 + (h / group) * D + d];
     if (bf16)
       static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(value);
     else
@@ -537,11 +539,15 @@ LOOM_KERNEL heads_split(const float* x, void* y, int bf16, i64 n, i64 T, i64 H, 
   }
 }
 
-// y[B, H, T, D]  ->  x[B, T, ld] columns col0 + h*D + d
-LOOM_KERNEL heads_merge(const float* y, float* x, i64 n, i64 T, i64 H, i64 D, i64 ld, i64 col0) {
+// y[B, H, T, D]  ->  x[B, T, ld] columns col0 + g*D + d, each of the G heads the sum of its
+// H/G query heads' blocks (G = H: a plain copy).
+LOOM_KERNEL heads_merge(const float* y, float* x, i64 n, i64 T, i64 H, i64 G, i64 D, i64 ld, i64 col0) {
+  const i64 group = H / G;
   for (i64 i = first_index(); i < n; i += grid_stride()) {
-    i64 d = i % D, t = (i / D) % T, h = (i / (D * T)) % H, b = i / (D * T * H);
-    x[(b * T + t) * ld + col0 + h * D + d] = y[i];
+    i64 d = i % D, g = (i / D) % G, t = (i / (D * G)) % T, b = i / (D * G * T);
+    float total = 0.0f;
+    for (i64 h = g * group; h < (g + 1) * group; ++h) total += y[((b * H + h) * T + t) * D + d];
+    x[(b * T + t) * ld + col0 + g * D + d] = total;
   }
 }
 
@@ -557,24 +563,25 @@ __device__ __forceinline__ void store_score(void* base, i64 index, float value, 
 }
 
 // One chunk of query rows [q0, q0 + rows) of every (batch, head): s is [BH, rows, keys]
-// with keys = q0 + rows; local row r is query i = q0 + r % rows. One warp per row, in
-// place: p[j] = exp(scale s[j] - m) / sum for j <= i, 0 after (each lane reads its
-// elements before writing them); lse[bh, i] = m + log(sum), with lse [BH, T].
+// with keys = q0 + rows + offset; local row r is query i = q0 + r % rows, at position
+// i + offset (offset = Tk - Tq), seeing keys j <= i + offset. One warp per row, in place:
+// p[j] = exp(scale s[j] - m) / sum for the visible j, 0 after (each lane reads its
+// elements before writing them); lse[bh, i] = m + log(sum), with lse [BH, T] (T = Tq).
 LOOM_KERNEL causal_softmax(void* s, int bf16, float* lse, i64 total_rows, i64 rows, i64 keys, i64 T, i64 q0,
-                           float scale) {
+                           i64 offset, float scale) {
   i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= total_rows) return;
   const int lane = threadIdx.x & 31;
-  const i64 i = q0 + r % rows, row0 = r * keys;
+  const i64 i = q0 + r % rows, last = i + offset, row0 = r * keys;
   float m = -INFINITY;
-  for (i64 j = lane; j <= i; j += 32) m = fmaxf(m, load_score(s, row0 + j, bf16) * scale);
+  for (i64 j = lane; j <= last; j += 32) m = fmaxf(m, load_score(s, row0 + j, bf16) * scale);
   m = warp_max(m);
   float total = 0.0f;
-  for (i64 j = lane; j <= i; j += 32) total += expf(load_score(s, row0 + j, bf16) * scale - m);
+  for (i64 j = lane; j <= last; j += 32) total += expf(load_score(s, row0 + j, bf16) * scale - m);
   total = warp_sum(total);
   const float inv = 1.0f / total;
   for (i64 j = lane; j < keys; j += 32)
-    store_score(s, row0 + j, j <= i ? expf(load_score(s, row0 + j, bf16) * scale - m) * inv : 0.0f, bf16);
+    store_score(s, row0 + j, j <= last ? expf(load_score(s, row0 + j, bf16) * scale - m) * inv : 0.0f, bf16);
   if (lane == 0) lse[(r / rows) * T + i] = m + logf(total);
 }
 
@@ -595,12 +602,93 @@ LOOM_KERNEL attention_delta(const float* dout, const float* out, float* delta, i
 // s <- p = exp(scale s - lse) on and below the diagonal (0 above) and
 // dp <- ds = scale p (dp - delta), the gradient of the scaled scores.
 LOOM_KERNEL attention_backward_scores(void* s, void* dp, int bf16, const float* lse, const float* delta, i64 n,
-                                      i64 rows, i64 keys, i64 T, i64 q0, float scale) {
+                                      i64 rows, i64 keys, i64 T, i64 q0, i64 offset, float scale) {
   for (i64 idx = first_index(); idx < n; idx += grid_stride()) {
     i64 j = idx % keys, r = idx / keys, i = q0 + r % rows, stat = (r / rows) * T + i;
-    float p = j <= i ? expf(load_score(s, idx, bf16) * scale - lse[stat]) : 0.0f;
+    float p = j <= i + offset ? expf(load_score(s, idx, bf16) * scale - lse[stat]) : 0.0f;
     float ds = scale * p * (load_score(dp, idx, bf16) - delta[stat]);
     store_score(s, idx, p, bf16);
     store_score(dp, idx, ds, bf16);
+  }
+}
+
+// ---- RMSNorm, rotary positions, SiLU and SwiGLU ---------------------------------------------
+
+// One warp per row: rstd = (mean(x^2) + eps)^(-1/2), y = x rstd w.
+LOOM_KERNEL rms_norm_forward(const float* x, const float* w, float* y, float* rstd, i64 rows, i64 c, float eps) {
+  i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const float* xr = x + r * c;
+  float q = 0.0f;
+  for (i64 j = lane; j < c; j += 32) q += xr[j] * xr[j];
+  const float rs = rsqrtf(warp_sum(q) / (float)c + eps);
+  for (i64 j = lane; j < c; j += 32) y[r * c + j] = xr[j] * rs * w[j];
+  if (lane == 0) rstd[r] = rs;
+}
+
+// dx = rstd (g - xhat mean(g xhat)), g = dy w, xhat = x rstd (one warp per row).
+LOOM_KERNEL rms_norm_backward_rows(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                                   i64 rows, i64 c) {
+  i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const float rs = rstd[r];
+  float mgx = 0.0f;
+  for (i64 j = lane; j < c; j += 32) mgx += dy[r * c + j] * w[j] * x[r * c + j] * rs;
+  mgx = warp_sum(mgx) / (float)c;
+  for (i64 j = lane; j < c; j += 32) dx[r * c + j] = rs * (dy[r * c + j] * w[j] - x[r * c + j] * rs * mgx);
+}
+
+// dw = sum_rows dy xhat; block (32, 32) owns 32 columns of one chunk of rows, as
+// layer_norm_backward_cols: one row of partial sums per chunk.
+LOOM_KERNEL rms_norm_backward_cols(const float* dy, const float* x, const float* rstd, float* dw, i64 rows, i64 c,
+                                   i64 chunk) {
+  __shared__ float pw[32][33];
+  i64 j = (i64)blockIdx.x * 32 + threadIdx.x;
+  i64 r0 = (i64)blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+  float sw = 0.0f;
+  if (j < c)
+    for (i64 r = r0 + threadIdx.y; r < r1; r += 32) sw += dy[r * c + j] * x[r * c + j] * rstd[r];
+  pw[threadIdx.y][threadIdx.x] = sw;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < c) {
+    float tw = 0.0f;
+    for (int k = 0; k < 32; ++k) tw += pw[k][threadIdx.x];
+    dw[(i64)blockIdx.y * c + j] = tw;
+  }
+}
+
+// One thread per pair (row of 2 P, i < P): the row's position is (row / N) % T.
+LOOM_KERNEL rope(const float* x, const float* cs, const float* sn, float* y, i64 n, i64 T, i64 N, i64 P) {
+  for (i64 id = first_index(); id < n; id += grid_stride()) {
+    i64 i = id % P, row = id / P, t = (row / N) % T;
+    float c = cs[t * P + i], s = sn[t * P + i];
+    float a = x[row * 2 * P + i], b = x[row * 2 * P + P + i];
+    y[row * 2 * P + i] = a * c - b * s;
+    y[row * 2 * P + P + i] = b * c + a * s;
+  }
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+LOOM_KERNEL silu(const float* x, float* y, i64 n) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = x[i] * sigmoidf(x[i]);
+}
+// dy s (1 + x (1 - s))
+LOOM_KERNEL silu_backward(const float* dy, const float* x, float* dx, i64 n) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    float s = sigmoidf(x[i]);
+    dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
+  }
+}
+LOOM_KERNEL swiglu(const float* gate, const float* up, float* y, i64 n) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) y[i] = gate[i] * sigmoidf(gate[i]) * up[i];
+}
+LOOM_KERNEL swiglu_backward(const float* dy, const float* gate, const float* up, float* dgate, float* dup, i64 n) {
+  for (i64 i = first_index(); i < n; i += grid_stride()) {
+    float g = gate[i], s = sigmoidf(g);
+    dgate[i] = dy[i] * up[i] * s * (1.0f + g * (1.0f - s));
+    dup[i] = dy[i] * g * s;
   }
 }

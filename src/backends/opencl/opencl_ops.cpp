@@ -451,13 +451,6 @@ const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
                     {OpId::causal_attention_backward, f32_attention, &B::attention},
                     {OpId::attention, f32_attention, &B::attention},
                     {OpId::attention_backward, f32_attention, &B::attention},
-                    {OpId::rms_norm, device_ops::f32_except_ids, &B::rms_norm},
-                    {OpId::rms_norm_backward, device_ops::f32_except_ids, &B::rms_norm_backward},
-                    {OpId::rope, device_ops::f32_except_ids, &B::rope},
-                    {OpId::silu, device_ops::f32_except_ids, &B::gated},
-                    {OpId::silu_backward, device_ops::f32_except_ids, &B::gated},
-                    {OpId::swiglu, device_ops::f32_except_ids, &B::gated},
-                    {OpId::swiglu_backward, device_ops::f32_except_ids, &B::gated},
                     {OpId::fused_elementwise, fused_rank_fits, &B::fused},
                 }));
   return table;
