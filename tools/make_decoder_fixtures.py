@@ -1,8 +1,8 @@
 """Writes tests/fixtures/decoders/<name>/: a tiny random model of each decoder family as
 transformers defines it (config.json + model.safetensors, exactly what save_pretrained
 writes) and reference.safetensors with what transformers computes on it: the logits of one
-batch, the loss and every gradient, the losses of 20 AdamW steps and the parameters after
-them. Loom's tests replay these without PyTorch.
+batch, the 16 tokens greedy generation appends to a prompt, the loss and every gradient,
+the losses of 20 AdamW steps and the parameters after them. Loom's tests replay these without PyTorch.
 Run: $(scripts/python-env --print) tools/make_decoder_fixtures.py"""
 import json
 import os
@@ -66,6 +66,15 @@ def main():
         out = {"batch.x": x.float(), "batch.y": y.float()}  # exact in f32
         logits = model(x).logits
         out["logits"] = logits.detach().reshape(B * T, -1).clone()
+        # Greedy decoding (transformers' generate, with its KV cache) from the first row's
+        # first 8 tokens: the 16 tokens it appends.
+        with torch.no_grad():
+            prompt = x[:1, :8]  # every position attended (a pad id in it must not mask it)
+            greedy = model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                    max_new_tokens=16, do_sample=False, eos_token_id=None,
+                                    pad_token_id=0)
+        out["greedy.prompt"] = x[0, :8].float()
+        out["greedy.tokens"] = greedy[0, 8:].float()
         loss = torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), y.reshape(-1))
         loss.backward()
         out["loss"] = loss.detach().reshape(1)

@@ -11,8 +11,8 @@ namespace loom::data {
 
 struct ImageSet {
   std::int64_t count = 0, rows = 0, cols = 0;
-  std::vector<float> pixels;          // count * rows * cols, scaled to [0, 1]
-  std::vector<std::int32_t> labels;   // count
+  std::vector<float> pixels;         // count * rows * cols, scaled to [0, 1]
+  std::vector<std::int32_t> labels;  // count
 };
 
 // Loads an images file (magic 0x803) and its labels file (magic 0x801); throws naming
@@ -23,7 +23,7 @@ ImageSet load_idx(const std::string& images_path, const std::string& labels_path
 void normalize_mnist(ImageSet& set);
 
 // Images [n,1,rows,cols] and labels [n] for the samples order[first, first+n).
-Batch image_batch(const ImageSet& set, const std::vector<std::int64_t>& order, std::int64_t first, std::int64_t n,
-                  Backend& backend);
+Batch image_batch(const ImageSet& set, const std::vector<std::int64_t>& order, std::int64_t first,
+                  std::int64_t n, Backend& backend);
 
 }  // namespace loom::data

@@ -146,9 +146,10 @@ ag::Var Decoder::project(ag::Tape& tape, const ag::Var& x, std::size_t weight, s
   return ag::linear(tape, x, param(weight), param(bias), true);
 }
 
-// x [B*T, C] -> the attention branch [B*T, C].
+// x [B*T, C] -> the attention branch [B*T, C], for positions [position, position + t).
 ag::Var Decoder::attention_block(ag::Tape& tape, const ag::Var& x, const Block& b,
-                                 std::int64_t batch, std::int64_t t) {
+                                 std::int64_t batch, std::int64_t t, std::int64_t position,
+                                 Tensor* cached_keys, Tensor* cached_values) {
   const std::int64_t d = config_.head_dim;
   ag::Var h = ag::rms_norm(tape, x, param(b.input_norm), config_.norm_eps);
   ag::Var q = ag::reshape(tape, project(tape, h, b.q, b.q_bias), {batch, t, config_.heads, d});
@@ -158,9 +159,19 @@ ag::Var Decoder::attention_block(ag::Tape& tape, const ag::Var& x, const Block& 
     q = ag::rms_norm(tape, q, param(b.q_norm), config_.norm_eps);
     k = ag::rms_norm(tape, k, param(b.k_norm), config_.norm_eps);
   }
-  Tensor cos = cos_.slice(0, 0, t), sin = sin_.slice(0, 0, t), neg_sin = neg_sin_.slice(0, 0, t);
+  const std::int64_t end = position + t;
+  Tensor cos = cos_.slice(0, position, end), sin = sin_.slice(0, position, end),
+         neg_sin = neg_sin_.slice(0, position, end);
   q = ag::rope(tape, q, cos, sin, neg_sin);
   k = ag::rope(tape, k, cos, sin, neg_sin);
+  if (cached_keys != nullptr) {  // the earlier positions' keys and values come first
+    if (cached_keys->defined()) {
+      k = ag::concat(tape, {ag::Var(*cached_keys, false), k}, 1);
+      v = ag::concat(tape, {ag::Var(*cached_values, false), v}, 1);
+    }
+    *cached_keys = k.value();
+    *cached_values = v.value();
+  }
   ag::Var a = ag::reshape(tape, ag::attention(tape, q, k, v), {batch * t, config_.heads * d});
   return project(tape, a, b.o, b.o_bias);
 }
@@ -173,21 +184,41 @@ ag::Var Decoder::mlp_block(ag::Tape& tape, const ag::Var& x, const Block& b) {
 }
 
 ag::Var Decoder::forward(ag::Tape& tape, const Tensor& ids, const ForwardOptions&) {
+  return run(tape, ids, 0, nullptr);
+}
+
+Tensor Decoder::decode(const Tensor& ids, KvCache& cache) {
+  if (cache.length == 0) {
+    cache.keys.assign(blocks_.size(), Tensor());
+    cache.values.assign(blocks_.size(), Tensor());
+  }
+  ag::Tape tape;
+  tape.set_recording(false);
+  Tensor logits = run(tape, ids, cache.length, &cache).value();
+  cache.length += ids.dim(1);
+  return logits;
+}
+
+ag::Var Decoder::run(ag::Tape& tape, const Tensor& ids, std::int64_t position, KvCache* cache) {
   check(ids.dtype() == DType::i32 && ids.rank() == 2,
         config_.family + ": token ids " + ids.describe() + " must be i32 [B,T]");
-  const std::int64_t batch = ids.dim(0), t = ids.dim(1);
-  check(t <= config_.context,
-        config_.family + ": sequence length " + std::to_string(t) +
+  const std::int64_t batch = ids.dim(0), t = ids.dim(1), end = position + t;
+  check(end <= config_.context,
+        config_.family + ": position " + std::to_string(end) +
             " exceeds max_position_embeddings = " + std::to_string(config_.context));
-  check(config_.sliding_window == 0 || t <= config_.sliding_window,
-        config_.family + ": sequence length " + std::to_string(t) +
+  check(config_.sliding_window == 0 || end <= config_.sliding_window,
+        config_.family + ": sequence length " + std::to_string(end) +
             " exceeds sliding_window = " + std::to_string(config_.sliding_window) +
             " (windowed attention is not implemented; every position here sees all before it)");
   // The residual stream as rows [B*T, C]; only attention needs the [B,T,heads,D] view.
   ag::Var x =
       ag::reshape(tape, ag::embedding(tape, param(embed_), ids), {batch * t, config_.hidden});
-  for (const Block& b : blocks_) {
-    x = ag::add(tape, x, attention_block(tape, x, b, batch, t));
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const Block& b = blocks_[i];
+    x = ag::add(tape, x,
+                attention_block(tape, x, b, batch, t, position,
+                                cache != nullptr ? &cache->keys[i] : nullptr,
+                                cache != nullptr ? &cache->values[i] : nullptr));
     x = ag::add(tape, x, mlp_block(tape, x, b));
   }
   x = ag::rms_norm(tape, x, param(final_norm_), config_.norm_eps);

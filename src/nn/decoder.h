@@ -60,6 +60,13 @@ struct DecoderConfig {
 // last bit or two). Position t turns pair i by the angle t * frequency[i].
 std::vector<float> rope_inverse_frequencies(const DecoderConfig& config);
 
+// Keys and values of the positions decoded so far, per layer ([B, length, G, D] each), so
+// each new token attends to them without recomputing them.
+struct KvCache {
+  std::vector<Tensor> keys, values;
+  std::int64_t length = 0;
+};
+
 class Decoder final : public Model {
  public:
   Decoder(const DecoderConfig& config, std::uint64_t seed, Backend& backend);
@@ -67,6 +74,10 @@ class Decoder final : public Model {
   // ids [B,T] i32 with T <= context -> logits [B*T, vocab].
   autograd::Var forward(autograd::Tape& tape, const Tensor& ids,
                         const ForwardOptions& options) override;
+  // Inference with a KV cache: ids [B, T] are the positions after the cache's; returns their
+  // logits [B*T, vocab] and appends their keys and values to the cache. A cache of length 0
+  // starts a sequence; the length may reach max_position_embeddings.
+  Tensor decode(const Tensor& ids, KvCache& cache);
   std::string kind() const override { return config_.family; }
   const DecoderConfig& config() const { return config_; }
 
@@ -79,8 +90,12 @@ class Decoder final : public Model {
   // x [N, in] times the [out, in] weight, plus the bias when there is one.
   autograd::Var project(autograd::Tape& tape, const autograd::Var& x, std::size_t weight,
                         std::size_t bias);
+  // cache: the layer's keys and values before these positions (grown), or null in training.
   autograd::Var attention_block(autograd::Tape& tape, const autograd::Var& x, const Block& b,
-                                std::int64_t batch, std::int64_t t);
+                                std::int64_t batch, std::int64_t t, std::int64_t position,
+                                Tensor* cached_keys, Tensor* cached_values);
+  // The whole model over positions [position, position + T) of ids [B, T].
+  autograd::Var run(autograd::Tape& tape, const Tensor& ids, std::int64_t position, KvCache* cache);
   autograd::Var mlp_block(autograd::Tape& tape, const autograd::Var& x, const Block& b);
 
   DecoderConfig config_;

@@ -121,32 +121,57 @@ TextShape text_shape(const LoadedModel& loaded) {
 
 }  // namespace
 
-std::string sample_text(const std::string& checkpoint, const std::string& prompt,
-                        std::int64_t tokens, double temperature, std::uint64_t seed) {
-  Backend& device = dispatch::host();
-  LoadedModel loaded = load_model_file(checkpoint, device);
-  check(loaded.spec.kind == "gpt" || nn::is_decoder_family(loaded.spec.kind) ||
-            loaded.spec.kind == "onnx",
-        checkpoint + ": a " + loaded.spec.kind + " model does not generate text");
-  check(loaded.tokenizer.size() > 0,
-        checkpoint + ": has no character vocabulary (trained on random tokens?)");
-  const TextShape fixed = text_shape(loaded);
-  std::vector<std::int32_t> ids;
-  if (prompt.empty()) {
-    std::int32_t newline = loaded.tokenizer.encode_char(U'\n');
-    ids.push_back(newline >= 0 ? newline : 0);
-  } else {
-    ids = loaded.tokenizer.encode(data::decode_utf8(prompt, "--prompt"), "--prompt");
+namespace {
+
+// The next token from the last position's logits: greedy at temperature 0, else drawn from
+// softmax(logits / temperature) restricted to the smallest set of most likely tokens whose
+// probability reaches top_p.
+std::int32_t pick_token(const float* logits, std::int64_t v, const SampleOptions& o, nn::Rng& rng) {
+  if (o.temperature <= 0.0)
+    return static_cast<std::int32_t>(std::max_element(logits, logits + v) - logits);
+  const float m = *std::max_element(logits, logits + v);
+  std::vector<double> p(static_cast<std::size_t>(v));
+  double total = 0.0;
+  for (std::int64_t j = 0; j < v; ++j)
+    total += p[j] = std::exp((logits[j] - m) / o.temperature);
+  std::vector<std::int32_t> order(static_cast<std::size_t>(v));
+  for (std::int64_t j = 0; j < v; ++j)
+    order[j] = static_cast<std::int32_t>(j);
+  std::size_t kept = order.size();
+  if (o.top_p < 1.0) {
+    // Most likely first (ties by id, so the draw is reproducible), then the shortest prefix
+    // whose mass reaches top_p.
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::int32_t a, std::int32_t b) { return p[a] > p[b]; });
+    double mass = 0.0;
+    for (kept = 0; kept < order.size();) {
+      mass += p[order[kept++]] / total;
+      if (mass >= o.top_p)
+        break;
+    }
   }
-  std::size_t prompt_len = prompt.empty() ? 0 : ids.size();
-  nn::Rng rng(seed);
+  double kept_total = 0.0;
+  for (std::size_t i = 0; i < kept; ++i)
+    kept_total += p[order[i]];
+  double r = rng.uniform() * kept_total;
+  for (std::size_t i = 0; i < kept; ++i)
+    if ((r -= p[order[i]]) <= 0)
+      return order[i];
+  return order[kept - 1];
+}
+
+// An imported graph with a fixed input shape: the window left-padded with its first token to
+// the fixed length, in every row of a fixed batch; the prediction is the last position's.
+std::vector<std::int32_t> generate_fixed_shape(LoadedModel& loaded, std::vector<std::int32_t> ids,
+                                               const TextShape& fixed, const SampleOptions& o,
+                                               Backend& device) {
+  nn::Rng rng(o.seed);
+  const std::size_t prompt_length = ids.size();
   const std::int64_t v = loaded.spec.vocab;
   const std::int64_t context = fixed.length > 0 ? fixed.length : loaded.spec.context;
-  for (std::int64_t n = 0; n < tokens; ++n) {
+  for (std::int64_t n = 0; n < o.tokens; ++n) {
     std::int64_t t = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), context);
     std::vector<std::int32_t> window(ids.end() - t, ids.end());
-    // A graph with a fixed length sees the window left-padded with its first token; a
-    // fixed batch gets the window in every row. The prediction is the last position's.
     std::int64_t length = t;
     if (fixed.length > 0 && t < fixed.length) {
       window.insert(window.begin(), static_cast<std::size_t>(fixed.length - t), window.front());
@@ -162,31 +187,79 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
         loaded.model->forward(tape, Tensor::from_ints({rows, length}, input, device), {})
             .value()
             .to_floats();
-    const float* last = logits.data() + (length - 1) * v;
-    std::int32_t next = 0;
-    if (temperature <= 0.0) {
-      next = static_cast<std::int32_t>(std::max_element(last, last + v) - last);
-    } else {
-      float m = *std::max_element(last, last + v);
-      std::vector<double> p(v);
-      double total = 0.0;
-      for (std::int64_t j = 0; j < v; ++j)
-        total += p[j] = std::exp((last[j] - m) / temperature);
-      double r = rng.uniform() * total;
-      next = static_cast<std::int32_t>(v - 1);
-      for (std::int64_t j = 0; j < v; ++j) {
-        if ((r -= p[j]) <= 0) {
-          next = static_cast<std::int32_t>(j);
-          break;
-        }
-      }
-    }
+    const std::int32_t next = pick_token(logits.data() + (length - 1) * v, v, o, rng);
     ids.push_back(next);
+    if (next == o.eos)
+      break;
   }
-  // Only the continuation: the caller prints the prompt itself.
-  std::vector<std::int32_t> out(
-      ids.begin() + static_cast<std::ptrdiff_t>(prompt.empty() ? 1 : prompt_len), ids.end());
-  return loaded.tokenizer.decode(out);
+  return {ids.begin() + static_cast<std::ptrdiff_t>(prompt_length), ids.end()};
+}
+
+}  // namespace
+
+std::vector<std::int32_t> generate(nn::Model& model, std::vector<std::int32_t> ids,
+                                   std::int64_t context, const SampleOptions& o, Backend& device) {
+  check(!ids.empty(), "generate: the prompt has no tokens");
+  nn::Rng rng(o.seed);
+  const std::size_t prompt_length = ids.size();
+  auto* decoder = dynamic_cast<nn::Decoder*>(&model);
+  nn::KvCache cache;
+  std::size_t cached = 0;  // ids[0, cached) are in the cache
+  for (std::int64_t n = 0; n < o.tokens; ++n) {
+    std::vector<float> logits;
+    std::int64_t v = 0;
+    if (decoder != nullptr) {
+      if (cache.length + static_cast<std::int64_t>(ids.size() - cached) > context) {
+        // The cache holds at most `context` positions: start again from the last half.
+        cache = nn::KvCache();
+        cached =
+            ids.size() -
+            std::min(ids.size(), static_cast<std::size_t>(std::max<std::int64_t>(context / 2, 1)));
+      }
+      std::vector<std::int32_t> fresh(ids.begin() + static_cast<std::ptrdiff_t>(cached), ids.end());
+      const std::int64_t t = static_cast<std::int64_t>(fresh.size());
+      logits = decoder->decode(Tensor::from_ints({1, t}, fresh, device), cache).to_floats();
+      cached = ids.size();
+      v = static_cast<std::int64_t>(logits.size()) / t;
+      logits.erase(logits.begin(), logits.end() - v);
+    } else {
+      const std::int64_t t = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), context);
+      std::vector<std::int32_t> window(ids.end() - t, ids.end());
+      ag::Tape tape;
+      tape.set_recording(false);
+      logits =
+          model.forward(tape, Tensor::from_ints({1, t}, window, device), {}).value().to_floats();
+      v = static_cast<std::int64_t>(logits.size()) / t;
+      logits.erase(logits.begin(), logits.end() - v);
+    }
+    const std::int32_t next = pick_token(logits.data(), v, o, rng);
+    ids.push_back(next);
+    if (next == o.eos)
+      break;
+  }
+  return {ids.begin() + static_cast<std::ptrdiff_t>(prompt_length), ids.end()};
+}
+
+std::string sample_text(const std::string& checkpoint, const std::string& prompt,
+                        const SampleOptions& o) {
+  Backend& device = dispatch::host();
+  LoadedModel loaded = load_model_file(checkpoint, device);
+  check(loaded.spec.kind == "gpt" || nn::is_decoder_family(loaded.spec.kind) ||
+            loaded.spec.kind == "onnx",
+        checkpoint + ": a " + loaded.spec.kind + " model does not generate text");
+  check(loaded.tokenizer.size() > 0,
+        checkpoint + ": has no character vocabulary (trained on random tokens?)");
+  const TextShape fixed = text_shape(loaded);
+  std::vector<std::int32_t> ids;
+  if (prompt.empty()) {
+    std::int32_t newline = loaded.tokenizer.encode_char(U'\n');
+    ids.push_back(newline >= 0 ? newline : 0);
+  } else {
+    ids = loaded.tokenizer.encode(data::decode_utf8(prompt, "--prompt"), "--prompt");
+  }
+  if (fixed.length > 0 || fixed.batch > 0)
+    return loaded.tokenizer.decode(generate_fixed_shape(loaded, ids, fixed, o, device));
+  return loaded.tokenizer.decode(generate(*loaded.model, ids, loaded.spec.context, o, device));
 }
 
 CheckpointScore evaluate_checkpoint(const std::string& checkpoint, const std::string& data_path,

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "nn/model.h"
 #include "train/config.h"
 
 namespace loom::train {
@@ -28,10 +30,27 @@ struct Summary {
 // Runs training as configured (config.finalize() already called). Prints progress.
 Summary run_training(const TrainConfig& config);
 
-// Generates `tokens` characters after `prompt` from a GPT checkpoint (temperature
-// sampling; temperature 0 is greedy) and returns them, without the prompt.
+// How tokens are drawn from a text model's next-token distribution.
+struct SampleOptions {
+  std::int64_t tokens = 500;  // at most this many new tokens
+  double temperature = 0.8;   // 0: greedy (the most likely token)
+  double top_p = 1.0;         // nucleus: draw among the most likely tokens holding this mass
+  std::uint64_t seed = 1337;
+  std::int32_t eos = -1;  // stop after generating this token (-1: none)
+};
+
+// Continues `prompt` (token ids, at least one) from `model`: the decoder families keep a KV
+// cache, so each new token costs one position (when the cache reaches the model's context it
+// restarts from the last half context); other text models rerun their last `context` tokens.
+// Returns the new tokens only.
+std::vector<std::int32_t> generate(nn::Model& model, std::vector<std::int32_t> prompt,
+                                   std::int64_t context, const SampleOptions& options,
+                                   Backend& device);
+
+// Generates text after `prompt` from a text model's checkpoint and returns it, without the
+// prompt.
 std::string sample_text(const std::string& checkpoint, const std::string& prompt,
-                        std::int64_t tokens, double temperature, std::uint64_t seed);
+                        const SampleOptions& options);
 
 // A checkpoint evaluated on data: text models (GPT, an imported language model) give the
 // mean cross-entropy (nats/token) over all consecutive non-overlapping windows of the

@@ -17,6 +17,7 @@
 #include "optim/adamw.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/trainer.h"
 
 namespace loom::testing {
 namespace {
@@ -110,6 +111,49 @@ TEST_P(DecoderParity, TwentyAdamWStepsGiveTheSameLossesAndParameters) {
     SCOPED_TRACE(p.name);
     EXPECT_LE(max_relative(p.var.value(), ref.tensor("final." + p.name, cpu())), 1e-4);
   }
+}
+
+TEST_P(DecoderParity, GreedyDecodingWithAKvCacheGivesTheTokensGenerateGives) {
+  Reference ref(GetParam());
+  auto model = load(GetParam(), cpu());
+  std::vector<float> prompt = ref.tensor("greedy.prompt", cpu()).to_floats();
+  std::vector<float> expected = ref.tensor("greedy.tokens", cpu()).to_floats();
+  train::SampleOptions greedy;
+  greedy.tokens = static_cast<std::int64_t>(expected.size());
+  greedy.temperature = 0.0;
+  std::vector<std::int32_t> tokens =
+      train::generate(*model, std::vector<std::int32_t>(prompt.begin(), prompt.end()),
+                      model->config().context, greedy, cpu());
+  EXPECT_EQ(tokens, std::vector<std::int32_t>(expected.begin(), expected.end()));
+}
+
+// Decoding a prompt, then one token at a time through the cache, gives each position the
+// logits the whole sequence's forward pass gives it.
+TEST_P(DecoderParity, CachedDecodingEqualsTheWholeSequencesForwardPass) {
+  Reference ref(GetParam());
+  auto model = load(GetParam(), cpu());
+  Tensor x = ref.ids("batch.x", cpu());
+  const std::int64_t b = x.dim(0), t = x.dim(1), prefix = 5;
+  ag::Tape tape;
+  std::vector<float> whole = model->forward(tape, x, {}).value().to_floats();
+  const std::int64_t v = static_cast<std::int64_t>(whole.size()) / (b * t);
+  nn::KvCache cache;
+  std::vector<float> pieces = model->decode(x.slice(1, 0, prefix), cache).to_floats();
+  std::vector<std::vector<float>> rows(static_cast<std::size_t>(b));
+  for (std::int64_t r = 0; r < b; ++r)
+    rows[r].assign(pieces.begin() + r * prefix * v, pieces.begin() + (r + 1) * prefix * v);
+  for (std::int64_t i = prefix; i < t; ++i) {
+    std::vector<float> step = model->decode(x.slice(1, i, i + 1), cache).to_floats();
+    for (std::int64_t r = 0; r < b; ++r)
+      rows[r].insert(rows[r].end(), step.begin() + r * v, step.begin() + (r + 1) * v);
+  }
+  EXPECT_EQ(cache.length, t);
+  std::vector<float> cached;
+  for (const auto& row : rows)
+    cached.insert(cached.end(), row.begin(), row.end());
+  EXPECT_LE(max_relative(Tensor::from_floats({b * t, v}, cached, cpu()),
+                         Tensor::from_floats({b * t, v}, whole, cpu())),
+            1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderParity,

@@ -77,23 +77,30 @@ int run_train(const TrainOptions& o) {
 }
 
 CLI::App* add_sample_command(CLI::App& app, SampleOptions& o) {
-  CLI::App* sample =
-      app.add_subcommand("sample", "generate text from a text model's checkpoint (GPT, ONNX)");
+  CLI::App* sample = app.add_subcommand("sample",
+                                        "generate text from a text model's checkpoint (GPT, the "
+                                        "decoder families with a KV cache, ONNX)");
   sample->add_option("checkpoint", o.checkpoint, "checkpoint folder or model.safetensors")
       ->required();
   sample->add_option("--prompt", o.prompt, "text to continue");
   sample->add_option("--tokens", o.tokens, "characters to generate")->check(CLI::Range(0, 1 << 24));
   sample->add_option("--temperature", o.temperature, "sampling temperature (0: greedy)")
       ->check(CLI::Range(0.0, 100.0));
+  sample
+      ->add_option("--top_p", o.top_p,
+                   "nucleus sampling: draw among the most likely tokens holding this much "
+                   "probability (1: all)")
+      ->check(CLI::Range(0.0, 1.0));
   sample->add_option("--seed", o.seed, "sampling seed");
   return sample;
 }
 
 int run_sample(const SampleOptions& o) {
-  std::printf("%s%s\n", o.prompt.c_str(),
-              train::sample_text(o.checkpoint, o.prompt, o.tokens, o.temperature,
-                                 static_cast<std::uint64_t>(o.seed))
-                  .c_str());
+  std::printf(
+      "%s%s\n", o.prompt.c_str(),
+      train::sample_text(o.checkpoint, o.prompt,
+                         {o.tokens, o.temperature, o.top_p, static_cast<std::uint64_t>(o.seed), -1})
+          .c_str());
   return contract::code(contract::ExitCode::ok);
 }
 

@@ -23,7 +23,7 @@ int run_train(const TrainOptions& options);  // the job contract's exit status
 struct SampleOptions {
   std::string checkpoint, prompt;
   std::int64_t tokens = 500, seed = 1337;
-  double temperature = 0.8;
+  double temperature = 0.8, top_p = 1.0;
 };
 CLI::App* add_sample_command(CLI::App& app, SampleOptions& options);
 int run_sample(const SampleOptions& options);

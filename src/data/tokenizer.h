@@ -1,0 +1,42 @@
+// data/tokenizer.h — subword tokenizers of the formats models are shipped with:
+//   tokenizer.json   Hugging Face `tokenizers`' byte-level BPE (GPT-2, Llama 3, Qwen2 and
+//                    their kin): added and special tokens, an NFC normaliser, Split
+//                    pre-tokenizers by regex (PCRE2, Unicode properties) and ByteLevel
+// Ids are the model's own ids, without any post-processor's additions (no BOS/EOS added):
+// exactly what `tokenizers` gives with add_special_tokens=False.
+// SentencePiece models (tokenizer.model: Llama 2, Mistral, TinyLlama) are not read yet:
+// Debian's libsentencepiece exports the protobuf-lite it bundles, which collides with the
+// full libprotobuf the ONNX importer links (a crash in static initialisation when both are
+// in one process), so it needs a process of its own; a folder holding only one is refused
+// by name.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<std::int32_t> encode(std::string_view utf8) const = 0;
+  // The text of the ids (bytes that need not be whole UTF-8 characters at the ends).
+  virtual std::string decode(std::span<const std::int32_t> ids) const = 0;
+  virtual std::int64_t vocab_size() const = 0;
+  // The id of a token string (a special token's content), if the vocabulary has it.
+  virtual std::optional<std::int32_t> token_id(std::string_view token) const = 0;
+  // The end-of-document token, where the tokenizer names one.
+  virtual std::optional<std::int32_t> eos() const = 0;
+  virtual std::string kind() const = 0;  // "byte-level BPE"
+};
+
+// A tokenizer from a tokenizer.json file or a folder holding one. Errors name the file, the
+// field and what was expected.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+}  // namespace loom::data
