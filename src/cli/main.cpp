@@ -1,7 +1,7 @@
-// cli/ — the one binary: the engine's commands (`loom train | sample | eval | export | ops |
-// bench | onnx`) and the fleet's (`loom plan | fleet`). Each command parses its flags, calls one
-// library function and prints; main only routes and turns an exception into the job
-// contract's exit status.
+// cli/ — the one binary: the engine's commands (`loom train | sample | eval | export | data |
+// ops | bench | onnx`) and the fleet's (`loom plan | fleet`). Each command parses its flags, calls
+// one library function and prints; main only routes and turns an exception into the job contract's
+// exit status.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/engine/bench_command.h"
+#include "cli/engine/data_command.h"
 #include "cli/engine/onnx_command.h"
 #include "cli/engine/ops_command.h"
 #include "cli/engine/train_command.h"
@@ -61,6 +62,9 @@ int main(int argc, char** argv) {
   ExportOptions export_options;
   commands.emplace_back(add_export_command(app, export_options),
                         [&] { return run_export(export_options); });
+  DataOptions data_options;
+  commands.emplace_back(add_data_command(app, data_options),
+                        [&] { return run_data(data_options); });
   OpsOptions ops;
   commands.emplace_back(add_ops_command(app, ops), [&] { return run_ops(ops); });
   BenchOptions bench;

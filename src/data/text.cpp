@@ -143,6 +143,22 @@ TextDataset TextDataset::load(const std::string& path) {
   return ds;
 }
 
+TextDataset TextDataset::from_ids(std::vector<std::int32_t> ids, std::int64_t vocab,
+                                  const std::string& source) {
+  check(ids.size() >= 2,
+        source + ": holds " + std::to_string(ids.size()) + " tokens; expected at least 2");
+  for (std::int32_t id : ids)
+    check(id >= 0 && id < vocab, source + ": token id " + std::to_string(id) +
+                                     " is outside the vocabulary of " + std::to_string(vocab));
+  TextDataset ds;
+  ds.source_ = source;
+  ds.vocab_ = vocab;
+  std::size_t n_train = static_cast<std::size_t>(static_cast<double>(ids.size()) * 0.9);
+  ds.train_.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n_train));
+  ds.val_.assign(ids.begin() + static_cast<std::ptrdiff_t>(n_train), ids.end());
+  return ds;
+}
+
 TextDataset TextDataset::random(std::int64_t vocab, std::int64_t tokens, std::uint64_t seed) {
   check(vocab > 0, "random data: vocab = " + std::to_string(vocab) + ", expected > 0");
   TextDataset ds;

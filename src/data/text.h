@@ -41,6 +41,10 @@ class TextDataset {
  public:
   // Reads and tokenises a UTF-8 file; throws naming the file on any problem.
   static TextDataset load(const std::string& path);
+  // Token ids made elsewhere (a subword tokenizer, an indexed corpus): the first 90% train,
+  // the last 10% validate, as with characters. Every id must be below `vocab`.
+  static TextDataset from_ids(std::vector<std::int32_t> ids, std::int64_t vocab,
+                              const std::string& source);
   // Uniform random tokens in [0, vocab) (benchmarks): `tokens` of them.
   static TextDataset random(std::int64_t vocab, std::int64_t tokens, std::uint64_t seed);
 

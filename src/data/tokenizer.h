@@ -38,5 +38,18 @@ class Tokenizer {
 // A tokenizer from a tokenizer.json file or a folder holding one. Errors name the file, the
 // field and what was expected.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+// The tokenizer.json a path names: the file itself, or the one in the folder.
+std::string tokenizer_json_path(const std::string& path);
+
+// Megatron's preprocessing: each input file a document (text), or each line of a .jsonl file
+// a document (its `json_key` field), tokenized, with the tokenizer's end-of-document token
+// after each (append_eos), written as PREFIX.bin and PREFIX.idx (data/indexed.h). Returns the
+// documents and tokens written. Errors name the file, the line and the field.
+struct PreparedCorpus {
+  std::int64_t documents = 0, tokens = 0;
+};
+PreparedCorpus prepare_corpus(const std::string& tokenizer_path,
+                              const std::vector<std::string>& inputs, const std::string& json_key,
+                              bool append_eos, const std::string& out_prefix);
 
 }  // namespace loom::data

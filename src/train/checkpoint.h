@@ -12,6 +12,7 @@
 #include <string>
 
 #include "data/text.h"
+#include "data/tokenizer.h"
 #include "nn/model.h"
 #include "optim/adamw.h"
 
@@ -58,7 +59,8 @@ std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::Ad
 struct LoadedModel {
   ModelSpec spec;
   std::unique_ptr<nn::Model> model;
-  data::CharTokenizer tokenizer;  // empty for image models
+  data::CharTokenizer tokenizer;             // empty for image models and subword models
+  std::unique_ptr<data::Tokenizer> subword;  // the checkpoint's tokenizer.json, when it has one
   std::int64_t step = 0;
 };
 // Reads model.safetensors (or a folder holding one) and rebuilds the model it describes.

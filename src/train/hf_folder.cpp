@@ -145,6 +145,13 @@ void export_hf(const ModelSpec& spec, nn::Model& model, const std::string& out) 
 void export_checkpoint_hf(const std::string& checkpoint, const std::string& out) {
   LoadedModel loaded = load_model_file(checkpoint, dispatch::host());
   export_hf(loaded.spec, *loaded.model, out);
+  // The tokenizer the model was trained with goes along (transformers' AutoTokenizer reads it).
+  std::error_code ec;
+  const fs::path folder =
+      fs::is_directory(checkpoint, ec) ? fs::path(checkpoint) : fs::path(checkpoint).parent_path();
+  if (fs::exists(folder / "tokenizer.json", ec))
+    io::write_file_atomically((fs::path(out) / "tokenizer.json").string(),
+                              io::read_whole_file((folder / "tokenizer.json").string()));
 }
 
 }  // namespace loom::train

@@ -5,15 +5,40 @@
 #include <utility>
 
 #include "core/error.h"
+#include "data/indexed.h"
+#include "data/tokenizer.h"
+#include "io/atomic_file.h"
 #include "nn/init.h"
 
 namespace loom::train {
 
+data::TextDataset text_data(const std::string& data, const std::string& tokenizer_path,
+                            std::int64_t random_vocab, std::uint64_t seed) {
+  if (data == "random")
+    return data::TextDataset::random(random_vocab, 1'000'000, seed);
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (!tokenizer_path.empty())
+    tokenizer = data::load_tokenizer(tokenizer_path);
+  if (data::is_indexed_corpus(data)) {
+    data::IndexedCorpus corpus = data::read_indexed(data);
+    std::int64_t vocab = 0;
+    if (tokenizer) {
+      vocab = tokenizer->vocab_size();
+    } else {  // the corpus alone: its largest id decides
+      for (std::int32_t id : corpus.tokens)
+        vocab = std::max<std::int64_t>(vocab, std::int64_t{id} + 1);
+    }
+    return data::TextDataset::from_ids(std::move(corpus.tokens), vocab, corpus.prefix);
+  }
+  if (!tokenizer)
+    return data::TextDataset::load(data);
+  return data::TextDataset::from_ids(tokenizer->encode(io::read_whole_file(data)),
+                                     tokenizer->vocab_size(), data);
+}
+
 Source::Source(const TrainConfig& cfg) : cfg_(cfg) {
   if (cfg.text()) {
-    text_ = cfg.data == "random" ? data::TextDataset::random(cfg.vocab, 1'000'000,
-                                                             static_cast<std::uint64_t>(cfg.seed))
-                                 : data::TextDataset::load(cfg.data);
+    text_ = text_data(cfg.data, cfg.tokenizer, cfg.vocab, static_cast<std::uint64_t>(cfg.seed));
     return;
   }
   const std::string& dir = cfg.mnist_dir;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -11,6 +12,12 @@
 #include "train/config.h"
 
 namespace loom::train {
+
+// Token data for a text run: random tokens, a Megatron indexed corpus (its ids; the
+// tokenizer, when given, sets the vocabulary, else the largest id does), or a UTF-8 file
+// (tokenized by `tokenizer_path`, else by characters).
+data::TextDataset text_data(const std::string& data, const std::string& tokenizer_path,
+                            std::int64_t random_vocab, std::uint64_t seed);
 
 class Source {
  public:

@@ -7,12 +7,16 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "autograd/functions.h"
 #include "core/error.h"
+#include "data/indexed.h"
 #include "data/text.h"
+#include "data/tokenizer.h"
 #include "dispatch/devices.h"
 #include "dist/communicator.h"
+#include "io/atomic_file.h"
 #include "nn/decoder.h"
 #include "nn/init.h"
 #include "onnx/model.h"
@@ -247,6 +251,19 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
   check(loaded.spec.kind == "gpt" || nn::is_decoder_family(loaded.spec.kind) ||
             loaded.spec.kind == "onnx",
         checkpoint + ": a " + loaded.spec.kind + " model does not generate text");
+  SampleOptions options = o;
+  if (loaded.subword) {  // a subword model: its tokenizer encodes, decodes and says when to stop
+    const data::Tokenizer& tok = *loaded.subword;
+    std::vector<std::int32_t> ids = tok.encode(prompt);
+    if (ids.empty())
+      ids.push_back(tok.eos().value_or(0));
+    options.eos = tok.eos().value_or(-1);
+    std::vector<std::int32_t> out =
+        generate(*loaded.model, ids, loaded.spec.context, options, device);
+    if (!out.empty() && out.back() == options.eos)
+      out.pop_back();
+    return tok.decode(out);
+  }
   check(loaded.tokenizer.size() > 0,
         checkpoint + ": has no character vocabulary (trained on random tokens?)");
   const TextShape fixed = text_shape(loaded);
@@ -258,8 +275,9 @@ std::string sample_text(const std::string& checkpoint, const std::string& prompt
     ids = loaded.tokenizer.encode(data::decode_utf8(prompt, "--prompt"), "--prompt");
   }
   if (fixed.length > 0 || fixed.batch > 0)
-    return loaded.tokenizer.decode(generate_fixed_shape(loaded, ids, fixed, o, device));
-  return loaded.tokenizer.decode(generate(*loaded.model, ids, loaded.spec.context, o, device));
+    return loaded.tokenizer.decode(generate_fixed_shape(loaded, ids, fixed, options, device));
+  return loaded.tokenizer.decode(
+      generate(*loaded.model, ids, loaded.spec.context, options, device));
 }
 
 CheckpointScore evaluate_checkpoint(const std::string& checkpoint, const std::string& data_path,
@@ -281,22 +299,40 @@ CheckpointScore evaluate_checkpoint(const std::string& checkpoint, const std::st
     result.test_accuracy = test_accuracy(*loaded.model, test, device);
     return result;
   }
-  check(loaded.tokenizer.size() > 0,
-        checkpoint + ": has no character vocabulary to encode " + data_path);
-  std::ifstream file(data_path, std::ios::binary);
-  check(file.good(), data_path + ": cannot open the data file (missing or unreadable)");
-  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  std::vector<std::int32_t> ids =
-      loaded.tokenizer.encode(data::decode_utf8(bytes, data_path), data_path);
+  // The tokens and the bytes they stand for: a corpus's ids (its text decoded by the
+  // checkpoint's tokenizer, where it has one), or a text file encoded by that tokenizer or
+  // the character vocabulary.
+  std::vector<std::int32_t> ids;
+  std::optional<std::int64_t> bytes_count;
+  if (data::is_indexed_corpus(data_path)) {
+    ids = data::read_indexed(data_path).tokens;
+    if (loaded.subword)
+      bytes_count = static_cast<std::int64_t>(loaded.subword->decode(ids).size());
+  } else {
+    const std::string bytes = io::read_whole_file(data_path);
+    bytes_count = static_cast<std::int64_t>(bytes.size());
+    if (loaded.subword) {
+      ids = loaded.subword->encode(bytes);
+    } else {
+      check(loaded.tokenizer.size() > 0,
+            checkpoint + ": has no vocabulary (characters or a tokenizer) to encode " + data_path);
+      ids = loaded.tokenizer.encode(data::decode_utf8(bytes, data_path), data_path);
+    }
+  }
   const TextShape fixed = text_shape(loaded);
   const std::int64_t context = fixed.length > 0 ? fixed.length : loaded.spec.context;
   check(static_cast<std::int64_t>(ids.size()) > context,
         data_path + ": " + std::to_string(ids.size()) + " tokens; need more than the context of " +
             std::to_string(context));
   // A fixed batch: windows in full batches of it (the last few windows are left out).
-  result.loss = mean_loss(
-      *loaded.model, data::eval_windows(ids, context, fixed.batch > 0 ? fixed.batch : batch, device,
-                                        fixed.batch > 0));
+  const std::vector<data::Batch> windows = data::eval_windows(
+      ids, context, fixed.batch > 0 ? fixed.batch : batch, device, fixed.batch > 0);
+  result.loss = mean_loss(*loaded.model, windows);
+  // Bits per byte, comparable across tokenizers: the mean loss per token (nats) times the
+  // data's tokens per byte, in bits.
+  if (bytes_count && *bytes_count > 0)
+    result.bits_per_byte = *result.loss * static_cast<double>(ids.size()) /
+                           (static_cast<double>(*bytes_count) * std::log(2.0));
   return result;
 }
 

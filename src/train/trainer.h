@@ -52,13 +52,15 @@ std::vector<std::int32_t> generate(nn::Model& model, std::vector<std::int32_t> p
 std::string sample_text(const std::string& checkpoint, const std::string& prompt,
                         const SampleOptions& options);
 
-// A checkpoint evaluated on data: text models (GPT, an imported language model) give the
-// mean cross-entropy (nats/token) over all consecutive non-overlapping windows of the
-// model's context in the UTF-8 file `data_path`; image models (MLP, CNN, an imported
+// A checkpoint evaluated on data: text models (GPT, the decoder families, an imported
+// language model) give the mean cross-entropy (nats/token) over all consecutive
+// non-overlapping windows of the model's context in the UTF-8 file or indexed corpus
+// `data_path`, and bits per byte; image models (MLP, CNN, an imported
 // classifier) give the accuracy on MNIST's test set (`data_path`: mnist, or a folder of
 // IDX files).
 struct CheckpointScore {
   std::optional<double> loss, test_accuracy;
+  std::optional<double> bits_per_byte;  // text models, when the data's bytes are known
 };
 CheckpointScore evaluate_checkpoint(const std::string& checkpoint, const std::string& data_path,
                                     std::int64_t batch);

@@ -17,6 +17,7 @@
 #include "autograd/functions.h"
 #include "core/error.h"
 #include "core/job_contract.h"
+#include "data/tokenizer.h"
 #include "dispatch/devices.h"
 #include "io/atomic_file.h"
 #include "nn/decoder.h"
@@ -458,6 +459,9 @@ void Checkpoints::write(std::int64_t steps_done) {
   run_.checkpoints().publish(steps_done, [&](const std::string& folder) {
     save_checkpoint(folder, *run_.model, run_.spec, vocab_utf8_, *run_.optimizer, steps_done,
                     config_json_);
+    if (!run_.cfg.tokenizer.empty())  // sample, eval and export read it from the checkpoint
+      io::write_file_atomically(folder + "/tokenizer.json",
+                                io::read_whole_file(data::tokenizer_json_path(run_.cfg.tokenizer)));
   });
 }
 

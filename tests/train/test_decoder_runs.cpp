@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/tokenizer.h"
 #include "io/safetensors.h"
 #include "nn/decoder.h"
 #include "nn/hf_config.h"
@@ -179,6 +180,50 @@ TEST(HfFolder, AMissingOrMisshapenTensorIsNamedBeforeAnyTraining) {
   e = error_of([&] { train::run_training(c); });
   EXPECT_NE(e.find("has shape [2048]"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(out + "/run/checkpoint"));
+}
+
+// A corpus prepared with a tokenizer trains a decoder whose checkpoint keeps the tokenizer,
+// so sampling decodes subword text, evaluation reports bits per byte and export carries it.
+TEST(CorpusRun, TrainsFromAPreparedCorpusAndSamplesThroughItsTokenizer) {
+  const std::string dir = temp_dir("corpus_run"), tok = fixture("../tokenizers/llama3");
+  {
+    std::ifstream text(source_dir() + "/data/multilingual/fortunes-ru-de.txt");
+    std::string head(60000, '\0');
+    text.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<std::size_t>(text.gcount()));
+    head.resize(head.rfind('\n') + 1);  // whole lines: whole UTF-8 characters
+    std::ofstream(dir + "/part.txt") << head;
+  }
+  data::prepare_corpus(tok, {dir + "/part.txt"}, "text", true, dir + "/corpus");
+  train::TrainConfig c;
+  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{{"model", "llama"},
+                                                                      {"data", dir + "/corpus"},
+                                                                      {"tokenizer", tok},
+                                                                      {"layers", "1"},
+                                                                      {"width", "32"},
+                                                                      {"heads", "2"},
+                                                                      {"context", "32"},
+                                                                      {"batch", "4"},
+                                                                      {"steps", "4"},
+                                                                      {"eval_every", "0"},
+                                                                      {"final_eval", "false"},
+                                                                      {"progress", "false"}})
+    c.set(k, v, "test");
+  c.out = dir + "/run";
+  c.finalize();
+  train::run_training(c);
+  ASSERT_TRUE(fs::exists(dir + "/run/checkpoint/tokenizer.json"));
+  train::SampleOptions greedy;
+  greedy.tokens = 8;
+  greedy.temperature = 0.0;
+  const std::string text = train::sample_text(dir + "/run/checkpoint", "Кащеев", greedy);
+  EXPECT_FALSE(text.empty());
+  const train::CheckpointScore score =
+      train::evaluate_checkpoint(dir + "/run/checkpoint", dir + "/corpus", 8);
+  ASSERT_TRUE(score.loss && score.bits_per_byte);
+  EXPECT_GT(*score.bits_per_byte, 0.0);
+  train::export_checkpoint_hf(dir + "/run/checkpoint", dir + "/hf");
+  EXPECT_TRUE(fs::exists(dir + "/hf/tokenizer.json"));
 }
 
 TEST(HfFolder, AModelNamedAgainstTheFolderIsAConflict) {

@@ -10,8 +10,8 @@
 
 #include "core/error.h"
 #include "dispatch/devices.h"
-#include "onnx/parser.h"
 #include "onnx/model.h"
+#include "onnx/parser.h"
 
 namespace loom::cli {
 

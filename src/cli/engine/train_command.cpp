@@ -111,7 +111,8 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
   eval->add_option("checkpoint", o.checkpoint, "checkpoint folder or model.safetensors")
       ->required();
   eval->add_option("--data", o.data,
-                   "a UTF-8 text file; image models: mnist or a folder of MNIST IDX files")
+                   "a UTF-8 text file or an indexed corpus; image models: mnist or a folder of "
+                   "MNIST IDX files")
       ->required();
   eval->add_option("--batch", o.batch, "windows per forward pass")->check(CLI::Range(1, 1 << 20));
   eval->add_flag("--json", o.json, "print a JSON object");
@@ -120,7 +121,9 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
 
 int run_eval(const EvalOptions& o) {
   const train::CheckpointScore score = train::evaluate_checkpoint(o.checkpoint, o.data, o.batch);
-  if (score.loss)
+  if (score.loss && score.bits_per_byte && o.json)
+    std::printf("{\"loss\": %.6f, \"bits_per_byte\": %.6f}\n", *score.loss, *score.bits_per_byte);
+  else if (score.loss)
     std::printf(o.json ? "{\"loss\": %.6f}\n" : "%.6f\n", *score.loss);
   else
     std::printf(o.json ? "{\"test_accuracy\": %.6f}\n" : "test accuracy %.4f\n",
