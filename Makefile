@@ -1,12 +1,13 @@
 # Loom — two commands do everything on a fresh Debian 12 machine:
 #   make demo   install, build, train the default model (char GPT on tiny Shakespeare), sample
 #   make test   install, build, run the tests
+#   make llama-demo   a small Llama on tiny Shakespeare: BPE tokenizer, Megatron corpus, sample
 # Other targets: build, fleet-demo (the live fleet service on this machine), test-asan,
 # test-repeat (both suites N times each, N=5 by default: every test that failed at least once),
 # bench (bench/run-all: every CPU table of bench/RESULTS.md, into build/bench/),
 # fuzz (libFuzzer on every reader of untrusted files, FUZZ_SECONDS each; fuzz/README.md),
 # format, clean.
-.PHONY: all deps build demo fleet-demo test test-asan test-repeat bench fuzz format check-floors check-size clean
+.PHONY: all deps build demo llama-demo fleet-demo test test-asan test-repeat bench fuzz format check-floors check-size clean
 
 JOBS ?= 2
 BUILD := build/release
@@ -25,6 +26,15 @@ build: deps
 demo: build
 	$(BUILD)/loom train --out out/demo
 	$(BUILD)/loom sample out/demo/checkpoint --prompt "ROMEO:" --tokens 400
+
+# The small Llama on tiny Shakespeare through a BPE tokenizer and a Megatron corpus
+# (configs/llama_shakespeare.yaml): prepare, train (about ten minutes on two cores), sample.
+llama-demo: build
+	mkdir -p build/corpus
+	$(BUILD)/loom data prepare --tokenizer configs/tokenizers/shakespeare-bpe \
+	    --out build/corpus/shakespeare data/tinyshakespeare/input.txt
+	$(BUILD)/loom train configs/llama_shakespeare.yaml
+	$(BUILD)/loom sample out/llama_shakespeare/checkpoint --prompt "ROMEO:" --tokens 200
 
 fleet-demo: build
 	scripts/fleet-demo $(BUILD)/loom
