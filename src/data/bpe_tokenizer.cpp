@@ -288,8 +288,9 @@ class ByteLevelBpe final : public Tokenizer {
                 " is not implemented (byte-level BPE has none)");
     check(!m.value("byte_fallback", false),
           where + ": model.byte_fallback = true is not implemented (byte-level BPE needs none)");
-    check(!m.contains("dropout") || m["dropout"].is_null() || m["dropout"] == 0.0,
-          where + ": model.dropout = " + m["dropout"].dump() + " (BPE dropout) is not implemented");
+    if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"] != 0.0)
+      throw Error(where + ": model.dropout = " + m["dropout"].dump() +
+                  " (BPE dropout) is not implemented");
     ignore_merges_ = m.value("ignore_merges", false);
     check(m.contains("vocab") && m["vocab"].is_object(), where + ": model.vocab is not an object");
     for (const auto& [token, id] : m["vocab"].items()) {

@@ -61,7 +61,8 @@ TEST_P(TokenizerFixture, GivesTheLibrarysIdsForTheWholeText) {
 
 TEST_P(TokenizerFixture, GivesTheLibrarysIdsForEachProbe) {
   auto tokenizer = data::load_tokenizer(folder());
-  for (const auto& probe : expected()["probes"]) {
+  const nlohmann::json e = expected();  // kept alive: the loop walks into it
+  for (const auto& probe : e["probes"]) {
     const std::string text = probe["text"].get<std::string>();
     SCOPED_TRACE(text);
     EXPECT_EQ(tokenizer->encode(text), probe["ids"].get<std::vector<std::int32_t>>());
