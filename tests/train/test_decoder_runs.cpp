@@ -226,6 +226,30 @@ TEST(CorpusRun, TrainsFromAPreparedCorpusAndSamplesThroughItsTokenizer) {
   EXPECT_TRUE(fs::exists(dir + "/hf/tokenizer.json"));
 }
 
+// The corpus megatron-core's IndexedDatasetBuilder wrote (tests/fixtures/corpora) trains too.
+TEST(CorpusRun, ACorpusMegatronCoreWroteTrains) {
+  const std::string dir = temp_dir("megatron_run");
+  train::TrainConfig c;
+  for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {"model", "qwen2"},
+           {"data", source_dir() + "/tests/fixtures/corpora/megatron"},
+           {"tokenizer", fixture("../tokenizers/llama3")},
+           {"layers", "1"},
+           {"width", "32"},
+           {"heads", "2"},
+           {"context", "16"},
+           {"batch", "2"},
+           {"steps", "3"},
+           {"eval_every", "0"},
+           {"progress", "false"}})
+    c.set(k, v, "test");
+  c.out = dir + "/run";
+  c.finalize();
+  train::run_training(c);
+  EXPECT_EQ(metric_losses(dir + "/run").size(), 3u);
+  EXPECT_TRUE(fs::exists(dir + "/run/checkpoint/tokenizer.json"));
+}
+
 TEST(HfFolder, AModelNamedAgainstTheFolderIsAConflict) {
   train::TrainConfig c;
   c.set("init", fixture("qwen3"), "test");
