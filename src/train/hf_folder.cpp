@@ -21,8 +21,10 @@ bool is_hf_folder(const std::string& path) {
 }
 
 ModelSpec hf_model_spec(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "config.json").string();
-  nn::DecoderConfig c = nn::read_hf_config(path);
+  return decoder_model_spec(nn::read_hf_config((fs::path(dir) / "config.json").string()));
+}
+
+ModelSpec decoder_model_spec(const nn::DecoderConfig& c) {
   ModelSpec spec;
   spec.kind = c.family;
   spec.vocab = c.vocab;

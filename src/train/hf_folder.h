@@ -18,6 +18,9 @@ bool is_hf_folder(const std::string& path);
 // folders are read by their own config's sizes). Errors name the file and field.
 ModelSpec hf_model_spec(const std::string& dir);
 
+// A decoder configuration as a ModelSpec: its config.json, and the sizes the spec repeats.
+ModelSpec decoder_model_spec(const nn::DecoderConfig& config);
+
 // Loads every parameter of `model` from the folder's weights: each must be present with its
 // shape, and every tensor there must be a parameter (or a known extra); named errors.
 void load_hf_weights(const std::string& dir, nn::Model& model);

@@ -165,14 +165,7 @@ ModelSpec decoder_spec(const TrainConfig& cfg, std::int64_t data_vocab) {
     c.o_bias = c.mlp_bias = cfg.model == "llama" && c.qkv_bias;
     c.qk_norm = cfg.model == "qwen3";
     c.validate();
-    spec.kind = c.family;
-    spec.vocab = c.vocab;
-    spec.context = c.context;
-    spec.layers = c.layers;
-    spec.heads = c.heads;
-    spec.width = c.hidden;
-    spec.bias = c.qkv_bias;
-    spec.decoder = nn::hf_config_json(c);
+    spec = decoder_model_spec(c);
   }
   check(data_vocab <= spec.vocab,
         "the data's vocabulary (" + std::to_string(data_vocab) +
