@@ -2,13 +2,12 @@
 //   tokenizer.json   Hugging Face `tokenizers`' byte-level BPE (GPT-2, Llama 3, Qwen2 and
 //                    their kin): added and special tokens, an NFC normaliser, Split
 //                    pre-tokenizers by regex (PCRE2, Unicode properties) and ByteLevel
+//   tokenizer.model  SentencePiece models (Llama 2, Mistral, TinyLlama; BPE or unigram), run
+//                    by libsentencepiece itself in the helper process loom-sentencepiece
+//                    (data/sentencepiece_protocol.h says why it is a process of its own)
 // Ids are the model's own ids, without any post-processor's additions (no BOS/EOS added):
-// exactly what `tokenizers` gives with add_special_tokens=False.
-// SentencePiece models (tokenizer.model: Llama 2, Mistral, TinyLlama) are not read yet:
-// Debian's libsentencepiece exports the protobuf-lite it bundles, which collides with the
-// full libprotobuf the ONNX importer links (a crash in static initialisation when both are
-// in one process), so it needs a process of its own; a folder holding only one is refused
-// by name.
+// exactly what `tokenizers` gives with add_special_tokens=False, and what sentencepiece's
+// encode gives.
 #pragma once
 
 #include <cstdint>
@@ -32,14 +31,18 @@ class Tokenizer {
   virtual std::optional<std::int32_t> token_id(std::string_view token) const = 0;
   // The end-of-document token, where the tokenizer names one.
   virtual std::optional<std::int32_t> eos() const = 0;
-  virtual std::string kind() const = 0;  // "byte-level BPE"
+  virtual std::string kind() const = 0;  // "byte-level BPE", "SentencePiece"
 };
 
-// A tokenizer from a tokenizer.json file or a folder holding one. Errors name the file, the
-// field and what was expected.
+// A tokenizer from a tokenizer.json or tokenizer.model file, or a folder holding one
+// (tokenizer.json first where it holds both). Errors name the file, the field and what was
+// expected.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
-// The tokenizer.json a path names: the file itself, or the one in the folder.
-std::string tokenizer_json_path(const std::string& path);
+// The tokenizer file a path names: the file itself, or the one in the folder.
+std::string tokenizer_file_path(const std::string& path);
+// By format (load_tokenizer chooses): data/bpe_tokenizer.cpp, data/sentencepiece_tokenizer.cpp.
+std::unique_ptr<Tokenizer> load_byte_level_bpe(const std::string& tokenizer_json);
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& tokenizer_model);
 
 // Megatron's preprocessing: each input file a document (text), or each line of a .jsonl file
 // a document (its `json_key` field), tokenized, with the tokenizer's end-of-document token

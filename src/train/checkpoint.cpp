@@ -250,9 +250,9 @@ LoadedModel load_model_file(const std::string& path, Backend& backend) {
     std::u32string alphabet = data::decode_utf8(meta["loom_vocab"], file_path + " (loom_vocab)");
     loaded.tokenizer = data::CharTokenizer(std::vector<char32_t>(alphabet.begin(), alphabet.end()));
   }
-  const fs::path tokenizer = fs::path(file_path).parent_path() / "tokenizer.json";
-  if (fs::exists(tokenizer, ec))
-    loaded.subword = data::load_tokenizer(tokenizer.string());
+  const fs::path folder = fs::path(file_path).parent_path();
+  if (fs::exists(folder / "tokenizer.json", ec) || fs::exists(folder / "tokenizer.model", ec))
+    loaded.subword = data::load_tokenizer(folder.string());
   if (meta.count("step"))
     loaded.step = metadata_integer(meta, "step", 0, kMaxSteps, file_path);
   load_weights(file_path, *loaded.model);

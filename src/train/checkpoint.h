@@ -60,7 +60,7 @@ struct LoadedModel {
   ModelSpec spec;
   std::unique_ptr<nn::Model> model;
   data::CharTokenizer tokenizer;             // empty for image models and subword models
-  std::unique_ptr<data::Tokenizer> subword;  // the checkpoint's tokenizer.json, when it has one
+  std::unique_ptr<data::Tokenizer> subword;  // the checkpoint's tokenizer file, when it has one
   std::int64_t step = 0;
 };
 // Reads model.safetensors (or a folder holding one) and rebuilds the model it describes.

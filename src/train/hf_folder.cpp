@@ -151,9 +151,10 @@ void export_checkpoint_hf(const std::string& checkpoint, const std::string& out)
   std::error_code ec;
   const fs::path folder =
       fs::is_directory(checkpoint, ec) ? fs::path(checkpoint) : fs::path(checkpoint).parent_path();
-  if (fs::exists(folder / "tokenizer.json", ec))
-    io::write_file_atomically((fs::path(out) / "tokenizer.json").string(),
-                              io::read_whole_file((folder / "tokenizer.json").string()));
+  for (const char* file : {"tokenizer.json", "tokenizer.model"})
+    if (fs::exists(folder / file, ec))
+      io::write_file_atomically((fs::path(out) / file).string(),
+                                io::read_whole_file((folder / file).string()));
 }
 
 }  // namespace loom::train

@@ -452,9 +452,11 @@ void Checkpoints::write(std::int64_t steps_done) {
   run_.checkpoints().publish(steps_done, [&](const std::string& folder) {
     save_checkpoint(folder, *run_.model, run_.spec, vocab_utf8_, *run_.optimizer, steps_done,
                     config_json_);
-    if (!run_.cfg.tokenizer.empty())  // sample, eval and export read it from the checkpoint
-      io::write_file_atomically(folder + "/tokenizer.json",
-                                io::read_whole_file(data::tokenizer_json_path(run_.cfg.tokenizer)));
+    if (!run_.cfg.tokenizer.empty()) {  // sample, eval and export read it from the checkpoint
+      const std::string file = data::tokenizer_file_path(run_.cfg.tokenizer);
+      io::write_file_atomically(folder + "/" + std::filesystem::path(file).filename().string(),
+                                io::read_whole_file(file));
+    }
   });
 }
 

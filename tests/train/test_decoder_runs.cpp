@@ -183,9 +183,13 @@ TEST(HfFolder, AMissingOrMisshapenTensorIsNamedBeforeAnyTraining) {
 }
 
 // A corpus prepared with a tokenizer trains a decoder whose checkpoint keeps the tokenizer,
-// so sampling decodes subword text, evaluation reports bits per byte and export carries it.
-TEST(CorpusRun, TrainsFromAPreparedCorpusAndSamplesThroughItsTokenizer) {
-  const std::string dir = temp_dir("corpus_run"), tok = fixture("../tokenizers/llama3");
+// so sampling decodes subword text, evaluation reports bits per byte and export carries it:
+// with a byte-level BPE tokenizer.json and with a SentencePiece tokenizer.model.
+class CorpusRun : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(CorpusRun, TrainsFromAPreparedCorpusAndSamplesThroughItsTokenizer) {
+  const auto& [kind, file] = GetParam();
+  const std::string dir = temp_dir("corpus_run_" + kind), tok = fixture("../tokenizers/" + kind);
   {
     std::ifstream text(source_dir() + "/data/multilingual/fortunes-ru-de.txt");
     std::string head(60000, '\0');
@@ -212,7 +216,7 @@ TEST(CorpusRun, TrainsFromAPreparedCorpusAndSamplesThroughItsTokenizer) {
   c.out = dir + "/run";
   c.finalize();
   train::run_training(c);
-  ASSERT_TRUE(fs::exists(dir + "/run/checkpoint/tokenizer.json"));
+  ASSERT_TRUE(fs::exists(dir + "/run/checkpoint/" + file));
   train::SampleOptions greedy;
   greedy.tokens = 8;
   greedy.temperature = 0.0;
@@ -223,11 +227,17 @@ TEST(CorpusRun, TrainsFromAPreparedCorpusAndSamplesThroughItsTokenizer) {
   ASSERT_TRUE(score.loss && score.bits_per_byte);
   EXPECT_GT(*score.bits_per_byte, 0.0);
   train::export_checkpoint_hf(dir + "/run/checkpoint", dir + "/hf");
-  EXPECT_TRUE(fs::exists(dir + "/hf/tokenizer.json"));
+  EXPECT_TRUE(fs::exists(dir + "/hf/" + file));
 }
 
+INSTANTIATE_TEST_SUITE_P(
+    Tokenizers, CorpusRun,
+    ::testing::Values(std::pair<std::string, std::string>{"llama3", "tokenizer.json"},
+                      std::pair<std::string, std::string>{"llama2", "tokenizer.model"}),
+    [](const auto& info) { return info.param.first; });
+
 // The corpus megatron-core's IndexedDatasetBuilder wrote (tests/fixtures/corpora) trains too.
-TEST(CorpusRun, ACorpusMegatronCoreWroteTrains) {
+TEST(MegatronCorpus, TrainsInLoom) {
   const std::string dir = temp_dir("megatron_run");
   train::TrainConfig c;
   for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{

@@ -14,7 +14,7 @@ CLI::App* add_data_command(CLI::App& app, DataOptions& o) {
       "prepare",
       "tokenize text files (each a document) or JSONL files (each line a document) into a "
       "Megatron indexed corpus, OUT.bin + OUT.idx, which loom train --data OUT reads");
-  o.prepare->add_option("--tokenizer", o.tokenizer, "tokenizer.json, or a folder holding one")
+  o.prepare->add_option("--tokenizer", o.tokenizer, "tokenizer.json or tokenizer.model, or a folder holding one")
       ->required();
   o.prepare->add_option("--out", o.out, "the corpus prefix: writes OUT.bin and OUT.idx")
       ->required();
