@@ -10,7 +10,8 @@ import os
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
+                          Qwen3Config)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "decoders")
 B, T = 2, 24
@@ -38,6 +39,9 @@ CONFIGS = {
     # Qwen3: per-head q/k RMSNorm, head_dim 16 with 4 heads over hidden 32.
     "qwen3": Qwen3Config(**COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                          tie_word_embeddings=False),
+    # GPT-2 (Loom's gpt): learned positions, LayerNorm, fused q/k/v, tanh GELU, tied head.
+    "gpt2": GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                       initializer_range=0.2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
 }
 
 
@@ -45,7 +49,7 @@ def perturb(model):
     """Norm weights near 1 and biases away from 0, so every parameter's path matters."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
+            if name.endswith("norm.weight") or "layernorm" in name or (".ln_" in name and name.endswith(".weight")):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(0.2 * torch.randn_like(p))

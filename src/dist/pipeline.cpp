@@ -24,7 +24,7 @@ std::pair<std::int64_t, std::int64_t> block_range(std::int64_t layers, int stage
 
 }  // namespace
 
-GptPipeline::GptPipeline(Communicator& comm, nn::Gpt& model, std::int64_t micro_batches,
+GptPipeline::GptPipeline(Communicator& comm, nn::Decoder& model, std::int64_t micro_batches,
                          PipelineSchedule schedule)
     : comm_(comm), model_(model), micro_batches_(micro_batches), schedule_(schedule) {
   const std::int64_t layers = model.config().layers;
@@ -47,7 +47,7 @@ GptPipeline::GptPipeline(Communicator& comm, nn::Gpt& model, std::int64_t micro_
 }
 
 double GptPipeline::forward_backward(const data::Batch& batch, const nn::ForwardOptions& options) {
-  const std::int64_t b = batch.inputs.dim(0), t = batch.inputs.dim(1), c = model_.config().width;
+  const std::int64_t b = batch.inputs.dim(0), t = batch.inputs.dim(1), c = model_.config().hidden;
   check(b % micro_batches_ == 0,
         "pipeline: batch = " + std::to_string(b) +
             " does not divide into micro_batches = " + std::to_string(micro_batches_));

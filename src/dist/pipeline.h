@@ -27,7 +27,7 @@ enum class PipelineSchedule { gpipe, one_f_one_b };
 class GptPipeline {
  public:
   // One stage per rank of `comm`; blocks are split as evenly as the count allows.
-  GptPipeline(Communicator& comm, nn::Gpt& model, std::int64_t micro_batches,
+  GptPipeline(Communicator& comm, nn::Decoder& model, std::int64_t micro_batches,
               PipelineSchedule schedule = PipelineSchedule::one_f_one_b);
 
   int stage() const { return comm_.rank(); }
@@ -49,7 +49,7 @@ class GptPipeline {
 
  private:
   Communicator& comm_;
-  nn::Gpt& model_;
+  nn::Decoder& model_;
   std::int64_t micro_batches_;
   PipelineSchedule schedule_;
   std::int64_t first_ = 0, last_ = 0;

@@ -16,8 +16,8 @@ constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
 }
 
 void DecoderConfig::validate() const {
-  check(is_decoder_family(family),
-        "decoder: family '" + family + "' is not one of llama, mistral, qwen2, qwen3");
+  check(is_decoder_family(family) || gpt2(),
+        "decoder: family '" + family + "' is not one of llama, mistral, qwen2, qwen3, gpt2");
   auto positive = [](const char* field, std::int64_t value) {
     check(value > 0, std::string(field) + " = " + std::to_string(value) + ", expected > 0");
   };
@@ -32,8 +32,16 @@ void DecoderConfig::validate() const {
   check(heads % kv_heads == 0,
         "num_attention_heads = " + std::to_string(heads) +
             " is not a multiple of num_key_value_heads = " + std::to_string(kv_heads));
-  check(head_dim % 2 == 0,
-        "head_dim = " + std::to_string(head_dim) + ", expected an even number (rotary pairs)");
+  if (gpt2()) {  // one fused projection makes q, k and v of every head from the hidden state
+    check(heads * head_dim == hidden && kv_heads == heads,
+          "gpt2: hidden_size = " + std::to_string(hidden) +
+              " is not divisible by heads = " + std::to_string(heads));
+    check(dropout >= 0.0 && dropout < 1.0,
+          "dropout = " + std::to_string(dropout) + ", expected 0 <= dropout < 1");
+  } else {
+    check(head_dim % 2 == 0,
+          "head_dim = " + std::to_string(head_dim) + ", expected an even number (rotary pairs)");
+  }
   check(norm_eps > 0, "rms_norm_eps = " + std::to_string(norm_eps) + ", expected > 0");
   check(rope_theta > 0, "rope_theta = " + std::to_string(rope_theta) + ", expected > 0");
   check(rope_scaling == RopeScaling::none || rope_factor >= 1.0,
@@ -80,6 +88,14 @@ Decoder::Decoder(const DecoderConfig& config, std::uint64_t seed, Backend& backe
     : config_(config) {
   config.validate();
   Rng rng(seed);
+  if (config.gpt2())
+    build_gpt2(rng, backend);
+  else
+    build_llama(rng, backend);
+}
+
+void Decoder::build_llama(Rng& rng, Backend& backend) {
+  const DecoderConfig& config = config_;
   const std::int64_t c = config.hidden, d = config.head_dim, f = config.intermediate;
   const std::int64_t q_width = config.heads * d, kv_width = config.kv_heads * d;
   auto add = [&](const std::string& name, Tensor value, bool decay) {
@@ -183,8 +199,8 @@ ag::Var Decoder::mlp_block(ag::Tape& tape, const ag::Var& x, const Block& b) {
   return project(tape, gated, b.down, b.down_bias);
 }
 
-ag::Var Decoder::forward(ag::Tape& tape, const Tensor& ids, const ForwardOptions&) {
-  return run(tape, ids, 0, nullptr);
+ag::Var Decoder::forward(ag::Tape& tape, const Tensor& ids, const ForwardOptions& options) {
+  return run(tape, ids, 0, nullptr, options);
 }
 
 Tensor Decoder::decode(const Tensor& ids, KvCache& cache) {
@@ -194,12 +210,16 @@ Tensor Decoder::decode(const Tensor& ids, KvCache& cache) {
   }
   ag::Tape tape;
   tape.set_recording(false);
-  Tensor logits = run(tape, ids, cache.length, &cache).value();
+  Tensor logits = run(tape, ids, cache.length, &cache, {}).value();
   cache.length += ids.dim(1);
   return logits;
 }
 
-ag::Var Decoder::run(ag::Tape& tape, const Tensor& ids, std::int64_t position, KvCache* cache) {
+ag::Var Decoder::run(ag::Tape& tape, const Tensor& ids, std::int64_t position, KvCache* cache,
+                     const ForwardOptions& options) {
+  if (config_.gpt2())
+    return gpt2_head(tape, gpt2_blocks(tape, gpt2_embed(tape, ids, position, options), 0,
+                                       config_.layers, cache, options));
   check(ids.dtype() == DType::i32 && ids.rank() == 2,
         config_.family + ": token ids " + ids.describe() + " must be i32 [B,T]");
   const std::int64_t batch = ids.dim(0), t = ids.dim(1), end = position + t;

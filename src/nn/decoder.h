@@ -1,5 +1,6 @@
-// nn/decoder.h — the Llama-lineage decoder as Hugging Face's `transformers` defines it for
-// the families `llama`, `mistral`, `qwen2` and `qwen3`: token embedding, pre-norm blocks of
+// nn/decoder.h — the decoder-only transformer as Hugging Face's `transformers` defines it for
+// the families `llama`, `mistral`, `qwen2`, `qwen3` and `gpt2`. The Llama lineage: token
+// embedding, pre-norm blocks of
 // RMSNorm -> grouped-query self-attention with rotary positions -> residual, RMSNorm ->
 // SwiGLU MLP -> residual, a final RMSNorm and an LM head (separate or tied to the
 // embedding). What distinguishes the families is configuration, not code:
@@ -7,8 +8,12 @@
 //   mistral  as llama without biases; a sliding window longer than the context is a no-op
 //   qwen2    q, k, v biases (no o bias), often tied embeddings
 //   qwen3    RMSNorm of each query and key head before the rotation (q_norm, k_norm)
-// Parameters carry the Hugging Face names and nn.Linear layouts ([out, in]), so a model
-// folder loads and saves without renaming (nn/hf_config.h reads its config.json).
+//   gpt2     learned positions, LayerNorm (with biases), one fused q/k/v projection, a
+//            tanh-GELU MLP, a head tied to the embedding; biases everywhere; dropout on the
+//            embeddings and both residual branches when the run asks for it
+// Parameters carry the Hugging Face names and layouts (nn.Linear's [out, in]; GPT-2's Conv1D
+// [in, out]), so a model folder loads and saves without renaming (nn/hf_config.h reads its
+// config.json). Loom's `gpt` model is the gpt2 configuration (nn/gpt.h).
 #pragma once
 
 #include <string>
@@ -19,7 +24,8 @@
 
 namespace loom::nn {
 
-// The model_type values the decoder implements: llama, mistral, qwen2, qwen3.
+// The model_type values of the Llama lineage, Loom's model keys for them: llama, mistral,
+// qwen2, qwen3. (gpt2 is the decoder's other configuration; its model key is gpt.)
 inline bool is_decoder_family(std::string_view family) {
   return family == "llama" || family == "mistral" || family == "qwen2" || family == "qwen3";
 }
@@ -28,7 +34,7 @@ inline bool is_decoder_family(std::string_view family) {
 enum class RopeScaling { none, linear, llama3 };
 
 struct DecoderConfig {
-  std::string family = "llama";     // the model_type: llama | mistral | qwen2 | qwen3
+  std::string family = "llama";     // the model_type: llama | mistral | qwen2 | qwen3 | gpt2
   std::int64_t vocab = 256;         // vocab_size
   std::int64_t hidden = 64;         // hidden_size (C)
   std::int64_t intermediate = 172;  // intermediate_size (the MLP's width F)
@@ -52,7 +58,12 @@ struct DecoderConfig {
   std::int64_t sliding_window = 0;            // mistral/qwen2: 0 none; else sequences
                                               // longer than the window are refused
   double init_std = 0.02;                     // initializer_range, for new weights
-  void validate() const;                      // throws naming the field and value
+  // gpt2 only: the run's dropout probability (embeddings and residual branches, in training),
+  // and whether biases train (false: they stay zero, nanoGPT's bias=False; still saved).
+  double dropout = 0.0;
+  bool train_biases = true;
+  bool gpt2() const { return family == "gpt2"; }
+  void validate() const;  // throws naming the field and value
 };
 
 // The rotary inverse frequencies theta^(-2i/D), i < D/2, scaled as rope_scaling says,
@@ -67,7 +78,7 @@ struct KvCache {
   std::int64_t length = 0;
 };
 
-class Decoder final : public Model {
+class Decoder : public Model {
  public:
   Decoder(const DecoderConfig& config, std::uint64_t seed, Backend& backend);
   std::vector<Parameter>& parameters() override { return params_; }
@@ -78,14 +89,33 @@ class Decoder final : public Model {
   // logits [B*T, vocab] and appends their keys and values to the cache. A cache of length 0
   // starts a sequence; the length may reach max_position_embeddings.
   Tensor decode(const Tensor& ids, KvCache& cache);
-  std::string kind() const override { return config_.family; }
+  // Loom's name for the gpt2 configuration is its model key, gpt.
+  std::string kind() const override { return config_.gpt2() ? "gpt" : config_.family; }
   const DecoderConfig& config() const { return config_; }
 
+  // The forward pass in pieces, for pipeline stages (gpt2 so far): forward =
+  // head(run_blocks(embed)). embed: ids [B,T] -> x [B,T,C]; run_blocks: blocks [first, last);
+  // head: the final norm and the LM head, x [B,T,C] -> logits [B*T, vocab].
+  autograd::Var embed(autograd::Tape& tape, const Tensor& ids, const ForwardOptions& options);
+  autograd::Var run_blocks(autograd::Tape& tape, autograd::Var x, std::int64_t first,
+                           std::int64_t last, const ForwardOptions& options);
+  autograd::Var head(autograd::Tape& tape, const autograd::Var& x);
+  // Indices into parameters() of what those pieces use (the token embedding once, also
+  // when both the embeddings and the head are asked for).
+  std::vector<std::size_t> parameter_indices(std::int64_t first, std::int64_t last, bool embeddings,
+                                             bool head) const;
+  std::size_t token_embedding_index() const { return embed_; }
+
  private:
-  struct Block {  // indices into params_; npos where the configuration has no such tensor
+  // Indices into params_; npos where the configuration has no such tensor. gpt2 uses
+  // input_norm (ln_1), q (the fused c_attn), o (attn.c_proj), post_norm (ln_2), up (c_fc) and
+  // down (mlp.c_proj), each weight followed by its bias.
+  struct Block {
     std::size_t input_norm, q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, post_norm,
         gate, up, down, gate_bias, up_bias, down_bias;
   };
+  void build_llama(Rng& rng, Backend& backend);
+  void build_gpt2(Rng& rng, Backend& backend);  // nn/decoder_gpt2.cpp
   autograd::Var& param(std::size_t index) { return params_[index].var; }
   // x [N, in] times the [out, in] weight, plus the bias when there is one.
   autograd::Var project(autograd::Tape& tape, const autograd::Var& x, std::size_t weight,
@@ -95,12 +125,23 @@ class Decoder final : public Model {
                                 std::int64_t batch, std::int64_t t, std::int64_t position,
                                 Tensor* cached_keys, Tensor* cached_values);
   // The whole model over positions [position, position + T) of ids [B, T].
-  autograd::Var run(autograd::Tape& tape, const Tensor& ids, std::int64_t position, KvCache* cache);
+  autograd::Var run(autograd::Tape& tape, const Tensor& ids, std::int64_t position, KvCache* cache,
+                    const ForwardOptions& options);
   autograd::Var mlp_block(autograd::Tape& tape, const autograd::Var& x, const Block& b);
+  // gpt2 (nn/decoder_gpt2.cpp): the embeddings of positions [position, position + T), and
+  // blocks [first, last) with their keys and values appended to the cache when there is one.
+  autograd::Var gpt2_embed(autograd::Tape& tape, const Tensor& ids, std::int64_t position,
+                           const ForwardOptions& options);
+  autograd::Var gpt2_blocks(autograd::Tape& tape, autograd::Var x, std::int64_t first,
+                            std::int64_t last, KvCache* cache, const ForwardOptions& options);
+  autograd::Var gpt2_head(autograd::Tape& tape, const autograd::Var& x);
+  autograd::Var dropout(autograd::Tape& tape, const autograd::Var& x, const ForwardOptions& options,
+                        std::uint64_t site);
 
   DecoderConfig config_;
   std::vector<Parameter> params_;
   std::size_t embed_ = 0, final_norm_ = 0, lm_head_ = 0;
+  std::size_t positions_ = 0;  // gpt2: the learned position embedding (wpe)
   std::vector<Block> blocks_;
   Tensor cos_, sin_, neg_sin_;  // [context, D/2] on the model's device
 };

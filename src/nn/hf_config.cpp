@@ -152,6 +152,58 @@ void read_rope(Reader& r, DecoderConfig& c) {
   p.refuse_unread();
 }
 
+// Every field read or known, and the whole valid.
+DecoderConfig checked(const Reader& r, const DecoderConfig& c) {
+  r.refuse_unread();
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(r.where() + ": " + e.what());
+  }
+  return c;
+}
+
+// GPT-2's fields (transformers' GPT2Config): sizes under their own names, LayerNorm, a tied
+// head, tanh GELU. Dropout probabilities are read past: they are training settings, and a
+// Loom run's own `dropout` decides (embeddings and residual branches; attention dropout is
+// not implemented).
+void read_gpt2(Reader& r, DecoderConfig& c, const Json& j) {
+  constexpr std::int64_t kBig = std::int64_t{1} << 31;
+  c.vocab = r.integer("vocab_size", 1, kBig);
+  c.context = r.integer_or("n_positions", 1024, 1, kBig);
+  c.hidden = r.integer_or("n_embd", 768, 1, kBig);
+  c.layers = r.integer_or("n_layer", 12, 1, 1 << 16);
+  c.heads = c.kv_heads = r.integer_or("n_head", 12, 1, 1 << 16);
+  if (c.hidden % c.heads != 0)
+    r.fail("n_head", j["n_head"], "a divisor of n_embd = " + std::to_string(c.hidden));
+  c.head_dim = c.hidden / c.heads;
+  c.intermediate = r.integer_or("n_inner", 4 * c.hidden, 1, kBig);
+  c.norm_eps = r.number_or("layer_norm_epsilon", 1e-5);
+  c.init_std = r.number_or("initializer_range", 0.02);
+  c.tie_embeddings = true;
+  const std::string act = r.string_or("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    r.fail("activation_function", j["activation_function"],
+           "\"gelu_new\" (GELU's tanh approximation)");
+  if (!r.boolean_or("tie_word_embeddings", true))
+    r.fail("tie_word_embeddings", j["tie_word_embeddings"], "true (GPT-2's head is its embedding)");
+  if (!r.boolean_or("scale_attn_weights", true))
+    r.fail("scale_attn_weights", j["scale_attn_weights"], "true (scores over sqrt(head size))");
+  if (r.boolean_or("scale_attn_by_inverse_layer_idx", false))
+    r.fail("scale_attn_by_inverse_layer_idx", j["scale_attn_by_inverse_layer_idx"], "false");
+  if (r.boolean_or("add_cross_attention", false))
+    r.fail("add_cross_attention", j["add_cross_attention"], "false (a decoder-only model)");
+  // Only where attention runs in f16 does reordering change a result; Loom computes it in f32.
+  r.boolean_or("reorder_and_upcast_attn", false);
+  for (const char* field : {"resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout"})
+    r.number_or(field, 0.0);
+  // The classification head of GPT2DoubleHeadsModel, not part of the language model; n_ctx
+  // is n_positions' old name.
+  for (const char* field : {"summary_type", "summary_use_proj", "summary_activation",
+                            "summary_proj_to_labels", "n_ctx", "task_specific_params"})
+    r.mark(field);
+}
+
 }  // namespace
 
 DecoderConfig decoder_config_from_hf_json(const std::string& text, const std::string& where) {
@@ -162,10 +214,13 @@ DecoderConfig decoder_config_from_hf_json(const std::string& text, const std::st
   check(j.contains("model_type") && j["model_type"].is_string(),
         where + ": field 'model_type' is missing or not a string");
   c.family = j["model_type"].get<std::string>();
-  check(is_decoder_family(c.family),
+  check(is_decoder_family(c.family) || c.gpt2(),
         where + ": model_type '" + c.family +
-            "' is not implemented (llama, mistral, qwen2, qwen3; GPT-2 folders load as "
-            "kind gpt)");
+            "' is not implemented (llama, mistral, qwen2, qwen3, gpt2)");
+  if (c.gpt2()) {
+    read_gpt2(r, c, j);
+    return checked(r, c);
+  }
   constexpr std::int64_t kBig = std::int64_t{1} << 31;
   c.vocab = r.integer("vocab_size", 1, kBig);
   c.hidden = r.integer("hidden_size", 1, kBig);
@@ -210,13 +265,7 @@ DecoderConfig decoder_config_from_hf_json(const std::string& text, const std::st
   const bool windowed = c.family == "mistral" || r.boolean_or("use_sliding_window", false);
   if (windowed && window > 0)
     c.sliding_window = window;
-  r.refuse_unread();
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    throw Error(where + ": " + e.what());
-  }
-  return c;
+  return checked(r, c);
 }
 
 DecoderConfig read_hf_config(const std::string& path) {
@@ -227,7 +276,37 @@ DecoderConfig read_hf_config(const std::string& path) {
   return decoder_config_from_hf_json(text.str(), path);
 }
 
+namespace {
+
+// GPT-2's config.json (tied head, tanh GELU); dropout 0: a Loom run sets its own.
+std::string gpt2_config_json(const DecoderConfig& c) {
+  nlohmann::ordered_json j{
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", c.vocab},
+      {"n_positions", c.context},
+      {"n_embd", c.hidden},
+      {"n_layer", c.layers},
+      {"n_head", c.heads},
+      {"n_inner", c.intermediate == 4 * c.hidden ? Json(nullptr) : Json(c.intermediate)},
+      {"activation_function", "gelu_new"},
+      {"layer_norm_epsilon", c.norm_eps},
+      {"initializer_range", c.init_std},
+      {"resid_pdrop", 0.0},
+      {"embd_pdrop", 0.0},
+      {"attn_pdrop", 0.0},
+      {"tie_word_embeddings", true},
+      {"bos_token_id", nullptr},
+      {"eos_token_id", nullptr},
+      {"torch_dtype", "float32"}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
 std::string hf_config_json(const DecoderConfig& c) {
+  if (c.gpt2())
+    return gpt2_config_json(c);
   nlohmann::ordered_json j;
   static const char* const kArchitecture[][2] = {{"llama", "LlamaForCausalLM"},
                                                  {"mistral", "MistralForCausalLM"},

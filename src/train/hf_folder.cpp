@@ -26,6 +26,22 @@ ModelSpec hf_model_spec(const std::string& dir) {
 
 ModelSpec decoder_model_spec(const nn::DecoderConfig& c) {
   ModelSpec spec;
+  if (c.gpt2()) {  // Loom's gpt: its checkpoints record the sizes, which fix the rest
+    const nn::DecoderConfig gpt =
+        nn::gpt2_config({c.vocab, c.context, c.layers, c.heads, c.hidden});
+    check(c.intermediate == gpt.intermediate && c.norm_eps == gpt.norm_eps,
+          "gpt2: n_inner = " + std::to_string(c.intermediate) +
+              " and layer_norm_epsilon = " + std::to_string(c.norm_eps) +
+              "; Loom's gpt has n_inner = 4 n_embd and layer_norm_epsilon = 1e-5");
+    spec.kind = "gpt";
+    spec.vocab = c.vocab;
+    spec.context = c.context;
+    spec.layers = c.layers;
+    spec.heads = c.heads;
+    spec.width = c.hidden;
+    spec.bias = true;
+    return spec;
+  }
   spec.kind = c.family;
   spec.vocab = c.vocab;
   spec.context = c.context;
@@ -98,38 +114,13 @@ void load_hf_weights(const std::string& dir, nn::Model& model) {
   }
 }
 
-namespace {
-
-// GPT-2's config.json for Loom's GPT (tied head, tanh GELU, LayerNorm eps 1e-5).
-std::string gpt2_config_json(const ModelSpec& spec) {
-  nlohmann::ordered_json j{{"architectures", {"GPT2LMHeadModel"}},
-                           {"model_type", "gpt2"},
-                           {"vocab_size", spec.vocab},
-                           {"n_positions", spec.context},
-                           {"n_embd", spec.width},
-                           {"n_layer", spec.layers},
-                           {"n_head", spec.heads},
-                           {"n_inner", nullptr},
-                           {"activation_function", "gelu_new"},
-                           {"layer_norm_epsilon", 1e-5},
-                           {"resid_pdrop", 0.0},
-                           {"embd_pdrop", 0.0},
-                           {"attn_pdrop", 0.0},
-                           {"tie_word_embeddings", true},
-                           {"bos_token_id", nullptr},
-                           {"eos_token_id", nullptr},
-                           {"torch_dtype", "float32"}};
-  return j.dump(2) + "\n";
-}
-
-}  // namespace
-
 void export_hf(const ModelSpec& spec, nn::Model& model, const std::string& out) {
   std::string config;
   if (nn::is_decoder_family(spec.kind))
     config = nn::hf_config_json(nn::decoder_config_from_hf_json(spec.decoder, "the model"));
   else if (spec.kind == "gpt")
-    config = gpt2_config_json(spec);
+    config = nn::hf_config_json(
+        nn::gpt2_config({spec.vocab, spec.context, spec.layers, spec.heads, spec.width}));
   else
     throw Error("export --hf: a " + spec.kind +
                 " model has no Hugging Face form (gpt, llama, mistral, qwen2, qwen3 do)");

@@ -170,7 +170,7 @@ ModelSpec decoder_spec(const TrainConfig& cfg, std::int64_t data_vocab) {
   check(data_vocab <= spec.vocab,
         "the data's vocabulary (" + std::to_string(data_vocab) +
             " tokens) exceeds the model's vocab_size = " + std::to_string(spec.vocab));
-  spec.dropout = 0.0;
+  spec.dropout = spec.kind == "gpt" ? cfg.dropout : 0.0;  // the Llama lineage has none
   return spec;
 }
 
@@ -199,7 +199,7 @@ TrainingRun::TrainingRun(const TrainConfig& config)
                    cfg.bias,
                    cfg.onnx.empty() ? "" : fs::absolute(cfg.onnx).lexically_normal().string(),
                    ""};
-  if (nn::is_decoder_family(cfg.model))
+  if (nn::is_decoder_family(cfg.model) || is_hf_folder(cfg.init))
     spec = decoder_spec(cfg, source.vocab());
   if (pipelined) {
     check(world.size() % cfg.pipeline == 0,
@@ -246,7 +246,7 @@ TrainingRun::TrainingRun(const TrainConfig& config)
   }
   if (pipelined)
     pipeline = std::make_unique<dist::GptPipeline>(
-        *stages_of_replica_, dynamic_cast<nn::Gpt&>(*model),
+        *stages_of_replica_, dynamic_cast<nn::Decoder&>(*model),
         cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline, cfg.schedule());
   std::error_code ec;
   fs::create_directories(cfg.out, ec);

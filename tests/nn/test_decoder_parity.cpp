@@ -107,9 +107,27 @@ TEST_P(DecoderParity, TwentyAdamWStepsGiveTheSameLossesAndParameters) {
     opt.step(cfg["lr"]);
     opt.zero_grad();
   }
+  const double lr = cfg["lr"];
   for (nn::Parameter& p : model->parameters()) {
     SCOPED_TRACE(p.name);
-    EXPECT_LE(max_relative(p.var.value(), ref.tensor("final." + p.name, cpu())), 1e-4);
+    Tensor expected_value = ref.tensor("final." + p.name, cpu());
+    if (p.name.ends_with("attn.c_attn.bias")) {
+      // GPT-2's key bias adds q.b to every score of a query's row, which softmax cancels: its
+      // gradient is zero but for rounding, and AdamW turns that noise into steps of up to lr
+      // in either direction. The query and value biases must agree; the key bias only stay
+      // within the 20 steps' reach of the reference.
+      const std::int64_t c = p.var.shape()[0] / 3;
+      for (std::int64_t part : {0, 2})
+        EXPECT_LE(max_relative(p.var.value().slice(0, part * c, (part + 1) * c),
+                               expected_value.slice(0, part * c, (part + 1) * c)),
+                  1e-4);
+      std::vector<double> ours = values(p.var.value().slice(0, c, 2 * c)),
+                          theirs = values(expected_value.slice(0, c, 2 * c));
+      for (std::size_t i = 0; i < ours.size(); ++i)
+        EXPECT_LE(std::abs(ours[i] - theirs[i]), 2.0 * lr * static_cast<double>(expected.size()));
+      continue;
+    }
+    EXPECT_LE(max_relative(p.var.value(), expected_value), 1e-4);
   }
 }
 
@@ -157,7 +175,7 @@ TEST_P(DecoderParity, CachedDecodingEqualsTheWholeSequencesForwardPass) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderParity,
-                         ::testing::Values("llama", "mistral", "qwen2", "qwen3"));
+                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gpt2"));
 
 // The same logits on every other backend (native kernels, decompositions or the counted
 // fallback, whichever each backend has).
