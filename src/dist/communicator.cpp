@@ -48,6 +48,31 @@ std::unique_ptr<Communicator> single_process() {
   return std::make_unique<SingleProcess>();
 }
 
+namespace {
+void check_parts(std::size_t local, std::size_t all, int size, const char* what) {
+  check(all == local * static_cast<std::size_t>(size),
+        std::string(what) + ": " + std::to_string(all) + " floats are not " + std::to_string(size) +
+            " parts of " + std::to_string(local));
+}
+}  // namespace
+
+void Communicator::all_gather(std::span<const float> local, std::span<float> all) {
+  check_parts(local.size(), all.size(), size(), "all_gather");
+  // Every other rank contributes zeros here: x + 0 is x exactly, so the sum is the gather.
+  std::fill(all.begin(), all.end(), 0.0f);
+  std::copy(local.begin(), local.end(),
+            all.begin() + static_cast<std::ptrdiff_t>(local.size()) * rank());
+  all_reduce_sum(all);
+}
+
+void Communicator::reduce_scatter_sum(std::span<const float> all, std::span<float> local) {
+  check_parts(local.size(), all.size(), size(), "reduce_scatter_sum");
+  std::vector<float> sum(all.begin(), all.end());
+  all_reduce_sum(sum);
+  const auto at = sum.begin() + static_cast<std::ptrdiff_t>(local.size()) * rank();
+  std::copy(at, at + static_cast<std::ptrdiff_t>(local.size()), local.begin());
+}
+
 Communicator& world() {
   static std::unique_ptr<Communicator> instance = [] {
     if (launched_by_mpi()) {

@@ -29,6 +29,14 @@ class Communicator {
   virtual void all_reduce_sum(std::span<float> data) = 0;
   // data <- rank `root`'s data, on every rank.
   virtual void broadcast(std::span<std::byte> data, int root) = 0;
+  // all[r n, (r+1) n) <- rank r's `local` (n = local.size(), the same on every rank; all holds
+  // n size() floats), on every rank. Tensor parallelism's gather of shards.
+  virtual void all_gather(std::span<const float> local, std::span<float> all);
+  // local <- the sum over ranks of their all[rank() n, (rank()+1) n) (n = local.size()): the
+  // all-reduce's sums, each rank keeping only its own slice. Both default to an all-reduce
+  // (of zeros around the local part, or of a copy), which is exact; MPI and the in-process
+  // group do them natively.
+  virtual void reduce_scatter_sum(std::span<const float> all, std::span<float> local);
   // Point to point (pipeline stages): blocks until `dest` has the data / it has arrived
   // from `source`. Messages between two ranks arrive in the order they were sent.
   virtual void send(std::span<const float> data, int dest) = 0;

@@ -109,6 +109,22 @@ class MpiCommunicator final : public Communicator {
                     0, comm_, MPI_STATUS_IGNORE),
        "MPI_Sendrecv");
   }
+  void all_gather(std::span<const float> local, std::span<float> all) override {
+    check(local.size() <= INT_MAX && all.size() == local.size() * static_cast<std::size_t>(size_),
+          "mpi: all_gather of " + std::to_string(local.size()) + " floats into " +
+              std::to_string(all.size()));
+    ok(MPI_Allgather(local.data(), static_cast<int>(local.size()), MPI_FLOAT, all.data(),
+                     static_cast<int>(local.size()), MPI_FLOAT, comm_),
+       "MPI_Allgather");
+  }
+  void reduce_scatter_sum(std::span<const float> all, std::span<float> local) override {
+    check(local.size() <= INT_MAX && all.size() == local.size() * static_cast<std::size_t>(size_),
+          "mpi: reduce_scatter of " + std::to_string(all.size()) + " floats into " +
+              std::to_string(local.size()));
+    ok(MPI_Reduce_scatter_block(all.data(), local.data(), static_cast<int>(local.size()), MPI_FLOAT,
+                                MPI_SUM, comm_),
+       "MPI_Reduce_scatter_block");
+  }
   void broadcast(std::span<std::byte> data, int root) override {
     in_pieces(data.size(), [&](std::size_t at, int count) {
       ok(MPI_Bcast(data.data() + at, count, MPI_BYTE, root, comm_), "MPI_Bcast");

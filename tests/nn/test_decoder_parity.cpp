@@ -145,6 +145,29 @@ TEST_P(DecoderParity, GreedyDecodingWithAKvCacheGivesTheTokensGenerateGives) {
   EXPECT_EQ(tokens, std::vector<std::int32_t>(expected.begin(), expected.end()));
 }
 
+// Nucleus sampling keeps the most likely tokens holding top_p of the mass: with a tiny top_p
+// only the most likely one is left, so sampling at temperature 1 gives generate's greedy
+// tokens; with top_p 1 the same seed draws other tokens (the random models' distributions
+// are broad), and the same tokens again from the same seed.
+TEST_P(DecoderParity, NucleusSamplingKeepsTheMostLikelyTokens) {
+  Reference ref(GetParam());
+  auto model = load(GetParam(), cpu());
+  std::vector<float> prompt_f = ref.tensor("greedy.prompt", cpu()).to_floats();
+  std::vector<float> greedy_f = ref.tensor("greedy.tokens", cpu()).to_floats();
+  const std::vector<std::int32_t> prompt(prompt_f.begin(), prompt_f.end()),
+      greedy(greedy_f.begin(), greedy_f.end());
+  train::SampleOptions o;
+  o.tokens = static_cast<std::int64_t>(greedy.size());
+  o.temperature = 1.0;
+  o.top_p = 1e-6;
+  EXPECT_EQ(train::generate(*model, prompt, model->config().context, o, cpu()), greedy);
+  o.top_p = 1.0;
+  const std::vector<std::int32_t> drawn =
+      train::generate(*model, prompt, model->config().context, o, cpu());
+  EXPECT_NE(drawn, greedy);
+  EXPECT_EQ(train::generate(*model, prompt, model->config().context, o, cpu()), drawn);
+}
+
 // Decoding a prompt, then one token at a time through the cache, gives each position the
 // logits the whole sequence's forward pass gives it.
 TEST_P(DecoderParity, CachedDecodingEqualsTheWholeSequencesForwardPass) {
