@@ -2,6 +2,7 @@
 
 #include <numeric>
 
+#include "autograd/tensor_parallel.h"
 #include "core/error.h"
 #include "dispatch/dispatch.h"
 
@@ -35,6 +36,8 @@ Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
 }
 
 Var add(Tape& tape, const Var& a, const Var& b) {
+  if (distributed({&a, &b}))
+    return tp::add(tape, a, b);
   Shape sa = a.shape(), sb = b.shape();
   return tape.record({a, b}, call1(OpId::add, {a.value(), b.value()}), [sa, sb](const Tensor& g) {
     return std::vector<Tensor>{sum_to_shape(g, sa), sum_to_shape(g, sb)};
@@ -246,6 +249,8 @@ Var silu(Tape& tape, const Var& x) {
 }
 
 Var swiglu(Tape& tape, const Var& gate, const Var& up) {
+  if (distributed({&gate, &up}))
+    return tp::swiglu(tape, gate, up);
   Tensor gv = gate.value(), uv = up.value();
   return tape.record({gate, up}, call1(OpId::swiglu, {gv, uv}), [gv, uv](const Tensor& g) {
     return call(OpId::swiglu_backward, {g, gv, uv});
@@ -344,6 +349,8 @@ Var log_softmax(Tape& tape, const Var& x) {
 }
 
 Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets) {
+  if (distributed({&logits}))
+    return cross_entropy(tape, tp::replicated_input(tape, logits, "cross_entropy"), targets);
   Tensor lv = logits.value();
   std::vector<Tensor> out = call(OpId::cross_entropy, {lv, targets});
   Tensor lse = out[1];
@@ -353,6 +360,8 @@ Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets) {
 }
 
 Var matmul(Tape& tape, const Var& a, const Var& b, bool trans_a, bool trans_b) {
+  if (distributed({&a, &b}))
+    return tp::matmul(tape, a, b, trans_a, trans_b);
   // C = op(A) op(B). dA = dC op(B)^T (transposed back when trans_a); dB likewise.
   Attrs attrs;
   attrs.trans_a = trans_a;
@@ -386,6 +395,8 @@ Var matmul(Tape& tape, const Var& a, const Var& b, bool trans_a, bool trans_b) {
 }
 
 Var linear(Tape& tape, const Var& x, const Var& weight, const Var& bias, bool trans_b) {
+  if (distributed({&x, &weight, &bias}))
+    return tp::linear(tape, x, weight, bias, trans_b);
   // y = x W + b with x flattened to [rows, K]. dx = dy W^T, dW = x^T dy (or dy^T x), db = sum_rows
   // dy.
   Attrs attrs;
@@ -428,6 +439,8 @@ Var layer_norm(Tape& tape, const Var& x, const Var& weight, const Var& bias, dou
 }
 
 Var rms_norm(Tape& tape, const Var& x, const Var& weight, double eps) {
+  if (distributed({&x, &weight}))
+    return tp::rms_norm(tape, x, weight, eps);
   Attrs a;
   a.eps = eps;
   Tensor xv = x.value(), wv = weight.value();
@@ -439,6 +452,8 @@ Var rms_norm(Tape& tape, const Var& x, const Var& weight, double eps) {
 }
 
 Var rope(Tape& tape, const Var& x, const Tensor& cos, const Tensor& sin, const Tensor& neg_sin) {
+  if (distributed({&x}))
+    return tp::rope(tape, x, cos, sin, neg_sin);
   return tape.record({x}, call1(OpId::rope, {x.value(), cos, sin}),
                      [cos, neg_sin](const Tensor& g) {
                        return std::vector<Tensor>{call1(OpId::rope, {g, cos, neg_sin})};
@@ -446,6 +461,8 @@ Var rope(Tape& tape, const Var& x, const Tensor& cos, const Tensor& sin, const T
 }
 
 Var attention(Tape& tape, const Var& q, const Var& k, const Var& v) {
+  if (distributed({&q, &k, &v}))
+    return tp::attention(tape, q, k, v);
   Tensor qv = q.value(), kv = k.value(), vv = v.value();
   std::vector<Tensor> out = call(OpId::attention, {qv, kv, vv});
   Tensor o = out[0], lse = out[1];
@@ -455,6 +472,8 @@ Var attention(Tape& tape, const Var& q, const Var& k, const Var& v) {
 }
 
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids) {
+  if (distributed({&weight}))
+    return embedding(tape, tp::replicated_input(tape, weight, "embedding"), ids);
   Attrs a;
   a.shape = weight.shape();
   return tape.record(
@@ -513,6 +532,8 @@ Var avg_pool2d(Tape& tape, const Var& x, std::int64_t kernel, std::int64_t strid
 }
 
 Var reshape(Tape& tape, const Var& x, const Shape& shape) {
+  if (distributed({&x}))
+    return tp::reshape(tape, x, shape);
   Shape in = x.shape();
   Tensor y = dispatch::contiguous(x.value()).reshape(shape);
   return tape.record({x}, y, [in](const Tensor& g) {

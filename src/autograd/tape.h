@@ -16,10 +16,20 @@
 
 namespace loom::autograd {
 
+// Where a tensor lives on a tensor-parallel group (autograd/tensor_parallel.h): replicated
+// (the default), sharded along dimension `shard`, or partial (the value is the sum over ranks).
+struct Placement {
+  int shard = -1;
+  bool partial = false;
+  bool replicated() const { return shard < 0 && !partial; }
+  bool operator==(const Placement&) const = default;
+};
+
 struct VarState {
   Tensor value;
   Tensor grad;  // undefined until a gradient arrives
   bool requires_grad = false;
+  Placement placement;
 };
 
 class Var {
@@ -32,6 +42,8 @@ class Var {
   const Tensor& grad() const { return state_->grad; }
   bool requires_grad() const { return state_ && state_->requires_grad; }
   const Shape& shape() const { return state_->value.shape(); }
+  const Placement& placement() const { return state_->placement; }
+  void set_placement(const Placement& p) { state_->placement = p; }
   std::int64_t dim(int axis) const { return state_->value.dim(axis); }
 
   // For optimizers and loaders: replace the value (same shape) or drop the gradient.

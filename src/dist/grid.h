@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "autograd/tensor_parallel.h"
 #include "dist/communicator.h"
 
 namespace loom::dist {
@@ -40,6 +41,18 @@ class ProcessGrid {
   GridShape shape_;
   GridCoordinates at_;
   std::unique_ptr<Communicator> tp_, dp_, pp_;
+};
+
+// A communicator as the tensor-parallel group of the autograd rules (TensorGroupScope).
+class TensorGroupOf final : public autograd::TensorGroup {
+ public:
+  explicit TensorGroupOf(Communicator& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  void all_reduce_sum(std::span<float> data) override { comm_.all_reduce_sum(data); }
+
+ private:
+  Communicator& comm_;
 };
 
 }  // namespace loom::dist

@@ -106,6 +106,13 @@ class Decoder : public Model {
                                              bool head) const;
   std::size_t token_embedding_index() const { return embed_; }
 
+  // Tensor parallelism (docs/parallel.md; the Llama lineage): keeps rank `rank` of `size`'s
+  // slice of each parameter the layout table shards (q, k, v, gate and up column-parallel,
+  // their biases with them; o and down row-parallel), and marks its placement; the query and
+  // key/value heads divide among the ranks. Call after the weights are loaded; run the model
+  // under a TensorGroupScope of those ranks. Sizes that do not divide are named errors.
+  void shard_tensor_parallel(int rank, int size);
+
  private:
   // Indices into params_; npos where the configuration has no such tensor. gpt2 uses
   // input_norm (ln_1), q (the fused c_attn), o (attn.c_proj), post_norm (ln_2), up (c_fc) and
@@ -142,6 +149,7 @@ class Decoder : public Model {
   std::vector<Parameter> params_;
   std::size_t embed_ = 0, final_norm_ = 0, lm_head_ = 0;
   std::size_t positions_ = 0;  // gpt2: the learned position embedding (wpe)
+  int tensor_parallel_ = 1;    // the ranks its parameters are sharded over
   std::vector<Block> blocks_;
   Tensor cos_, sin_, neg_sin_;  // [context, D/2] on the model's device
 };

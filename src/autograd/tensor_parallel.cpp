@@ -1,0 +1,222 @@
+#include "autograd/tensor_parallel.h"
+
+#include "autograd/functions.h"
+#include "core/error.h"
+
+namespace loom::autograd {
+namespace {
+
+thread_local TensorGroup* current_group = nullptr;
+thread_local bool inside_rule = false;  // a rule calls the plain functions on local tensors
+
+// While it lives, functions run on local tensors without looking at placements.
+struct LocalOnly {
+  bool previous = inside_rule;
+  LocalOnly() { inside_rule = true; }
+  ~LocalOnly() { inside_rule = previous; }
+};
+
+TensorGroup& group(const char* op) {
+  check(current_group != nullptr, std::string(op) +
+                                      ": a tensor is sharded or partial, but this thread has no "
+                                      "tensor-parallel group (TensorGroupScope)");
+  return *current_group;
+}
+
+// The sum over the group of a tensor's local values, on its device.
+Tensor all_reduce(const Tensor& t, const char* op) {
+  std::vector<float> values = t.to_floats();
+  group(op).all_reduce_sum(values);
+  return Tensor::from_floats(t.shape(), values, t.backend());
+}
+
+Var placed(Var v, const Placement& p) {
+  v.set_placement(p);
+  return v;
+}
+
+Placement shard(int dim) {
+  Placement p;
+  p.shard = dim;
+  return p;
+}
+
+[[noreturn]] void no_rule(const std::string& op, std::initializer_list<const Var*> inputs) {
+  std::string text;
+  for (const Var* v : inputs)
+    text += (text.empty() ? "" : ", ") + describe(v->placement());
+  throw Error(op + ": no tensor-parallel rule for inputs placed " + text +
+              " (docs/parallel.md lists the rules)");
+}
+
+// Megatron's f: identity forward; the gradient, a partial sum on each rank (each used its own
+// slice of the weight), all-reduced backward.
+Var copy_to_group(Tape& tape, const Var& x) {
+  return tape.record({x}, x.value(), [](const Tensor& g) {
+    return std::vector<Tensor>{all_reduce(g, "tensor-parallel backward")};
+  });
+}
+
+int last(const Var& x) {
+  return static_cast<int>(x.shape().size()) - 1;
+}
+
+}  // namespace
+
+TensorGroupScope::TensorGroupScope(TensorGroup& g) : previous_(current_group) {
+  current_group = &g;
+}
+
+TensorGroupScope::~TensorGroupScope() {
+  current_group = previous_;
+}
+
+std::string describe(const Placement& p) {
+  if (p.partial)
+    return "partial";
+  return p.shard < 0 ? "replicated" : "sharded on " + std::to_string(p.shard);
+}
+
+bool distributed(std::initializer_list<const Var*> inputs) {
+  if (inside_rule)
+    return false;
+  for (const Var* v : inputs)
+    if (v->defined() && !v->placement().replicated())
+      return true;
+  return false;
+}
+
+namespace tp {
+
+Var reduce(Tape& tape, const Var& x) {
+  if (!x.placement().partial)
+    return x;
+  // Megatron's g: the sum forward; each summand's gradient is the sum's, unchanged.
+  return tape.record({x}, all_reduce(x.value(), "tensor-parallel reduce"),
+                     [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
+Var replicated_input(Tape& tape, const Var& x, const char* op) {
+  if (x.placement().shard >= 0)
+    no_rule(op, {&x});
+  return reduce(tape, x);
+}
+
+Var add(Tape& tape, const Var& a_in, const Var& b_in) {
+  Var a = reduce(tape, a_in), b = reduce(tape, b_in);
+  if (a.placement() != b.placement() || a.shape().size() != b.shape().size())
+    no_rule("add", {&a, &b});
+  LocalOnly local;
+  return placed(autograd::add(tape, a, b), a.placement());
+}
+
+Var matmul(Tape& tape, const Var& a_in, const Var& b, bool trans_a, bool trans_b) {
+  Var a = reduce(tape, a_in);
+  // W's output dimension is its rows when transposed ([out, in]), else its columns.
+  const int w_out = trans_b ? 0 : 1, w_in = trans_b ? 1 : 0;
+  if (!trans_a && b.shape().size() == 2 && a.placement().replicated() &&
+      b.placement().shard == w_out) {  // column-parallel
+    Var x = copy_to_group(tape, a);
+    LocalOnly local;
+    Var out = autograd::matmul(tape, x, b, false, trans_b);
+    return placed(out, shard(last(out)));
+  }
+  if (!trans_a && b.shape().size() == 2 && a.placement().shard == last(a) &&
+      b.placement().shard == w_in) {  // row-parallel: each rank's product is a summand
+    LocalOnly local;
+    Placement partial;
+    partial.partial = true;
+    return placed(autograd::matmul(tape, a, b, false, trans_b), partial);
+  }
+  no_rule("matmul", {&a, &b});
+}
+
+Var linear(Tape& tape, const Var& x_in, const Var& weight, const Var& bias, bool trans_b) {
+  Var x = reduce(tape, x_in);
+  const int w_out = trans_b ? 0 : 1;
+  if (x.placement().replicated() && weight.placement().shard == w_out &&
+      bias.placement().shard == 0) {  // column-parallel, each rank its slice of the bias
+    Var copied = copy_to_group(tape, x);
+    LocalOnly local;
+    Var out = autograd::linear(tape, copied, weight, bias, trans_b);
+    return placed(out, shard(last(out)));
+  }
+  if (bias.placement().replicated()) {  // row-parallel: reduce the products, add the bias once
+    Var summed = reduce(tape, tp::matmul(tape, x, weight, false, trans_b));
+    LocalOnly local;
+    return autograd::add(tape, summed, bias);
+  }
+  no_rule("linear", {&x, &weight, &bias});
+}
+
+Var reshape(Tape& tape, const Var& x_in, const Shape& shape) {
+  Var x = reduce(tape, x_in);
+  if (x.placement().replicated()) {
+    LocalOnly local;
+    return autograd::reshape(tape, x, shape);
+  }
+  // `shape` is the whole tensor's, as one process would write it. The sharded dimension s of
+  // x becomes the outer factor it splits into, or the dimension it merges into: the first
+  // output dimension with as many elements before it as s has, whose whole size the group
+  // divides. That dimension holds 1/T of its size here.
+  const int parts = group("reshape").size();
+  const Shape& in = x.shape();
+  std::int64_t before = 1;
+  for (int d = 0; d < x.placement().shard; ++d)
+    before *= in[static_cast<std::size_t>(d)];
+  Shape local = shape;
+  std::int64_t out_before = 1;
+  int found = -1;
+  for (std::size_t d = 0; d < shape.size() && found < 0; ++d) {
+    check(shape[d] >= 0, "reshape of a sharded tensor: give every size (no -1)");
+    if (out_before == before && shape[d] % parts == 0) {
+      found = static_cast<int>(d);
+      local[d] /= parts;
+    }
+    out_before *= shape[d];
+  }
+  if (found < 0 || shape_numel(local) != x.value().numel())
+    no_rule("reshape", {&x});
+  LocalOnly local_only;
+  return placed(autograd::reshape(tape, x, local), shard(found));
+}
+
+Var rms_norm(Tape& tape, const Var& x_in, const Var& weight, double eps) {
+  Var x = reduce(tape, x_in);
+  if (x.placement().shard == last(x) || !weight.placement().replicated())
+    no_rule("rms_norm", {&x, &weight});
+  // Each rank normalises its own slices: the replicated weight's gradient is their sum.
+  Var w = copy_to_group(tape, weight);
+  LocalOnly local;
+  return placed(autograd::rms_norm(tape, x, w, eps), x.placement());
+}
+
+Var swiglu(Tape& tape, const Var& gate_in, const Var& up_in) {
+  Var gate = reduce(tape, gate_in), up = reduce(tape, up_in);
+  if (gate.placement() != up.placement())
+    no_rule("swiglu", {&gate, &up});
+  LocalOnly local;
+  return placed(autograd::swiglu(tape, gate, up), gate.placement());
+}
+
+Var rope(Tape& tape, const Var& x_in, const Tensor& cos, const Tensor& sin, const Tensor& neg_sin) {
+  Var x = reduce(tape, x_in);
+  const int rank = static_cast<int>(x.shape().size());
+  // The rotation works along positions (rank - 3) and the head's features (rank - 1).
+  if (x.placement().shard == rank - 1 || x.placement().shard == rank - 3)
+    no_rule("rope", {&x});
+  LocalOnly local;
+  return placed(autograd::rope(tape, x, cos, sin, neg_sin), x.placement());
+}
+
+Var attention(Tape& tape, const Var& q_in, const Var& k_in, const Var& v_in) {
+  Var q = reduce(tape, q_in), k = reduce(tape, k_in), v = reduce(tape, v_in);
+  if (q.placement().shard != 2 || k.placement() != q.placement() || v.placement() != q.placement())
+    no_rule("attention", {&q, &k, &v});
+  LocalOnly local;
+  return placed(autograd::attention(tape, q, k, v), q.placement());
+}
+
+}  // namespace tp
+
+}  // namespace loom::autograd

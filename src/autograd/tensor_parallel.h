@@ -1,0 +1,70 @@
+// autograd/tensor_parallel.h — tensors that carry a placement on a tensor-parallel group, and
+// the sharding rules of the ops a decoder step uses (docs/parallel.md). A Var is replicated
+// unless its placement says it is sharded along one dimension (each rank holds its 1/T slice)
+// or partial (each rank holds a summand). Functions whose inputs are all replicated run as
+// they always have; the others run their rule, which calls the same ops on the local tensors
+// and the collectives the rule needs, forward and backward:
+//   matmul/linear, column   x replicated, W sharded on its output dimension -> the output
+//                           sharded on its last dimension; backward all-reduces dx
+//   matmul/linear, row      x sharded on its last dimension, W on its input dimension -> a
+//                           partial output (linear: reduced, then its replicated bias added)
+//   add, swiglu             equal placements in and out (a partial input is reduced first)
+//   reshape                 given the whole tensor's shape (as one process writes it): the
+//                           sharded dimension becomes the outer factor it splits into (or the
+//                           dimension it merges into), holding 1/T of it
+//   rms_norm, rope          sharded on a dimension they do not work along; a replicated
+//                           norm weight gets its gradient all-reduced
+//   attention               q, k, v sharded on their heads -> the output too
+//   others (embedding, cross_entropy, ...) reduce a partial input and refuse a sharded one.
+// The group is the calling thread's (TensorGroupScope), so in-process ranks may share a
+// process.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "autograd/tape.h"
+
+namespace loom::autograd {
+
+// The collective a tensor-parallel rule needs, implemented above (dist/ over a Communicator).
+class TensorGroup {
+ public:
+  virtual ~TensorGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void all_reduce_sum(std::span<float> data) = 0;  // on every rank of the group
+};
+
+// Makes `group` the calling thread's tensor-parallel group while it lives.
+class TensorGroupScope {
+ public:
+  explicit TensorGroupScope(TensorGroup& group);
+  ~TensorGroupScope();
+  TensorGroupScope(const TensorGroupScope&) = delete;
+  TensorGroupScope& operator=(const TensorGroupScope&) = delete;
+
+ private:
+  TensorGroup* previous_;
+};
+
+std::string describe(const Placement& p);  // "replicated", "sharded on 1", "partial"
+
+// True when some input is not replicated and its rule must run (not while a rule runs).
+bool distributed(std::initializer_list<const Var*> inputs);
+
+namespace tp {
+Var reduce(Tape& tape, const Var& x);  // partial -> replicated (all-reduce; backward identity)
+Var add(Tape& tape, const Var& a, const Var& b);
+Var matmul(Tape& tape, const Var& a, const Var& b, bool trans_a, bool trans_b);
+Var linear(Tape& tape, const Var& x, const Var& weight, const Var& bias, bool trans_b);
+Var reshape(Tape& tape, const Var& x, const Shape& shape);
+Var rms_norm(Tape& tape, const Var& x, const Var& weight, double eps);
+Var swiglu(Tape& tape, const Var& gate, const Var& up);
+Var rope(Tape& tape, const Var& x, const Tensor& cos, const Tensor& sin, const Tensor& neg_sin);
+Var attention(Tape& tape, const Var& q, const Var& k, const Var& v);
+// For ops without a rule: a partial input reduced, a sharded one refused naming the op.
+Var replicated_input(Tape& tape, const Var& x, const char* op);
+}  // namespace tp
+
+}  // namespace loom::autograd

@@ -1,0 +1,56 @@
+// The decoder's tensor-parallel layout as data (docs/parallel.md): which parameters are
+// sharded, along which dimension; the autograd rules (autograd/tensor_parallel.h) do the rest:
+// the decoder's forward is the one-process code, its reshapes written with the whole sizes.
+#include <string_view>
+
+#include "core/error.h"
+#include "dispatch/dispatch.h"
+#include "nn/decoder.h"
+
+namespace loom::nn {
+namespace {
+
+// Parameters by name suffix and the dimension each is sharded along (nn.Linear's [out, in]:
+// 0 column-parallel, 1 row-parallel); every other parameter is replicated.
+constexpr std::pair<std::string_view, int> kTensorParallelLayout[] = {
+    {"self_attn.q_proj.weight", 0}, {"self_attn.q_proj.bias", 0},   {"self_attn.k_proj.weight", 0},
+    {"self_attn.k_proj.bias", 0},   {"self_attn.v_proj.weight", 0}, {"self_attn.v_proj.bias", 0},
+    {"self_attn.o_proj.weight", 1}, {"mlp.gate_proj.weight", 0},    {"mlp.gate_proj.bias", 0},
+    {"mlp.up_proj.weight", 0},      {"mlp.up_proj.bias", 0},        {"mlp.down_proj.weight", 1},
+};
+
+}  // namespace
+
+void Decoder::shard_tensor_parallel(int rank, int size) {
+  const std::string what =
+      config_.family + ": tensor parallelism over " + std::to_string(size) + " ranks";
+  check(!config_.gpt2(), what + ": the gpt2 configuration is not split yet (the Llama lineage is)");
+  check(size >= 1 && rank >= 0 && rank < size,
+        what + ": rank " + std::to_string(rank) + " is outside the group");
+  check(tensor_parallel_ == 1, what + ": the model is already sharded");
+  check(config_.heads % size == 0,
+        what + ": num_attention_heads = " + std::to_string(config_.heads) + " does not divide");
+  check(config_.kv_heads % size == 0,
+        what + ": num_key_value_heads = " + std::to_string(config_.kv_heads) +
+            " does not divide (key/value heads replicated across ranks are not implemented)");
+  check(
+      config_.intermediate % size == 0,
+      what + ": intermediate_size = " + std::to_string(config_.intermediate) + " does not divide");
+  if (size == 1)
+    return;
+  for (Parameter& p : params_) {
+    for (const auto& [suffix, dim] : kTensorParallelLayout) {
+      if (!std::string_view(p.name).ends_with(suffix))
+        continue;
+      const Tensor& whole = p.var.value();
+      const std::int64_t part = whole.dim(dim) / size;
+      p.var.set_value(dispatch::contiguous(whole.slice(dim, rank * part, (rank + 1) * part)));
+      autograd::Placement placement;
+      placement.shard = dim;
+      p.var.set_placement(placement);
+    }
+  }
+  tensor_parallel_ = size;
+}
+
+}  // namespace loom::nn
