@@ -1,5 +1,6 @@
 #include "autograd/tape.h"
 
+#include "autograd/tensor_parallel.h"
 #include "core/error.h"
 #include "dispatch/dispatch.h"
 
@@ -30,6 +31,23 @@ Var Tape::record(const std::vector<Var>& inputs, Tensor output, BackwardFn backw
   return out;
 }
 
+Var Tape::record_partial_gradient(const Var& x) {
+  Var out = record({x}, x.value(), [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  if (!entries_.empty() && entries_.back().output == out.state())
+    entries_.back().partial_grads = true;
+  return out;
+}
+
+namespace {
+// A partial gradient becomes the whole one (the sum over the tensor-parallel group).
+void settle(VarState& v) {
+  if (!v.grad_partial)
+    return;
+  v.grad = all_reduce_over_group(v.grad);
+  v.grad_partial = false;
+}
+}  // namespace
+
 void Tape::backward(const Var& loss) {
   check(loss.defined() && loss.value().numel() == 1, [&] {
     return "Tape::backward: loss must be a one-element tensor, got " +
@@ -51,12 +69,15 @@ void Tape::backward(const Var& output, const Tensor& grad_output) {
   check(output.requires_grad(),
         "Tape::backward: the output does not depend on anything that requires a gradient");
   output.state()->grad = grad_output;
+  std::vector<std::shared_ptr<VarState>> partial;  // gradients left as summands
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    settle(*it->output);  // every use of it has contributed: reduce once
     Tensor grad_out = it->output->grad;
     if (!grad_out.defined())
       continue;  // the output did not reach the loss
     if (it->accumulate && it->inputs[0]->requires_grad && it->inputs[0]->grad.defined()) {
       VarState& in = *it->inputs[0];
+      settle(in);
       in.grad = it->accumulate(grad_out, in.grad);
       it->output->grad = Tensor();
       continue;
@@ -71,9 +92,24 @@ void Tape::backward(const Var& output, const Tensor& grad_output) {
         return "Tape::backward: gradient " + grads[i].describe() + " does not match its input " +
                in.value.describe();
       });
-      in.grad = in.grad.defined() ? dispatch::call1(OpId::add, {in.grad, grads[i]}) : grads[i];
+      Tensor g = grads[i];
+      if (in.grad.defined() && in.grad_partial != it->partial_grads) {
+        // A summand meets a whole gradient: make both whole before adding.
+        if (it->partial_grads)
+          g = all_reduce_over_group(g);
+        else
+          settle(in);
+      }
+      if (!in.grad.defined()) {
+        in.grad_partial = it->partial_grads;
+        if (in.grad_partial)
+          partial.push_back(it->inputs[i]);
+      }
+      in.grad = in.grad.defined() ? dispatch::call1(OpId::add, {in.grad, g}) : g;
     }
   }
+  for (const std::shared_ptr<VarState>& v : partial)  // leaves (parameters) reduced at the end
+    settle(*v);
   entries_.clear();
 }
 

@@ -30,6 +30,9 @@ struct VarState {
   Tensor grad;  // undefined until a gradient arrives
   bool requires_grad = false;
   Placement placement;
+  // The gradient so far is each rank's summand of it (tensor parallelism): reduced over the
+  // group when it is used, or at the end of the backward pass.
+  bool grad_partial = false;
 };
 
 class Var {
@@ -73,6 +76,11 @@ class Tape {
   // Wraps `output` as a Var; records the entry when recording and an input needs a gradient.
   Var record(const std::vector<Var>& inputs, Tensor output, BackwardFn backward,
              AccumulateFn accumulate = {});
+  // Identity forward; backward, x's gradient is this rank's summand of it (it was computed
+  // with this rank's slice of a weight). Summands accumulate locally and are all-reduced over
+  // the tensor-parallel group once, when the gradient is used or the backward pass ends
+  // (Megatron's f operator, with one reduction however many slices used x).
+  Var record_partial_gradient(const Var& x);
 
   // Seeds d(loss)/d(loss) = 1 and runs every entry in reverse; clears the tape afterwards.
   void backward(const Var& loss);
@@ -87,7 +95,8 @@ class Tape {
     std::vector<std::shared_ptr<VarState>> inputs;
     std::shared_ptr<VarState> output;
     BackwardFn backward;
-    AccumulateFn accumulate;  // may be empty; only for one input
+    AccumulateFn accumulate;     // may be empty; only for one input
+    bool partial_grads = false;  // its input gradients are summands (record_partial_gradient)
   };
   std::vector<Entry> entries_;
   bool recording_ = true;

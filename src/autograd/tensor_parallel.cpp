@@ -50,11 +50,10 @@ Placement shard(int dim) {
 }
 
 // Megatron's f: identity forward; the gradient, a partial sum on each rank (each used its own
-// slice of the weight), all-reduced backward.
+// slice of the weight), all-reduced once all of its summands are in (Tape).
 Var copy_to_group(Tape& tape, const Var& x) {
-  return tape.record({x}, x.value(), [](const Tensor& g) {
-    return std::vector<Tensor>{all_reduce(g, "tensor-parallel backward")};
-  });
+  group("tensor-parallel rule");
+  return tape.record_partial_gradient(x);
 }
 
 int last(const Var& x) {
@@ -69,6 +68,10 @@ TensorGroupScope::TensorGroupScope(TensorGroup& g) : previous_(current_group) {
 
 TensorGroupScope::~TensorGroupScope() {
   current_group = previous_;
+}
+
+Tensor all_reduce_over_group(const Tensor& t) {
+  return all_reduce(t, "tensor-parallel backward");
 }
 
 std::string describe(const Placement& p) {

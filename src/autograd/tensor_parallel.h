@@ -5,7 +5,8 @@
 // they always have; the others run their rule, which calls the same ops on the local tensors
 // and the collectives the rule needs, forward and backward:
 //   matmul/linear, column   x replicated, W sharded on its output dimension -> the output
-//                           sharded on its last dimension; backward all-reduces dx
+//                           sharded on its last dimension; backward, dx is this rank's
+//                           summand, all-reduced once where x's gradient is used
 //   matmul/linear, row      x sharded on its last dimension, W on its input dimension -> a
 //                           partial output (linear: reduced, then its replicated bias added)
 //   add, swiglu             equal placements in and out (a partial input is reduced first)
@@ -49,6 +50,9 @@ class TensorGroupScope {
 };
 
 std::string describe(const Placement& p);  // "replicated", "sharded on 1", "partial"
+
+// The sum over the calling thread's tensor-parallel group, on the tensor's device.
+Tensor all_reduce_over_group(const Tensor& t);
 
 // True when some input is not replicated and its rule must run (not while a rule runs).
 bool distributed(std::initializer_list<const Var*> inputs);

@@ -111,7 +111,8 @@ class Decoder : public Model {
   // their biases with them; o and down row-parallel), and marks its placement; the query and
   // key/value heads divide among the ranks. Call after the weights are loaded; run the model
   // under a TensorGroupScope of those ranks. Sizes that do not divide are named errors.
-  void shard_tensor_parallel(int rank, int size);
+  // Returns the sharded parameters: (index into parameters(), the dimension split).
+  std::vector<std::pair<std::size_t, int>> shard_tensor_parallel(int rank, int size);
 
  private:
   // Indices into params_; npos where the configuration has no such tensor. gpt2 uses

@@ -21,7 +21,7 @@ constexpr std::pair<std::string_view, int> kTensorParallelLayout[] = {
 
 }  // namespace
 
-void Decoder::shard_tensor_parallel(int rank, int size) {
+std::vector<std::pair<std::size_t, int>> Decoder::shard_tensor_parallel(int rank, int size) {
   const std::string what =
       config_.family + ": tensor parallelism over " + std::to_string(size) + " ranks";
   check(!config_.gpt2(), what + ": the gpt2 configuration is not split yet (the Llama lineage is)");
@@ -36,9 +36,11 @@ void Decoder::shard_tensor_parallel(int rank, int size) {
   check(
       config_.intermediate % size == 0,
       what + ": intermediate_size = " + std::to_string(config_.intermediate) + " does not divide");
+  std::vector<std::pair<std::size_t, int>> sharded;
   if (size == 1)
-    return;
-  for (Parameter& p : params_) {
+    return sharded;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = params_[i];
     for (const auto& [suffix, dim] : kTensorParallelLayout) {
       if (!std::string_view(p.name).ends_with(suffix))
         continue;
@@ -48,9 +50,11 @@ void Decoder::shard_tensor_parallel(int rank, int size) {
       autograd::Placement placement;
       placement.shard = dim;
       p.var.set_placement(placement);
+      sharded.emplace_back(i, dim);
     }
   }
   tensor_parallel_ = size;
+  return sharded;
 }
 
 }  // namespace loom::nn

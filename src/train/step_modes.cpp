@@ -36,7 +36,7 @@ class EagerStep : public StepMode {
         eager_forward_backward(*run_.model, run_.local_batch(step), run_.forward_options(step));
     averager_.average(run_.model->parameters());
     if (run_.cfg.grad_clip > 0)
-      optim::clip_grad_norm(run_.model->parameters(), run_.cfg.grad_clip);
+      run_.clip_grad_norm(run_.cfg.grad_clip);
     return dist::mean_over_ranks(run_.data_comm(), loss.item());
   }
 
@@ -81,7 +81,7 @@ class GraphStep : public StepMode {
     else
       averager_.average(run_.model->parameters());
     if (run_.cfg.grad_clip > 0)
-      optim::clip_grad_norm(run_.model->parameters(), run_.cfg.grad_clip);
+      run_.clip_grad_norm(run_.cfg.grad_clip);
     return dist::mean_over_ranks(run_.data_comm(), loss.item());
   }
 

@@ -77,12 +77,13 @@ Summary run_training(const TrainConfig& cfg) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     report.message(mode->note(step));
     const bool evaluate = evaluation.due(step), checkpoint = checkpoints.due(step, stop.end());
-    if (evaluate && !checkpoint)
-      run.gather_full_state(false);
     if (checkpoint)
       checkpoints.save(step + 1);
-    if (evaluate)
+    if (evaluate) {  // rank 0 evaluates the whole model alone
+      run.gather_full_state(false);
       evaluation.estimate(step, report);
+      run.release_full_state();
+    }
     report.flush();
   }
   if (stop.preempted())

@@ -19,6 +19,7 @@
 #include "core/job_contract.h"
 #include "data/tokenizer.h"
 #include "dispatch/devices.h"
+#include "dispatch/dispatch.h"
 #include "io/atomic_file.h"
 #include "nn/decoder.h"
 #include "nn/hf_config.h"
@@ -215,6 +216,30 @@ TrainingRun::TrainingRun(const TrainConfig& config)
     replicas_of_stage_ = world.split(stage, replica);
     data_comm_ = replicas_of_stage_.get();
   }
+  if (cfg.tp > 1) {
+    check(nn::is_decoder_family(spec.kind), "tp = " + std::to_string(cfg.tp) +
+                                                ": tensor parallelism splits llama, mistral, qwen2 "
+                                                "and qwen3 models, not " +
+                                                spec.kind);
+    check(!pipelined,
+          "tp with pipeline: tensor and pipeline parallelism together are not "
+          "implemented yet");
+    check(cfg.zero == 0,
+          "tp with zero = 1: the sharded optimizer over tensor-parallel ranks is "
+          "not implemented yet");
+    check(cfg.execution() == ExecutionMode::eager,
+          "tp with mode = graph: tensor-parallel steps run eagerly for now; use mode = eager");
+    check(world.size() % cfg.tp == 0, "tp = " + std::to_string(cfg.tp) + " needs a multiple of " +
+                                          std::to_string(cfg.tp) + " processes (mpirun -np " +
+                                          std::to_string(cfg.tp) + " x replicas), this job has " +
+                                          std::to_string(world.size()));
+    grid_ = std::make_unique<dist::ProcessGrid>(
+        world,
+        dist::GridShape{static_cast<int>(cfg.tp), world.size() / static_cast<int>(cfg.tp), 1});
+    tensor_group_ = std::make_unique<dist::TensorGroupOf>(grid_->tp());
+    tensor_scope_ = std::make_unique<autograd::TensorGroupScope>(*tensor_group_);
+    data_comm_ = &grid_->dp();
+  }
   check(cfg.batch % data_comm_->size() == 0,
         "batch = " + std::to_string(cfg.batch) + " does not divide among the " +
             std::to_string(data_comm_->size()) + " data-parallel " +
@@ -238,6 +263,8 @@ TrainingRun::TrainingRun(const TrainConfig& config)
   }
   std::vector<nn::Parameter> params = model->parameters();
   dist::broadcast_parameters(world, params);
+  if (grid_)
+    shard_tensor_parallel();
   if (cfg.zero == 1 && world.size() > 1) {
     check(!pipelined,
           "zero = 1 shards the optimizer of data-parallel processes, not pipeline stages");
@@ -282,7 +309,73 @@ void TrainingRun::update(double lr) {
     sharding->share_updates(model->parameters());
 }
 
+namespace {
+// Rank `rank` of `parts`' slice of `whole` along `dim`.
+Tensor slice_of(const Tensor& whole, int dim, int rank, int parts) {
+  const std::int64_t n = whole.dim(dim) / parts;
+  return dispatch::contiguous(whole.slice(dim, rank * n, (rank + 1) * n));
+}
+
+// The whole tensor from every rank's slice along `dim` (all-gather, then the slices set side
+// by side).
+Tensor whole_of(dist::Communicator& group, const Tensor& slice, int dim) {
+  std::vector<float> local = slice.to_floats();
+  const std::size_t parts = static_cast<std::size_t>(group.size());
+  std::vector<float> all(local.size() * parts);
+  group.all_gather(local, all);
+  Shape shape = slice.shape();
+  shape[static_cast<std::size_t>(dim)] *= static_cast<std::int64_t>(parts);
+  if (dim == 0)
+    return Tensor::from_floats(shape, all, slice.backend());
+  const std::size_t rows = static_cast<std::size_t>(slice.dim(0)), cols = local.size() / rows;
+  std::vector<float> whole(all.size());
+  for (std::size_t r = 0; r < parts; ++r)
+    for (std::size_t i = 0; i < rows; ++i)
+      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(r * local.size() + i * cols), cols,
+                  whole.begin() + static_cast<std::ptrdiff_t>(i * cols * parts + r * cols));
+  return Tensor::from_floats(shape, whole, slice.backend());
+}
+}  // namespace
+
+void TrainingRun::shard_tensor_parallel() {
+  const int rank = grid_->at().tp, parts = static_cast<int>(cfg.tp);
+  sharded_ = dynamic_cast<nn::Decoder&>(*model).shard_tensor_parallel(rank, parts);
+  // A resumed run's moments were loaded whole: keep this rank's slices of them too.
+  for (auto [i, dim] : sharded_)
+    for (std::vector<Tensor>* moments : {&optimizer->first_moments(), &optimizer->second_moments()})
+      if (i < moments->size() && (*moments)[i].defined())
+        (*moments)[i] = slice_of((*moments)[i], dim, rank, parts);
+}
+
+double TrainingRun::clip_grad_norm(double max_norm) {
+  std::vector<nn::Parameter>& params = model->parameters();
+  if (!grid_)
+    return optim::clip_grad_norm(params, max_norm);
+  std::vector<bool> is_sharded(params.size(), false);
+  for (auto [i, dim] : sharded_)
+    is_sharded[i] = true;
+  float squares = optim::grad_sum_squares(params, [&](std::size_t i) { return is_sharded[i]; });
+  grid_->tp().all_reduce_sum(std::span<float>(&squares, 1));
+  squares += optim::grad_sum_squares(params, [&](std::size_t i) { return !is_sharded[i]; });
+  const double norm = std::sqrt(static_cast<double>(squares));
+  optim::scale_grads_to_norm(params, norm, max_norm);
+  return norm;
+}
+
 void TrainingRun::gather_full_state(bool moments) {
+  if (grid_ && !gathered_) {  // every rank gets the whole model, replicated (to save, evaluate)
+    std::vector<nn::Parameter>& params = model->parameters();
+    for (auto [i, dim] : sharded_) {
+      params[i].var.set_value(whole_of(grid_->tp(), params[i].var.value(), dim));
+      params[i].var.set_placement({});
+      if (moments)
+        for (std::vector<Tensor>* m : {&optimizer->first_moments(), &optimizer->second_moments()})
+          if (i < m->size() && (*m)[i].defined())
+            (*m)[i] = whole_of(grid_->tp(), (*m)[i], dim);
+    }
+    gathered_ = true;
+    gathered_moments_ = moments;
+  }
   if (pipeline)
     pipeline->gather_to_all(optimizer.get());  // rank 0 needs every stage's weights
   if (sharding && moments)
@@ -291,6 +384,21 @@ void TrainingRun::gather_full_state(bool moments) {
 }
 
 void TrainingRun::release_full_state() {
+  if (grid_ && gathered_) {
+    const int rank = grid_->at().tp, parts = static_cast<int>(cfg.tp);
+    std::vector<nn::Parameter>& params = model->parameters();
+    for (auto [i, dim] : sharded_) {
+      params[i].var.set_value(slice_of(params[i].var.value(), dim, rank, parts));
+      autograd::Placement placement;
+      placement.shard = dim;
+      params[i].var.set_placement(placement);
+      if (gathered_moments_)
+        for (std::vector<Tensor>* m : {&optimizer->first_moments(), &optimizer->second_moments()})
+          if (i < m->size() && (*m)[i].defined())
+            (*m)[i] = slice_of((*m)[i], dim, rank, parts);
+    }
+    gathered_ = gathered_moments_ = false;
+  }
   if (sharding)
     optimizer->keep_only(sharding->owned_here());
 }

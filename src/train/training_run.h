@@ -20,6 +20,7 @@
 
 #include "data/text.h"
 #include "dist/communicator.h"
+#include "dist/grid.h"
 #include "dist/pipeline.h"
 #include "nn/model.h"
 #include "optim/adamw.h"
@@ -64,8 +65,12 @@ class TrainingRun {
   std::int64_t start = 0;  // the first step (a resumed run's checkpoint step)
   bool resumed = false;    // started from a checkpoint (resume, or auto_resume that found one)
 
-  // The processes that average gradients: the world, or the replicas of this stage.
+  // The processes that average gradients: the world, the replicas of this stage, or (tp > 1)
+  // the ranks of this tensor-parallel rank's data-parallel group.
   dist::Communicator& data_comm() const { return *data_comm_; }
+  // Clips the gradients to the run's global norm (a sharded gradient's squares summed over
+  // its tensor-parallel group, a replicated one counted once); returns the norm.
+  double clip_grad_norm(double max_norm);
   // OUT/checkpoints/step-*, published as OUT/checkpoint (checkpoint_store.h).
   CheckpointStore& checkpoints() { return store_; }
   // This process's share of step `step`'s batch (all of it without data parallelism).
@@ -77,15 +82,26 @@ class TrainingRun {
   // (with ZeRO, the owners' new values go to every process).
   void update(double lr);
   // Makes the whole model present on every process (pipeline stages exchange weights and
-  // moments); with `moments`, also the optimizer state (ZeRO gathers its shards). Before
-  // evaluating or saving; release_full_state() returns to the sharded state.
+  // moments; tensor-parallel ranks gather their slices); with `moments`, also the optimizer
+  // state (ZeRO and tensor parallelism gather its shards). Before evaluating or saving;
+  // release_full_state() returns to the sharded state.
   void gather_full_state(bool moments);
   void release_full_state();
 
  private:
+  void shard_tensor_parallel();  // after every weight and moment is loaded
+
   std::unique_ptr<dist::Communicator> stages_of_replica_, replicas_of_stage_;
   dist::Communicator* data_comm_;
   CheckpointStore store_;
+  // Tensor parallelism (tp > 1): the grid, its tp group as the autograd rules' group (in
+  // scope on the training thread while the run lives), the sharded parameters and their
+  // dimension, and whether the moments are gathered now.
+  std::unique_ptr<dist::ProcessGrid> grid_;
+  std::unique_ptr<dist::TensorGroupOf> tensor_group_;
+  std::unique_ptr<autograd::TensorGroupScope> tensor_scope_;
+  std::vector<std::pair<std::size_t, int>> sharded_;
+  bool gathered_ = false, gathered_moments_ = false;
 };
 
 // How a step runs. After run(step) the parameters hold the clipped gradient of the whole

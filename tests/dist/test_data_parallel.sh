@@ -7,7 +7,8 @@
 # or 3 micro-batches, a checkpoint that evaluates as the one-process one does, exact
 # resume, clear errors; GPipe and 1F1B bitwise equal; 3 stages; and 2 data-parallel replicas of 2 stages on 4 processes. ZeRO stage 1 (`--zero 1`): bitwise the numbers of plain data
 # parallelism. Graph mode (`--mode graph`): gradients all-reduced in buckets during the
-# backward pass, bitwise the eager numbers on 2 processes.
+# backward pass, bitwise the eager numbers on 2 processes. Tensor parallel (`--tp 2`): a
+# small llama within 1e-6 of one process, alone and as tp 2 x dp 2, resumed exactly.
 # Usage: test_data_parallel.sh MPIEXEC path/to/loom [STEPS] (10 by default; fewer under the
 # sanitizers, where a step of the default GPT takes about 0.4 s).
 set -u
@@ -148,5 +149,47 @@ out=$("${mpi[@]}" "$loom" train --pipeline 2 --micro_batches 5 --steps 1 --out "
 out=$("${mpi[@]}" "$loom" train --batch 5 --steps 1 --out "$dir/bad" 2>&1); rc=$?
 [[ $rc -ne 0 && "$out" == *"batch = 5 does not divide among the 2 data-parallel processes"* ]] \
   || fail "indivisible batch: rc $rc, output: $(echo "$out" | head -n 3)"
+# Tensor parallel (--tp 2): a small grouped-query llama's heads and MLP columns split over two
+# processes take one process's steps (losses within 1e-6 relative); tp 2 x dp 2 on four
+# processes too; the checkpoint (gathered whole) evaluates as one process's; an interrupted
+# run resumes exactly; what cannot split is named.
+tp=(--model llama --layers 2 --width 64 --heads 4 --kv_heads 2 --context 32 --batch 8 --eval_every 0)
+"$loom" train "${tp[@]}" "${base[@]}" --out "$dir/tp_one" > "$dir/tp_one.log" 2>&1 || fail "tp reference: $(tail -n 3 "$dir/tp_one.log")"
+"${mpi[@]}" "$loom" train "${tp[@]}" "${base[@]}" --tp 2 --out "$dir/tp2" > "$dir/tp2.log" 2>&1 || fail "tp 2: $(tail -n 3 "$dir/tp2.log")"
+"$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train "${tp[@]}" "${base[@]}" --tp 2 --out "$dir/tp2dp2" \
+  > "$dir/tp2dp2.log" 2>&1 || fail "tp 2 x dp 2: $(tail -n 3 "$dir/tp2dp2.log")"
+"${mpi[@]}" "$loom" train "${tp[@]}" "${base[@]}" --tp 2 --out "$dir/tpr" --stop_after "$half" > "$dir/tpr1.log" 2>&1 \
+  || fail "tp stop_after: $(tail -n 3 "$dir/tpr1.log")"
+"${mpi[@]}" "$loom" train "${tp[@]}" "${base[@]}" --tp 2 --out "$dir/tpr" --resume > "$dir/tpr2.log" 2>&1 \
+  || fail "tp resume: $(tail -n 3 "$dir/tpr2.log")"
+eval_tp_one=$("$loom" eval "$dir/tp_one/checkpoint" --data "$dir/small.txt" 2>&1 | tail -n 1)
+eval_tp=$("$loom" eval "$dir/tp2/checkpoint" --data "$dir/small.txt" 2>&1 | tail -n 1)
+python3 - "$dir" "$eval_tp_one" "$eval_tp" <<'PY' || fail "tensor-parallel losses or checkpoint differ (above)"
+import json, re, sys
+d = sys.argv[1]
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
+one = losses("tp_one")
+for name in ("tp2", "tp2dp2"):
+    other = losses(name)
+    assert len(other) == len(one), (name, len(other))
+    worst = max(abs(a - b) / abs(a) for a, b in zip(one, other))
+    print(f"one process vs {name}: worst relative loss difference {worst:.2e}")
+    assert worst < 1e-6, (name, worst)
+assert losses("tpr") == losses("tp2"), "resumed tensor-parallel run differs"
+number = lambda text: float(re.findall(r"[0-9]+\.[0-9]+", text)[-1])
+a, b = number(sys.argv[2]), number(sys.argv[3])
+print(f"loom eval: one process {a}, tp 2 {b}")
+assert abs(a - b) / a < 1e-6, (a, b)
+PY
+out=$("${mpi[@]}" "$loom" train --tp 2 --steps 1 --out "$dir/bad" 2>&1); rc=$?
+[[ $rc -ne 0 && "$out" == *"tensor parallelism splits llama, mistral, qwen2 and qwen3 models, not gpt"* ]] \
+  || fail "tp of the gpt: rc $rc: $(echo "$out" | head -n 3)"
+out=$("${mpi[@]}" "$loom" train --model llama --heads 4 --kv_heads 1 --tp 2 --steps 1 --out "$dir/bad" 2>&1); rc=$?
+[[ $rc -ne 0 && "$out" == *"num_key_value_heads = 1 does not divide"* ]] \
+  || fail "tp with one key/value head: rc $rc: $(echo "$out" | head -n 3)"
+out=$("${mpi[@]}" "$loom" train "${tp[@]}" --tp 3 --steps 1 --out "$dir/bad" 2>&1); rc=$?
+[[ $rc -ne 0 && "$out" == *"tp = 3 needs a multiple of 3 processes"* ]] \
+  || fail "tp 3 on 2 processes: rc $rc: $(echo "$out" | head -n 3)"
 echo "$failures failed"
 exit $((failures > 0))

@@ -296,13 +296,30 @@ std::unique_ptr<nn::Decoder> fixture_decoder(const std::string& family) {
   return model;
 }
 
+// Counts the all-reduces the rules make.
+class CountingGroup final : public autograd::TensorGroup {
+ public:
+  explicit CountingGroup(autograd::TensorGroup& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  void all_reduce_sum(std::span<float> data) override {
+    ++calls;
+    inner_.all_reduce_sum(data);
+  }
+  int calls = 0;
+
+ private:
+  autograd::TensorGroup& inner_;
+};
+
 TEST(World, TensorParallelDecodersTrainAsOneProcessDoes) {
   dist::Communicator& world = dist::world();
   if (world.size() == 1)
     GTEST_SKIP() << "one process (ctest dist_collectives runs this under mpiexec -np 4)";
   ASSERT_EQ(world.size() % 2, 0);
   dist::ProcessGrid grid(world, {2, world.size() / 2, 1});
-  dist::TensorGroupOf tensor_group(grid.tp());
+  dist::TensorGroupOf tp_group(grid.tp());
+  CountingGroup tensor_group(tp_group);
   autograd::TensorGroupScope scope(tensor_group);
   for (const std::string family : {"llama", "qwen2", "qwen3"}) {
     SCOPED_TRACE(family);
@@ -321,12 +338,18 @@ TEST(World, TensorParallelDecodersTrainAsOneProcessDoes) {
     for (int step = 0; step < 20; ++step) {
       autograd::Tape t1, t2;
       autograd::Var l1 = autograd::cross_entropy(t1, one->forward(t1, x, {}), y);
+      tensor_group.calls = 0;
       autograd::Var l2 = autograd::cross_entropy(t2, split->forward(t2, x, {}), y);
       const double a = l1.value().item(), b = l2.value().item();
       EXPECT_LE(std::abs(a - b) / std::abs(a), 1e-6) << "step " << step;
       worst_loss = std::max(worst_loss, std::abs(a - b) / std::abs(a));
       t1.backward(l1);
       t2.backward(l2);
+      // Per block: forward the attention's and the MLP's row-parallel sums; backward one
+      // reduction of each block input's gradient however many slices used it (q, k, v; gate,
+      // up), and qwen3's q and k norm weights once each at the end.
+      const int layers = static_cast<int>(one->config().layers);
+      EXPECT_EQ(tensor_group.calls, 4 * layers + (family == "qwen3" ? 2 * layers : 0));
       if (step == 0) {
         for (std::size_t i = 0; i < one->parameters().size(); ++i) {
           const nn::Parameter& p = split->parameters()[i];
