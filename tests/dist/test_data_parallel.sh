@@ -191,5 +191,29 @@ out=$("${mpi[@]}" "$loom" train --model llama --heads 4 --kv_heads 1 --tp 2 --st
 out=$("${mpi[@]}" "$loom" train "${tp[@]}" --tp 3 --steps 1 --out "$dir/bad" 2>&1); rc=$?
 [[ $rc -ne 0 && "$out" == *"tp = 3 needs a multiple of 3 processes"* ]] \
   || fail "tp 3 on 2 processes: rc $rc: $(echo "$out" | head -n 3)"
+# A dead rank: kill -9 of one process of a tp 2 x dp 2 run ends the whole job within 60 s (no
+# rank left waiting in a collective), the launcher naming the rank and the signal.
+"$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train "${tp[@]}" --steps 100000 --threads 1 \
+  --progress false --out "$dir/dead" > "$dir/dead.log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 300); do [[ -s "$dir/dead/metrics.jsonl" ]] && break; sleep 0.2; done  # training
+victim=$(pgrep -P "$launcher" | sed -n 2p)  # the second rank the launcher started
+if [[ -z "$victim" ]]; then
+  fail "dead rank: no rank process found under the launcher"
+  kill "$launcher" 2>/dev/null
+else
+  kill -9 "$victim"
+  killed_at=$SECONDS
+  for _ in $(seq 1 600); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+  waited=$((SECONDS - killed_at))
+  if kill -0 "$launcher" 2>/dev/null; then
+    fail "dead rank: the job still runs $waited s after kill -9 of one rank"
+    kill -9 "$launcher" 2>/dev/null
+  fi
+  wait "$launcher"; rc=$?
+  echo "dead rank: the job ended $waited s after kill -9 of one rank (exit $rc)"
+  [[ $rc -ne 0 ]] || fail "dead rank: the job exited 0"
+  grep -q "exited on signal 9" "$dir/dead.log" || fail "dead rank: the launcher did not name it: $(tail -n 5 "$dir/dead.log")"
+fi
 echo "$failures failed"
 exit $((failures > 0))
