@@ -224,9 +224,6 @@ TrainingRun::TrainingRun(const TrainConfig& config)
     check(!pipelined,
           "tp with pipeline: tensor and pipeline parallelism together are not "
           "implemented yet");
-    check(cfg.zero == 0,
-          "tp with zero = 1: the sharded optimizer over tensor-parallel ranks is "
-          "not implemented yet");
     check(cfg.execution() == ExecutionMode::eager,
           "tp with mode = graph: tensor-parallel steps run eagerly for now; use mode = eager");
     check(world.size() % cfg.tp == 0, "tp = " + std::to_string(cfg.tp) + " needs a multiple of " +
@@ -265,10 +262,12 @@ TrainingRun::TrainingRun(const TrainConfig& config)
   dist::broadcast_parameters(world, params);
   if (grid_)
     shard_tensor_parallel();
-  if (cfg.zero == 1 && world.size() > 1) {
+  if (cfg.zero == 1 && data_comm_->size() > 1) {
     check(!pipelined,
           "zero = 1 shards the optimizer of data-parallel processes, not pipeline stages");
-    sharding = std::make_unique<dist::OptimizerSharding>(world, model->parameters());
+    // Over the data-parallel group: with tp, each tensor-parallel rank's slices are sharded
+    // among the replicas holding the same slices.
+    sharding = std::make_unique<dist::OptimizerSharding>(*data_comm_, model->parameters());
     optimizer->keep_only(sharding->owned_here());
   }
   if (pipelined)
@@ -363,6 +362,10 @@ double TrainingRun::clip_grad_norm(double max_norm) {
 }
 
 void TrainingRun::gather_full_state(bool moments) {
+  // ZeRO's shards of the moments first, in the parameters' own (tensor-parallel) shapes.
+  if (sharding && moments)
+    sharding->gather_moments(optimizer->first_moments(), optimizer->second_moments(),
+                             model->parameters());
   if (grid_ && !gathered_) {  // every rank gets the whole model, replicated (to save, evaluate)
     std::vector<nn::Parameter>& params = model->parameters();
     for (auto [i, dim] : sharded_) {
@@ -378,9 +381,6 @@ void TrainingRun::gather_full_state(bool moments) {
   }
   if (pipeline)
     pipeline->gather_to_all(optimizer.get());  // rank 0 needs every stage's weights
-  if (sharding && moments)
-    sharding->gather_moments(optimizer->first_moments(), optimizer->second_moments(),
-                             model->parameters());
 }
 
 void TrainingRun::release_full_state() {

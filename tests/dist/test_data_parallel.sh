@@ -151,8 +151,9 @@ out=$("${mpi[@]}" "$loom" train --batch 5 --steps 1 --out "$dir/bad" 2>&1); rc=$
   || fail "indivisible batch: rc $rc, output: $(echo "$out" | head -n 3)"
 # Tensor parallel (--tp 2): a small grouped-query llama's heads and MLP columns split over two
 # processes take one process's steps (losses within 1e-6 relative); tp 2 x dp 2 on four
-# processes too; the checkpoint (gathered whole) evaluates as one process's; an interrupted
-# run resumes exactly; what cannot split is named.
+# processes too, with ZeRO-1 over the replicas bitwise the same; the checkpoint (gathered
+# whole) evaluates as one process's; interrupted runs resume exactly; what cannot split is
+# named.
 tp=(--model llama --layers 2 --width 64 --heads 4 --kv_heads 2 --context 32 --batch 8 --eval_every 0)
 "$loom" train "${tp[@]}" "${base[@]}" --out "$dir/tp_one" > "$dir/tp_one.log" 2>&1 || fail "tp reference: $(tail -n 3 "$dir/tp_one.log")"
 "${mpi[@]}" "$loom" train "${tp[@]}" "${base[@]}" --tp 2 --out "$dir/tp2" > "$dir/tp2.log" 2>&1 || fail "tp 2: $(tail -n 3 "$dir/tp2.log")"
@@ -162,6 +163,13 @@ tp=(--model llama --layers 2 --width 64 --heads 4 --kv_heads 2 --context 32 --ba
   || fail "tp stop_after: $(tail -n 3 "$dir/tpr1.log")"
 "${mpi[@]}" "$loom" train "${tp[@]}" "${base[@]}" --tp 2 --out "$dir/tpr" --resume > "$dir/tpr2.log" 2>&1 \
   || fail "tp resume: $(tail -n 3 "$dir/tpr2.log")"
+# ZeRO-1 over each tensor-parallel rank's replicas: bitwise the numbers without it; resumed exactly.
+"$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train "${tp[@]}" "${base[@]}" --tp 2 --zero 1 --out "$dir/tpz" \
+  > "$dir/tpz.log" 2>&1 || fail "tp 2 x dp 2, zero 1: $(tail -n 3 "$dir/tpz.log")"
+"$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train "${tp[@]}" "${base[@]}" --tp 2 --zero 1 --out "$dir/tpzr" \
+  --stop_after "$half" > "$dir/tpzr1.log" 2>&1 || fail "tp zero stop_after: $(tail -n 3 "$dir/tpzr1.log")"
+"$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train "${tp[@]}" "${base[@]}" --tp 2 --zero 1 --out "$dir/tpzr" \
+  --resume > "$dir/tpzr2.log" 2>&1 || fail "tp zero resume: $(tail -n 3 "$dir/tpzr2.log")"
 eval_tp_one=$("$loom" eval "$dir/tp_one/checkpoint" --data "$dir/small.txt" 2>&1 | tail -n 1)
 eval_tp=$("$loom" eval "$dir/tp2/checkpoint" --data "$dir/small.txt" 2>&1 | tail -n 1)
 python3 - "$dir" "$eval_tp_one" "$eval_tp" <<'PY' || fail "tensor-parallel losses or checkpoint differ (above)"
@@ -177,6 +185,8 @@ for name in ("tp2", "tp2dp2"):
     print(f"one process vs {name}: worst relative loss difference {worst:.2e}")
     assert worst < 1e-6, (name, worst)
 assert losses("tpr") == losses("tp2"), "resumed tensor-parallel run differs"
+assert losses("tpz") == losses("tp2dp2"), "zero 1 changes the tp 2 x dp 2 numbers"
+assert losses("tpzr") == losses("tpz"), "resumed tp x zero run differs"
 number = lambda text: float(re.findall(r"[0-9]+\.[0-9]+", text)[-1])
 a, b = number(sys.argv[2]), number(sys.argv[3])
 print(f"loom eval: one process {a}, tp 2 {b}")
