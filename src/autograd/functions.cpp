@@ -350,7 +350,7 @@ Var log_softmax(Tape& tape, const Var& x) {
 
 Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets) {
   if (distributed({&logits}))
-    return cross_entropy(tape, tp::replicated_input(tape, logits, "cross_entropy"), targets);
+    return tp::cross_entropy(tape, logits, targets);
   Tensor lv = logits.value();
   std::vector<Tensor> out = call(OpId::cross_entropy, {lv, targets});
   Tensor lse = out[1];
@@ -473,7 +473,7 @@ Var attention(Tape& tape, const Var& q, const Var& k, const Var& v) {
 
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids) {
   if (distributed({&weight}))
-    return embedding(tape, tp::replicated_input(tape, weight, "embedding"), ids);
+    return tp::embedding(tape, weight, ids);
   Attrs a;
   a.shape = weight.shape();
   return tape.record(

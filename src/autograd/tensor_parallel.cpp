@@ -1,5 +1,8 @@
 #include "autograd/tensor_parallel.h"
 
+#include <cmath>
+#include <limits>
+
 #include "autograd/functions.h"
 #include "core/error.h"
 
@@ -218,6 +221,97 @@ Var attention(Tape& tape, const Var& q_in, const Var& k_in, const Var& v_in) {
     no_rule("attention", {&q, &k, &v});
   LocalOnly local;
   return placed(autograd::attention(tape, q, k, v), q.placement());
+}
+
+Var embedding(Tape& tape, const Var& weight, const Tensor& ids) {
+  if (weight.placement().shard != 0)
+    no_rule("embedding", {&weight});
+  // Vocab-parallel: this rank holds rows [first, first + rows) of the table. Its ids look up
+  // their rows; the others give zeros, so the output is partial (exactly one rank holds each
+  // id's row).
+  const std::int64_t rows = weight.dim(0), first = rows * group("embedding").rank();
+  std::vector<std::int32_t> local = ids.to_ints();
+  std::vector<float> here(local.size());
+  for (std::size_t i = 0; i < local.size(); ++i) {
+    const std::int64_t row = local[i] - first;
+    here[i] = row >= 0 && row < rows ? 1.0f : 0.0f;
+    local[i] = here[i] != 0.0f ? static_cast<std::int32_t>(row) : 0;
+  }
+  Shape mask_shape = ids.shape();
+  mask_shape.push_back(1);
+  const Var mask(Tensor::from_floats(mask_shape, here, weight.value().backend()), false);
+  LocalOnly local_only;
+  Var looked =
+      autograd::embedding(tape, weight, Tensor::from_ints(ids.shape(), local, ids.backend()));
+  Placement partial;
+  partial.partial = true;
+  return placed(autograd::mul(tape, looked, mask), partial);
+}
+
+Var cross_entropy(Tape& tape, const Var& logits_in, const Tensor& targets) {
+  Var logits = reduce(tape, logits_in);
+  if (logits.placement().replicated()) {
+    LocalOnly local;
+    return autograd::cross_entropy(tape, logits, targets);
+  }
+  if (logits.placement().shard != 1 || logits.shape().size() != 2)
+    no_rule("cross_entropy", {&logits});
+  // Vocab-parallel: each rank holds columns [first, first + V/T) of every row. The whole
+  // row's log-sum-exp from each rank's (gathered by summing disjoint slots), the target's
+  // logit from the rank holding it: B S numbers cross the group, never the logits. Computed
+  // on the host for now (the rows' floats are read once).
+  TensorGroup& g = group("cross_entropy");
+  const std::size_t n = static_cast<std::size_t>(logits.dim(0)),
+                    v = static_cast<std::size_t>(logits.dim(1)),
+                    parts = static_cast<std::size_t>(g.size()),
+                    me = static_cast<std::size_t>(g.rank());
+  const std::int64_t first = static_cast<std::int64_t>(v * me);
+  const std::vector<float> z = logits.value().to_floats();
+  const std::vector<std::int32_t> t = targets.to_ints();
+  check(t.size() == n, "cross_entropy: " + std::to_string(t.size()) + " targets for " +
+                           std::to_string(n) + " rows");
+  std::vector<float> lses(n * parts, 0.0f), picked(n, 0.0f);
+  for (std::size_t r = 0; r < n; ++r) {
+    const float* row = z.data() + r * v;
+    double m = -std::numeric_limits<double>::infinity(), sum = 0.0;
+    for (std::size_t j = 0; j < v; ++j)
+      m = std::max(m, static_cast<double>(row[j]));
+    for (std::size_t j = 0; j < v; ++j)
+      sum += std::exp(row[j] - m);
+    lses[me * n + r] = static_cast<float>(m + std::log(sum));
+    const std::int64_t col = t[r] - first;
+    if (col >= 0 && col < static_cast<std::int64_t>(v))
+      picked[r] = row[col];
+  }
+  g.all_reduce_sum(lses);
+  g.all_reduce_sum(picked);
+  auto lse = std::make_shared<std::vector<double>>(n);
+  double total = 0.0;
+  for (std::size_t r = 0; r < n; ++r) {
+    double m = -std::numeric_limits<double>::infinity(), sum = 0.0;
+    for (std::size_t k = 0; k < parts; ++k)
+      m = std::max(m, static_cast<double>(lses[k * n + r]));
+    for (std::size_t k = 0; k < parts; ++k)
+      sum += std::exp(lses[k * n + r] - m);
+    (*lse)[r] = m + std::log(sum);
+    total += (*lse)[r] - picked[r];
+  }
+  const float loss = static_cast<float>(n > 0 ? total / static_cast<double>(n) : 0.0);
+  const Tensor lv = logits.value();
+  return tape.record(
+      {logits}, Tensor::from_floats({}, std::vector<float>{loss}, lv.backend()),
+      [lv, t, lse, first, n, v](const Tensor& grad) {
+        const double scale =
+            static_cast<double>(grad.item()) / static_cast<double>(std::max<std::size_t>(n, 1));
+        std::vector<float> z = lv.to_floats(), dz(n * v);
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = 0; j < v; ++j) {
+            const double p = std::exp(static_cast<double>(z[r * v + j]) - (*lse)[r]);
+            const bool target = t[r] - first == static_cast<std::int64_t>(j);
+            dz[r * v + j] = static_cast<float>(scale * (p - (target ? 1.0 : 0.0)));
+          }
+        return std::vector<Tensor>{Tensor::from_floats(lv.shape(), dz, lv.backend())};
+      });
 }
 
 }  // namespace tp

@@ -16,7 +16,10 @@
 //   rms_norm, rope          sharded on a dimension they do not work along; a replicated
 //                           norm weight gets its gradient all-reduced
 //   attention               q, k, v sharded on their heads -> the output too
-//   others (embedding, cross_entropy, ...) reduce a partial input and refuse a sharded one.
+//   embedding               the table sharded on the vocabulary -> partial (vocab-parallel)
+//   cross_entropy           logits sharded on the vocabulary -> the loss, from each rank's
+//                           log-sum-exp and the target's logit (B S numbers, not B S V)
+//   others reduce a partial input and refuse a sharded one.
 // The group is the calling thread's (TensorGroupScope), so in-process ranks may share a
 // process.
 #pragma once
@@ -67,6 +70,11 @@ Var rms_norm(Tape& tape, const Var& x, const Var& weight, double eps);
 Var swiglu(Tape& tape, const Var& gate, const Var& up);
 Var rope(Tape& tape, const Var& x, const Tensor& cos, const Tensor& sin, const Tensor& neg_sin);
 Var attention(Tape& tape, const Var& q, const Var& k, const Var& v);
+// Vocab-parallel: the table sharded on its rows -> a partial output (zeros for the ids other
+// ranks hold); logits sharded on the vocabulary -> the replicated mean loss, the logits never
+// gathered.
+Var embedding(Tape& tape, const Var& weight, const Tensor& ids);
+Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets);
 // For ops without a rule: a partial input reduced, a sharded one refused naming the op.
 Var replicated_input(Tape& tape, const Var& x, const char* op);
 }  // namespace tp

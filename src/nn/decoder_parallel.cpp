@@ -13,10 +13,21 @@ namespace {
 // Parameters by name suffix and the dimension each is sharded along (nn.Linear's [out, in]:
 // 0 column-parallel, 1 row-parallel); every other parameter is replicated.
 constexpr std::pair<std::string_view, int> kTensorParallelLayout[] = {
-    {"self_attn.q_proj.weight", 0}, {"self_attn.q_proj.bias", 0},   {"self_attn.k_proj.weight", 0},
-    {"self_attn.k_proj.bias", 0},   {"self_attn.v_proj.weight", 0}, {"self_attn.v_proj.bias", 0},
-    {"self_attn.o_proj.weight", 1}, {"mlp.gate_proj.weight", 0},    {"mlp.gate_proj.bias", 0},
-    {"mlp.up_proj.weight", 0},      {"mlp.up_proj.bias", 0},        {"mlp.down_proj.weight", 1},
+    {"self_attn.q_proj.weight", 0},
+    {"self_attn.q_proj.bias", 0},
+    {"self_attn.k_proj.weight", 0},
+    {"self_attn.k_proj.bias", 0},
+    {"self_attn.v_proj.weight", 0},
+    {"self_attn.v_proj.bias", 0},
+    {"self_attn.o_proj.weight", 1},
+    {"mlp.gate_proj.weight", 0},
+    {"mlp.gate_proj.bias", 0},
+    {"mlp.up_proj.weight", 0},
+    {"mlp.up_proj.bias", 0},
+    {"mlp.down_proj.weight", 1},
+    // vocab-parallel, when the vocabulary divides among the ranks (else replicated)
+    {"model.embed_tokens.weight", 0},
+    {"lm_head.weight", 0},
 };
 
 }  // namespace
@@ -39,10 +50,13 @@ std::vector<std::pair<std::size_t, int>> Decoder::shard_tensor_parallel(int rank
   std::vector<std::pair<std::size_t, int>> sharded;
   if (size == 1)
     return sharded;
+  const bool vocab_parallel = config_.vocab % size == 0;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = params_[i];
     for (const auto& [suffix, dim] : kTensorParallelLayout) {
       if (!std::string_view(p.name).ends_with(suffix))
+        continue;
+      if (!vocab_parallel && (suffix.starts_with("model.embed") || suffix.starts_with("lm_head")))
         continue;
       const Tensor& whole = p.var.value();
       const std::int64_t part = whole.dim(dim) / size;

@@ -170,6 +170,11 @@ tp=(--model llama --layers 2 --width 64 --heads 4 --kv_heads 2 --context 32 --ba
   --stop_after "$half" > "$dir/tpzr1.log" 2>&1 || fail "tp zero stop_after: $(tail -n 3 "$dir/tpzr1.log")"
 "$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train "${tp[@]}" "${base[@]}" --tp 2 --zero 1 --out "$dir/tpzr" \
   --resume > "$dir/tpzr2.log" 2>&1 || fail "tp zero resume: $(tail -n 3 "$dir/tpzr2.log")"
+# Vocab-parallel (a vocabulary T divides): qwen2's tied embedding and head split by rows, the
+# loss from each rank's log-sum-exps.
+vocab=(--model qwen2 --layers 2 --width 64 --heads 4 --kv_heads 2 --context 32 --batch 8 --eval_every 0 --data random --vocab 64)
+"$loom" train "${vocab[@]}" "${base[@]}" --out "$dir/vp_one" > "$dir/vp_one.log" 2>&1 || fail "vocab reference: $(tail -n 3 "$dir/vp_one.log")"
+"${mpi[@]}" "$loom" train "${vocab[@]}" "${base[@]}" --tp 2 --out "$dir/vp2" > "$dir/vp2.log" 2>&1 || fail "vocab-parallel tp 2: $(tail -n 3 "$dir/vp2.log")"
 eval_tp_one=$("$loom" eval "$dir/tp_one/checkpoint" --data "$dir/small.txt" 2>&1 | tail -n 1)
 eval_tp=$("$loom" eval "$dir/tp2/checkpoint" --data "$dir/small.txt" 2>&1 | tail -n 1)
 python3 - "$dir" "$eval_tp_one" "$eval_tp" <<'PY' || fail "tensor-parallel losses or checkpoint differ (above)"
@@ -177,9 +182,8 @@ import json, re, sys
 d = sys.argv[1]
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
-one = losses("tp_one")
-for name in ("tp2", "tp2dp2"):
-    other = losses(name)
+for ref, name in (("tp_one", "tp2"), ("tp_one", "tp2dp2"), ("vp_one", "vp2")):
+    one, other = losses(ref), losses(name)
     assert len(other) == len(one), (name, len(other))
     worst = max(abs(a - b) / abs(a) for a, b in zip(one, other))
     print(f"one process vs {name}: worst relative loss difference {worst:.2e}")

@@ -347,9 +347,11 @@ TEST(World, TensorParallelDecodersTrainAsOneProcessDoes) {
       t2.backward(l2);
       // Per block: forward the attention's and the MLP's row-parallel sums; backward one
       // reduction of each block input's gradient however many slices used it (q, k, v; gate,
-      // up), and qwen3's q and k norm weights once each at the end.
+      // up), and qwen3's q and k norm weights once each at the end. Vocab-parallel ends: the
+      // embedding's partial rows, the loss's two reductions (log-sum-exps, target logits), and
+      // the head input's gradient.
       const int layers = static_cast<int>(one->config().layers);
-      EXPECT_EQ(tensor_group.calls, 4 * layers + (family == "qwen3" ? 2 * layers : 0));
+      EXPECT_EQ(tensor_group.calls, 4 * layers + 4 + (family == "qwen3" ? 2 * layers : 0));
       if (step == 0) {
         for (std::size_t i = 0; i < one->parameters().size(); ++i) {
           const nn::Parameter& p = split->parameters()[i];
