@@ -8,16 +8,12 @@
 #include <unicode/unistr.h>
 
 #include <array>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/error.h"
-#include "data/indexed.h"
 #include "data/text.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
