@@ -5,9 +5,10 @@
 # Other targets: build, fleet-demo (the live fleet service on this machine), test-asan,
 # test-repeat (both suites N times each, N=5 by default: every test that failed at least once),
 # bench (bench/run-all: every CPU table of bench/RESULTS.md, into build/bench/),
+# layouts (every tp x pipeline x dp layout of 2, 4 and 8 processes against one process),
 # fuzz (libFuzzer on every reader of untrusted files, FUZZ_SECONDS each; fuzz/README.md),
 # format, clean.
-.PHONY: all deps build demo llama-demo fleet-demo test test-asan test-repeat bench fuzz format check-floors check-size clean
+.PHONY: all deps build demo llama-demo fleet-demo test test-asan test-repeat bench layouts fuzz format check-floors check-size clean
 
 JOBS ?= 2
 BUILD := build/release
@@ -62,6 +63,12 @@ test-repeat: build
 bench: build
 	scripts/install-deps --bench
 	bench/run-all
+
+# Every combination of tensor, pipeline and data parallelism with 2, 4 or 8 processes that a
+# small Llama-family model admits, against one process (losses, estimates, step-1 gradients),
+# as the Markdown table of bench/RESULTS.md; the layouts it does not admit, with the reason.
+layouts: build
+	tests/dist/test_layouts.sh mpiexec $(BUILD)/loom all | tee build/layouts.md
 
 # Clang build in build/fuzz (cmake --preset fuzz), corpora from the repository's fixtures,
 # then each harness for FUZZ_SECONDS; findings land in build/fuzz/findings/HARNESS/.

@@ -12,41 +12,63 @@
 namespace loom::dist {
 namespace ag = loom::autograd;
 
-namespace {
-
-// Blocks [first, last) of stage s when `layers` blocks are split over `stages`: the first
-// `layers % stages` stages take one more.
-std::pair<std::int64_t, std::int64_t> block_range(std::int64_t layers, int stages, int s) {
-  std::int64_t base = layers / stages, extra = layers % stages;
-  std::int64_t first = s * base + std::min<std::int64_t>(s, extra);
-  return {first, first + base + (s < extra ? 1 : 0)};
+std::vector<std::int64_t> stage_blocks(std::int64_t layers, int stages,
+                                       const std::vector<std::int64_t>& counts) {
+  check(layers >= stages, "pipeline: " + std::to_string(stages) +
+                              " stages need at least as many layers, got " +
+                              std::to_string(layers));
+  if (counts.empty()) {
+    std::vector<std::int64_t> even(static_cast<std::size_t>(stages), layers / stages);
+    for (std::int64_t s = 0; s < layers % stages; ++s)
+      ++even[static_cast<std::size_t>(s)];
+    return even;
+  }
+  std::string given;
+  std::int64_t total = 0;
+  for (std::int64_t n : counts) {
+    given += (given.empty() ? "" : ",") + std::to_string(n);
+    total += n;
+  }
+  check(counts.size() == static_cast<std::size_t>(stages),
+        "stages = " + given + ": " + std::to_string(counts.size()) + " counts for " +
+            std::to_string(stages) + " pipeline stages (pipeline = " + std::to_string(stages) +
+            "); expected one block count per stage");
+  for (std::int64_t n : counts)
+    check(n >= 1, "stages = " + given + ": every stage needs at least one block");
+  check(total == layers, "stages = " + given + ": the counts sum to " + std::to_string(total) +
+                             ", the model has " + std::to_string(layers) + " layers");
+  return counts;
 }
 
-}  // namespace
-
-GptPipeline::GptPipeline(Communicator& comm, nn::Decoder& model, std::int64_t micro_batches,
-                         PipelineSchedule schedule)
+Pipeline::Pipeline(Communicator& comm, nn::Decoder& model, std::int64_t micro_batches,
+                   PipelineSchedule schedule, const std::vector<std::int64_t>& blocks_per_stage)
     : comm_(comm), model_(model), micro_batches_(micro_batches), schedule_(schedule) {
-  const std::int64_t layers = model.config().layers;
-  check(layers >= stages(), "pipeline: " + std::to_string(stages()) +
-                                " stages need at least as many layers, got " +
-                                std::to_string(layers));
+  const std::vector<std::int64_t> blocks =
+      stage_blocks(model.config().layers, stages(), blocks_per_stage);
   check(micro_batches >= 1,
         "pipeline: micro_batches = " + std::to_string(micro_batches) + ", expected >= 1");
   owner_.assign(model.parameters().size(), -1);
+  used_.assign(model.parameters().size(), false);
+  std::vector<std::int64_t> firsts(blocks.size());
+  for (std::size_t s = 1; s < blocks.size(); ++s)
+    firsts[s] = firsts[s - 1] + blocks[s - 1];
   for (int s = stages() - 1; s >= 0; --s) {  // the lowest stage that uses a parameter owns it
-    auto [first, last] = block_range(layers, stages(), s);
-    for (std::size_t i : model.parameter_indices(first, last, s == 0, s == stages() - 1))
+    const std::int64_t first = firsts[static_cast<std::size_t>(s)];
+    const std::int64_t last = first + blocks[static_cast<std::size_t>(s)];
+    const std::vector<std::size_t> indices =
+        model.parameter_indices(first, last, s == 0, s == stages() - 1);
+    for (std::size_t i : indices)
       owner_[i] = s;
     if (s == stage()) {
       first_ = first;
       last_ = last;
-      used_ = model.parameter_indices(first, last, s == 0, s == stages() - 1);
+      for (std::size_t i : indices)
+        used_[i] = true;
     }
   }
 }
 
-double GptPipeline::forward_backward(const data::Batch& batch, const nn::ForwardOptions& options) {
+double Pipeline::forward_backward(const data::Batch& batch, const nn::ForwardOptions& options) {
   const std::int64_t b = batch.inputs.dim(0), t = batch.inputs.dim(1), c = model_.config().hidden;
   check(b % micro_batches_ == 0,
         "pipeline: batch = " + std::to_string(b) +
@@ -155,8 +177,8 @@ double GptPipeline::forward_backward(const data::Batch& batch, const nn::Forward
       in_flight.pop_front();
     }
   }
-  // The token embedding is also the LM head: stage 0 and the last stage add their parts.
-  if (stages() > 1 && (first_stage || last_stage)) {
+  // A tied LM head is the token embedding: stage 0 and the last stage add their parts.
+  if (model_.tied_head() && stages() > 1 && (first_stage || last_stage)) {
     ag::Var& wte = model_.parameters()[model_.token_embedding_index()].var;
     std::vector<float> mine = wte.grad().to_floats(), theirs(mine.size());
     if (first_stage) {
@@ -176,21 +198,7 @@ double GptPipeline::forward_backward(const data::Batch& batch, const nn::Forward
   return loss;
 }
 
-double GptPipeline::clip_grad_norm(double max_norm) {
-  std::vector<nn::Parameter>& params = model_.parameters();
-  std::vector<bool> used(params.size(), false);
-  for (std::size_t i : used_)
-    used[i] = true;
-  // Each parameter is counted once, by its owner stage; the sum then spans the stages.
-  float squares = optim::grad_sum_squares(
-      params, [&](std::size_t i) { return used[i] && owner_[i] == stage(); });
-  comm_.all_reduce_sum(std::span<float>(&squares, 1));
-  double norm = std::sqrt(static_cast<double>(squares));
-  optim::scale_grads_to_norm(params, norm, max_norm, [&](std::size_t i) { return used[i]; });
-  return norm;
-}
-
-void GptPipeline::gather_to_all(optim::AdamW* optimizer) {
+void Pipeline::gather_to_all(optim::AdamW* optimizer) {
   std::vector<nn::Parameter>& params = model_.parameters();
   auto share = [&](const Tensor& value, int owner) {
     return broadcast_tensor(comm_, value, value.shape(), value.backend(), owner);

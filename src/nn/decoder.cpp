@@ -1,5 +1,6 @@
 #include "nn/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -220,9 +221,14 @@ ag::Var Decoder::run(ag::Tape& tape, const Tensor& ids, std::int64_t position, K
   if (config_.gpt2())
     return gpt2_head(tape, gpt2_blocks(tape, gpt2_embed(tape, ids, position, options), 0,
                                        config_.layers, cache, options));
+  return llama_head(tape, llama_blocks(tape, llama_embed(tape, ids, position), 0, config_.layers,
+                                       position, cache));
+}
+
+ag::Var Decoder::llama_embed(ag::Tape& tape, const Tensor& ids, std::int64_t position) {
   check(ids.dtype() == DType::i32 && ids.rank() == 2,
         config_.family + ": token ids " + ids.describe() + " must be i32 [B,T]");
-  const std::int64_t batch = ids.dim(0), t = ids.dim(1), end = position + t;
+  const std::int64_t end = position + ids.dim(1);
   check(end <= config_.context,
         config_.family + ": position " + std::to_string(end) +
             " exceeds max_position_embeddings = " + std::to_string(config_.context));
@@ -230,19 +236,86 @@ ag::Var Decoder::run(ag::Tape& tape, const Tensor& ids, std::int64_t position, K
         config_.family + ": sequence length " + std::to_string(end) +
             " exceeds sliding_window = " + std::to_string(config_.sliding_window) +
             " (windowed attention is not implemented; every position here sees all before it)");
+  return ag::embedding(tape, param(embed_), ids);  // [B, T, C]
+}
+
+ag::Var Decoder::llama_blocks(ag::Tape& tape, ag::Var x, std::int64_t first, std::int64_t last,
+                              std::int64_t position, KvCache* cache) {
+  check(0 <= first && first <= last && last <= config_.layers,
+        config_.family + ": blocks [" + std::to_string(first) + ", " + std::to_string(last) +
+            ") of " + std::to_string(config_.layers));
+  const std::int64_t batch = x.dim(0), t = x.dim(1), c = config_.hidden;
   // The residual stream as rows [B*T, C]; only attention needs the [B,T,heads,D] view.
-  ag::Var x =
-      ag::reshape(tape, ag::embedding(tape, param(embed_), ids), {batch * t, config_.hidden});
-  for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    const Block& b = blocks_[i];
+  x = ag::reshape(tape, x, {batch * t, c});
+  for (std::int64_t i = first; i < last; ++i) {
+    const Block& b = blocks_[static_cast<std::size_t>(i)];
+    const std::size_t layer = static_cast<std::size_t>(i);
     x = ag::add(tape, x,
                 attention_block(tape, x, b, batch, t, position,
-                                cache != nullptr ? &cache->keys[i] : nullptr,
-                                cache != nullptr ? &cache->values[i] : nullptr));
+                                cache != nullptr ? &cache->keys[layer] : nullptr,
+                                cache != nullptr ? &cache->values[layer] : nullptr));
     x = ag::add(tape, x, mlp_block(tape, x, b));
   }
+  return ag::reshape(tape, x, {batch, t, c});
+}
+
+ag::Var Decoder::llama_head(ag::Tape& tape, const ag::Var& x_in) {
+  const std::int64_t c = config_.hidden;
+  ag::Var x = ag::reshape(tape, x_in, {x_in.value().numel() / c, c});
   x = ag::rms_norm(tape, x, param(final_norm_), config_.norm_eps);
   return ag::matmul(tape, x, param(lm_head_), false, true);  // logits = x W^T
+}
+
+// The pieces pipeline stages run: forward = head(run_blocks(embed)), the same ops in the
+// same order as the whole model's, so a model run in stages computes the same numbers.
+ag::Var Decoder::embed(ag::Tape& tape, const Tensor& ids, const ForwardOptions& options) {
+  return config_.gpt2() ? gpt2_embed(tape, ids, 0, options) : llama_embed(tape, ids, 0);
+}
+
+ag::Var Decoder::run_blocks(ag::Tape& tape, ag::Var x, std::int64_t first, std::int64_t last,
+                            const ForwardOptions& options) {
+  if (config_.gpt2())
+    return gpt2_blocks(tape, std::move(x), first, last, nullptr, options);
+  return llama_blocks(tape, std::move(x), first, last, 0, nullptr);
+}
+
+ag::Var Decoder::head(ag::Tape& tape, const ag::Var& x) {
+  return config_.gpt2() ? gpt2_head(tape, x) : llama_head(tape, x);
+}
+
+std::vector<std::size_t> Decoder::parameter_indices(std::int64_t first, std::int64_t last,
+                                                    bool embeddings, bool with_head) const {
+  std::vector<std::size_t> out;
+  auto use = [&](std::size_t index) {  // once, in first-use order
+    if (index != kNone && std::find(out.begin(), out.end(), index) == out.end())
+      out.push_back(index);
+  };
+  if (embeddings) {
+    use(embed_);
+    if (config_.gpt2())
+      use(positions_);
+  }
+  for (std::int64_t i = first; i < last; ++i) {
+    const Block& b = blocks_[static_cast<std::size_t>(i)];
+    if (config_.gpt2()) {  // each weight followed by its bias
+      for (std::size_t w : {b.input_norm, b.q, b.o, b.post_norm, b.up, b.down}) {
+        use(w);
+        use(w + 1);
+      }
+      continue;
+    }
+    for (std::size_t p :
+         {b.input_norm, b.q, b.q_bias, b.k, b.k_bias, b.v, b.v_bias, b.q_norm, b.k_norm, b.o,
+          b.o_bias, b.post_norm, b.gate, b.gate_bias, b.up, b.up_bias, b.down, b.down_bias})
+      use(p);
+  }
+  if (with_head) {
+    use(final_norm_);
+    if (config_.gpt2())
+      use(final_norm_ + 1);
+    use(lm_head_);  // the token embedding when tied
+  }
+  return out;
 }
 
 }  // namespace loom::nn

@@ -93,7 +93,7 @@ class Decoder : public Model {
   std::string kind() const override { return config_.gpt2() ? "gpt" : config_.family; }
   const DecoderConfig& config() const { return config_; }
 
-  // The forward pass in pieces, for pipeline stages (gpt2 so far): forward =
+  // The forward pass in pieces, for pipeline stages (every family): forward =
   // head(run_blocks(embed)). embed: ids [B,T] -> x [B,T,C]; run_blocks: blocks [first, last);
   // head: the final norm and the LM head, x [B,T,C] -> logits [B*T, vocab].
   autograd::Var embed(autograd::Tape& tape, const Tensor& ids, const ForwardOptions& options);
@@ -105,6 +105,7 @@ class Decoder : public Model {
   std::vector<std::size_t> parameter_indices(std::int64_t first, std::int64_t last, bool embeddings,
                                              bool head) const;
   std::size_t token_embedding_index() const { return embed_; }
+  bool tied_head() const { return lm_head_ == embed_; }  // the LM head is the token embedding
 
   // Tensor parallelism (docs/parallel.md; the Llama lineage): keeps rank `rank` of `size`'s
   // slice of each parameter the layout table shards (q, k, v, gate and up column-parallel,
@@ -136,6 +137,13 @@ class Decoder : public Model {
   autograd::Var run(autograd::Tape& tape, const Tensor& ids, std::int64_t position, KvCache* cache,
                     const ForwardOptions& options);
   autograd::Var mlp_block(autograd::Tape& tape, const autograd::Var& x, const Block& b);
+  // The Llama lineage in pieces: ids [B,T] -> embeddings [B,T,C] (positions [position,
+  // position + T) checked against the context); blocks [first, last) over [B,T,C]; the final
+  // norm and the LM head -> logits [B*T, vocab].
+  autograd::Var llama_embed(autograd::Tape& tape, const Tensor& ids, std::int64_t position);
+  autograd::Var llama_blocks(autograd::Tape& tape, autograd::Var x, std::int64_t first,
+                             std::int64_t last, std::int64_t position, KvCache* cache);
+  autograd::Var llama_head(autograd::Tape& tape, const autograd::Var& x);
   // gpt2 (nn/decoder_gpt2.cpp): the embeddings of positions [position, position + T), and
   // blocks [first, last) with their keys and values appended to the cache when there is one.
   autograd::Var gpt2_embed(autograd::Tape& tape, const Tensor& ids, std::int64_t position,

@@ -126,45 +126,4 @@ ag::Var Decoder::dropout(ag::Tape& tape, const ag::Var& x, const ForwardOptions&
   return ag::dropout(tape, x, p, options.dropout_seed, site);
 }
 
-ag::Var Decoder::embed(ag::Tape& tape, const Tensor& ids, const ForwardOptions& options) {
-  check(config_.gpt2(), config_.family + ": pipeline stages split gpt2 models only so far");
-  return gpt2_embed(tape, ids, 0, options);
-}
-
-ag::Var Decoder::run_blocks(ag::Tape& tape, ag::Var x, std::int64_t first, std::int64_t last,
-                            const ForwardOptions& options) {
-  check(config_.gpt2(), config_.family + ": pipeline stages split gpt2 models only so far");
-  return gpt2_blocks(tape, std::move(x), first, last, nullptr, options);
-}
-
-ag::Var Decoder::head(ag::Tape& tape, const ag::Var& x) {
-  check(config_.gpt2(), config_.family + ": pipeline stages split gpt2 models only so far");
-  return gpt2_head(tape, x);
-}
-
-std::vector<std::size_t> Decoder::parameter_indices(std::int64_t first, std::int64_t last,
-                                                    bool embeddings, bool with_head) const {
-  check(config_.gpt2(), config_.family + ": pipeline stages split gpt2 models only so far");
-  std::vector<std::size_t> out;
-  auto pair = [&](std::size_t weight) {  // a weight and the bias after it
-    out.push_back(weight);
-    out.push_back(weight + 1);
-  };
-  if (embeddings) {
-    out.push_back(embed_);
-    out.push_back(positions_);
-  }
-  for (std::int64_t i = first; i < last; ++i) {
-    const Block& b = blocks_[static_cast<std::size_t>(i)];
-    for (std::size_t w : {b.input_norm, b.q, b.o, b.post_norm, b.up, b.down})
-      pair(w);
-  }
-  if (with_head) {
-    if (!embeddings)
-      out.push_back(embed_);  // the tied LM head
-    pair(final_norm_);
-  }
-  return out;
-}
-
 }  // namespace loom::nn

@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -150,6 +152,10 @@ void TrainConfig::finalize() {
   check(execution() == ExecutionMode::eager || pipeline == 1,
         "mode = graph with pipeline = " + std::to_string(pipeline) +
             ": pipeline stages run eagerly for now; use mode = eager");
+  const std::vector<std::int64_t> counts = stage_counts();
+  check(counts.empty() || counts.size() == static_cast<std::size_t>(pipeline),
+        "stages = '" + stages + "': " + std::to_string(counts.size()) + " block counts for " +
+            "pipeline = " + std::to_string(pipeline) + "; expected one count per stage");
 }
 
 const std::vector<std::string>& TrainConfig::keys() {
@@ -216,6 +222,26 @@ dist::PipelineSchedule TrainConfig::schedule() const {
   return typed<dist::PipelineSchedule>(
       "pipeline_schedule", pipeline_schedule,
       {{"1f1b", dist::PipelineSchedule::one_f_one_b}, {"gpipe", dist::PipelineSchedule::gpipe}});
+}
+
+std::vector<std::int64_t> TrainConfig::stage_counts() const {
+  std::vector<std::int64_t> counts;
+  if (stages.empty())
+    return counts;
+  std::size_t at = 0;
+  while (at <= stages.size()) {
+    const std::size_t comma = std::min(stages.find(',', at), stages.size());
+    const std::string part = stages.substr(at, comma - at);
+    char* end = nullptr;
+    const long long n = part.empty() ? 0 : std::strtoll(part.c_str(), &end, 10);
+    check(!part.empty() && *end == '\0' && n >= 1 && n <= (1 << 20),
+          "stages = '" + stages + "': '" + part +
+              "' is not a block count; expected positive whole numbers separated by commas, "
+              "one per pipeline stage (e.g. 3,5)");
+    counts.push_back(n);
+    at = comma + 1;
+  }
+  return counts;
 }
 
 }  // namespace loom::train

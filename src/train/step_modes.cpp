@@ -159,7 +159,7 @@ class PipelineStep : public StepMode {
         run_.pipeline->forward_backward(run_.local_batch(step), run_.forward_options(step));
     averager_.average(run_.model->parameters());  // this stage's, across replicas
     if (run_.cfg.grad_clip > 0)
-      run_.pipeline->clip_grad_norm(run_.cfg.grad_clip);
+      run_.clip_grad_norm(run_.cfg.grad_clip);
     return dist::mean_over_ranks(run_.data_comm(), loss);
   }
 

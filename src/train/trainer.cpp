@@ -72,6 +72,8 @@ Summary run_training(const TrainConfig& cfg) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = optim::cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps);
     const double loss = mode->run(step);
+    if (step == run.start)
+      run.write_test_gradients();  // LOOM_TEST_GRADIENTS only (a test hook)
     run.update(lr);
     report.step(step, loss, lr,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include "dispatch/devices.h"
 #include "dispatch/dispatch.h"
 #include "io/atomic_file.h"
+#include "io/safetensors.h"
 #include "nn/decoder.h"
 #include "nn/hf_config.h"
 #include "nn/init.h"
@@ -202,39 +204,33 @@ TrainingRun::TrainingRun(const TrainConfig& config)
                    ""};
   if (nn::is_decoder_family(cfg.model) || is_hf_folder(cfg.init))
     spec = decoder_spec(cfg, source.vocab());
-  if (pipelined) {
-    check(world.size() % cfg.pipeline == 0,
-          "pipeline = " + std::to_string(cfg.pipeline) + " needs a multiple of " +
-              std::to_string(cfg.pipeline) + " processes (mpirun -np " +
-              std::to_string(cfg.pipeline) + " x replicas), this job has " +
+  if (pipelined || cfg.tp > 1) {
+    // The job's processes as a grid: tensor-parallel ranks adjacent, pipeline stages
+    // furthest apart, data-parallel replicas between (docs/parallel.md).
+    const int tp = static_cast<int>(cfg.tp), pp = static_cast<int>(cfg.pipeline);
+    std::string layout = tp > 1 ? "tp = " + std::to_string(tp) : "";
+    if (pipelined)
+      layout += (layout.empty() ? "" : " x ") + std::string("pipeline = ") + std::to_string(pp);
+    check(world.size() % (tp * pp) == 0,
+          layout + " needs a multiple of " + std::to_string(tp * pp) + " processes (mpirun -np " +
+              std::to_string(tp * pp) + " x replicas), this job has " +
               std::to_string(world.size()));
-    check(cfg.model == "gpt",
-          "pipeline: only the gpt model is split into stages, not " + cfg.model);
-    const int replica = world.rank() / static_cast<int>(cfg.pipeline);
-    const int stage = world.rank() % static_cast<int>(cfg.pipeline);
-    stages_of_replica_ = world.split(replica, stage);
-    replicas_of_stage_ = world.split(stage, replica);
-    data_comm_ = replicas_of_stage_.get();
-  }
-  if (cfg.tp > 1) {
-    check(nn::is_decoder_family(spec.kind), "tp = " + std::to_string(cfg.tp) +
-                                                ": tensor parallelism splits llama, mistral, qwen2 "
-                                                "and qwen3 models, not " +
-                                                spec.kind);
-    check(!pipelined,
-          "tp with pipeline: tensor and pipeline parallelism together are not "
-          "implemented yet");
-    check(cfg.execution() == ExecutionMode::eager,
+    check(!pipelined || spec.kind == "gpt" || nn::is_decoder_family(spec.kind),
+          "pipeline: the decoder models (gpt, llama, mistral, qwen2, qwen3) split into stages, "
+          "not " +
+              spec.kind);
+    check(tp == 1 || nn::is_decoder_family(spec.kind),
+          "tp = " + std::to_string(tp) +
+              ": tensor parallelism splits llama, mistral, qwen2 and qwen3 models, not " +
+              spec.kind);
+    check(tp == 1 || cfg.execution() == ExecutionMode::eager,
           "tp with mode = graph: tensor-parallel steps run eagerly for now; use mode = eager");
-    check(world.size() % cfg.tp == 0, "tp = " + std::to_string(cfg.tp) + " needs a multiple of " +
-                                          std::to_string(cfg.tp) + " processes (mpirun -np " +
-                                          std::to_string(cfg.tp) + " x replicas), this job has " +
-                                          std::to_string(world.size()));
-    grid_ = std::make_unique<dist::ProcessGrid>(
-        world,
-        dist::GridShape{static_cast<int>(cfg.tp), world.size() / static_cast<int>(cfg.tp), 1});
-    tensor_group_ = std::make_unique<dist::TensorGroupOf>(grid_->tp());
-    tensor_scope_ = std::make_unique<autograd::TensorGroupScope>(*tensor_group_);
+    grid_ = std::make_unique<dist::ProcessGrid>(world,
+                                                dist::GridShape{tp, world.size() / (tp * pp), pp});
+    if (tp > 1) {
+      tensor_group_ = std::make_unique<dist::TensorGroupOf>(grid_->tp());
+      tensor_scope_ = std::make_unique<autograd::TensorGroupScope>(*tensor_group_);
+    }
     data_comm_ = &grid_->dp();
   }
   check(cfg.batch % data_comm_->size() == 0,
@@ -260,7 +256,7 @@ TrainingRun::TrainingRun(const TrainConfig& config)
   }
   std::vector<nn::Parameter> params = model->parameters();
   dist::broadcast_parameters(world, params);
-  if (grid_)
+  if (cfg.tp > 1)
     shard_tensor_parallel();
   if (cfg.zero == 1 && data_comm_->size() > 1) {
     check(!pipelined,
@@ -271,9 +267,10 @@ TrainingRun::TrainingRun(const TrainConfig& config)
     optimizer->keep_only(sharding->owned_here());
   }
   if (pipelined)
-    pipeline = std::make_unique<dist::GptPipeline>(
-        *stages_of_replica_, dynamic_cast<nn::Decoder&>(*model),
-        cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline, cfg.schedule());
+    pipeline =
+        std::make_unique<dist::Pipeline>(grid_->pp(), dynamic_cast<nn::Decoder&>(*model),
+                                         cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline,
+                                         cfg.schedule(), cfg.stage_counts());
   std::error_code ec;
   fs::create_directories(cfg.out, ec);
   check(!ec, cfg.out + ": cannot create the output folder: " + ec.message());
@@ -350,14 +347,27 @@ double TrainingRun::clip_grad_norm(double max_norm) {
   std::vector<nn::Parameter>& params = model->parameters();
   if (!grid_)
     return optim::clip_grad_norm(params, max_norm);
+  // The global norm: each parameter counted once, at the stage that owns it; a sharded
+  // one's squares summed over its tensor-parallel group, a replicated one's taken once.
   std::vector<bool> is_sharded(params.size(), false);
   for (auto [i, dim] : sharded_)
     is_sharded[i] = true;
-  float squares = optim::grad_sum_squares(params, [&](std::size_t i) { return is_sharded[i]; });
-  grid_->tp().all_reduce_sum(std::span<float>(&squares, 1));
-  squares += optim::grad_sum_squares(params, [&](std::size_t i) { return !is_sharded[i]; });
+  auto counted = [&](std::size_t i) {
+    return !pipeline || (pipeline->uses(i) && pipeline->owns(i));
+  };
+  float squares = 0.0f;
+  if (cfg.tp > 1) {
+    squares =
+        optim::grad_sum_squares(params, [&](std::size_t i) { return is_sharded[i] && counted(i); });
+    grid_->tp().all_reduce_sum(std::span<float>(&squares, 1));
+  }
+  squares +=
+      optim::grad_sum_squares(params, [&](std::size_t i) { return !is_sharded[i] && counted(i); });
+  if (pipeline)
+    grid_->pp().all_reduce_sum(std::span<float>(&squares, 1));
   const double norm = std::sqrt(static_cast<double>(squares));
-  optim::scale_grads_to_norm(params, norm, max_norm);
+  optim::scale_grads_to_norm(params, norm, max_norm,
+                             [&](std::size_t i) { return !pipeline || pipeline->uses(i); });
   return norm;
 }
 
@@ -366,7 +376,8 @@ void TrainingRun::gather_full_state(bool moments) {
   if (sharding && moments)
     sharding->gather_moments(optimizer->first_moments(), optimizer->second_moments(),
                              model->parameters());
-  if (grid_ && !gathered_) {  // every rank gets the whole model, replicated (to save, evaluate)
+  if (cfg.tp > 1 &&
+      !gathered_) {  // every rank gets the whole model, replicated (to save, evaluate)
     std::vector<nn::Parameter>& params = model->parameters();
     for (auto [i, dim] : sharded_) {
       params[i].var.set_value(whole_of(grid_->tp(), params[i].var.value(), dim));
@@ -384,7 +395,7 @@ void TrainingRun::gather_full_state(bool moments) {
 }
 
 void TrainingRun::release_full_state() {
-  if (grid_ && gathered_) {
+  if (cfg.tp > 1 && gathered_) {
     const int rank = grid_->at().tp, parts = static_cast<int>(cfg.tp);
     std::vector<nn::Parameter>& params = model->parameters();
     for (auto [i, dim] : sharded_) {
@@ -401,6 +412,30 @@ void TrainingRun::release_full_state() {
   }
   if (sharding)
     optimizer->keep_only(sharding->owned_here());
+}
+
+void TrainingRun::write_test_gradients() {
+  const char* path = std::getenv("LOOM_TEST_GRADIENTS");
+  if (path == nullptr || *path == '\0')
+    return;
+  std::vector<nn::Parameter>& params = model->parameters();
+  std::vector<int> shard_dim(params.size(), -1);
+  for (auto [i, dim] : sharded_)
+    shard_dim[i] = dim;
+  std::vector<std::pair<std::string, Tensor>> gradients;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& value = params[i].var.value();
+    Tensor grad = params[i].var.grad();
+    if (pipeline)  // the owning stage's gradient (a tied head's: both stages' sum, on each)
+      grad = dist::broadcast_tensor(grid_->pp(), grad, value.shape(), value.backend(),
+                                    pipeline->owner(i));
+    check(grad.defined(), params[i].name + ": no gradient after the step (LOOM_TEST_GRADIENTS)");
+    if (shard_dim[i] >= 0)
+      grad = whole_of(grid_->tp(), grad, shard_dim[i]);
+    gradients.emplace_back(params[i].name, grad);
+  }
+  if (lead)
+    io::write_safetensors(path, gradients, {});
 }
 
 // ---------------------------------------------------------------------------

@@ -42,9 +42,10 @@ ModelSpec decoder_spec(const TrainConfig& cfg, std::int64_t data_vocab);
 // Data parallelism: each of the job's processes (mpirun -np N) trains on its share of
 // every batch; gradients are averaged, so the N processes take the steps one process
 // would take with the whole batch. Rank 0 alone logs, evaluates and writes. With
-// pipeline = P the processes form replicas of P pipeline stages each (dist/pipeline.h;
-// rank = replica * P + stage): the replicas are data parallel, the stages of one replica
-// split its share of the batch into micro-batches.
+// tp = T and pipeline = P the processes form a grid (dist/grid.h; rank = tp + T (replica +
+// R stage)): each replica's P stages (dist/pipeline.h) split its share of the batch into
+// micro-batches, each stage's T ranks split its blocks (autograd/tensor_parallel.h), and the
+// replicas are data parallel.
 class TrainingRun {
  public:
   explicit TrainingRun(const TrainConfig& config);
@@ -61,15 +62,16 @@ class TrainingRun {
   std::unique_ptr<nn::Model> model;
   std::unique_ptr<optim::AdamW> optimizer;
   std::unique_ptr<dist::OptimizerSharding> sharding;  // zero = 1: 1/N of AdamW's state here
-  std::unique_ptr<dist::GptPipeline> pipeline;
+  std::unique_ptr<dist::Pipeline> pipeline;
   std::int64_t start = 0;  // the first step (a resumed run's checkpoint step)
   bool resumed = false;    // started from a checkpoint (resume, or auto_resume that found one)
 
-  // The processes that average gradients: the world, the replicas of this stage, or (tp > 1)
-  // the ranks of this tensor-parallel rank's data-parallel group.
+  // The processes that average gradients: the world, or (tp > 1 or pipeline > 1) the grid's
+  // data-parallel group of this rank (same stage, same tensor-parallel rank).
   dist::Communicator& data_comm() const { return *data_comm_; }
   // Clips the gradients to the run's global norm (a sharded gradient's squares summed over
-  // its tensor-parallel group, a replicated one counted once); returns the norm.
+  // its tensor-parallel group, a replicated one counted once, each at the stage that owns
+  // it); returns the norm.
   double clip_grad_norm(double max_norm);
   // OUT/checkpoints/step-*, published as OUT/checkpoint (checkpoint_store.h).
   CheckpointStore& checkpoints() { return store_; }
@@ -87,16 +89,21 @@ class TrainingRun {
   // release_full_state() returns to the sharded state.
   void gather_full_state(bool moments);
   void release_full_state();
+  // Test hook: with LOOM_TEST_GRADIENTS=FILE in the environment, every process gathers the
+  // gradients the step just left (each parameter whole, from its stage and tensor-parallel
+  // slices) and rank 0 writes them to FILE (safetensors, the parameters' names), so a test
+  // compares a layout's gradients with one process's (tests/dist/test_layouts.sh). Nothing
+  // when unset.
+  void write_test_gradients();
 
  private:
   void shard_tensor_parallel();  // after every weight and moment is loaded
 
-  std::unique_ptr<dist::Communicator> stages_of_replica_, replicas_of_stage_;
   dist::Communicator* data_comm_;
   CheckpointStore store_;
-  // Tensor parallelism (tp > 1): the grid, its tp group as the autograd rules' group (in
-  // scope on the training thread while the run lives), the sharded parameters and their
-  // dimension, and whether the moments are gathered now.
+  // The grid (tp > 1 or pipeline > 1); under tensor parallelism its tp group as the autograd
+  // rules' group (in scope on the training thread while the run lives), the sharded
+  // parameters and their dimension, and whether the moments are gathered now.
   std::unique_ptr<dist::ProcessGrid> grid_;
   std::unique_ptr<dist::TensorGroupOf> tensor_group_;
   std::unique_ptr<autograd::TensorGroupScope> tensor_scope_;

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Parallel layouts against one process (docs/parallel.md, "What the tests check"): each layout
+# of tensor (tp), pipeline (pipeline, uneven `stages`) and data parallelism trains a small
+# grouped-query Llama-family model 20 steps; its losses must be within 1e-6 relative of one
+# process's, its validation estimates too, and the gradients of step 1, gathered whole
+# (LOOM_TEST_GRADIENTS), within 1e-5 (max |a-b| over max |b|, per parameter). A tensor- and
+# pipeline-parallel run interrupted half-way resumes exactly; ZeRO-1 is bitwise the run without
+# it; layouts that cannot run are refused by name.
+#
+# Usage: test_layouts.sh MPIEXEC path/to/loom [suite|all] [STEPS]
+#   suite  the layouts of 2 and 4 processes below (the test suite's)
+#   all    every (tp, pipeline, dp) with product 2, 4 or 8 on a model of 8 layers, 8 heads
+#          and 4 key/value heads; those the model does not admit are listed with the reason
+#          Loom gives; prints a Markdown table for bench/RESULTS.md (`make layouts`)
+set -u
+mpiexec="$1" loom="$2" mode="${3:-suite}"
+export STEPS="${4:-20}"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as root
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"  # as test_data_parallel.sh
+# Ranks outnumber the cores: OpenMP threads that sleep when idle (docs/parallel.md).
+export OMP_WAIT_POLICY=PASSIVE
+base=(--steps "$STEPS" --final_eval false --progress false --json --threads 1 --ckpt_every 0
+  --eval_every 10 --eval_batches 2)
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# name -> model flags
+declare -A models=(
+  [llama]="--model llama --layers 4 --width 64 --heads 4 --kv_heads 2 --context 32 --batch 8"
+  [qwen2]="--model qwen2 --layers 4 --width 64 --heads 4 --kv_heads 2 --context 32 --batch 8 --data random --vocab 64 --tie_embeddings true"
+  [gpt]="--model gpt --layers 4 --width 64 --heads 4 --context 32 --batch 8"
+  [wide]="--model llama --layers 8 --width 64 --heads 8 --kv_heads 4 --context 32 --batch 16"
+)
+
+# Runs layout NAME of MODEL on NP processes with FLAGS...; its files are $dir/NAME*.
+run() {
+  local name="$1" model="$2" np="$3"
+  shift 3
+  # shellcheck disable=SC2086  # the model's flags split into words
+  if [[ "$np" -eq 1 ]]; then
+    LOOM_TEST_GRADIENTS="$dir/$name.grads" "$loom" train ${models[$model]} "${base[@]}" "$@" \
+      --out "$dir/$name" > "$dir/$name.log" 2>&1
+  else
+    LOOM_TEST_GRADIENTS="$dir/$name.grads" "$mpiexec" -np "$np" --oversubscribe --bind-to none \
+      -x LOOM_TEST_GRADIENTS -x OMP_WAIT_POLICY "$loom" train ${models[$model]} "${base[@]}" "$@" \
+      --out "$dir/$name" > "$dir/$name.log" 2>&1
+  fi
+}
+
+# Compares layout NAME with reference REF (losses, estimates, gradients); prints a table row.
+compare() {
+  python3 - "$dir" "$1" "$2" "$3" <<'PY'
+import json, struct, sys
+from array import array
+d, ref, name, label = sys.argv[1:]
+def records(n):
+    return [json.loads(l) for l in open(f"{d}/{n}/metrics.jsonl")]
+def series(n, key):
+    return [r[key] for r in records(n) if key in r]
+def tensors(n):
+    with open(f"{d}/{n}.grads", "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+        data = f.read()
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        assert v["dtype"] == "F32", (k, v["dtype"])
+        a, b = v["data_offsets"]
+        out[k] = array("f", data[a:b])
+    return out
+def worst_rel(xs, ys):
+    assert len(xs) == len(ys) and xs, (len(xs), len(ys))
+    return max(abs(a - b) / abs(a) for a, b in zip(xs, ys))
+loss = worst_rel(series(ref, "loss"), series(name, "loss"))
+val = worst_rel(series(ref, "val_loss_estimate"), series(name, "val_loss_estimate"))
+g1, g2 = tensors(ref), tensors(name)
+assert g1.keys() == g2.keys(), sorted(set(g1) ^ set(g2))
+grad = 0.0
+for k in g1:
+    scale = max(abs(x) for x in g1[k]) or 1.0
+    grad = max(grad, max(abs(a - b) for a, b in zip(g1[k], g2[k])) / scale)
+ok = loss <= 1e-6 and val <= 1e-6 and grad <= 1e-5
+print(f"| {label} | {loss:.2e} | {val:.2e} | {grad:.2e} | {'yes' if ok else 'NO'} |")
+sys.exit(0 if ok else 1)
+PY
+}
+
+header() {
+  echo "| layout | worst loss rel. diff (${STEPS} steps) | worst val. estimate rel. diff | worst gradient diff, step 1 | within bounds |"
+  echo "|---|---|---|---|---|"
+}
+
+if [[ "$mode" == "suite" ]]; then
+  for model in llama qwen2 gpt; do
+    run "$model-one" "$model" 1 || fail "$model, one process: $(tail -n 3 "$dir/$model-one.log")"
+  done
+  # name model processes flags...
+  layouts=(
+    "dp2 llama 2"
+    "dp2-zero llama 2 --zero 1"
+    "dp4 llama 4"
+    "tp2 llama 2 --tp 2"
+    "tp2-vocab qwen2 2 --tp 2"
+    "tp2xdp2 llama 4 --tp 2"
+    "tp2xdp2-zero llama 4 --tp 2 --zero 1"
+    "pp2 llama 2 --pipeline 2"
+    "pp2-uneven llama 2 --pipeline 2 --stages 1,3"
+    "pp2-gpipe llama 2 --pipeline 2 --stages 3,1 --micro_batches 4 --pipeline_schedule gpipe"
+    "pp2-tied qwen2 2 --pipeline 2 --stages 3,1"
+    "pp2-gpt gpt 2 --pipeline 2 --stages 1,3"
+    "pp4 llama 4 --pipeline 4"
+    "pp2xdp2-uneven llama 4 --pipeline 2 --stages 1,3"
+    "tp2xpp2 llama 4 --tp 2 --pipeline 2"
+    "tp2xpp2-uneven llama 4 --tp 2 --pipeline 2 --stages 3,1 --micro_batches 4"
+    "tp2xpp2-vocab qwen2 4 --tp 2 --pipeline 2"
+  )
+  header
+  for entry in "${layouts[@]}"; do
+    read -r name model np flags <<< "$entry"
+    # shellcheck disable=SC2086
+    if run "$name" "$model" "$np" $flags; then
+      compare "$model-one" "$name" "$name ($np processes: ${flags:-data parallel})" || fail "$name: outside the bounds (row above)"
+    else
+      fail "$name: $(tail -n 3 "$dir/$name.log")"
+    fi
+  done
+  # Interrupted half-way and resumed: bitwise the uninterrupted run's losses.
+  half=$((STEPS / 2))
+  run tp2xpp2-r llama 4 --tp 2 --pipeline 2 --stop_after "$half" \
+    || fail "tp2xpp2 stop_after: $(tail -n 3 "$dir/tp2xpp2-r.log")"
+  mv "$dir/tp2xpp2-r.log" "$dir/tp2xpp2-r1.log"
+  run tp2xpp2-r llama 4 --tp 2 --pipeline 2 --resume || fail "tp2xpp2 resume: $(tail -n 3 "$dir/tp2xpp2-r.log")"
+  python3 - "$dir" <<'PY' || fail "resumed or ZeRO-1 numbers differ (above)"
+import json, sys
+d = sys.argv[1]
+losses = lambda n: [json.loads(l)["loss"] for l in open(f"{d}/{n}/metrics.jsonl") if '"loss"' in l]
+assert losses("tp2xpp2-r") == losses("tp2xpp2"), (losses("tp2xpp2-r"), losses("tp2xpp2"))
+print("tp 2 x pipeline 2: resumed at step", len(losses("tp2xpp2")) // 2, "- bitwise the same losses")
+# ZeRO-1 shards the optimizer state, not the arithmetic: bitwise the numbers without it.
+for plain in ("dp2", "tp2xdp2"):
+    assert losses(plain + "-zero") == losses(plain), f"zero 1 changes the {plain} numbers"
+print("ZeRO-1: bitwise the losses of dp2 and tp2xdp2 without it")
+PY
+  # Layouts that cannot run are named before training.
+  refuse() {
+    local want="$1"
+    shift
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    [[ $rc -ne 0 && "$out" == *"$want"* ]] || fail "expected a refusal naming '$want': rc $rc: $(echo "$out" | head -n 3)"
+  }
+  mpi2=("$mpiexec" -np 2 --oversubscribe --bind-to none "$loom" train --steps 1 --out "$dir/bad")
+  # shellcheck disable=SC2086
+  refuse "stages = 1,2: the counts sum to 3, the model has 4 layers" "${mpi2[@]}" ${models[llama]} --pipeline 2 --stages 1,2
+  refuse "stages = '4': 1 block counts for pipeline = 2" "${mpi2[@]}" --pipeline 2 --stages 4
+  refuse "stages = '2,x'" "${mpi2[@]}" --pipeline 2 --stages 2,x
+  refuse "2 stages need at least as many layers, got 1" "${mpi2[@]}" --layers 1 --pipeline 2
+  refuse "tp = 2 x pipeline = 2 needs a multiple of 4 processes" "${mpi2[@]}" --model llama --tp 2 --pipeline 2
+  refuse "batch = 6 does not divide into micro_batches = 4" "${mpi2[@]}" --pipeline 2 --micro_batches 4 --batch 6
+else
+  header
+  for n in 2 4 8; do
+    for tp in 1 2 4 8; do
+      for pp in 1 2 4 8; do
+        (( n % (tp * pp) == 0 )) || continue
+        dp=$((n / (tp * pp)))
+        name="tp${tp}-pp${pp}-dp${dp}"
+        [[ -f "$dir/wide-one.grads" ]] || run wide-one wide 1 || fail "one process: $(tail -n 3 "$dir/wide-one.log")"
+        if run "$name" wide "$n" --tp "$tp" --pipeline "$pp"; then
+          compare wide-one "$name" "tp $tp x pipeline $pp x dp $dp" || fail "$name: outside the bounds"
+        else
+          reason=$(grep -m1 -o "loom: .*" "$dir/$name.log" | cut -c7- | head -c 160)
+          echo "| tp $tp x pipeline $pp x dp $dp | not admitted: ${reason:-$(tail -n 1 "$dir/$name.log")} | | | |"
+        fi
+      done
+    done
+  done
+fi
+echo "$failures failed"
+exit $((failures > 0))
