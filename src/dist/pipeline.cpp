@@ -43,8 +43,8 @@ std::vector<std::int64_t> stage_blocks(std::int64_t layers, int stages,
 Pipeline::Pipeline(Communicator& comm, nn::Decoder& model, std::int64_t micro_batches,
                    PipelineSchedule schedule, const std::vector<std::int64_t>& blocks_per_stage)
     : comm_(comm), model_(model), micro_batches_(micro_batches), schedule_(schedule) {
-  const std::vector<std::int64_t> blocks =
-      stage_blocks(model.config().layers, stages(), blocks_per_stage);
+  blocks_ = dist::stage_blocks(model.config().layers, stages(), blocks_per_stage);
+  const std::vector<std::int64_t>& blocks = blocks_;
   check(micro_batches >= 1,
         "pipeline: micro_batches = " + std::to_string(micro_batches) + ", expected >= 1");
   owner_.assign(model.parameters().size(), -1);

@@ -43,6 +43,8 @@ class Pipeline {
 
   int stage() const { return comm_.rank(); }
   int stages() const { return comm_.size(); }
+  std::int64_t micro_batches() const { return micro_batches_; }
+  const std::vector<std::int64_t>& stage_blocks() const { return blocks_; }
   std::int64_t first_block() const { return first_; }
   std::int64_t last_block() const { return last_; }
 
@@ -66,6 +68,7 @@ class Pipeline {
   nn::Decoder& model_;
   std::int64_t micro_batches_;
   PipelineSchedule schedule_;
+  std::vector<std::int64_t> blocks_;  // per stage
   std::int64_t first_ = 0, last_ = 0;
   std::vector<bool> used_;  // per parameter: this stage computes with it
   std::vector<int> owner_;  // per parameter: the stage whose values are the truth

@@ -54,6 +54,13 @@ std::string Summary::to_json() const {
     j["overlapped_buckets"] = *overlapped_buckets;
   if (prefetched_batches)
     j["prefetched_batches"] = *prefetched_batches;
+  if (layout)
+    j["layout"] = {{"tp", layout->tp},
+                   {"pp", layout->pp},
+                   {"dp", layout->dp},
+                   {"stage_blocks", layout->stage_blocks},
+                   {"micro_batches", layout->micro_batches},
+                   {"zero", layout->zero}};
   if (preempted)
     j["preempted"] = true;
   return j.dump();
@@ -98,6 +105,7 @@ Summary run_training(const TrainConfig& cfg) {
   Summary summary = report.finish(step - run.start);
   summary.preempted = stop.preempted();
   mode->summarize(summary);
+  run.describe_layout(summary);
   if (!summary.preempted)  // a preempted job must leave promptly
     evaluation.final(summary, report);
   report.measure_memory(summary);

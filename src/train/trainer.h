@@ -22,6 +22,13 @@ struct Summary {
   // and all-reduce buckets per step overlapped with the backward pass (data parallel).
   std::optional<std::int64_t> graph_nodes, graph_fused_chains, graph_memory_bytes,
       overlapped_buckets, prefetched_batches;
+  // A job of several processes: the layout it ran (blocks per pipeline stage; micro-batches
+  // per step of each replica's pipeline).
+  struct Layout {
+    std::int64_t tp = 1, pp = 1, dp = 1, micro_batches = 1, zero = 0;
+    std::vector<std::int64_t> stage_blocks;
+  };
+  std::optional<Layout> layout;
   bool lead = true;        // rank 0 of a data-parallel job (the one that reports)
   bool preempted = false;  // stopped by SIGTERM/SIGINT after a checkpoint: resumable
   std::string to_json() const;

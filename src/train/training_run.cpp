@@ -302,7 +302,7 @@ void TrainingRun::update(double lr) {
   optimizer->step(lr);
   optimizer->zero_grad();
   if (sharding)
-    sharding->share_updates(model->parameters());
+    sharding->all_gather_parameters(model->parameters());
 }
 
 namespace {
@@ -345,24 +345,26 @@ void TrainingRun::shard_tensor_parallel() {
 
 double TrainingRun::clip_grad_norm(double max_norm) {
   std::vector<nn::Parameter>& params = model->parameters();
-  if (!grid_)
+  if (!grid_ && !sharding)
     return optim::clip_grad_norm(params, max_norm);
-  // The global norm: each parameter counted once, at the stage that owns it; a sharded
-  // one's squares summed over its tensor-parallel group, a replicated one's taken once.
+  // The global norm: each parameter counted once: at the stage that owns it, at the
+  // data-parallel rank that holds its reduced gradient (ZeRO), and, sharded, with its squares
+  // summed over its tensor-parallel group (a replicated one's taken once).
   std::vector<bool> is_sharded(params.size(), false);
   for (auto [i, dim] : sharded_)
     is_sharded[i] = true;
   auto counted = [&](std::size_t i) {
     return !pipeline || (pipeline->uses(i) && pipeline->owns(i));
   };
-  float squares = 0.0f;
-  if (cfg.tp > 1) {
-    squares =
-        optim::grad_sum_squares(params, [&](std::size_t i) { return is_sharded[i] && counted(i); });
-    grid_->tp().all_reduce_sum(std::span<float>(&squares, 1));
-  }
-  squares +=
-      optim::grad_sum_squares(params, [&](std::size_t i) { return !is_sharded[i] && counted(i); });
+  float parts[2] = {
+      optim::grad_sum_squares(params, [&](std::size_t i) { return is_sharded[i] && counted(i); }),
+      optim::grad_sum_squares(params,
+                              [&](std::size_t i) { return !is_sharded[i] && counted(i); })};
+  if (sharding)  // each rank holds its own parameters' gradients (the others' are dropped)
+    data_comm_->all_reduce_sum(parts);
+  if (cfg.tp > 1)
+    grid_->tp().all_reduce_sum(std::span<float>(parts, 1));
+  float squares = parts[0] + parts[1];
   if (pipeline)
     grid_->pp().all_reduce_sum(std::span<float>(&squares, 1));
   const double norm = std::sqrt(static_cast<double>(squares));
@@ -436,6 +438,21 @@ void TrainingRun::write_test_gradients() {
   }
   if (lead)
     io::write_safetensors(path, gradients, {});
+}
+
+void TrainingRun::describe_layout(Summary& summary) const {
+  if (world.size() == 1)
+    return;
+  Summary::Layout l;
+  l.tp = cfg.tp;
+  l.pp = cfg.pipeline;
+  l.dp = data_comm_->size();
+  l.zero = sharding ? 1 : 0;
+  if (pipeline) {
+    l.micro_batches = pipeline->micro_batches();
+    l.stage_blocks = pipeline->stage_blocks();
+  }
+  summary.layout = l;
 }
 
 // ---------------------------------------------------------------------------

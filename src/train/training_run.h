@@ -95,6 +95,8 @@ class TrainingRun {
   // compares a layout's gradients with one process's (tests/dist/test_layouts.sh). Nothing
   // when unset.
   void write_test_gradients();
+  // The layout of a job of several processes, into the summary.
+  void describe_layout(Summary& summary) const;
 
  private:
   void shard_tensor_parallel();  // after every weight and moment is loaded

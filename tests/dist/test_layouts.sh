@@ -161,6 +161,49 @@ PY
   refuse "2 stages need at least as many layers, got 1" "${mpi2[@]}" --layers 1 --pipeline 2
   refuse "tp = 2 x pipeline = 2 needs a multiple of 4 processes" "${mpi2[@]}" --model llama --tp 2 --pipeline 2
   refuse "batch = 6 does not divide into micro_batches = 4" "${mpi2[@]}" --pipeline 2 --micro_batches 4 --batch 6
+  refuse "num_attention_heads = 3 does not divide" "${mpi2[@]}" --model llama --width 48 --heads 3 --kv_heads 1 --tp 2
+
+  # The planner's layout runs: `loom plan --engine --json` (only layouts loom train runs) for
+  # the llama above on 4 chips, its first line piped into `loom train --layout -` on 4
+  # processes: the layout the summary reports is the plan's, the losses one process's.
+  plan=("$loom" plan --layers 4 --hidden 64 --heads 4 --kv-heads 2 --ffn 192 --vocab 65 --gated
+    --chip h100-sxm --chips 4 --seq 32 --global-batch 8 --engine --json --top 1)
+  "${plan[@]}" > "$dir/plan.json" 2> "$dir/plan.log" || fail "loom plan --engine: $(tail -n 3 "$dir/plan.log")"
+  # shellcheck disable=SC2086
+  "$mpiexec" -np 4 --oversubscribe --bind-to none -x LOOM_TEST_GRADIENTS="$dir/planned.grads" -x OMP_WAIT_POLICY \
+    "$loom" train ${models[llama]} "${base[@]}" --layout - --out "$dir/planned" < "$dir/plan.json" > "$dir/planned.log" 2>&1 \
+    || fail "loom train --layout -: $(tail -n 3 "$dir/planned.log")"
+  compare llama-one planned "the plan's layout ($(head -c 120 "$dir/plan.json")...)" || fail "the planned layout: outside the bounds"
+  python3 - "$dir" <<'PY' || fail "the run's layout is not the plan's (above)"
+import json, sys
+d = sys.argv[1]
+plan = json.loads(open(f"{d}/plan.json").readline())
+summary = json.loads([l for l in open(f"{d}/planned.log") if l.startswith('{"steps"')][-1])
+ran = summary["layout"]
+want = {"tp": plan["tp"], "pp": plan["pp"], "dp": plan["dp"], "zero": plan["zero"],
+        "micro_batches": plan["global_batch"] // (plan["dp"] * plan["micro_batch"]) if plan["pp"] > 1 else 1,
+        "stage_blocks": plan["stage_layers"] if plan["pp"] > 1 else []}
+assert ran == want, (ran, want)
+print("planned layout ran:", ran)
+PY
+  # Layouts loom train does not run, refused by name (a plan without --engine may hold them).
+  line() {  # a plan line with FIELD=VALUE pairs changed
+    python3 -c 'import json, sys
+j = json.loads(open(sys.argv[1]).readline())
+for kv in sys.argv[2:]:
+    k, v = kv.split("=")
+    j[k] = json.loads(v)
+print(json.dumps(j))' "$dir/plan.json" "$@"
+  }
+  mpi4=("$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train --model llama --layers 4 --heads 4 --kv_heads 2 --steps 1 --out "$dir/bad" --layout)
+  line ep=2 > "$dir/l1.json"; refuse "ep = 2: expert parallelism is not built" "${mpi4[@]}" "$dir/l1.json"
+  line zero=2 > "$dir/l2.json"; refuse "zero = 2: ZeRO stages 2 and 3 are not built" "${mpi4[@]}" "$dir/l2.json"
+  line recompute='"full"' > "$dir/l3.json"; refuse "recompute = full: activation recomputation is not built" "${mpi4[@]}" "$dir/l3.json"
+  line tp=4 pp=1 dp=1 micro_batch=8 > "$dir/l4.json"; refuse "tp = 4: the model's 2 key/value heads do not divide" "${mpi4[@]}" "$dir/l4.json"
+  line interleave=2 > "$dir/l5.json"; refuse "interleave = 2: the interleaved pipeline schedule" "${mpi4[@]}" "$dir/l5.json"
+  line tp=1 pp=1 dp=2 > "$dir/l6.json"; refuse "tp 1 x pp 1 x dp 2 is 2 processes, this job has 4" "${mpi4[@]}" "$dir/l6.json"
+  refuse "batch = 8 in the layout, but the run sets batch = 16" "${mpi4[@]}" "$dir/plan.json" --batch 16
+  echo '{"pp": 2}' > "$dir/l7.json"; refuse "field 'tp' is missing" "${mpi4[@]}" "$dir/l7.json"
 else
   header
   for n in 2 4 8; do

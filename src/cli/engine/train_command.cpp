@@ -5,6 +5,7 @@
 #include "core/job_contract.h"
 #include "train/config.h"
 #include "train/hf_folder.h"
+#include "train/layout.h"
 #include "train/trainer.h"
 
 namespace loom::cli {
@@ -69,6 +70,8 @@ int run_train(const TrainOptions& o) {
     cfg.set(key, is_bool_flag(key) ? (o.flags.at(key) ? "true" : "false") : o.values.at(key),
             "command line --" + key);
   }
+  if (!cfg.layout.empty())  // `loom plan --json`'s layout: sets tp, pipeline, batch, ...
+    train::apply_layout(cfg, dist::world());
   cfg.finalize();
   const train::Summary summary = train::run_training(cfg);
   if (summary.lead)  // rank 0 of a data-parallel job reports

@@ -12,6 +12,7 @@
 #include "cluster/plan/sizing.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/planned_layout.h"
 
 namespace loom::cli {
 namespace {
@@ -691,6 +692,9 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
                    "the other sources' runs (a transfer report; the catalog is not changed)")
       ->expected(1, -1);
   plan->add_flag("--json", o.json, "one JSON object per layout");
+  plan->add_flag("--engine", o.engine,
+                 "only the layouts loom train runs (its --layout takes a line of --json): no ep, "
+                 "cp, interleaving or recomputation; ZeRO 0, or 1 without pp");
   return plan;
 }
 
@@ -703,7 +707,28 @@ int run_plan(const PlanOptions& o) {
   if (!o.leave_one_source_out.empty())
     return run_leave_one_source_out(catalog, o);
   const Model m = resolve_model(catalog, o);
-  const Constraints c = constraints_of(o);
+  Constraints c = constraints_of(o);
+  if (o.engine) {  // the layouts `loom train --layout` runs: the rest are not searched
+    c.cp = c.cp.value_or(1);
+    c.ep = c.ep.value_or(1);
+    c.interleave = c.interleave.value_or(1);
+    c.recompute = c.recompute.value_or(Recompute::none);
+    c.admit = [&m](const Layout& l) {
+      contract::PlannedLayout planned{l.tp,
+                                      l.pp,
+                                      l.dp,
+                                      l.ep,
+                                      l.cp,
+                                      l.micro_batch,
+                                      l.global_batch,
+                                      l.seq,
+                                      l.interleave,
+                                      l.zero,
+                                      recompute_name(l.recompute),
+                                      stage_layers(m, l)};
+      return contract::engine_refusal(planned, m.kv_heads).empty();
+    };
+  }
   const double tokens = parse_count(o.tokens);
   const Prices prices = parse_prices(o.price);
   const std::vector<std::string> entries = planned_entries(o);

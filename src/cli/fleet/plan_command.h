@@ -25,7 +25,8 @@ struct PlanOptions {
   std::string price;
   int top = 10;
   bool json = false;
-  bool gated = false;  // custom model: a gated (SwiGLU) MLP
+  bool gated = false;   // custom model: a gated (SwiGLU) MLP
+  bool engine = false;  // only the layouts `loom train` runs (contract::engine_refusal)
 };
 
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& options);

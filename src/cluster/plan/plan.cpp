@@ -117,7 +117,7 @@ std::vector<Candidate> search(const Model& model, const Chip& chip, std::int64_t
                 for (int zero : either(fixed.zero, std::vector<int>{0, 1, 2, 3})) {
                   Layout l{tp,          pp, dp, ep, cp, b, batch, seq, v, rc, zero, fixed.precision,
                            fixed.stages};
-                  if (!check_layout(model, chip, l).empty())
+                  if (!check_layout(model, chip, l).empty() || (fixed.admit && !fixed.admit(l)))
                     continue;
                   Candidate c{l, estimate(model, chip, l, software)};
                   ++local.evaluated;

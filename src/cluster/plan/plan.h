@@ -26,6 +26,8 @@ struct Constraints {
   // false: rank layouts that fail only the memory check as if they fit (validation of
   // runs that are known to have fit; the memory estimate is still reported).
   bool enforce_memory = true;
+  // A further test of each valid layout (e.g. the layouts `loom train` runs); empty: all.
+  std::function<bool(const Layout&)> admit;
 };
 
 struct Candidate {
