@@ -222,6 +222,10 @@ OptimizerSharding::OptimizerSharding(Communicator& comm, std::vector<nn::Paramet
     owner_[i] = lightest;
     load[static_cast<std::size_t>(lightest)] += params[i].var.value().numel();
   }
+  owned_by_.resize(static_cast<std::size_t>(comm.size()));
+  for (std::size_t i = 0; i < params.size(); ++i)
+    owned_by_[static_cast<std::size_t>(owner_[i])].push_back(i);
+  segment_ = static_cast<std::size_t>(*std::max_element(load.begin(), load.end()));
 }
 
 std::vector<bool> OptimizerSharding::owned_here() const {
@@ -231,13 +235,77 @@ std::vector<bool> OptimizerSharding::owned_here() const {
   return owned;
 }
 
-void OptimizerSharding::share_updates(std::vector<nn::Parameter>& params) {
+namespace {
+// `t`'s floats into `out` (a host copy where the tensor is not contiguous host memory).
+void copy_out(const Tensor& t, float* out) {
+  if (t.backend().host_accessible() && t.is_contiguous()) {
+    std::memcpy(out, t.data<float>(), static_cast<std::size_t>(t.numel()) * sizeof(float));
+    return;
+  }
+  const std::vector<float> values = t.to_floats();
+  std::copy(values.begin(), values.end(), out);
+}
+}  // namespace
+
+void OptimizerSharding::reduce_scatter_gradients(std::vector<nn::Parameter>& params) {
   if (comm_.size() == 1)
     return;
+  const auto ranks = static_cast<std::size_t>(comm_.size());
+  all_.assign(ranks * segment_, 0.0f);  // padding and gradient-less parameters add zeros
+  for (std::size_t r = 0; r < ranks; ++r) {
+    float* at = all_.data() + r * segment_;
+    for (std::size_t i : owned_by_[r]) {
+      const Tensor& grad = params[i].var.grad();
+      if (grad.defined())
+        copy_out(grad, at);
+      at += static_cast<std::size_t>(params[i].var.value().numel());
+    }
+  }
+  mine_.resize(segment_);
+  comm_.reduce_scatter_sum(all_, mine_);
+  const float inv = 1.0f / static_cast<float>(comm_.size());
+  const float* sum = mine_.data();
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const Tensor& value = params[i].var.value();
-    params[i].var.set_value(
-        broadcast_tensor(comm_, value, value.shape(), value.backend(), owner_[i]));
+    Tensor& grad = params[i].var.state()->grad;
+    if (owner_[i] != comm_.rank()) {
+      grad = Tensor();  // not this rank's to update
+      continue;
+    }
+    const auto n = static_cast<std::size_t>(params[i].var.value().numel());
+    if (grad.defined()) {
+      std::vector<float> mean(sum, sum + n);
+      for (float& v : mean)
+        v *= inv;  // the mean, as GradientAverager forms it
+      if (grad.backend().host_accessible() && grad.is_contiguous())
+        std::copy(mean.begin(), mean.end(), grad.data<float>());
+      else
+        grad = Tensor::from_floats(grad.shape(), mean, grad.backend());
+    }
+    sum += n;
+  }
+}
+
+void OptimizerSharding::all_gather_parameters(std::vector<nn::Parameter>& params) {
+  if (comm_.size() == 1)
+    return;
+  mine_.assign(segment_, 0.0f);
+  float* at = mine_.data();
+  for (std::size_t i : owned_by_[static_cast<std::size_t>(comm_.rank())]) {
+    copy_out(params[i].var.value(), at);
+    at += static_cast<std::size_t>(params[i].var.value().numel());
+  }
+  all_.resize(static_cast<std::size_t>(comm_.size()) * segment_);
+  comm_.all_gather(mine_, all_);
+  for (std::size_t r = 0; r < owned_by_.size(); ++r) {
+    const float* from = all_.data() + r * segment_;
+    for (std::size_t i : owned_by_[r]) {
+      const Tensor& value = params[i].var.value();
+      const auto n = static_cast<std::size_t>(value.numel());
+      if (static_cast<int>(r) != comm_.rank())
+        params[i].var.set_value(Tensor::from_floats(
+            value.shape(), std::vector<float>(from, from + n), value.backend()));
+      from += n;
+    }
   }
 }
 

@@ -124,18 +124,26 @@ Tensor broadcast_tensor(Communicator& comm, const Tensor& value, const Shape& sh
 // loaded or initialised).
 void broadcast_parameters(Communicator& comm, std::vector<nn::Parameter>& params);
 
-// ZeRO stage 1 (optimizer-state sharding) for data parallelism: each rank keeps the
-// AdamW moments of, and updates, its share of the parameters; the updated values then go
-// from each owner to every rank. The steps are exactly those of unsharded data
-// parallelism; each rank holds 1/N of the moments.
+// The distributed optimizer (ZeRO stage 1, as Megatron-Core's distributed optimizer moves
+// it): each rank keeps the AdamW moments of, and updates, its share of the parameters. The
+// gradients are reduce-scattered (each rank receives the mean of its own parameters'
+// gradients only: half an all-reduce's traffic) and the updated values all-gathered, both
+// through one flat buffer whose rank-r segment holds rank r's parameters in order, padded to
+// the largest share. The steps are those of unsharded data parallelism up to the order of
+// additions in the gradient norm (each rank's share summed, then the shares); each rank
+// holds 1/N of the moments and, between the reduction and the step, of the gradients.
 class OptimizerSharding {
  public:
   // Owners balance the parameters' element counts over the ranks.
   OptimizerSharding(Communicator& comm, std::vector<nn::Parameter>& params);
   int owner(std::size_t parameter) const { return owner_[parameter]; }
   std::vector<bool> owned_here() const;
+  // After the backward pass: this rank's parameters get the mean over ranks of their
+  // gradients; the others' gradients are dropped. Parameters without a gradient (the same
+  // on every rank) are left alone.
+  void reduce_scatter_gradients(std::vector<nn::Parameter>& params);
   // After the optimizer step: every rank receives the owners' new values.
-  void share_updates(std::vector<nn::Parameter>& params);
+  void all_gather_parameters(std::vector<nn::Parameter>& params);
   // Every rank receives every moment (before writing a checkpoint); keep_only(owned_here())
   // releases them again.
   void gather_moments(std::vector<Tensor>& first, std::vector<Tensor>& second,
@@ -144,6 +152,9 @@ class OptimizerSharding {
  private:
   Communicator& comm_;
   std::vector<int> owner_;
+  std::vector<std::vector<std::size_t>> owned_by_;  // per rank: its parameters, in order
+  std::size_t segment_ = 0;                         // floats per rank in the flat buffer
+  std::vector<float> all_, mine_;                   // the flat buffer and this rank's segment
 };
 
 // The mean of one value over ranks.

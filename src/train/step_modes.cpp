@@ -26,6 +26,15 @@ Tensor eager_forward_backward(nn::Model& model, const data::Batch& batch,
   return loss.value();
 }
 
+// The gradients' mean over the data-parallel processes: all of them (all-reduce), or with
+// ZeRO each process's own parameters' (reduce-scatter; the distributed optimizer).
+void reduce_gradients(TrainingRun& run, dist::GradientAverager& averager) {
+  if (run.sharding)
+    run.sharding->reduce_scatter_gradients(run.model->parameters());
+  else
+    averager.average(run.model->parameters());
+}
+
 // Eager: op by op; gradients averaged among the data-parallel processes after the
 // backward pass, then clipped.
 class EagerStep : public StepMode {
@@ -34,7 +43,7 @@ class EagerStep : public StepMode {
   double run(std::int64_t step) override {
     Tensor loss =
         eager_forward_backward(*run_.model, run_.local_batch(step), run_.forward_options(step));
-    averager_.average(run_.model->parameters());
+    reduce_gradients(run_, averager_);
     if (run_.cfg.grad_clip > 0)
       run_.clip_grad_norm(run_.cfg.grad_clip);
     return dist::mean_over_ranks(run_.data_comm(), loss.item());
@@ -63,7 +72,8 @@ class GraphStep : public StepMode {
     const bool overlap =
         cfg.overlap_setting() == Overlap::on ||
         (cfg.overlap_setting() == Overlap::automatic && run.data_comm().spans_machines());
-    if (overlap && run.data_comm().size() > 1 && run.device.host_accessible())
+    // (ZeRO reduce-scatters after the backward pass instead: not overlapped yet.)
+    if (overlap && run.data_comm().size() > 1 && run.device.host_accessible() && !run.sharding)
       overlapped_ = std::make_unique<dist::OverlappedAverager>(
           run.data_comm(), static_cast<std::size_t>(cfg.bucket_mb * 1e6));
     if (!run.device.host_accessible())
@@ -79,7 +89,7 @@ class GraphStep : public StepMode {
     if (overlapped_ && step_.replayed())
       overlapped_->finish();
     else
-      averager_.average(run_.model->parameters());
+      reduce_gradients(run_, averager_);
     if (run_.cfg.grad_clip > 0)
       run_.clip_grad_norm(run_.cfg.grad_clip);
     return dist::mean_over_ranks(run_.data_comm(), loss.item());

@@ -356,12 +356,19 @@ double TrainingRun::clip_grad_norm(double max_norm) {
   auto counted = [&](std::size_t i) {
     return !pipeline || (pipeline->uses(i) && pipeline->owns(i));
   };
-  float parts[2] = {
-      optim::grad_sum_squares(params, [&](std::size_t i) { return is_sharded[i] && counted(i); }),
-      optim::grad_sum_squares(params,
-                              [&](std::size_t i) { return !is_sharded[i] && counted(i); })};
-  if (sharding)  // each rank holds its own parameters' gradients (the others' are dropped)
-    data_comm_->all_reduce_sum(parts);
+  // Each parameter's sum of squares; with ZeRO only its owner has the reduced gradient, so
+  // the others add 0 (exactly) and every rank then sums them in the order one process does:
+  // the norm is bitwise plain data parallelism's.
+  std::vector<float> squares_of(params.size(), 0.0f);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (counted(i) && params[i].var.grad().defined())
+      squares_of[i] = dispatch::call1(OpId::sum_squares, {params[i].var.grad()}).item();
+  if (sharding)
+    data_comm_->all_reduce_sum(squares_of);
+  float parts[2] = {0.0f, 0.0f};  // sharded, replicated: in parameter order, as one process
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (counted(i) && (sharding || params[i].var.grad().defined()))
+      parts[is_sharded[i] ? 0 : 1] += squares_of[i];
   if (cfg.tp > 1)
     grid_->tp().all_reduce_sum(std::span<float>(parts, 1));
   float squares = parts[0] + parts[1];
@@ -431,6 +438,9 @@ void TrainingRun::write_test_gradients() {
     if (pipeline)  // the owning stage's gradient (a tied head's: both stages' sum, on each)
       grad = dist::broadcast_tensor(grid_->pp(), grad, value.shape(), value.backend(),
                                     pipeline->owner(i));
+    if (sharding)  // ZeRO: the data-parallel rank that holds the reduced gradient
+      grad = dist::broadcast_tensor(*data_comm_, grad, value.shape(), value.backend(),
+                                    sharding->owner(i));
     check(grad.defined(), params[i].name + ": no gradient after the step (LOOM_TEST_GRADIENTS)");
     if (shard_dim[i] >= 0)
       grad = whole_of(grid_->tp(), grad, shard_dim[i]);

@@ -5,8 +5,8 @@
 # an interrupted 2-process run resumes exactly, a batch that does not divide among the
 # processes is a clear error. Pipeline parallel (`--pipeline 2`): the same losses with 2
 # or 3 micro-batches, a checkpoint that evaluates as the one-process one does, exact
-# resume, clear errors; GPipe and 1F1B bitwise equal; 3 stages; and 2 data-parallel replicas of 2 stages on 4 processes. ZeRO stage 1 (`--zero 1`): bitwise the numbers of plain data
-# parallelism. Graph mode (`--mode graph`): gradients all-reduced in buckets during the
+# resume, clear errors; GPipe and 1F1B bitwise equal; 3 stages. ZeRO stage 1 (`--zero 1`,
+# the distributed optimizer): bitwise the numbers of plain data parallelism. Graph mode (`--mode graph`): gradients all-reduced in buckets during the
 # backward pass, bitwise the eager numbers on 2 processes. Tensor parallel (`--tp 2`): a
 # small llama within 1e-6 of one process, alone and as tp 2 x dp 2 with ZeRO-1, resumed
 # exactly. The layouts' comparisons with one process, gradients too, are test_layouts.sh's.
@@ -50,8 +50,9 @@ print(f"one vs two processes: worst relative loss difference {worst:.2e} over {s
 assert worst < 2e-7, worst
 assert resumed == two, ("resumed run differs", resumed, two)
 PY
-# ZeRO stage 1: the optimizer state sharded over the two processes changes nothing in
-# the numbers: the same losses, bitwise, and the same checkpoint tensors; resume is exact.
+# ZeRO stage 1 (the distributed optimizer: gradients reduce-scattered, parameters
+# all-gathered) changes nothing in the numbers: the same losses, bitwise, and the same
+# checkpoint tensors; resume is exact.
 "${mpi[@]}" "$loom" train "${common[@]}" --zero 1 --out "$dir/zero" > "$dir/zero.log" 2>&1 || fail "zero 1: $(tail -n 3 "$dir/zero.log")"
 "${mpi[@]}" "$loom" train "${common[@]}" --zero 1 --out "$dir/zr" --stop_after "$half" > "$dir/zr1.log" 2>&1 || fail "zero stop_after"
 "${mpi[@]}" "$loom" train "${common[@]}" --zero 1 --out "$dir/zr" --resume > "$dir/zr2.log" 2>&1 || fail "zero resume"
