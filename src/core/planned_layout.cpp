@@ -81,9 +81,6 @@ std::string engine_refusal(const PlannedLayout& l, std::int64_t kv_heads) {
   if (l.zero >= 2)
     return "zero = " + n(l.zero) +
            ": ZeRO stages 2 and 3 are not built in loom train (1: the sharded optimizer state)";
-  if (l.zero == 1 && l.pp > 1)
-    return "zero = 1 with pp = " + n(l.pp) +
-           ": the sharded optimizer state is not built for pipeline stages yet";
   if (kv_heads % l.tp != 0)
     return "tp = " + n(l.tp) + ": the model's " + n(kv_heads) +
            " key/value heads do not divide among the ranks (replicated key/value heads are not "

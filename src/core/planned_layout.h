@@ -28,7 +28,7 @@ struct PlannedLayout {
 PlannedLayout parse_planned_layout(std::string_view text, const std::string& source);
 
 // Why `loom train` cannot run `layout` on a model with `kv_heads` key/value heads, naming the
-// field; empty when it can. Run: tp, pp (stages as listed), dp, ZeRO 0 or 1 (not with pp > 1),
+// field; empty when it can. Run: tp, pp (stages as listed), dp, ZeRO 0 or 1,
 // a pipeline's micro-batches; not yet: ep, cp, interleaved stages, recomputation, ZeRO 2
 // and 3, micro-batches without a pipeline (gradient accumulation), fewer key/value heads
 // than tp. `loom plan --engine` searches only the layouts this admits.

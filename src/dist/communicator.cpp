@@ -206,17 +206,19 @@ void broadcast_parameters(Communicator& comm, std::vector<nn::Parameter>& params
   }
 }
 
-OptimizerSharding::OptimizerSharding(Communicator& comm, std::vector<nn::Parameter>& params)
+OptimizerSharding::OptimizerSharding(Communicator& comm, std::vector<nn::Parameter>& params,
+                                     const std::function<bool(std::size_t)>& included)
     : comm_(comm) {
   // Largest first, each to the rank with the fewest elements so far (ties: lowest rank).
-  std::vector<std::size_t> order(params.size());
-  for (std::size_t i = 0; i < order.size(); ++i)
-    order[i] = i;
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (!included || included(i))
+      order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return params[a].var.value().numel() > params[b].var.value().numel();
   });
   std::vector<std::int64_t> load(static_cast<std::size_t>(comm.size()), 0);
-  owner_.assign(params.size(), 0);
+  owner_.assign(params.size(), -1);
   for (std::size_t i : order) {
     auto lightest = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
     owner_[i] = lightest;
@@ -224,7 +226,8 @@ OptimizerSharding::OptimizerSharding(Communicator& comm, std::vector<nn::Paramet
   }
   owned_by_.resize(static_cast<std::size_t>(comm.size()));
   for (std::size_t i = 0; i < params.size(); ++i)
-    owned_by_[static_cast<std::size_t>(owner_[i])].push_back(i);
+    if (owner_[i] >= 0)
+      owned_by_[static_cast<std::size_t>(owner_[i])].push_back(i);
   segment_ = static_cast<std::size_t>(*std::max_element(load.begin(), load.end()));
 }
 
@@ -267,6 +270,8 @@ void OptimizerSharding::reduce_scatter_gradients(std::vector<nn::Parameter>& par
   const float* sum = mine_.data();
   for (std::size_t i = 0; i < params.size(); ++i) {
     Tensor& grad = params[i].var.state()->grad;
+    if (owner_[i] < 0)
+      continue;  // not sharded here
     if (owner_[i] != comm_.rank()) {
       grad = Tensor();  // not this rank's to update
       continue;
@@ -312,6 +317,8 @@ void OptimizerSharding::all_gather_parameters(std::vector<nn::Parameter>& params
 void OptimizerSharding::gather_moments(std::vector<Tensor>& first, std::vector<Tensor>& second,
                                        const std::vector<nn::Parameter>& params) {
   for (std::size_t i = 0; i < params.size(); ++i) {
+    if (owner_[i] < 0)
+      continue;
     const Tensor& value = params[i].var.value();
     first[i] = broadcast_tensor(comm_, first[i], value.shape(), value.backend(), owner_[i]);
     second[i] = broadcast_tensor(comm_, second[i], value.shape(), value.backend(), owner_[i]);

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -134,8 +135,11 @@ void broadcast_parameters(Communicator& comm, std::vector<nn::Parameter>& params
 // holds 1/N of the moments and, between the reduction and the step, of the gradients.
 class OptimizerSharding {
  public:
-  // Owners balance the parameters' element counts over the ranks.
-  OptimizerSharding(Communicator& comm, std::vector<nn::Parameter>& params);
+  // Owners balance the parameters' element counts over the ranks; only the parameters
+  // `included` admits are sharded (a pipeline stage's own: the others have owner -1 and are
+  // left alone).
+  OptimizerSharding(Communicator& comm, std::vector<nn::Parameter>& params,
+                    const std::function<bool(std::size_t)>& included = {});
   int owner(std::size_t parameter) const { return owner_[parameter]; }
   std::vector<bool> owned_here() const;
   // After the backward pass: this rank's parameters get the mean over ranks of their

@@ -200,14 +200,17 @@ double Pipeline::forward_backward(const data::Batch& batch, const nn::ForwardOpt
 
 void Pipeline::gather_to_all(optim::AdamW* optimizer) {
   std::vector<nn::Parameter>& params = model_.parameters();
-  auto share = [&](const Tensor& value, int owner) {
-    return broadcast_tensor(comm_, value, value.shape(), value.backend(), owner);
-  };
   for (std::size_t i = 0; i < params.size(); ++i) {
-    params[i].var.set_value(share(params[i].var.value(), owner_[i]));
+    // The shape and device are the parameter's: a rank outside the owner stage may hold no
+    // moments of it (ZeRO keeps only its own stage's).
+    const Tensor value = params[i].var.value();
+    auto share = [&](const Tensor& t) {
+      return broadcast_tensor(comm_, t, value.shape(), value.backend(), owner_[i]);
+    };
+    params[i].var.set_value(share(value));
     if (optimizer != nullptr) {
-      optimizer->first_moments()[i] = share(optimizer->first_moments()[i], owner_[i]);
-      optimizer->second_moments()[i] = share(optimizer->second_moments()[i], owner_[i]);
+      optimizer->first_moments()[i] = share(optimizer->first_moments()[i]);
+      optimizer->second_moments()[i] = share(optimizer->second_moments()[i]);
     }
   }
 }

@@ -167,7 +167,7 @@ class PipelineStep : public StepMode {
   double run(std::int64_t step) override {
     double loss =
         run_.pipeline->forward_backward(run_.local_batch(step), run_.forward_options(step));
-    averager_.average(run_.model->parameters());  // this stage's, across replicas
+    reduce_gradients(run_, averager_);  // this stage's, across replicas
     if (run_.cfg.grad_clip > 0)
       run_.clip_grad_norm(run_.cfg.grad_clip);
     return dist::mean_over_ranks(run_.data_comm(), loss);

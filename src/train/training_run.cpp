@@ -258,19 +258,19 @@ TrainingRun::TrainingRun(const TrainConfig& config)
   dist::broadcast_parameters(world, params);
   if (cfg.tp > 1)
     shard_tensor_parallel();
-  if (cfg.zero == 1 && data_comm_->size() > 1) {
-    check(!pipelined,
-          "zero = 1 shards the optimizer of data-parallel processes, not pipeline stages");
-    // Over the data-parallel group: with tp, each tensor-parallel rank's slices are sharded
-    // among the replicas holding the same slices.
-    sharding = std::make_unique<dist::OptimizerSharding>(*data_comm_, model->parameters());
-    optimizer->keep_only(sharding->owned_here());
-  }
   if (pipelined)
     pipeline =
         std::make_unique<dist::Pipeline>(grid_->pp(), dynamic_cast<nn::Decoder&>(*model),
                                          cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline,
                                          cfg.schedule(), cfg.stage_counts());
+  if (cfg.zero == 1 && data_comm_->size() > 1) {
+    // Over the data-parallel group: with tp, each tensor-parallel rank's slices are sharded
+    // among the replicas holding the same slices; with stages, each stage's own parameters.
+    sharding = std::make_unique<dist::OptimizerSharding>(
+        *data_comm_, model->parameters(),
+        [this](std::size_t i) { return !pipeline || pipeline->uses(i); });
+    optimizer->keep_only(sharding->owned_here());
+  }
   std::error_code ec;
   fs::create_directories(cfg.out, ec);
   check(!ec, cfg.out + ": cannot create the output folder: " + ec.message());
@@ -400,7 +400,7 @@ void TrainingRun::gather_full_state(bool moments) {
     gathered_moments_ = moments;
   }
   if (pipeline)
-    pipeline->gather_to_all(optimizer.get());  // rank 0 needs every stage's weights
+    pipeline->gather_to_all(moments ? optimizer.get() : nullptr);  // rank 0: every stage
 }
 
 void TrainingRun::release_full_state() {
@@ -435,12 +435,12 @@ void TrainingRun::write_test_gradients() {
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor& value = params[i].var.value();
     Tensor grad = params[i].var.grad();
+    if (sharding && sharding->owner(i) >= 0)  // ZeRO: the replica holding the reduced gradient
+      grad = dist::broadcast_tensor(*data_comm_, grad, value.shape(), value.backend(),
+                                    sharding->owner(i));
     if (pipeline)  // the owning stage's gradient (a tied head's: both stages' sum, on each)
       grad = dist::broadcast_tensor(grid_->pp(), grad, value.shape(), value.backend(),
                                     pipeline->owner(i));
-    if (sharding)  // ZeRO: the data-parallel rank that holds the reduced gradient
-      grad = dist::broadcast_tensor(*data_comm_, grad, value.shape(), value.backend(),
-                                    sharding->owner(i));
     check(grad.defined(), params[i].name + ": no gradient after the step (LOOM_TEST_GRADIENTS)");
     if (shard_dim[i] >= 0)
       grad = whole_of(grid_->tp(), grad, shard_dim[i]);

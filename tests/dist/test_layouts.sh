@@ -114,6 +114,7 @@ if [[ "$mode" == "suite" ]]; then
     "pp2-gpt gpt 2 --pipeline 2 --stages 1,3"
     "pp4 llama 4 --pipeline 4"
     "pp2xdp2-uneven llama 4 --pipeline 2 --stages 1,3"
+    "pp2xdp2-uneven-zero llama 4 --pipeline 2 --stages 1,3 --zero 1"
     "tp2xpp2 llama 4 --tp 2 --pipeline 2"
     "tp2xpp2-uneven llama 4 --tp 2 --pipeline 2 --stages 3,1 --micro_batches 4"
     "tp2xpp2-vocab qwen2 4 --tp 2 --pipeline 2"
@@ -141,9 +142,9 @@ losses = lambda n: [json.loads(l)["loss"] for l in open(f"{d}/{n}/metrics.jsonl"
 assert losses("tp2xpp2-r") == losses("tp2xpp2"), (losses("tp2xpp2-r"), losses("tp2xpp2"))
 print("tp 2 x pipeline 2: resumed at step", len(losses("tp2xpp2")) // 2, "- bitwise the same losses")
 # ZeRO-1 shards the optimizer state, not the arithmetic: bitwise the numbers without it.
-for plain in ("dp2", "tp2xdp2"):
+for plain in ("dp2", "tp2xdp2", "pp2xdp2-uneven"):
     assert losses(plain + "-zero") == losses(plain), f"zero 1 changes the {plain} numbers"
-print("ZeRO-1: bitwise the losses of dp2 and tp2xdp2 without it")
+print("ZeRO-1: bitwise the losses of dp2, tp2xdp2 and pp2xdp2 without it")
 PY
   # Layouts that cannot run are named before training.
   refuse() {

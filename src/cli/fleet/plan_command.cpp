@@ -694,7 +694,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   plan->add_flag("--json", o.json, "one JSON object per layout");
   plan->add_flag("--engine", o.engine,
                  "only the layouts loom train runs (its --layout takes a line of --json): no ep, "
-                 "cp, interleaving or recomputation; ZeRO 0, or 1 without pp");
+                 "cp, interleaving or recomputation; ZeRO 0 or 1");
   return plan;
 }
 
