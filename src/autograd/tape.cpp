@@ -38,6 +38,13 @@ Var Tape::record_partial_gradient(const Var& x) {
   return out;
 }
 
+Var Tape::record_gather(const Var& x, Tensor output, GatherBackwardFn backward) {
+  Var out = record({x}, std::move(output), [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  if (!entries_.empty() && entries_.back().output == out.state())
+    entries_.back().gather = std::move(backward);
+  return out;
+}
+
 namespace {
 // A partial gradient becomes the whole one (the sum over the tensor-parallel group).
 void settle(VarState& v) {
@@ -71,7 +78,8 @@ void Tape::backward(const Var& output, const Tensor& grad_output) {
   output.state()->grad = grad_output;
   std::vector<std::shared_ptr<VarState>> partial;  // gradients left as summands
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    settle(*it->output);  // every use of it has contributed: reduce once
+    if (!it->gather)
+      settle(*it->output);  // every use of it has contributed: reduce once
     Tensor grad_out = it->output->grad;
     if (!grad_out.defined())
       continue;  // the output did not reach the loss
@@ -82,8 +90,10 @@ void Tape::backward(const Var& output, const Tensor& grad_output) {
       it->output->grad = Tensor();
       continue;
     }
-    std::vector<Tensor> grads = it->backward(grad_out);
+    std::vector<Tensor> grads =
+        it->gather ? it->gather(grad_out, it->output->grad_partial) : it->backward(grad_out);
     it->output->grad = Tensor();  // intermediate gradients are not kept
+    it->output->grad_partial = false;
     for (std::size_t i = 0; i < it->inputs.size() && i < grads.size(); ++i) {
       VarState& in = *it->inputs[i];
       if (!in.requires_grad || !grads[i].defined())

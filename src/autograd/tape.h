@@ -66,6 +66,10 @@ using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>
 // also the tied LM head gets its scatter-add onto the head's gradient this way, without a
 // zeroed table and a full add.
 using AccumulateFn = std::function<Tensor(const Tensor& grad_output, const Tensor& existing)>;
+// For a gather of sequence shards (autograd/tensor_parallel.h): the gradient of the output as
+// it arrived, each rank's summand (`partial`) or the whole one, -> the input's gradient.
+using GatherBackwardFn =
+    std::function<std::vector<Tensor>(const Tensor& grad_output, bool partial)>;
 
 class Tape {
  public:
@@ -81,6 +85,10 @@ class Tape {
   // the tensor-parallel group once, when the gradient is used or the backward pass ends
   // (Megatron's f operator, with one reduction however many slices used x).
   Var record_partial_gradient(const Var& x);
+  // `output` made from x by a collective whose backward takes its output's gradient as it
+  // arrives, not reduced first: a partial gradient is reduce-scattered rather than
+  // all-reduced, a whole one sliced (sequence parallelism's all-gather).
+  Var record_gather(const Var& x, Tensor output, GatherBackwardFn backward);
 
   // Seeds d(loss)/d(loss) = 1 and runs every entry in reverse; clears the tape afterwards.
   void backward(const Var& loss);
@@ -97,6 +105,7 @@ class Tape {
     BackwardFn backward;
     AccumulateFn accumulate;     // may be empty; only for one input
     bool partial_grads = false;  // its input gradients are summands (record_partial_gradient)
+    GatherBackwardFn gather;     // set by record_gather: replaces `backward`
   };
   std::vector<Entry> entries_;
   bool recording_ = true;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "autograd/functions.h"
 #include "core/error.h"
@@ -63,6 +64,115 @@ int last(const Var& x) {
   return static_cast<int>(x.shape().size()) - 1;
 }
 
+// Sequence parallelism: the residual stream [N, C] sharded on its rows.
+bool sequence_parallel() {
+  return current_group != nullptr && current_group->sequence_parallel();
+}
+
+bool row_sharded(const Var& x) {
+  return x.placement().shard == 0 && x.shape().size() == 2;
+}
+
+// The floats of rank `rank`'s block of rows of `t` ([N, ...], N divisible by `parts`).
+std::vector<float> own_rows(const std::vector<float>& whole, int rank, int parts) {
+  const std::size_t n = whole.size() / static_cast<std::size_t>(parts);
+  return {whole.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(rank)),
+          whole.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(rank + 1))};
+}
+
+std::vector<float> gathered_rows(TensorGroup& g, const std::vector<float>& mine) {
+  std::vector<float> all(mine.size() * static_cast<std::size_t>(g.size()));
+  g.all_gather(mine, all);
+  return all;
+}
+
+void check_rows_divide(const Shape& whole, TensorGroup& g) {
+  check(whole[0] % g.size() == 0, [&] {
+    return "sequence parallelism: the " + std::to_string(whole[0]) +
+           " rows of the residual stream (batch x sequence) do not divide among " +
+           std::to_string(g.size()) + " tensor-parallel ranks";
+  });
+}
+
+// The last gather, reused by the next column-parallel product of the same input (q, k and v
+// of one norm's output; gate and up): one all-gather forward and one reduce-scatter backward
+// however many slices use it.
+struct LastGather {
+  std::weak_ptr<VarState> input;
+  const Tape* tape = nullptr;
+  Var output;
+};
+thread_local LastGather last_gather;
+
+// Row shards -> the whole [N, C] (all-gather). Backward, a partial gradient (summands from
+// the column-parallel products) is reduce-scattered; a whole one keeps this rank's rows.
+Var gather_rows(Tape& tape, const Var& x) {
+  if (last_gather.tape == &tape && last_gather.input.lock() == x.state())
+    return last_gather.output;
+  TensorGroup& g = group("sequence-parallel gather");
+  Shape whole = x.shape();
+  whole[0] *= g.size();
+  Tensor out =
+      Tensor::from_floats(whole, gathered_rows(g, x.value().to_floats()), x.value().backend());
+  const Shape local = x.shape();
+  TensorGroup* gp = &g;
+  Var gathered = tape.record_gather(x, out, [gp, local](const Tensor& grad, bool partial) {
+    const std::vector<float> all = grad.to_floats();
+    std::vector<float> mine(all.size() / static_cast<std::size_t>(gp->size()));
+    if (partial)
+      gp->reduce_scatter_sum(all, mine);
+    else
+      mine = own_rows(all, gp->rank(), gp->size());
+    return std::vector<Tensor>{Tensor::from_floats(local, mine, grad.backend())};
+  });
+  last_gather = {x.state(), &tape, gathered};
+  return gathered;
+}
+
+// A replicated [N, C] -> this rank's rows; backward, the rows' gradients all-gathered.
+Var scatter_rows(Tape& tape, const Var& x) {
+  TensorGroup& g = group("sequence-parallel scatter");
+  check_rows_divide(x.shape(), g);
+  Shape local = x.shape();
+  local[0] /= g.size();
+  Tensor mine = Tensor::from_floats(local, own_rows(x.value().to_floats(), g.rank(), g.size()),
+                                    x.value().backend());
+  TensorGroup* gp = &g;
+  const Shape whole = x.shape();
+  return placed(tape.record({x}, mine,
+                            [gp, whole](const Tensor& grad) {
+                              return std::vector<Tensor>{Tensor::from_floats(
+                                  whole, gathered_rows(*gp, grad.to_floats()), grad.backend())};
+                            }),
+                shard(0));
+}
+
+// A partial [N, C] -> the sum's rows of this rank (reduce-scatter); backward, every summand's
+// gradient is the sum's: the rows' gradients all-gathered.
+Var reduce_scatter_rows(Tape& tape, const Var& x) {
+  TensorGroup& g = group("sequence-parallel reduce-scatter");
+  check_rows_divide(x.shape(), g);
+  Shape local = x.shape();
+  local[0] /= g.size();
+  std::vector<float> mine(static_cast<std::size_t>(x.value().numel() / g.size()));
+  g.reduce_scatter_sum(x.value().to_floats(), mine);
+  TensorGroup* gp = &g;
+  const Shape whole = x.shape();
+  return placed(tape.record({x}, Tensor::from_floats(local, mine, x.value().backend()),
+                            [gp, whole](const Tensor& grad) {
+                              return std::vector<Tensor>{Tensor::from_floats(
+                                  whole, gathered_rows(*gp, grad.to_floats()), grad.backend())};
+                            }),
+                shard(0));
+}
+
+// Any [N, C] operand of the residual stream as row shards.
+Var to_rows(Tape& tape, const Var& x) {
+  if (row_sharded(x))
+    return x;
+  return x.placement().partial ? reduce_scatter_rows(tape, x) : scatter_rows(tape, x);
+}
+
 }  // namespace
 
 TensorGroupScope::TensorGroupScope(TensorGroup& g) : previous_(current_group) {
@@ -109,6 +219,16 @@ Var replicated_input(Tape& tape, const Var& x, const char* op) {
 }
 
 Var add(Tape& tape, const Var& a_in, const Var& b_in) {
+  // Sequence parallelism: the residual stream's add runs on row shards.
+  const bool stream = a_in.shape().size() == 2 && b_in.shape().size() == 2 &&
+                      a_in.shape()[1] == b_in.shape()[1] &&
+                      (row_sharded(a_in) || row_sharded(b_in) || a_in.placement().partial ||
+                       b_in.placement().partial);
+  if (sequence_parallel() && stream) {
+    Var a = to_rows(tape, a_in), b = to_rows(tape, b_in);
+    LocalOnly local;
+    return placed(autograd::add(tape, a, b), shard(0));
+  }
   Var a = reduce(tape, a_in), b = reduce(tape, b_in);
   if (a.placement() != b.placement() || a.shape().size() != b.shape().size())
     no_rule("add", {&a, &b});
@@ -120,6 +240,13 @@ Var matmul(Tape& tape, const Var& a_in, const Var& b, bool trans_a, bool trans_b
   Var a = reduce(tape, a_in);
   // W's output dimension is its rows when transposed ([out, in]), else its columns.
   const int w_out = trans_b ? 0 : 1, w_in = trans_b ? 1 : 0;
+  if (!trans_a && row_sharded(a) && sequence_parallel() &&
+      (b.placement().shard == w_out || b.placement().replicated()))
+    a = gather_rows(tape, a);  // a column-parallel product, or the replicated LM head
+  if (a.placement().replicated() && b.placement().replicated()) {
+    LocalOnly local;
+    return autograd::matmul(tape, a, b, trans_a, trans_b);
+  }
   if (!trans_a && b.shape().size() == 2 && a.placement().replicated() &&
       b.placement().shard == w_out) {  // column-parallel
     Var x = copy_to_group(tape, a);
@@ -140,12 +267,23 @@ Var matmul(Tape& tape, const Var& a_in, const Var& b, bool trans_a, bool trans_b
 Var linear(Tape& tape, const Var& x_in, const Var& weight, const Var& bias, bool trans_b) {
   Var x = reduce(tape, x_in);
   const int w_out = trans_b ? 0 : 1;
+  if (row_sharded(x) && sequence_parallel() && weight.placement().shard == w_out)
+    x = gather_rows(tape, x);  // column-parallel
   if (x.placement().replicated() && weight.placement().shard == w_out &&
       bias.placement().shard == 0) {  // column-parallel, each rank its slice of the bias
     Var copied = copy_to_group(tape, x);
     LocalOnly local;
     Var out = autograd::linear(tape, copied, weight, bias, trans_b);
     return placed(out, shard(last(out)));
+  }
+  if (bias.placement().replicated() && sequence_parallel() && x.shape().size() == 2 &&
+      x.placement().shard == 1) {
+    // Row-parallel under sequence parallelism: the products reduce-scattered to row shards,
+    // the bias added to each rank's rows (its gradient summed over them).
+    Var rows = reduce_scatter_rows(tape, tp::matmul(tape, x, weight, false, trans_b));
+    Var b = copy_to_group(tape, bias);
+    LocalOnly local;
+    return placed(autograd::add(tape, rows, b), shard(0));
   }
   if (bias.placement().replicated()) {  // row-parallel: reduce the products, add the bias once
     Var summed = reduce(tape, tp::matmul(tape, x, weight, false, trans_b));
@@ -180,6 +318,12 @@ Var reshape(Tape& tape, const Var& x_in, const Shape& shape) {
       local[d] /= parts;
     }
     out_before *= shape[d];
+  }
+  if ((found < 0 || shape_numel(local) != x.value().numel()) && row_sharded(x) &&
+      sequence_parallel()) {  // rows that map onto no dimension: the whole stream
+    Var whole = gather_rows(tape, x);
+    LocalOnly local_only;
+    return autograd::reshape(tape, whole, shape);
   }
   if (found < 0 || shape_numel(local) != x.value().numel())
     no_rule("reshape", {&x});

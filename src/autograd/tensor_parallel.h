@@ -20,6 +20,18 @@
 //   cross_entropy           logits sharded on the vocabulary -> the loss, from each rank's
 //                           log-sum-exp and the target's logit (B S numbers, not B S V)
 //   others reduce a partial input and refuse a sharded one.
+// Under sequence parallelism (TensorGroup::sequence_parallel) the residual stream [N, C] is
+// sharded on its rows (Shard(0): rank t holds rows [t N/T, (t+1) N/T)):
+//   add                     a partial or replicated operand meeting the stream, or any
+//                           partial [N, C] sum, becomes row-sharded: a partial one by a
+//                           reduce-scatter (backward all-gather), a replicated one by
+//                           keeping its rows (backward all-gather)
+//   matmul/linear, column   a row-sharded x is all-gathered first; backward, the partial
+//                           gradient is reduce-scattered (not all-reduced)
+//   matmul, replicated W    a row-sharded x is gathered (the LM head when the vocabulary does
+//                           not divide)
+//   rms_norm                on row shards (its weight's gradient summed over them)
+//   reshape                 a row shard that maps onto no dimension is gathered first
 // The group is the calling thread's (TensorGroupScope), so in-process ranks may share a
 // process.
 #pragma once
@@ -38,6 +50,14 @@ class TensorGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual void all_reduce_sum(std::span<float> data) = 0;  // on every rank of the group
+  // Rank r's `local` as the r-th block of `all` (size() x local's length), on every rank.
+  virtual void all_gather(std::span<const float> local, std::span<float> all) = 0;
+  // The sum over ranks of `all`, rank r receiving its r-th block in `local`.
+  virtual void reduce_scatter_sum(std::span<const float> all, std::span<float> local) = 0;
+  // Sequence parallelism: the residual stream between blocks is sharded on its rows (the
+  // batch's tokens), the reductions after the row-parallel products reduce-scatter it and
+  // the column-parallel products gather it.
+  virtual bool sequence_parallel() const { return false; }
 };
 
 // Makes `group` the calling thread's tensor-parallel group while it lives.

@@ -46,13 +46,22 @@ class ProcessGrid {
 // A communicator as the tensor-parallel group of the autograd rules (TensorGroupScope).
 class TensorGroupOf final : public autograd::TensorGroup {
  public:
-  explicit TensorGroupOf(Communicator& comm) : comm_(comm) {}
+  explicit TensorGroupOf(Communicator& comm, bool sequence_parallel = false)
+      : comm_(comm), sequence_parallel_(sequence_parallel) {}
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
   void all_reduce_sum(std::span<float> data) override { comm_.all_reduce_sum(data); }
+  void all_gather(std::span<const float> local, std::span<float> all) override {
+    comm_.all_gather(local, all);
+  }
+  void reduce_scatter_sum(std::span<const float> all, std::span<float> local) override {
+    comm_.reduce_scatter_sum(all, local);
+  }
+  bool sequence_parallel() const override { return sequence_parallel_; }
 
  private:
   Communicator& comm_;
+  bool sequence_parallel_;
 };
 
 }  // namespace loom::dist

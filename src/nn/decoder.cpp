@@ -221,8 +221,10 @@ ag::Var Decoder::run(ag::Tape& tape, const Tensor& ids, std::int64_t position, K
   if (config_.gpt2())
     return gpt2_head(tape, gpt2_blocks(tape, gpt2_embed(tape, ids, position, options), 0,
                                        config_.layers, cache, options));
-  return llama_head(tape, llama_blocks(tape, llama_embed(tape, ids, position), 0, config_.layers,
-                                       position, cache));
+  const std::int64_t rows = ids.dim(0) * ids.dim(1);  // the stream as rows [B*T, C]
+  ag::Var x = ag::reshape(tape, llama_embed(tape, ids, position), {rows, config_.hidden});
+  return llama_head(
+      tape, llama_blocks(tape, x, 0, config_.layers, ids.dim(0), ids.dim(1), position, cache));
 }
 
 ag::Var Decoder::llama_embed(ag::Tape& tape, const Tensor& ids, std::int64_t position) {
@@ -240,13 +242,13 @@ ag::Var Decoder::llama_embed(ag::Tape& tape, const Tensor& ids, std::int64_t pos
 }
 
 ag::Var Decoder::llama_blocks(ag::Tape& tape, ag::Var x, std::int64_t first, std::int64_t last,
-                              std::int64_t position, KvCache* cache) {
+                              std::int64_t batch, std::int64_t t, std::int64_t position,
+                              KvCache* cache) {
   check(0 <= first && first <= last && last <= config_.layers,
         config_.family + ": blocks [" + std::to_string(first) + ", " + std::to_string(last) +
             ") of " + std::to_string(config_.layers));
-  const std::int64_t batch = x.dim(0), t = x.dim(1), c = config_.hidden;
-  // The residual stream as rows [B*T, C]; only attention needs the [B,T,heads,D] view.
-  x = ag::reshape(tape, x, {batch * t, c});
+  // x: the residual stream as rows [B*T, C] (under sequence parallelism a rank holds some of
+  // them: B and T are the whole sizes); only attention needs the [B,T,heads,D] view.
   for (std::int64_t i = first; i < last; ++i) {
     const Block& b = blocks_[static_cast<std::size_t>(i)];
     const std::size_t layer = static_cast<std::size_t>(i);
@@ -256,14 +258,12 @@ ag::Var Decoder::llama_blocks(ag::Tape& tape, ag::Var x, std::int64_t first, std
                                 cache != nullptr ? &cache->values[layer] : nullptr));
     x = ag::add(tape, x, mlp_block(tape, x, b));
   }
-  return ag::reshape(tape, x, {batch, t, c});
+  return x;
 }
 
-ag::Var Decoder::llama_head(ag::Tape& tape, const ag::Var& x_in) {
-  const std::int64_t c = config_.hidden;
-  ag::Var x = ag::reshape(tape, x_in, {x_in.value().numel() / c, c});
-  x = ag::rms_norm(tape, x, param(final_norm_), config_.norm_eps);
-  return ag::matmul(tape, x, param(lm_head_), false, true);  // logits = x W^T
+ag::Var Decoder::llama_head(ag::Tape& tape, const ag::Var& x) {
+  ag::Var h = ag::rms_norm(tape, x, param(final_norm_), config_.norm_eps);
+  return ag::matmul(tape, h, param(lm_head_), false, true);  // logits = x W^T
 }
 
 // The pieces pipeline stages run: forward = head(run_blocks(embed)), the same ops in the
@@ -276,11 +276,16 @@ ag::Var Decoder::run_blocks(ag::Tape& tape, ag::Var x, std::int64_t first, std::
                             const ForwardOptions& options) {
   if (config_.gpt2())
     return gpt2_blocks(tape, std::move(x), first, last, nullptr, options);
-  return llama_blocks(tape, std::move(x), first, last, 0, nullptr);
+  // A stage's boundary is [B, T, C] (whole: stages exchange whole activations).
+  const std::int64_t batch = x.dim(0), t = x.dim(1), c = config_.hidden;
+  x = ag::reshape(tape, x, {batch * t, c});
+  return ag::reshape(tape, llama_blocks(tape, x, first, last, batch, t, 0, nullptr), {batch, t, c});
 }
 
 ag::Var Decoder::head(ag::Tape& tape, const ag::Var& x) {
-  return config_.gpt2() ? gpt2_head(tape, x) : llama_head(tape, x);
+  if (config_.gpt2())
+    return gpt2_head(tape, x);
+  return llama_head(tape, ag::reshape(tape, x, {x.dim(0) * x.dim(1), config_.hidden}));
 }
 
 std::vector<std::size_t> Decoder::parameter_indices(std::int64_t first, std::int64_t last,

@@ -138,11 +138,13 @@ class Decoder : public Model {
                     const ForwardOptions& options);
   autograd::Var mlp_block(autograd::Tape& tape, const autograd::Var& x, const Block& b);
   // The Llama lineage in pieces: ids [B,T] -> embeddings [B,T,C] (positions [position,
-  // position + T) checked against the context); blocks [first, last) over [B,T,C]; the final
-  // norm and the LM head -> logits [B*T, vocab].
+  // position + T) checked against the context); blocks [first, last) over the stream as
+  // rows [B*T, C] (B and T whole); the final norm and the LM head, rows -> logits
+  // [B*T, vocab].
   autograd::Var llama_embed(autograd::Tape& tape, const Tensor& ids, std::int64_t position);
   autograd::Var llama_blocks(autograd::Tape& tape, autograd::Var x, std::int64_t first,
-                             std::int64_t last, std::int64_t position, KvCache* cache);
+                             std::int64_t last, std::int64_t batch, std::int64_t t,
+                             std::int64_t position, KvCache* cache);
   autograd::Var llama_head(autograd::Tape& tape, const autograd::Var& x);
   // gpt2 (nn/decoder_gpt2.cpp): the embeddings of positions [position, position + T), and
   // blocks [first, last) with their keys and values appended to the cache when there is one.

@@ -204,6 +204,8 @@ TrainingRun::TrainingRun(const TrainConfig& config)
                    ""};
   if (nn::is_decoder_family(cfg.model) || is_hf_folder(cfg.init))
     spec = decoder_spec(cfg, source.vocab());
+  check(!cfg.sequence_parallel || cfg.tp > 1,
+        "sequence_parallel: shards the residual stream over tensor-parallel ranks; give --tp");
   if (pipelined || cfg.tp > 1) {
     // The job's processes as a grid: tensor-parallel ranks adjacent, pipeline stages
     // furthest apart, data-parallel replicas between (docs/parallel.md).
@@ -227,8 +229,11 @@ TrainingRun::TrainingRun(const TrainConfig& config)
           "tp with mode = graph: tensor-parallel steps run eagerly for now; use mode = eager");
     grid_ = std::make_unique<dist::ProcessGrid>(world,
                                                 dist::GridShape{tp, world.size() / (tp * pp), pp});
+    check(!cfg.sequence_parallel || !pipelined,
+          "sequence_parallel with pipeline = " + std::to_string(pp) +
+              ": the stages exchange whole activations for now; leave one of them out");
     if (tp > 1) {
-      tensor_group_ = std::make_unique<dist::TensorGroupOf>(grid_->tp());
+      tensor_group_ = std::make_unique<dist::TensorGroupOf>(grid_->tp(), cfg.sequence_parallel);
       tensor_scope_ = std::make_unique<autograd::TensorGroupScope>(*tensor_group_);
     }
     data_comm_ = &grid_->dp();

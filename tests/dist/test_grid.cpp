@@ -306,7 +306,16 @@ class CountingGroup final : public autograd::TensorGroup {
     ++calls;
     inner_.all_reduce_sum(data);
   }
-  int calls = 0;
+  void all_gather(std::span<const float> local, std::span<float> all) override {
+    ++gathers;
+    inner_.all_gather(local, all);
+  }
+  void reduce_scatter_sum(std::span<const float> all, std::span<float> local) override {
+    ++scatters;
+    inner_.reduce_scatter_sum(all, local);
+  }
+  bool sequence_parallel() const override { return inner_.sequence_parallel(); }
+  int calls = 0, gathers = 0, scatters = 0;
 
  private:
   autograd::TensorGroup& inner_;
@@ -318,61 +327,77 @@ TEST(World, TensorParallelDecodersTrainAsOneProcessDoes) {
     GTEST_SKIP() << "one process (ctest dist_collectives runs this under mpiexec -np 4)";
   ASSERT_EQ(world.size() % 2, 0);
   dist::ProcessGrid grid(world, {2, world.size() / 2, 1});
-  dist::TensorGroupOf tp_group(grid.tp());
-  CountingGroup tensor_group(tp_group);
-  autograd::TensorGroupScope scope(tensor_group);
-  for (const std::string family : {"llama", "qwen2", "qwen3"}) {
-    SCOPED_TRACE(family);
-    auto one = fixture_decoder(family), split = fixture_decoder(family);
-    split->shard_tensor_parallel(grid.at().tp, 2);
-    io::SafetensorsFile ref = io::SafetensorsFile::read(source_dir() + "/tests/fixtures/decoders/" +
-                                                        family + "/reference.safetensors");
-    auto ids = [&](const char* name) {
-      std::vector<float> f = ref.load_f32(*ref.find(name), cpu()).to_floats();
-      return Tensor::from_ints({2, 24}, std::vector<std::int32_t>(f.begin(), f.end()), cpu());
-    };
-    const Tensor x = ids("batch.x"), y = ids("batch.y").reshape({-1});
-    optim::AdamW opt_one(one->parameters(), {0.9, 0.95, 1e-8, 0.1}),
-        opt_split(split->parameters(), {0.9, 0.95, 1e-8, 0.1});
-    double worst_loss = 0, worst_grad = 0;
-    for (int step = 0; step < 20; ++step) {
-      autograd::Tape t1, t2;
-      autograd::Var l1 = autograd::cross_entropy(t1, one->forward(t1, x, {}), y);
-      tensor_group.calls = 0;
-      autograd::Var l2 = autograd::cross_entropy(t2, split->forward(t2, x, {}), y);
-      const double a = l1.value().item(), b = l2.value().item();
-      EXPECT_LE(std::abs(a - b) / std::abs(a), 1e-6) << "step " << step;
-      worst_loss = std::max(worst_loss, std::abs(a - b) / std::abs(a));
-      t1.backward(l1);
-      t2.backward(l2);
-      // Per block: forward the attention's and the MLP's row-parallel sums; backward one
-      // reduction of each block input's gradient however many slices used it (q, k, v; gate,
-      // up), and qwen3's q and k norm weights once each at the end. Vocab-parallel ends: the
-      // embedding's partial rows, the loss's two reductions (log-sum-exps, target logits), and
-      // the head input's gradient.
-      const int layers = static_cast<int>(one->config().layers);
-      EXPECT_EQ(tensor_group.calls, 4 * layers + 4 + (family == "qwen3" ? 2 * layers : 0));
-      if (step == 0) {
-        for (std::size_t i = 0; i < one->parameters().size(); ++i) {
-          const nn::Parameter& p = split->parameters()[i];
-          SCOPED_TRACE(p.name);
-          const double d =
-              max_relative(gathered(grid.tp(), p), one->parameters()[i].var.grad().to_floats());
-          EXPECT_LE(d, 1e-5);
-          worst_grad = std::max(worst_grad, d);
+  for (const bool sp : {false, true})
+    for (const std::string family : {"llama", "qwen2", "qwen3"}) {
+      SCOPED_TRACE(family + (sp ? ", sequence parallel" : ""));
+      dist::TensorGroupOf tp_group(grid.tp(), sp);
+      CountingGroup tensor_group(tp_group);
+      autograd::TensorGroupScope scope(tensor_group);
+      auto one = fixture_decoder(family), split = fixture_decoder(family);
+      split->shard_tensor_parallel(grid.at().tp, 2);
+      io::SafetensorsFile ref = io::SafetensorsFile::read(
+          source_dir() + "/tests/fixtures/decoders/" + family + "/reference.safetensors");
+      auto ids = [&](const char* name) {
+        std::vector<float> f = ref.load_f32(*ref.find(name), cpu()).to_floats();
+        return Tensor::from_ints({2, 24}, std::vector<std::int32_t>(f.begin(), f.end()), cpu());
+      };
+      const Tensor x = ids("batch.x"), y = ids("batch.y").reshape({-1});
+      optim::AdamW opt_one(one->parameters(), {0.9, 0.95, 1e-8, 0.1}),
+          opt_split(split->parameters(), {0.9, 0.95, 1e-8, 0.1});
+      double worst_loss = 0, worst_grad = 0;
+      for (int step = 0; step < 20; ++step) {
+        autograd::Tape t1, t2;
+        autograd::Var l1 = autograd::cross_entropy(t1, one->forward(t1, x, {}), y);
+        tensor_group.calls = tensor_group.gathers = tensor_group.scatters = 0;
+        autograd::Var l2 = autograd::cross_entropy(t2, split->forward(t2, x, {}), y);
+        const double a = l1.value().item(), b = l2.value().item();
+        EXPECT_LE(std::abs(a - b) / std::abs(a), 1e-6) << "step " << step;
+        worst_loss = std::max(worst_loss, std::abs(a - b) / std::abs(a));
+        t1.backward(l1);
+        t2.backward(l2);
+        // Per block: forward the attention's and the MLP's row-parallel sums; backward one
+        // reduction of each block input's gradient however many slices used it (q, k, v; gate,
+        // up), and qwen3's q and k norm weights once each at the end. Vocab-parallel ends: the
+        // embedding's partial rows, the loss's two reductions (log-sum-exps, target logits), and
+        // the head input's gradient.
+        const int layers = static_cast<int>(one->config().layers);
+        const int qk_norms = family == "qwen3" ? 2 * layers : 0;
+        if (!sp) {
+          EXPECT_EQ(tensor_group.calls, 4 * layers + 4 + qk_norms);
+          EXPECT_EQ(tensor_group.gathers + tensor_group.scatters, 0);
+        } else {
+          // Sequence parallel: the blocks' reductions are reduce-scatters (forward after o and
+          // down, backward of each gathered norm output) and all-gathers. All-reduces remain:
+          // the embedding's partial rows, the loss's two, block 0's input gradient (its input
+          // is the whole embedding), the norm weights run on row shards (every norm but block
+          // 0's first: 2 L), the o and down biases added to row shards, qwen3's q/k norms.
+          const int row_biases =
+              (one->config().o_bias ? layers : 0) + (one->config().mlp_bias ? layers : 0);
+          EXPECT_EQ(tensor_group.calls, 4 + 2 * layers + row_biases + qk_norms);
+          EXPECT_EQ(tensor_group.scatters, 2 * layers + (2 * layers - 1 + 1));
+          EXPECT_EQ(tensor_group.gathers, (2 * layers - 1 + 1) + 2 * layers + 1);
         }
+        if (step == 0) {
+          for (std::size_t i = 0; i < one->parameters().size(); ++i) {
+            const nn::Parameter& p = split->parameters()[i];
+            SCOPED_TRACE(p.name);
+            const double d =
+                max_relative(gathered(grid.tp(), p), one->parameters()[i].var.grad().to_floats());
+            EXPECT_LE(d, 1e-5);
+            worst_grad = std::max(worst_grad, d);
+          }
+        }
+        opt_one.step(1e-3);
+        opt_split.step(1e-3);
+        opt_one.zero_grad();
+        opt_split.zero_grad();
       }
-      opt_one.step(1e-3);
-      opt_split.step(1e-3);
-      opt_one.zero_grad();
-      opt_split.zero_grad();
+      if (world.rank() == 0)
+        std::printf(
+            "%s tp 2%s: worst relative loss difference over 20 steps %.2e, worst gradient "
+            "difference after step 1 %.2e\n",
+            family.c_str(), sp ? " + sp" : "", worst_loss, worst_grad);
     }
-    if (world.rank() == 0)
-      std::printf(
-          "%s tp 2: worst relative loss difference over 20 steps %.2e, worst gradient "
-          "difference after step 1 %.2e\n",
-          family.c_str(), worst_loss, worst_grad);
-  }
   auto mistral = fixture_decoder("mistral");  // one key/value head cannot split in two
   std::string e = error_of([&] { mistral->shard_tensor_parallel(grid.at().tp, 2); });
   EXPECT_NE(e.find("num_key_value_heads = 1 does not divide"), std::string::npos) << e;

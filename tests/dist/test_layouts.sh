@@ -105,7 +105,10 @@ if [[ "$mode" == "suite" ]]; then
     "dp4 llama 4"
     "tp2 llama 2 --tp 2"
     "tp2-vocab qwen2 2 --tp 2"
+    "tp2-sp llama 2 --tp 2 --sequence_parallel"
+    "tp2-sp-vocab qwen2 2 --tp 2 --sequence_parallel"
     "tp2xdp2 llama 4 --tp 2"
+    "tp2xdp2-sp-zero llama 4 --tp 2 --sequence_parallel --zero 1"
     "tp2xdp2-zero llama 4 --tp 2 --zero 1"
     "pp2 llama 2 --pipeline 2"
     "pp2-uneven llama 2 --pipeline 2 --stages 1,3"
@@ -163,6 +166,9 @@ PY
   refuse "tp = 2 x pipeline = 2 needs a multiple of 4 processes" "${mpi2[@]}" --model llama --tp 2 --pipeline 2
   refuse "batch = 6 does not divide into micro_batches = 4" "${mpi2[@]}" --pipeline 2 --micro_batches 4 --batch 6
   refuse "num_attention_heads = 3 does not divide" "${mpi2[@]}" --model llama --width 48 --heads 3 --kv_heads 1 --tp 2
+  refuse "sequence_parallel: shards the residual stream over tensor-parallel ranks; give --tp" "${mpi2[@]}" --model llama --sequence_parallel
+  refuse "sequence_parallel with pipeline = 2" "$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train --steps 1 --out "$dir/bad" --model llama --tp 2 --pipeline 2 --sequence_parallel
+  refuse "the 31 rows of the residual stream (batch x sequence) do not divide among 2" "${mpi2[@]}" --model llama --tp 2 --sequence_parallel --batch 1 --context 31
 
   # The planner's layout runs: `loom plan --engine --json` (only layouts loom train runs) for
   # the llama above on 4 chips, its first line piped into `loom train --layout -` on 4
