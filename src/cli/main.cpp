@@ -20,6 +20,7 @@
 #include "cli/fleet/plan_command.h"
 #include "core/error.h"
 #include "core/job_contract.h"
+#include "dist/mpi_communicator.h"
 
 namespace {
 
@@ -28,6 +29,9 @@ namespace {
 int failed(const char* kind, const std::exception& e, loom::contract::ExitCode status) {
   std::fflush(stdout);
   std::fprintf(stderr, "loom: %s: %s\n", kind, e.what());
+  std::fflush(stderr);
+  // One failing rank of an MPI job ends the job: its peers must not wait for it.
+  loom::dist::abort_job_after_failure(loom::contract::code(status));
   return loom::contract::code(status);
 }
 

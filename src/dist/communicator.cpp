@@ -1,9 +1,12 @@
 #include "dist/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "dist/mpi_communicator.h"
@@ -71,6 +74,41 @@ void Communicator::reduce_scatter_sum(std::span<const float> all, std::span<floa
   all_reduce_sum(sum);
   const auto at = sum.begin() + static_cast<std::ptrdiff_t>(local.size()) * rank();
   std::copy(at, at + static_cast<std::ptrdiff_t>(local.size()), local.begin());
+}
+
+namespace {
+std::mutex totals_mutex;
+std::vector<CollectiveTotals> totals(kCollectiveKinds);
+std::atomic<std::thread::id> training_thread{};
+}  // namespace
+
+const char* collective_name(CollectiveKind kind) {
+  static constexpr const char* kNames[kCollectiveKinds] = {
+      "all_reduce", "all_gather", "reduce_scatter", "broadcast", "point_to_point"};
+  return kNames[static_cast<int>(kind)];
+}
+
+std::vector<CollectiveTotals> collective_totals() {
+  std::lock_guard lock(totals_mutex);
+  return totals;
+}
+
+void record_collective(CollectiveKind kind, std::size_t bytes, double seconds) {
+  const bool behind = training_thread.load() != std::thread::id{} &&
+                      training_thread.load() != std::this_thread::get_id();
+  std::lock_guard lock(totals_mutex);
+  CollectiveTotals& t = totals[static_cast<std::size_t>(kind)];
+  ++t.calls;
+  t.bytes += static_cast<double>(bytes);
+  t.seconds += seconds;
+  if (behind) {
+    ++t.overlapped_calls;
+    t.overlapped_seconds += seconds;
+  }
+}
+
+void mark_training_thread() {
+  training_thread.store(std::this_thread::get_id());
 }
 
 Communicator& world() {

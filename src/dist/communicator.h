@@ -55,6 +55,23 @@ class Communicator {
   virtual bool spans_machines() const { return false; }
 };
 
+// What this process's collectives over MPI cost, by kind, since it started (thread-safe:
+// the overlapped averager's communication thread records too). `overlapped` counts the
+// calls made off the training thread, behind compute.
+enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, broadcast, point_to_point };
+inline constexpr int kCollectiveKinds = 5;
+const char* collective_name(CollectiveKind kind);  // "all_reduce", ...
+struct CollectiveTotals {
+  std::int64_t calls = 0, overlapped_calls = 0;
+  double bytes = 0, seconds = 0, overlapped_seconds = 0;
+};
+std::vector<CollectiveTotals> collective_totals();  // indexed by CollectiveKind
+// Records one call (the MPI communicator's methods do).
+void record_collective(CollectiveKind kind, std::size_t bytes, double seconds);
+// The calling thread is the training thread (its calls are not overlapped); set by `loom
+// train` at start.
+void mark_training_thread();
+
 // One process: size 1, collectives leave the data as it is.
 std::unique_ptr<Communicator> single_process();
 

@@ -3,6 +3,7 @@
 #ifdef LOOM_HAVE_MPI
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 
@@ -22,6 +23,25 @@ void ok(int status, const char* what) {
   MPI_Error_string(status, text, &length);
   throw Error(std::string("mpi: ") + what + " failed: " + text);
 }
+
+// Records a collective's kind, bytes and wall time when it ends (communicator.h).
+class Timed {
+ public:
+  Timed(CollectiveKind kind, std::size_t bytes)
+      : kind_(kind), bytes_(bytes), start_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    record_collective(
+        kind_, bytes_,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  CollectiveKind kind_;
+  std::size_t bytes_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 // MPI counts are int: larger buffers go in pieces, f(first element, count) for each.
 template <class F>
@@ -84,17 +104,20 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   bool spans_machines() const override { return spans_machines_; }
   void all_reduce_sum(std::span<float> data) override {
+    Timed timed(CollectiveKind::all_reduce, data.size_bytes());
     in_pieces(data.size(), [&](std::size_t at, int count) {
       ok(MPI_Allreduce(MPI_IN_PLACE, data.data() + at, count, MPI_FLOAT, MPI_SUM, comm_),
          "MPI_Allreduce");
     });
   }
   void send(std::span<const float> data, int dest) override {
+    Timed timed(CollectiveKind::point_to_point, data.size_bytes());
     in_pieces(data.size(), [&](std::size_t at, int count) {
       ok(MPI_Send(data.data() + at, count, MPI_FLOAT, dest, 0, comm_), "MPI_Send");
     });
   }
   void receive(std::span<float> data, int source) override {
+    Timed timed(CollectiveKind::point_to_point, data.size_bytes());
     in_pieces(data.size(), [&](std::size_t at, int count) {
       ok(MPI_Recv(data.data() + at, count, MPI_FLOAT, source, 0, comm_, MPI_STATUS_IGNORE),
          "MPI_Recv");
@@ -102,6 +125,7 @@ class MpiCommunicator final : public Communicator {
   }
   void send_receive(std::span<const float> send_data, int dest, std::span<float> receive_data,
                     int source) override {
+    Timed timed(CollectiveKind::point_to_point, send_data.size_bytes() + receive_data.size_bytes());
     check(send_data.size() <= INT_MAX && receive_data.size() <= INT_MAX,
           "mpi: send_receive of more than 2^31 floats");
     ok(MPI_Sendrecv(send_data.data(), static_cast<int>(send_data.size()), MPI_FLOAT, dest, 0,
@@ -110,6 +134,7 @@ class MpiCommunicator final : public Communicator {
        "MPI_Sendrecv");
   }
   void all_gather(std::span<const float> local, std::span<float> all) override {
+    Timed timed(CollectiveKind::all_gather, all.size_bytes());
     check(local.size() <= INT_MAX && all.size() == local.size() * static_cast<std::size_t>(size_),
           "mpi: all_gather of " + std::to_string(local.size()) + " floats into " +
               std::to_string(all.size()));
@@ -118,6 +143,7 @@ class MpiCommunicator final : public Communicator {
        "MPI_Allgather");
   }
   void reduce_scatter_sum(std::span<const float> all, std::span<float> local) override {
+    Timed timed(CollectiveKind::reduce_scatter, all.size_bytes());
     check(local.size() <= INT_MAX && all.size() == local.size() * static_cast<std::size_t>(size_),
           "mpi: reduce_scatter of " + std::to_string(all.size()) + " floats into " +
               std::to_string(local.size()));
@@ -126,6 +152,7 @@ class MpiCommunicator final : public Communicator {
        "MPI_Reduce_scatter_block");
   }
   void broadcast(std::span<std::byte> data, int root) override {
+    Timed timed(CollectiveKind::broadcast, data.size());
     in_pieces(data.size(), [&](std::size_t at, int count) {
       ok(MPI_Bcast(data.data() + at, count, MPI_BYTE, root, comm_), "MPI_Bcast");
     });
@@ -144,10 +171,23 @@ std::unique_ptr<Communicator> mpi_world() {
   initialize_once();
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);
 }
+
+void abort_job_after_failure(int exit_code) {
+  int initialized = 0, finalized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized)
+    return;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1)
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+}
 #else
 std::unique_ptr<Communicator> mpi_world() {
   return nullptr;
 }
+
+void abort_job_after_failure(int) {}
 #endif
 
 }  // namespace loom::dist

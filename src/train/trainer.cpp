@@ -54,6 +54,17 @@ std::string Summary::to_json() const {
     j["overlapped_buckets"] = *overlapped_buckets;
   if (prefetched_batches)
     j["prefetched_batches"] = *prefetched_batches;
+  if (!collectives_per_step.empty()) {
+    nlohmann::ordered_json c;
+    for (const Collective& k : collectives_per_step)
+      c[k.kind] = {{"calls", k.calls},
+                   {"megabytes", k.megabytes},
+                   {"ms", k.ms},
+                   {"overlapped_ms", k.overlapped_ms}};
+    j["collectives_per_step"] = c;
+  }
+  if (!peak_rss_bytes_per_rank.empty())
+    j["peak_rss_bytes_per_rank"] = peak_rss_bytes_per_rank;
   if (layout)
     j["layout"] = {{"tp", layout->tp},
                    {"pp", layout->pp},
@@ -68,6 +79,7 @@ std::string Summary::to_json() const {
 
 // One short loop over the pieces of training_run.h, each with one job.
 Summary run_training(const TrainConfig& cfg) {
+  dist::mark_training_thread();       // collectives made elsewhere are overlapped with compute
   StopRule stop(cfg, dist::world());  // first: a stop signal during setup is a stop too
   TrainingRun run(cfg);               // processes, data, model, optimizer; resumed
   std::unique_ptr<StepMode> mode = make_step_mode(run);  // eager | graph | pipeline
@@ -78,10 +90,14 @@ Summary run_training(const TrainConfig& cfg) {
   for (; !stop.reached(step); ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = optim::cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps);
+    std::vector<dist::CollectiveTotals> before = dist::collective_totals();
     const double loss = mode->run(step);
+    report.count_collectives(before, dist::collective_totals());
     if (step == run.start)
-      run.write_test_gradients();  // LOOM_TEST_GRADIENTS only (a test hook)
+      run.write_test_gradients();  // LOOM_TEST_GRADIENTS only (a test hook, not counted)
+    before = dist::collective_totals();
     run.update(lr);
+    report.count_collectives(before, dist::collective_totals());
     report.step(step, loss, lr,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     report.message(mode->note(step));

@@ -29,6 +29,16 @@ struct Summary {
     std::vector<std::int64_t> stage_blocks;
   };
   std::optional<Layout> layout;
+  // Jobs of several processes, rank 0's view: per training step (forward, backward,
+  // gradient exchange and update; not evaluation or checkpoints), each kind of collective's
+  // calls, megabytes and milliseconds, and the milliseconds spent behind compute (the
+  // overlapped averager's communication thread); and each rank's peak memory.
+  struct Collective {
+    std::string kind;
+    double calls = 0, megabytes = 0, ms = 0, overlapped_ms = 0;
+  };
+  std::vector<Collective> collectives_per_step;
+  std::vector<std::int64_t> peak_rss_bytes_per_rank;
   bool lead = true;        // rank 0 of a data-parallel job (the one that reports)
   bool preempted = false;  // stopped by SIGTERM/SIGINT after a checkpoint: resumable
   std::string to_json() const;

@@ -543,6 +543,14 @@ Summary Report::finish(std::int64_t steps) {
   std::vector<double> timed(step_seconds_.begin() + (step_seconds_.size() > 1 ? 1 : 0),
                             step_seconds_.end());
   summary.step_ms_median = median(timed) * 1e3;
+  const double steps_run = static_cast<double>(step_seconds_.size());
+  for (std::size_t k = 0; k < collectives_.size() && run_.world.size() > 1 && steps_run > 0; ++k)
+    if (collectives_[k].calls > 0)
+      summary.collectives_per_step.push_back(
+          {dist::collective_name(static_cast<dist::CollectiveKind>(k)),
+           static_cast<double>(collectives_[k].calls) / steps_run,
+           collectives_[k].bytes / 1e6 / steps_run, collectives_[k].seconds * 1e3 / steps_run,
+           collectives_[k].overlapped_seconds * 1e3 / steps_run});
   summary.tokens_per_s =
       summary.step_ms_median > 0
           ? static_cast<double>(run_.source.items_per_step()) / (summary.step_ms_median / 1e3)
@@ -553,9 +561,29 @@ Summary Report::finish(std::int64_t steps) {
 void Report::measure_memory(Summary& summary) {
   // A data-parallel job's footprint is all of its processes: the sum of their peaks
   // (in KiB: a float sum is exact below 16 GiB, within 1e-7 relative above).
-  float kib = static_cast<float>(peak_rss_bytes() / 1024);
+  const float mine = static_cast<float>(peak_rss_bytes() / 1024);
+  float kib = mine;
   run_.world.all_reduce_sum(std::span<float>(&kib, 1));
   summary.peak_rss_bytes = static_cast<std::int64_t>(kib) * 1024;
+  if (run_.world.size() > 1) {
+    std::vector<float> each(static_cast<std::size_t>(run_.world.size()));
+    run_.world.all_gather(std::span<const float>(&mine, 1), each);
+    for (float k : each)
+      summary.peak_rss_bytes_per_rank.push_back(static_cast<std::int64_t>(k) * 1024);
+  }
+}
+
+void Report::count_collectives(const std::vector<dist::CollectiveTotals>& before,
+                               const std::vector<dist::CollectiveTotals>& after) {
+  collectives_.resize(after.size());
+  for (std::size_t k = 0; k < after.size(); ++k) {
+    collectives_[k].calls += after[k].calls - before[k].calls;
+    collectives_[k].overlapped_calls += after[k].overlapped_calls - before[k].overlapped_calls;
+    collectives_[k].bytes += after[k].bytes - before[k].bytes;
+    collectives_[k].seconds += after[k].seconds - before[k].seconds;
+    collectives_[k].overlapped_seconds +=
+        after[k].overlapped_seconds - before[k].overlapped_seconds;
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -141,8 +141,12 @@ class Report {
   void flush();
   // The summary of the steps reported (losses, median step time, throughput).
   Summary finish(std::int64_t steps);
-  // Peak memory, summed over the job's processes (a collective: every process calls it).
+  // Peak memory, summed over the job's processes and each rank's (a collective: every
+  // process calls it).
   void measure_memory(Summary& summary);
+  // Adds one step's collectives (the totals before and after it) to the run's account.
+  void count_collectives(const std::vector<dist::CollectiveTotals>& before,
+                         const std::vector<dist::CollectiveTotals>& after);
 
  private:
   TrainingRun& run_;
@@ -151,6 +155,7 @@ class Report {
   std::vector<double> step_seconds_;
   double loss_first_ = 0, loss_last_ = 0;
   std::optional<double> resumed_loss_;  // the loss logged at the step a resumed run starts from
+  std::vector<dist::CollectiveTotals> collectives_;  // summed over the steps reported
 };
 
 // Validation estimates every eval_every steps (text models) and the final evaluation.

@@ -155,6 +155,21 @@ for plain in checked:
     assert losses(plain + "-zero") == losses(plain), f"zero 1 changes the {plain} numbers"
 if checked:
     print("ZeRO-1: bitwise the losses without it:", ", ".join(checked))
+# The summary accounts for each kind of collective per step, and each rank's peak memory:
+# tensor parallelism all-reduces; with sequence parallelism, all-gathers and reduce-scatters
+# take the blocks' place; the distributed optimizer reduce-scatters and all-gathers.
+def summary(n):
+    return json.loads([l for l in open(f"{d}/{n}.log") if l.startswith('{"steps"')][-1])
+for name, kinds in (("tp2", {"all_reduce"}), ("tp2-sp", {"all_reduce", "all_gather", "reduce_scatter"}),
+                    ("tp2-sp-vocab", {"all_reduce", "all_gather", "reduce_scatter"}),
+                    ("dp2-zero", {"all_reduce", "all_gather", "reduce_scatter"}),
+                    ("pp2-tied", {"all_reduce", "point_to_point"})):
+    if not os.path.exists(f"{d}/{name}.log"):
+        continue
+    s = summary(name)
+    assert set(s["collectives_per_step"]) == kinds, (name, s["collectives_per_step"])
+    assert len(s["peak_rss_bytes_per_rank"]) == s["layout"]["tp"] * s["layout"]["pp"] * s["layout"]["dp"], name
+    print(f"{name}: per step", {k: round(v["calls"], 1) for k, v in s["collectives_per_step"].items()})
 PY
   # Layouts that cannot run are named before training.
   refuse() {
@@ -176,6 +191,16 @@ PY
   refuse "sequence_parallel: shards the residual stream over tensor-parallel ranks; give --tp" "${mpi2[@]}" --model llama --sequence_parallel
   refuse "sequence_parallel with pipeline = 2" "$mpiexec" -np 4 --oversubscribe --bind-to none "$loom" train --steps 1 --out "$dir/bad" --model llama --tp 2 --pipeline 2 --sequence_parallel
   refuse "the 31 rows of the residual stream (batch x sequence) do not divide among 2" "${mpi2[@]}" --model llama --tp 2 --sequence_parallel --batch 1 --context 31
+
+  # One rank failing alone (rank 0 cannot write the gradient file, its peer goes on to the next
+  # step's collectives) ends the whole job at once, the error named: the failing rank aborts
+  # the job rather than waiting at exit for peers that wait for it.
+  SECONDS=0
+  out=$(LOOM_TEST_GRADIENTS="$dir/no/such/folder/g" timeout 120 "$mpiexec" -np 2 --oversubscribe --bind-to none \
+    -x LOOM_TEST_GRADIENTS "$loom" train --model llama --layers 2 --steps 1000 --threads 1 --out "$dir/lone" 2>&1); rc=$?
+  [[ $rc -ne 0 && $rc -ne 124 && $SECONDS -lt 60 && "$out" == *"cannot create temporary file"* ]] \
+    || fail "one failing rank: rc $rc after $SECONDS s: $(echo "$out" | grep -v '^step' | head -n 3)"
+  echo "one failing rank: the job ended after $SECONDS s (exit $rc)"
 
   # The planner's layout runs: `loom plan --engine --json` (only layouts loom train runs) for
   # the llama above on 4 chips, its first line piped into `loom train --layout -` on 4
