@@ -129,6 +129,14 @@ Var gather_rows(Tape& tape, const Var& x) {
   return gathered;
 }
 
+// The backward of a split into row shards: the rows' gradients all-gathered to `whole`.
+BackwardFn rows_gathered(TensorGroup* gp, const Shape& whole) {
+  return [gp, whole](const Tensor& grad) {
+    return std::vector<Tensor>{
+        Tensor::from_floats(whole, gathered_rows(*gp, grad.to_floats()), grad.backend())};
+  };
+}
+
 // A replicated [N, C] -> this rank's rows; backward, the rows' gradients all-gathered.
 Var scatter_rows(Tape& tape, const Var& x) {
   TensorGroup& g = group("sequence-parallel scatter");
@@ -139,12 +147,7 @@ Var scatter_rows(Tape& tape, const Var& x) {
                                     x.value().backend());
   TensorGroup* gp = &g;
   const Shape whole = x.shape();
-  return placed(tape.record({x}, mine,
-                            [gp, whole](const Tensor& grad) {
-                              return std::vector<Tensor>{Tensor::from_floats(
-                                  whole, gathered_rows(*gp, grad.to_floats()), grad.backend())};
-                            }),
-                shard(0));
+  return placed(tape.record({x}, mine, rows_gathered(gp, whole)), shard(0));
 }
 
 // A partial [N, C] -> the sum's rows of this rank (reduce-scatter); backward, every summand's
@@ -159,10 +162,7 @@ Var reduce_scatter_rows(Tape& tape, const Var& x) {
   TensorGroup* gp = &g;
   const Shape whole = x.shape();
   return placed(tape.record({x}, Tensor::from_floats(local, mine, x.value().backend()),
-                            [gp, whole](const Tensor& grad) {
-                              return std::vector<Tensor>{Tensor::from_floats(
-                                  whole, gathered_rows(*gp, grad.to_floats()), grad.backend())};
-                            }),
+                            rows_gathered(gp, whole)),
                 shard(0));
 }
 

@@ -126,6 +126,15 @@ Communicator& world() {
 }
 
 namespace {
+// `t`'s floats into `out` (a host copy where the tensor is not contiguous host memory).
+void copy_out(const Tensor& t, float* out) {
+  if (t.backend().host_accessible() && t.is_contiguous()) {
+    std::memcpy(out, t.data<float>(), static_cast<std::size_t>(t.numel()) * sizeof(float));
+    return;
+  }
+  const std::vector<float> values = t.to_floats();
+  std::copy(values.begin(), values.end(), out);
+}
 
 // Replaces each gradient in `grads` by its mean over the processes: one all-reduce of them
 // packed in order into `flat`. Host-contiguous gradients are read and written in place
@@ -140,14 +149,8 @@ void average_packed(Communicator& comm, const std::vector<Tensor>& grads, std::v
   flat.resize(total);
   std::size_t at = 0;
   for (const Tensor& g : grads) {
-    auto n = static_cast<std::size_t>(g.numel());
-    if (direct(g)) {
-      std::memcpy(flat.data() + at, g.data<float>(), n * sizeof(float));
-    } else {
-      std::vector<float> values = g.to_floats();
-      std::copy(values.begin(), values.end(), flat.begin() + static_cast<std::ptrdiff_t>(at));
-    }
-    at += n;
+    copy_out(g, flat.data() + at);
+    at += static_cast<std::size_t>(g.numel());
   }
   comm.all_reduce_sum(flat);
   const float inv = 1.0f / static_cast<float>(comm.size());
@@ -275,18 +278,6 @@ std::vector<bool> OptimizerSharding::owned_here() const {
     owned[i] = owner_[i] == comm_.rank();
   return owned;
 }
-
-namespace {
-// `t`'s floats into `out` (a host copy where the tensor is not contiguous host memory).
-void copy_out(const Tensor& t, float* out) {
-  if (t.backend().host_accessible() && t.is_contiguous()) {
-    std::memcpy(out, t.data<float>(), static_cast<std::size_t>(t.numel()) * sizeof(float));
-    return;
-  }
-  const std::vector<float> values = t.to_floats();
-  std::copy(values.begin(), values.end(), out);
-}
-}  // namespace
 
 void OptimizerSharding::reduce_scatter_gradients(std::vector<nn::Parameter>& params) {
   if (comm_.size() == 1)

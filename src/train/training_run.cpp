@@ -371,8 +371,8 @@ double TrainingRun::clip_grad_norm(double max_norm) {
   if (sharding)
     data_comm_->all_reduce_sum(squares_of);
   float parts[2] = {0.0f, 0.0f};  // sharded, replicated: in parameter order, as one process
-  for (std::size_t i = 0; i < params.size(); ++i)
-    if (counted(i) && (sharding || params[i].var.grad().defined()))
+  for (std::size_t i = 0; i < params.size(); ++i)  // a parameter without a gradient adds 0
+    if (counted(i))
       parts[is_sharded[i] ? 0 : 1] += squares_of[i];
   if (cfg.tp > 1)
     grid_->tp().all_reduce_sum(std::span<float>(parts, 1));
