@@ -20,6 +20,10 @@ namespace loom::autograd {
 // (the default), sharded along dimension `shard`, or partial (the value is the sum over ranks).
 struct Placement {
   int shard = -1;
+  // Sharded: how many distinct slices the dimension is cut into; 0, one per rank of the group
+  // (T). Fewer (grouped-query key/value heads when the group outnumbers them): rank r holds
+  // slice r * parts / T, so each slice is held by T / parts consecutive ranks.
+  int parts = 0;
   bool partial = false;
   bool replicated() const { return shard < 0 && !partial; }
   bool operator==(const Placement&) const = default;

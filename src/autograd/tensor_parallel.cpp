@@ -1,5 +1,6 @@
 #include "autograd/tensor_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -39,10 +40,16 @@ Var placed(Var v, const Placement& p) {
   return v;
 }
 
-Placement shard(int dim) {
+Placement shard(int dim, int parts = 0) {
   Placement p;
   p.shard = dim;
+  p.parts = parts;
   return p;
+}
+
+// How many distinct slices a sharded placement cuts its dimension into on group `g`.
+int slices(const Placement& p, const TensorGroup& g) {
+  return p.parts > 0 ? p.parts : g.size();
 }
 
 [[noreturn]] void no_rule(const std::string& op, std::initializer_list<const Var*> inputs) {
@@ -58,6 +65,34 @@ Placement shard(int dim) {
 Var copy_to_group(Tape& tape, const Var& x) {
   group("tensor-parallel rule");
   return tape.record_partial_gradient(x);
+}
+
+// A parameter whose slices are each held by several ranks (Placement::parts; replicated
+// key/value heads): each rank's gradient is the summand from its own use of the slice (its
+// query heads); the slice's gradient is the sum over the ranks holding it. One all-reduce over
+// the group of `parts` slots, each rank writing its slice's slot (zeros elsewhere).
+Var summed_over_holders(Tape& tape, const Var& w) {
+  if (w.placement().parts == 0 || !w.defined())
+    return w;
+  TensorGroup& g = group("replicated slices");
+  if (w.placement().parts == g.size())
+    return w;
+  TensorGroup* gp = &g;
+  const int parts = w.placement().parts;
+  Var out = tape.record({w}, w.value(), [gp, parts](const Tensor& grad) {
+    const std::vector<float> mine = grad.to_floats();
+    const std::size_t n = mine.size(),
+                      slot = static_cast<std::size_t>(gp->rank() * parts / gp->size());
+    std::vector<float> slots(n * static_cast<std::size_t>(parts), 0.0f);
+    std::copy(mine.begin(), mine.end(), slots.begin() + static_cast<std::ptrdiff_t>(slot * n));
+    gp->all_reduce_sum(slots);
+    return std::vector<Tensor>{Tensor::from_floats(
+        grad.shape(),
+        std::vector<float>(slots.begin() + static_cast<std::ptrdiff_t>(slot * n),
+                           slots.begin() + static_cast<std::ptrdiff_t>((slot + 1) * n)),
+        grad.backend())};
+  });
+  return placed(out, w.placement());
 }
 
 int last(const Var& x) {
@@ -190,7 +225,10 @@ Tensor all_reduce_over_group(const Tensor& t) {
 std::string describe(const Placement& p) {
   if (p.partial)
     return "partial";
-  return p.shard < 0 ? "replicated" : "sharded on " + std::to_string(p.shard);
+  if (p.shard < 0)
+    return "replicated";
+  return "sharded on " + std::to_string(p.shard) +
+         (p.parts > 0 ? " in " + std::to_string(p.parts) + " parts" : "");
 }
 
 bool distributed(std::initializer_list<const Var*> inputs) {
@@ -249,10 +287,10 @@ Var matmul(Tape& tape, const Var& a_in, const Var& b, bool trans_a, bool trans_b
   }
   if (!trans_a && b.shape().size() == 2 && a.placement().replicated() &&
       b.placement().shard == w_out) {  // column-parallel
-    Var x = copy_to_group(tape, a);
+    Var x = copy_to_group(tape, a), w = summed_over_holders(tape, b);
     LocalOnly local;
-    Var out = autograd::matmul(tape, x, b, false, trans_b);
-    return placed(out, shard(last(out)));
+    Var out = autograd::matmul(tape, x, w, false, trans_b);
+    return placed(out, shard(last(out), b.placement().parts));
   }
   if (!trans_a && b.shape().size() == 2 && a.placement().shard == last(a) &&
       b.placement().shard == w_in) {  // row-parallel: each rank's product is a summand
@@ -270,11 +308,14 @@ Var linear(Tape& tape, const Var& x_in, const Var& weight, const Var& bias, bool
   if (row_sharded(x) && sequence_parallel() && weight.placement().shard == w_out)
     x = gather_rows(tape, x);  // column-parallel
   if (x.placement().replicated() && weight.placement().shard == w_out &&
-      bias.placement().shard == 0) {  // column-parallel, each rank its slice of the bias
+      bias.placement().shard == 0 &&
+      bias.placement().parts == weight.placement().parts) {  // column-parallel, each rank its
+                                                             // slice of the bias
     Var copied = copy_to_group(tape, x);
+    Var w = summed_over_holders(tape, weight), b = summed_over_holders(tape, bias);
     LocalOnly local;
-    Var out = autograd::linear(tape, copied, weight, bias, trans_b);
-    return placed(out, shard(last(out)));
+    Var out = autograd::linear(tape, copied, w, b, trans_b);
+    return placed(out, shard(last(out), weight.placement().parts));
   }
   if (bias.placement().replicated() && sequence_parallel() && x.shape().size() == 2 &&
       x.placement().shard == 1) {
@@ -302,8 +343,8 @@ Var reshape(Tape& tape, const Var& x_in, const Shape& shape) {
   // `shape` is the whole tensor's, as one process would write it. The sharded dimension s of
   // x becomes the outer factor it splits into, or the dimension it merges into: the first
   // output dimension with as many elements before it as s has, whose whole size the group
-  // divides. That dimension holds 1/T of its size here.
-  const int parts = group("reshape").size();
+  // divides. That dimension holds 1/T of its size here (1/parts for slices several ranks hold).
+  const int parts = slices(x.placement(), group("reshape"));
   const Shape& in = x.shape();
   std::int64_t before = 1;
   for (int d = 0; d < x.placement().shard; ++d)
@@ -328,7 +369,7 @@ Var reshape(Tape& tape, const Var& x_in, const Shape& shape) {
   if (found < 0 || shape_numel(local) != x.value().numel())
     no_rule("reshape", {&x});
   LocalOnly local_only;
-  return placed(autograd::reshape(tape, x, local), shard(found));
+  return placed(autograd::reshape(tape, x, local), shard(found, x.placement().parts));
 }
 
 Var rms_norm(Tape& tape, const Var& x_in, const Var& weight, double eps) {
@@ -361,7 +402,10 @@ Var rope(Tape& tape, const Var& x_in, const Tensor& cos, const Tensor& sin, cons
 
 Var attention(Tape& tape, const Var& q_in, const Var& k_in, const Var& v_in) {
   Var q = reduce(tape, q_in), k = reduce(tape, k_in), v = reduce(tape, v_in);
-  if (q.placement().shard != 2 || k.placement() != q.placement() || v.placement() != q.placement())
+  // Key/value heads fewer than the ranks are replicated slices (Placement::parts): each rank
+  // holds the one its query heads use, and attends as grouped-query attention does.
+  if (q.placement().shard != 2 || q.placement().parts != 0 || k.placement().shard != 2 ||
+      v.placement() != k.placement() || q.placement().partial || k.placement().partial)
     no_rule("attention", {&q, &k, &v});
   LocalOnly local;
   return placed(autograd::attention(tape, q, k, v), q.placement());

@@ -15,7 +15,11 @@
 //                           dimension it merges into), holding 1/T of it
 //   rms_norm, rope          sharded on a dimension they do not work along; a replicated
 //                           norm weight gets its gradient all-reduced
-//   attention               q, k, v sharded on their heads -> the output too
+//   attention               q, k, v sharded on their heads -> the output too; k and v may be
+//                           slices held by several ranks (fewer key/value heads than ranks)
+// A weight in fewer parts than ranks (Placement::parts: rank r holds slice r parts / T) gives
+// its column-parallel output the same placement; its gradient is summed over the ranks that
+// hold each slice (one all-reduce of `parts` slots over the group).
 //   embedding               the table sharded on the vocabulary -> partial (vocab-parallel)
 //   cross_entropy           logits sharded on the vocabulary -> the loss, from each rank's
 //                           log-sum-exp and the target's logit (B S numbers, not B S V)

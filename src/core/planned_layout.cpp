@@ -81,10 +81,10 @@ std::string engine_refusal(const PlannedLayout& l, std::int64_t kv_heads) {
   if (l.zero >= 2)
     return "zero = " + n(l.zero) +
            ": ZeRO stages 2 and 3 are not built in loom train (1: the sharded optimizer state)";
-  if (kv_heads % l.tp != 0)
+  if (kv_heads % l.tp != 0 && l.tp % kv_heads != 0)
     return "tp = " + n(l.tp) + ": the model's " + n(kv_heads) +
-           " key/value heads do not divide among the ranks (replicated key/value heads are not "
-           "built)";
+           " key/value heads do not divide among the ranks, nor the ranks among the heads (each "
+           "head replicated on tp / kv_heads ranks)";
   if (l.global_batch % (l.dp * l.micro_batch) != 0)
     return "global_batch = " + n(l.global_batch) + " does not divide into dp = " + n(l.dp) +
            " x micro_batch = " + n(l.micro_batch);

@@ -30,8 +30,9 @@ PlannedLayout parse_planned_layout(std::string_view text, const std::string& sou
 // Why `loom train` cannot run `layout` on a model with `kv_heads` key/value heads, naming the
 // field; empty when it can. Run: tp, pp (stages as listed), dp, ZeRO 0 or 1,
 // a pipeline's micro-batches; not yet: ep, cp, interleaved stages, recomputation, ZeRO 2
-// and 3, micro-batches without a pipeline (gradient accumulation), fewer key/value heads
-// than tp. `loom plan --engine` searches only the layouts this admits.
+// and 3, micro-batches without a pipeline (gradient accumulation), key/value heads
+// that tp neither divides nor is a multiple of. `loom plan --engine` searches only the layouts this
+// admits.
 std::string engine_refusal(const PlannedLayout& layout, std::int64_t kv_heads);
 
 }  // namespace loom::contract

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "dispatch/dispatch.h"
 #include "dist/mpi_communicator.h"
 
 namespace loom::dist {
@@ -227,6 +228,34 @@ void OverlappedAverager::finish() {
   buckets_last_step_ = closed_this_step_;
   closed_this_step_ = 0;
   stream_.synchronize();
+}
+
+Tensor slice_of(const Tensor& whole, int dim, int index, int count) {
+  const std::int64_t n = whole.dim(dim) / count;
+  return dispatch::contiguous(whole.slice(dim, index * n, (index + 1) * n));
+}
+
+Tensor whole_of(Communicator& group, const Tensor& slice, int dim, int parts) {
+  const std::vector<float> local = slice.to_floats();
+  const std::size_t ranks = static_cast<std::size_t>(group.size()),
+                    count = parts > 0 ? static_cast<std::size_t>(parts) : ranks,
+                    holders = ranks / count, n = local.size();
+  std::vector<float> all(n * ranks);
+  group.all_gather(local, all);
+  Shape shape = slice.shape();
+  shape[static_cast<std::size_t>(dim)] *= static_cast<std::int64_t>(count);
+  // Slice k is rank k * holders's. Viewed as [outer, slice's dim.., inner]: the slices'
+  // blocks of `cols` floats (the dimension and those after it) interleave per outer index.
+  std::size_t outer = 1;
+  for (int d = 0; d < dim; ++d)
+    outer *= static_cast<std::size_t>(slice.dim(d));
+  const std::size_t cols = n / std::max<std::size_t>(outer, 1);
+  std::vector<float> whole(n * count);
+  for (std::size_t k = 0; k < count; ++k)
+    for (std::size_t i = 0; i < outer; ++i)
+      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(k * holders * n + i * cols), cols,
+                  whole.begin() + static_cast<std::ptrdiff_t>(i * cols * count + k * cols));
+  return Tensor::from_floats(shape, whole, slice.backend());
 }
 
 Tensor broadcast_tensor(Communicator& comm, const Tensor& value, const Shape& shape,

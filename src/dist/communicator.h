@@ -138,6 +138,14 @@ class OverlappedAverager {
 Tensor broadcast_tensor(Communicator& comm, const Tensor& value, const Shape& shape,
                         Backend& backend, int root);
 
+// Tensor parallelism's slices (nn::ShardedParameter): slice `index` of `count` equal slices
+// of `whole` along `dim`.
+Tensor slice_of(const Tensor& whole, int dim, int index, int count);
+// The whole tensor from the slices the ranks of `group` hold along `dim`: `parts` distinct
+// slices (0: one per rank), each held by size / parts consecutive ranks (all-gathered, then
+// the first holder's copy of each set side by side).
+Tensor whole_of(Communicator& group, const Tensor& slice, int dim, int parts = 0);
+
 // Every rank's parameters become rank 0's (a job starts in sync whatever each rank
 // loaded or initialised).
 void broadcast_parameters(Communicator& comm, std::vector<nn::Parameter>& params);

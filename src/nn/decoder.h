@@ -73,6 +73,14 @@ std::vector<float> rope_inverse_frequencies(const DecoderConfig& config);
 
 // Keys and values of the positions decoded so far, per layer ([B, length, G, D] each), so
 // each new token attends to them without recomputing them.
+// A parameter tensor parallelism split (Decoder::shard_tensor_parallel).
+struct ShardedParameter {
+  std::size_t index = 0;  // into parameters()
+  int dim = 0;            // the dimension split
+  int parts = 0;          // distinct slices: 0, one per rank; fewer, each held by several ranks
+  int slice = 0;          // the slice this rank holds
+};
+
 struct KvCache {
   std::vector<Tensor> keys, values;
   std::int64_t length = 0;
@@ -110,10 +118,11 @@ class Decoder : public Model {
   // Tensor parallelism (docs/parallel.md; the Llama lineage): keeps rank `rank` of `size`'s
   // slice of each parameter the layout table shards (q, k, v, gate and up column-parallel,
   // their biases with them; o and down row-parallel), and marks its placement; the query and
-  // key/value heads divide among the ranks. Call after the weights are loaded; run the model
-  // under a TensorGroupScope of those ranks. Sizes that do not divide are named errors.
-  // Returns the sharded parameters: (index into parameters(), the dimension split).
-  std::vector<std::pair<std::size_t, int>> shard_tensor_parallel(int rank, int size);
+  // key/value heads divide among the ranks, or the ranks among them (then each key/value
+  // head is held by size / kv_heads ranks: Placement::parts). Call after the weights are
+  // loaded; run the model under a TensorGroupScope of those ranks. Sizes that do not divide
+  // are named errors. Returns the sharded parameters.
+  std::vector<ShardedParameter> shard_tensor_parallel(int rank, int size);
 
  private:
   // Indices into params_; npos where the configuration has no such tensor. gpt2 uses

@@ -32,7 +32,7 @@ constexpr std::pair<std::string_view, int> kTensorParallelLayout[] = {
 
 }  // namespace
 
-std::vector<std::pair<std::size_t, int>> Decoder::shard_tensor_parallel(int rank, int size) {
+std::vector<ShardedParameter> Decoder::shard_tensor_parallel(int rank, int size) {
   const std::string what =
       config_.family + ": tensor parallelism over " + std::to_string(size) + " ranks";
   check(!config_.gpt2(), what + ": the gpt2 configuration is not split yet (the Llama lineage is)");
@@ -41,13 +41,17 @@ std::vector<std::pair<std::size_t, int>> Decoder::shard_tensor_parallel(int rank
   check(tensor_parallel_ == 1, what + ": the model is already sharded");
   check(config_.heads % size == 0,
         what + ": num_attention_heads = " + std::to_string(config_.heads) + " does not divide");
-  check(config_.kv_heads % size == 0,
+  // Key/value heads fewer than the ranks: each is held by size / kv_heads ranks, those whose
+  // query heads use it (rank r's queries are heads [r H/T, (r+1) H/T), grouped onto key/value
+  // head r G/T when T is a multiple of G).
+  const bool kv_replicated = config_.kv_heads < size;
+  check(config_.kv_heads % size == 0 || size % config_.kv_heads == 0,
         what + ": num_key_value_heads = " + std::to_string(config_.kv_heads) +
-            " does not divide (key/value heads replicated across ranks are not implemented)");
+            " does not divide among the ranks, nor the ranks among the heads");
   check(
       config_.intermediate % size == 0,
       what + ": intermediate_size = " + std::to_string(config_.intermediate) + " does not divide");
-  std::vector<std::pair<std::size_t, int>> sharded;
+  std::vector<ShardedParameter> sharded;
   if (size == 1)
     return sharded;
   const bool vocab_parallel = config_.vocab % size == 0;
@@ -58,13 +62,22 @@ std::vector<std::pair<std::size_t, int>> Decoder::shard_tensor_parallel(int rank
         continue;
       if (!vocab_parallel && (suffix.starts_with("model.embed") || suffix.starts_with("lm_head")))
         continue;
+      const bool key_value =
+          suffix.starts_with("self_attn.k_") || suffix.starts_with("self_attn.v_");
+      ShardedParameter s{i, dim, 0, rank};
+      if (key_value && kv_replicated) {
+        s.parts = static_cast<int>(config_.kv_heads);
+        s.slice = rank * s.parts / size;
+      }
+      const int count = s.parts > 0 ? s.parts : size;
       const Tensor& whole = p.var.value();
-      const std::int64_t part = whole.dim(dim) / size;
-      p.var.set_value(dispatch::contiguous(whole.slice(dim, rank * part, (rank + 1) * part)));
+      const std::int64_t part = whole.dim(dim) / count;
+      p.var.set_value(dispatch::contiguous(whole.slice(dim, s.slice * part, (s.slice + 1) * part)));
       autograd::Placement placement;
       placement.shard = dim;
+      placement.parts = s.parts;
       p.var.set_placement(placement);
-      sharded.emplace_back(i, dim);
+      sharded.push_back(s);
     }
   }
   tensor_parallel_ = size;

@@ -311,41 +311,20 @@ void TrainingRun::update(double lr) {
 }
 
 namespace {
-// Rank `rank` of `parts`' slice of `whole` along `dim`.
-Tensor slice_of(const Tensor& whole, int dim, int rank, int parts) {
-  const std::int64_t n = whole.dim(dim) / parts;
-  return dispatch::contiguous(whole.slice(dim, rank * n, (rank + 1) * n));
-}
-
-// The whole tensor from every rank's slice along `dim` (all-gather, then the slices set side
-// by side).
-Tensor whole_of(dist::Communicator& group, const Tensor& slice, int dim) {
-  std::vector<float> local = slice.to_floats();
-  const std::size_t parts = static_cast<std::size_t>(group.size());
-  std::vector<float> all(local.size() * parts);
-  group.all_gather(local, all);
-  Shape shape = slice.shape();
-  shape[static_cast<std::size_t>(dim)] *= static_cast<std::int64_t>(parts);
-  if (dim == 0)
-    return Tensor::from_floats(shape, all, slice.backend());
-  const std::size_t rows = static_cast<std::size_t>(slice.dim(0)), cols = local.size() / rows;
-  std::vector<float> whole(all.size());
-  for (std::size_t r = 0; r < parts; ++r)
-    for (std::size_t i = 0; i < rows; ++i)
-      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(r * local.size() + i * cols), cols,
-                  whole.begin() + static_cast<std::ptrdiff_t>(i * cols * parts + r * cols));
-  return Tensor::from_floats(shape, whole, slice.backend());
+// The slice of `whole` this rank holds, tensor parallelism over `tp` ranks splitting it as `s`.
+Tensor slice_here(const Tensor& whole, const nn::ShardedParameter& s, std::int64_t tp) {
+  return dist::slice_of(whole, s.dim, s.slice, s.parts > 0 ? s.parts : static_cast<int>(tp));
 }
 }  // namespace
 
 void TrainingRun::shard_tensor_parallel() {
-  const int rank = grid_->at().tp, parts = static_cast<int>(cfg.tp);
-  sharded_ = dynamic_cast<nn::Decoder&>(*model).shard_tensor_parallel(rank, parts);
+  sharded_ = dynamic_cast<nn::Decoder&>(*model).shard_tensor_parallel(grid_->at().tp,
+                                                                      static_cast<int>(cfg.tp));
   // A resumed run's moments were loaded whole: keep this rank's slices of them too.
-  for (auto [i, dim] : sharded_)
+  for (const nn::ShardedParameter& s : sharded_)
     for (std::vector<Tensor>* moments : {&optimizer->first_moments(), &optimizer->second_moments()})
-      if (i < moments->size() && (*moments)[i].defined())
-        (*moments)[i] = slice_of((*moments)[i], dim, rank, parts);
+      if (s.index < moments->size() && (*moments)[s.index].defined())
+        (*moments)[s.index] = slice_here((*moments)[s.index], s, cfg.tp);
 }
 
 double TrainingRun::clip_grad_norm(double max_norm) {
@@ -354,10 +333,14 @@ double TrainingRun::clip_grad_norm(double max_norm) {
     return optim::clip_grad_norm(params, max_norm);
   // The global norm: each parameter counted once: at the stage that owns it, at the
   // data-parallel rank that holds its reduced gradient (ZeRO), and, sharded, with its squares
-  // summed over its tensor-parallel group (a replicated one's taken once).
-  std::vector<bool> is_sharded(params.size(), false);
-  for (auto [i, dim] : sharded_)
-    is_sharded[i] = true;
+  // summed over its tensor-parallel group (a replicated one's taken once; a slice several
+  // ranks hold, at the first of them).
+  std::vector<bool> is_sharded(params.size(), false), held_first(params.size(), true);
+  const int tp_rank = cfg.tp > 1 ? grid_->at().tp : 0;
+  for (const nn::ShardedParameter& s : sharded_) {
+    is_sharded[s.index] = true;
+    held_first[s.index] = s.parts == 0 || tp_rank % (static_cast<int>(cfg.tp) / s.parts) == 0;
+  }
   auto counted = [&](std::size_t i) {
     return !pipeline || (pipeline->uses(i) && pipeline->owns(i));
   };
@@ -372,7 +355,7 @@ double TrainingRun::clip_grad_norm(double max_norm) {
     data_comm_->all_reduce_sum(squares_of);
   float parts[2] = {0.0f, 0.0f};  // sharded, replicated: in parameter order, as one process
   for (std::size_t i = 0; i < params.size(); ++i)  // a parameter without a gradient adds 0
-    if (counted(i))
+    if (counted(i) && held_first[i])
       parts[is_sharded[i] ? 0 : 1] += squares_of[i];
   if (cfg.tp > 1)
     grid_->tp().all_reduce_sum(std::span<float>(parts, 1));
@@ -393,13 +376,14 @@ void TrainingRun::gather_full_state(bool moments) {
   if (cfg.tp > 1 &&
       !gathered_) {  // every rank gets the whole model, replicated (to save, evaluate)
     std::vector<nn::Parameter>& params = model->parameters();
-    for (auto [i, dim] : sharded_) {
-      params[i].var.set_value(whole_of(grid_->tp(), params[i].var.value(), dim));
+    for (const nn::ShardedParameter& s : sharded_) {
+      const std::size_t i = s.index;
+      params[i].var.set_value(dist::whole_of(grid_->tp(), params[i].var.value(), s.dim, s.parts));
       params[i].var.set_placement({});
       if (moments)
         for (std::vector<Tensor>* m : {&optimizer->first_moments(), &optimizer->second_moments()})
           if (i < m->size() && (*m)[i].defined())
-            (*m)[i] = whole_of(grid_->tp(), (*m)[i], dim);
+            (*m)[i] = dist::whole_of(grid_->tp(), (*m)[i], s.dim, s.parts);
     }
     gathered_ = true;
     gathered_moments_ = moments;
@@ -410,17 +394,18 @@ void TrainingRun::gather_full_state(bool moments) {
 
 void TrainingRun::release_full_state() {
   if (cfg.tp > 1 && gathered_) {
-    const int rank = grid_->at().tp, parts = static_cast<int>(cfg.tp);
     std::vector<nn::Parameter>& params = model->parameters();
-    for (auto [i, dim] : sharded_) {
-      params[i].var.set_value(slice_of(params[i].var.value(), dim, rank, parts));
+    for (const nn::ShardedParameter& s : sharded_) {
+      const std::size_t i = s.index;
+      params[i].var.set_value(slice_here(params[i].var.value(), s, cfg.tp));
       autograd::Placement placement;
-      placement.shard = dim;
+      placement.shard = s.dim;
+      placement.parts = s.parts;
       params[i].var.set_placement(placement);
       if (gathered_moments_)
         for (std::vector<Tensor>* m : {&optimizer->first_moments(), &optimizer->second_moments()})
           if (i < m->size() && (*m)[i].defined())
-            (*m)[i] = slice_of((*m)[i], dim, rank, parts);
+            (*m)[i] = slice_here((*m)[i], s, cfg.tp);
     }
     gathered_ = gathered_moments_ = false;
   }
@@ -433,9 +418,9 @@ void TrainingRun::write_test_gradients() {
   if (path == nullptr || *path == '\0')
     return;
   std::vector<nn::Parameter>& params = model->parameters();
-  std::vector<int> shard_dim(params.size(), -1);
-  for (auto [i, dim] : sharded_)
-    shard_dim[i] = dim;
+  std::vector<const nn::ShardedParameter*> shard_of(params.size(), nullptr);
+  for (const nn::ShardedParameter& s : sharded_)
+    shard_of[s.index] = &s;
   std::vector<std::pair<std::string, Tensor>> gradients;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor& value = params[i].var.value();
@@ -447,8 +432,8 @@ void TrainingRun::write_test_gradients() {
       grad = dist::broadcast_tensor(grid_->pp(), grad, value.shape(), value.backend(),
                                     pipeline->owner(i));
     check(grad.defined(), params[i].name + ": no gradient after the step (LOOM_TEST_GRADIENTS)");
-    if (shard_dim[i] >= 0)
-      grad = whole_of(grid_->tp(), grad, shard_dim[i]);
+    if (shard_of[i] != nullptr)
+      grad = dist::whole_of(grid_->tp(), grad, shard_of[i]->dim, shard_of[i]->parts);
     gradients.emplace_back(params[i].name, grad);
   }
   if (lead)

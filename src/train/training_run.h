@@ -22,6 +22,7 @@
 #include "dist/communicator.h"
 #include "dist/grid.h"
 #include "dist/pipeline.h"
+#include "nn/decoder.h"
 #include "nn/model.h"
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
@@ -109,7 +110,7 @@ class TrainingRun {
   std::unique_ptr<dist::ProcessGrid> grid_;
   std::unique_ptr<dist::TensorGroupOf> tensor_group_;
   std::unique_ptr<autograd::TensorGroupScope> tensor_scope_;
-  std::vector<std::pair<std::size_t, int>> sharded_;
+  std::vector<nn::ShardedParameter> sharded_;
   bool gathered_ = false, gathered_moments_ = false;
 };
 

@@ -190,9 +190,9 @@ PY
 out=$("${mpi[@]}" "$loom" train --tp 2 --steps 1 --out "$dir/bad" 2>&1); rc=$?
 [[ $rc -ne 0 && "$out" == *"tensor parallelism splits llama, mistral, qwen2 and qwen3 models, not gpt"* ]] \
   || fail "tp of the gpt: rc $rc: $(echo "$out" | head -n 3)"
-out=$("${mpi[@]}" "$loom" train --model llama --heads 4 --kv_heads 1 --tp 2 --steps 1 --out "$dir/bad" 2>&1); rc=$?
-[[ $rc -ne 0 && "$out" == *"num_key_value_heads = 1 does not divide"* ]] \
-  || fail "tp with one key/value head: rc $rc: $(echo "$out" | head -n 3)"
+out=$("${mpi[@]}" "$loom" train --model llama --width 96 --heads 6 --kv_heads 3 --tp 2 --steps 1 --out "$dir/bad" 2>&1); rc=$?
+[[ $rc -ne 0 && "$out" == *"num_key_value_heads = 3 does not divide among the ranks"* ]] \
+  || fail "tp 2 with three key/value heads: rc $rc: $(echo "$out" | head -n 3)"
 out=$("${mpi[@]}" "$loom" train "${tp[@]}" --tp 3 --steps 1 --out "$dir/bad" 2>&1); rc=$?
 [[ $rc -ne 0 && "$out" == *"tp = 3 needs a multiple of 3 processes"* ]] \
   || fail "tp 3 on 2 processes: rc $rc: $(echo "$out" | head -n 3)"

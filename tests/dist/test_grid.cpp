@@ -261,23 +261,10 @@ TEST(World, CollectivesAndGridGroupsOnMpiProcesses) {
 // losses within 1e-6 relative, and after the first backward every gradient, gathered to its
 // whole shape, is one process's within 1e-5 (max |a-b| over max |b|).
 std::vector<float> gathered(dist::Communicator& group, const nn::Parameter& p) {
-  std::vector<float> local = p.var.grad().to_floats();
   const autograd::Placement& placement = p.var.placement();
   if (placement.shard < 0)
-    return local;
-  const std::size_t parts = static_cast<std::size_t>(group.size());
-  std::vector<float> all(local.size() * parts);
-  group.all_gather(local, all);
-  if (placement.shard == 0)
-    return all;  // the slices are row blocks: already in order
-  // Sharded on the columns of [rows, cols / parts]: interleave the ranks' column blocks.
-  const std::size_t rows = static_cast<std::size_t>(p.var.shape()[0]), cols = local.size() / rows;
-  std::vector<float> whole(all.size());
-  for (std::size_t r = 0; r < parts; ++r)
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t j = 0; j < cols; ++j)
-        whole[i * cols * parts + r * cols + j] = all[r * local.size() + i * cols + j];
-  return whole;
+    return p.var.grad().to_floats();
+  return dist::whole_of(group, p.var.grad(), placement.shard, placement.parts).to_floats();
 }
 
 double max_relative(const std::vector<float>& a, const std::vector<float>& b) {
@@ -328,7 +315,7 @@ TEST(World, TensorParallelDecodersTrainAsOneProcessDoes) {
   ASSERT_EQ(world.size() % 2, 0);
   dist::ProcessGrid grid(world, {2, world.size() / 2, 1});
   for (const bool sp : {false, true})
-    for (const std::string family : {"llama", "qwen2", "qwen3"}) {
+    for (const std::string family : {"llama", "qwen2", "qwen3", "mistral"}) {
       SCOPED_TRACE(family + (sp ? ", sequence parallel" : ""));
       dist::TensorGroupOf tp_group(grid.tp(), sp);
       CountingGroup tensor_group(tp_group);
@@ -362,8 +349,12 @@ TEST(World, TensorParallelDecodersTrainAsOneProcessDoes) {
         // the head input's gradient.
         const int layers = static_cast<int>(one->config().layers);
         const int qk_norms = family == "qwen3" ? 2 * layers : 0;
+        // mistral's one key/value head is held by both ranks: each k and v weight's (and
+        // bias's) gradient summed over its holders once.
+        const int kv_holders =
+            one->config().kv_heads < 2 ? (one->config().qkv_bias ? 4 : 2) * layers : 0;
         if (!sp) {
-          EXPECT_EQ(tensor_group.calls, 4 * layers + 4 + qk_norms);
+          EXPECT_EQ(tensor_group.calls, 4 * layers + 4 + qk_norms + kv_holders);
           EXPECT_EQ(tensor_group.gathers + tensor_group.scatters, 0);
         } else {
           // Sequence parallel: the blocks' reductions are reduce-scatters (forward after o and
@@ -373,7 +364,7 @@ TEST(World, TensorParallelDecodersTrainAsOneProcessDoes) {
           // 0's first: 2 L), the o and down biases added to row shards, qwen3's q/k norms.
           const int row_biases =
               (one->config().o_bias ? layers : 0) + (one->config().mlp_bias ? layers : 0);
-          EXPECT_EQ(tensor_group.calls, 4 + 2 * layers + row_biases + qk_norms);
+          EXPECT_EQ(tensor_group.calls, 4 + 2 * layers + row_biases + qk_norms + kv_holders);
           EXPECT_EQ(tensor_group.scatters, 2 * layers + (2 * layers - 1 + 1));
           EXPECT_EQ(tensor_group.gathers, (2 * layers - 1 + 1) + 2 * layers + 1);
         }
@@ -398,9 +389,14 @@ TEST(World, TensorParallelDecodersTrainAsOneProcessDoes) {
             "difference after step 1 %.2e\n",
             family.c_str(), sp ? " + sp" : "", worst_loss, worst_grad);
     }
-  auto mistral = fixture_decoder("mistral");  // one key/value head cannot split in two
-  std::string e = error_of([&] { mistral->shard_tensor_parallel(grid.at().tp, 2); });
-  EXPECT_NE(e.find("num_key_value_heads = 1 does not divide"), std::string::npos) << e;
+  // 3 key/value heads on 2 ranks: neither count divides the other.
+  nn::DecoderConfig three = fixture_decoder("llama")->config();
+  three.heads = 6;
+  three.kv_heads = 3;
+  nn::Decoder odd(three, 0, cpu());
+  std::string e = error_of([&] { odd.shard_tensor_parallel(grid.at().tp, 2); });
+  EXPECT_NE(e.find("num_key_value_heads = 3 does not divide among the ranks"), std::string::npos)
+      << e;
 }
 
 }  // namespace

@@ -109,6 +109,7 @@ if [[ "$mode" == "suite" || "$mode" == "quick" ]]; then
     "tp2-sp llama 2 --tp 2 --sequence_parallel"
     "tp2-sp-vocab qwen2 2 --tp 2 --sequence_parallel"
     "tp2xdp2 llama 4 --tp 2"
+    "tp4-kv-held-twice llama 4 --tp 4"
     "tp2xdp2-sp-zero llama 4 --tp 2 --sequence_parallel --zero 1"
     "tp2xdp2-zero llama 4 --tp 2 --zero 1"
     "pp2 llama 2 --pipeline 2"
@@ -124,7 +125,7 @@ if [[ "$mode" == "suite" || "$mode" == "quick" ]]; then
     "tp2xpp2-vocab qwen2 4 --tp 2 --pipeline 2"
   )
   # One of each kind of code path, for the slow sanitizer build.
-  quick=" dp2-zero tp2-sp-vocab tp2xdp2-sp-zero pp2-tied pp2xdp2-uneven-zero tp2xpp2 tp2xpp2-uneven "
+  quick=" dp2-zero tp4-kv-held-twice tp2-sp-vocab tp2xdp2-sp-zero pp2-tied pp2xdp2-uneven-zero tp2xpp2 tp2xpp2-uneven "
   header
   for entry in "${layouts[@]}"; do
     read -r name model np flags <<< "$entry"
@@ -238,7 +239,7 @@ print(json.dumps(j))' "$dir/plan.json" "$@"
   line ep=2 > "$dir/l1.json"; refuse "ep = 2: expert parallelism is not built" "${mpi4[@]}" "$dir/l1.json"
   line zero=2 > "$dir/l2.json"; refuse "zero = 2: ZeRO stages 2 and 3 are not built" "${mpi4[@]}" "$dir/l2.json"
   line recompute='"full"' > "$dir/l3.json"; refuse "recompute = full: activation recomputation is not built" "${mpi4[@]}" "$dir/l3.json"
-  line tp=4 pp=1 dp=1 micro_batch=8 > "$dir/l4.json"; refuse "tp = 4: the model's 2 key/value heads do not divide" "${mpi4[@]}" "$dir/l4.json"
+  line tp=2 pp=2 dp=1 micro_batch=2 > "$dir/l4.json"; refuse "tp = 2: the model's 3 key/value heads do not divide among the ranks, nor the ranks among the heads" "${mpi4[@]:0:8}" --model llama --layers 4 --width 96 --heads 6 --kv_heads 3 --steps 1 --out "$dir/bad" --layout "$dir/l4.json"
   line interleave=2 > "$dir/l5.json"; refuse "interleave = 2: the interleaved pipeline schedule" "${mpi4[@]}" "$dir/l5.json"
   line tp=1 pp=1 dp=2 > "$dir/l6.json"; refuse "tp 1 x pp 1 x dp 2 is 2 processes, this job has 4" "${mpi4[@]}" "$dir/l6.json"
   refuse "batch = 8 in the layout, but the run sets batch = 16" "${mpi4[@]}" "$dir/plan.json" --batch 16
