@@ -77,6 +77,27 @@ void Communicator::reduce_scatter_sum(std::span<const float> all, std::span<floa
   std::copy(at, at + static_cast<std::ptrdiff_t>(local.size()), local.begin());
 }
 
+void Communicator::reduce_scatter_sum_uneven(std::span<const float> all, std::span<float> local,
+                                             std::span<const int> counts) {
+  check(counts.size() == static_cast<std::size_t>(size()),
+        "reduce_scatter_sum_uneven: " + std::to_string(counts.size()) + " counts for " +
+            std::to_string(size()) + " ranks");
+  std::size_t before = 0, total = 0;
+  for (int r = 0; r < size(); ++r) {
+    if (r < rank())
+      before += static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+    total += static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+  }
+  check(total == all.size() &&
+            local.size() == static_cast<std::size_t>(counts[static_cast<std::size_t>(rank())]),
+        "reduce_scatter_sum_uneven: " + std::to_string(all.size()) +
+            " floats for blocks summing to " + std::to_string(total) + ", " +
+            std::to_string(local.size()) + " here");
+  std::vector<float> sum(all.begin(), all.end());
+  all_reduce_sum(sum);
+  std::copy_n(sum.begin() + static_cast<std::ptrdiff_t>(before), local.size(), local.begin());
+}
+
 namespace {
 std::mutex totals_mutex;
 std::vector<CollectiveTotals> totals(kCollectiveKinds);
@@ -190,16 +211,22 @@ void GradientAverager::average(std::vector<nn::Parameter>& params) {
                  [&](std::size_t i, Tensor mean) { owners[i]->var.state()->grad = mean; });
 }
 
-OverlappedAverager::OverlappedAverager(Communicator& comm, std::size_t bucket_bytes)
-    : comm_(comm), bucket_bytes_(std::max<std::size_t>(bucket_bytes, sizeof(float))) {}
+OverlappedAverager::OverlappedAverager(Communicator& comm, std::size_t bucket_bytes, bool to_owners)
+    : comm_(comm),
+      bucket_bytes_(std::max<std::size_t>(bucket_bytes, sizeof(float))),
+      to_owners_(to_owners) {}
 
-void OverlappedAverager::ready(const Tensor& grad) {
+void OverlappedAverager::ready(const Tensor& grad, int owner) {
   if (!grad.backend().host_accessible() || !grad.is_contiguous() || grad.dtype() != DType::f32)
     throw Error("overlapped gradient averaging needs contiguous f32 host gradients, got " +
                 grad.describe());
+  check(!to_owners_ || (owner >= 0 && owner < comm_.size()),
+        "overlapped reduce-scatter: gradient " + grad.describe() + " names owner " +
+            std::to_string(owner) + " of " + std::to_string(comm_.size()) + " ranks");
   // Buckets close by the order and sizes of ready() calls alone, never by timing, so every
   // rank all-reduces the same buckets.
   filling_.push_back(grad);
+  filling_owners_.push_back(owner);
   filling_bytes_ += grad.nbytes();
   if (filling_bytes_ >= bucket_bytes_)
     close_bucket();
@@ -210,16 +237,60 @@ void OverlappedAverager::close_bucket() {
   if (buckets_.size() <= slot)
     buckets_.resize(slot + 1);
   std::vector<float>* flat = &buckets_[slot];
-  stream_.submit([this, members = std::move(filling_), flat] {
-    // A replayed step's gradients are its graph's own buffers: they must be averaged where
-    // they are.
-    average_packed(comm_, members, *flat, [](std::size_t, const Tensor&) {
-      throw Error("overlapped gradient averaging needs the gradients in host memory");
+  if (to_owners_)
+    stream_.submit([this, members = std::move(filling_), owners = std::move(filling_owners_),
+                    flat] { scatter_to_owners(members, owners, *flat); });
+  else
+    stream_.submit([this, members = std::move(filling_), flat] {
+      // A replayed step's gradients are its graph's own buffers: they must be averaged where
+      // they are.
+      average_packed(comm_, members, *flat, [](std::size_t, const Tensor&) {
+        throw Error("overlapped gradient averaging needs the gradients in host memory");
+      });
     });
-  });
   stream_.signal(reduced_, ++closed_total_);
   filling_.clear();
+  filling_owners_.clear();
   filling_bytes_ = 0;
+}
+
+void OverlappedAverager::scatter_to_owners(const std::vector<Tensor>& members,
+                                           const std::vector<int>& owners,
+                                           std::vector<float>& flat) {
+  // The bucket packed by owner (rank 0's gradients first, each rank's in ready() order),
+  // followed by room for this rank's block of sums.
+  const auto ranks = static_cast<std::size_t>(comm_.size());
+  std::vector<int> counts(ranks, 0);
+  std::vector<std::size_t> order(members.size());
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    order[k] = k;
+    counts[static_cast<std::size_t>(owners[k])] += static_cast<int>(members[k].numel());
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return owners[a] < owners[b]; });
+  std::size_t total = 0;
+  for (int c : counts)
+    total += static_cast<std::size_t>(c);
+  const auto mine = static_cast<std::size_t>(counts[static_cast<std::size_t>(comm_.rank())]);
+  flat.resize(total + mine);
+  std::size_t at = 0;
+  for (std::size_t k : order) {
+    copy_out(members[k], flat.data() + at);
+    at += static_cast<std::size_t>(members[k].numel());
+  }
+  std::span<float> sums(flat.data() + total, mine);
+  comm_.reduce_scatter_sum_uneven(std::span<const float>(flat.data(), total), sums, counts);
+  const float inv = 1.0f / static_cast<float>(comm_.size());
+  const float* sum = sums.data();
+  for (std::size_t k : order) {
+    if (owners[k] != comm_.rank())
+      continue;
+    float* out = members[k].data<float>();
+    const auto n = static_cast<std::size_t>(members[k].numel());
+    for (std::size_t e = 0; e < n; ++e)
+      out[e] = sum[e] * inv;  // the mean, as GradientAverager forms it
+    sum += n;
+  }
 }
 
 void OverlappedAverager::finish() {
@@ -346,6 +417,12 @@ void OptimizerSharding::reduce_scatter_gradients(std::vector<nn::Parameter>& par
     }
     sum += n;
   }
+}
+
+void OptimizerSharding::drop_others_gradients(std::vector<nn::Parameter>& params) const {
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (owner_[i] >= 0 && owner_[i] != comm_.rank())
+      params[i].var.zero_grad();
 }
 
 void OptimizerSharding::all_gather_parameters(std::vector<nn::Parameter>& params) {

@@ -38,6 +38,10 @@ class Communicator {
   // (of zeros around the local part, or of a copy), which is exact; MPI and the in-process
   // group do them natively.
   virtual void reduce_scatter_sum(std::span<const float> all, std::span<float> local);
+  // The same with blocks of their own sizes (MPI_Reduce_scatter): rank r's block of `all` is
+  // counts[r] floats after the blocks before it; local.size() is counts[rank()].
+  virtual void reduce_scatter_sum_uneven(std::span<const float> all, std::span<float> local,
+                                         std::span<const int> counts);
   // Point to point (pipeline stages): blocks until `dest` has the data / it has arrived
   // from `source`. Messages between two ranks arrive in the order they were sent.
   virtual void send(std::span<const float> data, int dest) = 0;
@@ -105,23 +109,34 @@ class GradientAverager {
 // (MPI is initialised for one calling thread at a time). For two processes the result is
 // bitwise that of GradientAverager (a + b is exact in either order); for more, MPI may
 // associate the sums differently per message size.
+// For the distributed optimizer (`to_owners`), each gradient names the rank that updates its
+// parameter, and each bucket is reduce-scattered instead (MPI_Reduce_scatter with a block per
+// rank: the bucket's gradients packed by owner): only the owner's gradients become the mean,
+// the others are left as they were for the caller to drop (OptimizerSharding). Each element
+// is summed over the same ranks as by OptimizerSharding::reduce_scatter_gradients, so on two
+// processes the means are bitwise its (and plain data parallelism's).
 class OverlappedAverager {
  public:
-  OverlappedAverager(Communicator& comm, std::size_t bucket_bytes);
+  OverlappedAverager(Communicator& comm, std::size_t bucket_bytes, bool to_owners = false);
   OverlappedAverager(const OverlappedAverager&) = delete;
   OverlappedAverager& operator=(const OverlappedAverager&) = delete;
 
-  void ready(const Tensor& grad);  // this gradient is final
+  // This gradient is final; `owner`: the rank that updates its parameter (with to_owners).
+  void ready(const Tensor& grad, int owner = -1);
   void finish();  // every gradient of the step was handed over: wait; rethrows a failure
   std::size_t buckets_last_step() const { return buckets_last_step_; }
   Timeline& reduced() { return reduced_; }
 
  private:
   void close_bucket();  // submits the bucket being filled to the stream
+  void scatter_to_owners(const std::vector<Tensor>& members, const std::vector<int>& owners,
+                         std::vector<float>& flat);
 
   Communicator& comm_;
   std::size_t bucket_bytes_;
+  bool to_owners_;
   std::vector<Tensor> filling_;  // the bucket being filled
+  std::vector<int> filling_owners_;
   std::size_t filling_bytes_ = 0;
   std::size_t closed_this_step_ = 0;
   std::uint64_t closed_total_ = 0;
@@ -157,7 +172,9 @@ void broadcast_parameters(Communicator& comm, std::vector<nn::Parameter>& params
 // through one flat buffer whose rank-r segment holds rank r's parameters in order, padded to
 // the largest share. The steps are those of unsharded data parallelism up to the order of
 // additions in the gradient norm (each rank's share summed, then the shares); each rank
-// holds 1/N of the moments and, between the reduction and the step, of the gradients.
+// holds 1/N of the moments and, between the reduction and the step, of the gradients. In
+// graph mode the reduction can instead run during the backward pass, bucket by bucket
+// (OverlappedAverager with to_owners, then drop_others_gradients).
 class OptimizerSharding {
  public:
   // Owners balance the parameters' element counts over the ranks; only the parameters
@@ -171,6 +188,9 @@ class OptimizerSharding {
   // gradients; the others' gradients are dropped. Parameters without a gradient (the same
   // on every rank) are left alone.
   void reduce_scatter_gradients(std::vector<nn::Parameter>& params);
+  // After an OverlappedAverager reduce-scattered them to their owners: the others' gradients
+  // are dropped (as reduce_scatter_gradients drops them).
+  void drop_others_gradients(std::vector<nn::Parameter>& params) const;
   // After the optimizer step: every rank receives the owners' new values.
   void all_gather_parameters(std::vector<nn::Parameter>& params);
   // Every rank receives every moment (before writing a checkpoint); keep_only(owned_here())

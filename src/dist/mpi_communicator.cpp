@@ -151,6 +151,20 @@ class MpiCommunicator final : public Communicator {
                                 MPI_SUM, comm_),
        "MPI_Reduce_scatter_block");
   }
+  void reduce_scatter_sum_uneven(std::span<const float> all, std::span<float> local,
+                                 std::span<const int> counts) override {
+    Timed timed(CollectiveKind::reduce_scatter, all.size_bytes());
+    std::size_t total = 0;
+    for (int c : counts)
+      total += static_cast<std::size_t>(c);
+    check(counts.size() == static_cast<std::size_t>(size_) && total == all.size() &&
+              local.size() == static_cast<std::size_t>(counts[static_cast<std::size_t>(rank_)]),
+          "mpi: reduce_scatter of " + std::to_string(all.size()) + " floats in " +
+              std::to_string(counts.size()) + " blocks summing to " + std::to_string(total) + ", " +
+              std::to_string(local.size()) + " here");
+    ok(MPI_Reduce_scatter(all.data(), local.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm_),
+       "MPI_Reduce_scatter");
+  }
   void broadcast(std::span<std::byte> data, int root) override {
     Timed timed(CollectiveKind::broadcast, data.size());
     in_pieces(data.size(), [&](std::size_t at, int count) {

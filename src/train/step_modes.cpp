@@ -72,10 +72,11 @@ class GraphStep : public StepMode {
     const bool overlap =
         cfg.overlap_setting() == Overlap::on ||
         (cfg.overlap_setting() == Overlap::automatic && run.data_comm().spans_machines());
-    // (ZeRO reduce-scatters after the backward pass instead: not overlapped yet.)
-    if (overlap && run.data_comm().size() > 1 && run.device.host_accessible() && !run.sharding)
+    // With the distributed optimizer (ZeRO-1) each bucket is reduce-scattered to the ranks
+    // that update its parameters.
+    if (overlap && run.data_comm().size() > 1 && run.device.host_accessible())
       overlapped_ = std::make_unique<dist::OverlappedAverager>(
-          run.data_comm(), static_cast<std::size_t>(cfg.bucket_mb * 1e6));
+          run.data_comm(), static_cast<std::size_t>(cfg.bucket_mb * 1e6), run.sharding != nullptr);
     if (!run.device.host_accessible())
       prefetch_ = std::make_unique<BatchPrefetch>(
           run.device, [&run](std::int64_t s) { return run.local_batch(s, dispatch::host()); });
@@ -86,9 +87,11 @@ class GraphStep : public StepMode {
     if (prefetch_ && step + 1 < run_.cfg.steps)
       prefetch_->issue(step + 1);  // before this step's kernels: the upload overlaps them
     Tensor loss = capture_or_replay(batch, run_.forward_options(step));
-    if (overlapped_ && step_.replayed())
+    if (overlapped_ && step_.replayed()) {
       overlapped_->finish();
-    else
+      if (run_.sharding)
+        run_.sharding->drop_others_gradients(run_.model->parameters());
+    } else
       reduce_gradients(run_, averager_);
     if (run_.cfg.grad_clip > 0)
       run_.clip_grad_norm(run_.cfg.grad_clip);
@@ -99,8 +102,9 @@ class GraphStep : public StepMode {
     if (step == run_.start + 1 && step_.graph() != nullptr)
       return step_.graph()->summary() + ", replay checked against eager execution";
     if (step == run_.start + 2 && overlapped_)
-      return "graph: gradients all-reduced in " + std::to_string(overlapped_->buckets_last_step()) +
-             " buckets during the backward pass";
+      return std::string("graph: gradients ") +
+             (run_.sharding ? "reduce-scattered to their owners" : "all-reduced") + " in " +
+             std::to_string(overlapped_->buckets_last_step()) + " buckets during the backward pass";
     return {};
   }
 
@@ -139,7 +143,8 @@ class GraphStep : public StepMode {
     if (overlapped_)
       replay.output_ready = [&](std::size_t k) {
         if (k > 0)
-          overlapped_->ready(step_.graph()->output(k));
+          overlapped_->ready(step_.graph()->output(k),
+                             run_.sharding ? run_.sharding->owner(with_grad_[k - 1]) : -1);
       };
     std::vector<Tensor> outputs = step_.run(inputs, eager, replay);
     if (capturing)

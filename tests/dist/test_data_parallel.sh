@@ -84,6 +84,15 @@ PY
 grep -qE '"overlapped_buckets":([2-9]|[1-9][0-9])' "$dir/graph.log" || fail "graph mode did not overlap: $(grep steps "$dir/graph.log")"
 "$mpiexec" -np 3 --oversubscribe --bind-to none "$loom" train "${common[@]}" --batch 12 --mode graph --bucket_mb 0.05 \
   --overlap true --out "$dir/graph3" > "$dir/graph3.log" 2>&1 || fail "graph mode, 3 processes: $(tail -n 3 "$dir/graph3.log")"
+# The distributed optimizer's buckets reduce-scattered to their owners during the backward
+# pass: bitwise the eager run's numbers too, the reduce-scatters made behind compute.
+"${mpi[@]}" "$loom" train "${common[@]}" --mode graph --overlap true --bucket_mb 0.05 --zero 1 --out "$dir/graph_zero" \
+  > "$dir/graph_zero.log" 2>&1 || fail "graph mode, zero 1: $(tail -n 3 "$dir/graph_zero.log")"
+grep -qE '"overlapped_buckets":([2-9]|[1-9][0-9])' "$dir/graph_zero.log" \
+  && grep -qE '"reduce_scatter":\{[^}]*"overlapped_ms":[0-9.]*[1-9]' "$dir/graph_zero.log" \
+  || fail "graph mode, zero 1 did not reduce-scatter behind compute: $(grep steps "$dir/graph_zero.log")"
+cmp -s "$dir/graph_zero/checkpoint/model.safetensors" "$dir/two/checkpoint/model.safetensors" \
+  || fail "graph mode, zero 1: the 2-process weights differ from the eager run's"
 "${mpi[@]}" "$loom" train "${common[@]}" --mode graph --out "$dir/graph_auto" > "$dir/graph_auto.log" 2>&1 \
   || fail "graph mode, overlap auto: $(tail -n 3 "$dir/graph_auto.log")"
 grep -q '"graph_nodes"' "$dir/graph_auto.log" && ! grep -q overlapped_buckets "$dir/graph_auto.log" \
@@ -98,6 +107,7 @@ def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl") if '"loss"' in l]
 assert losses("graph") == losses("two"), "graph mode, 2 processes: losses differ from eager"
 assert losses("graph_auto") == losses("two"), "graph mode, overlap auto: losses differ from eager"
+assert losses("graph_zero") == losses("two"), "graph mode, zero 1 overlapped: losses differ from eager"
 worst = max(abs(a - b) / abs(a) for a, b in zip(losses("one"), losses("graph3")))
 print(f"graph mode: 2 processes bitwise eager; 3 processes vs one: worst relative loss difference {worst:.2e}")
 assert len(losses("graph3")) == steps and worst < 2e-7, worst

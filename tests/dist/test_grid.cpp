@@ -90,6 +90,25 @@ void check_collectives(dist::Communicator& comm) {
       ADD_FAILURE() << "reduce_scatter on rank " << me << ": " << kept[i] << " != " << expected;
   }
 
+  // Blocks of their own sizes: rank r's block is r + 1 floats (the sum of the blocks before
+  // it, r (r + 1) / 2, is where it starts).
+  std::vector<int> counts(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    counts[static_cast<std::size_t>(r)] = r + 1;
+  std::vector<float> uneven(static_cast<std::size_t>(n * (n + 1) / 2)),
+      block(static_cast<std::size_t>(me + 1));
+  for (std::size_t k = 0; k < uneven.size(); ++k)
+    uneven[k] = value(me, k);
+  comm.reduce_scatter_sum_uneven(uneven, block, counts);
+  for (std::size_t i = 0; i < block.size(); ++i) {
+    float expected = 0;
+    for (int r = 0; r < n; ++r)
+      expected += value(r, static_cast<std::size_t>(me * (me + 1) / 2) + i);
+    if (block[i] != expected)
+      ADD_FAILURE() << "reduce_scatter_sum_uneven on rank " << me << ": " << block[i]
+                    << " != " << expected;
+  }
+
   std::vector<float> root_data = mine;
   comm.broadcast(std::as_writable_bytes(std::span<float>(root_data)), n - 1);
   for (std::size_t i = 0; i < part; ++i)
