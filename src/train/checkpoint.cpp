@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <system_error>
 
 #include "core/error.h"
@@ -14,6 +15,7 @@
 #include "nn/hf_config.h"
 #include "nn/layers.h"
 #include "onnx/model.h"
+#include "train/sharded_checkpoint.h"
 
 namespace loom::train {
 
@@ -184,7 +186,16 @@ void load_into(const io::SafetensorsFile& file, nn::Model& model, const std::str
 }
 }  // namespace
 
+namespace {
+void load_sharded_weights(const ShardedCheckpoint& c, nn::Model& model);
+}  // namespace
+
 void load_weights(const std::string& path, nn::Model& model) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec) && is_sharded_checkpoint(path)) {
+    load_sharded_weights(ShardedCheckpoint::open(path), model);
+    return;
+  }
   io::SafetensorsFile file = io::SafetensorsFile::read(path);
   for (const auto& e : file.entries()) {
     if (model.find(e.name) == nullptr && !is_ignorable_extra(e.name))
@@ -194,7 +205,49 @@ void load_weights(const std::string& path, nn::Model& model) {
   load_into(file, model, "");
 }
 
+namespace {
+// A parameter of `model` or one of its moments, whole, from a sharded checkpoint.
+Tensor sharded_tensor(const ShardedCheckpoint& c, const std::string& name, const Shape& shape,
+                      Backend& backend) {
+  check(c.contains(name), c.index_path() + ": tensor '" + name +
+                              "' is missing (the model needs it, shape " + shape_str(shape) + ")");
+  check(c.shape(name) == shape, c.index_path() + ": tensor '" + name + "' has shape " +
+                                    shape_str(c.shape(name)) + ", the model expects " +
+                                    shape_str(shape));
+  return c.load(name, backend);
+}
+
+void load_sharded_weights(const ShardedCheckpoint& c, nn::Model& model) {
+  for (const std::string& name : c.names())
+    check(name.rfind("optimizer.", 0) == 0 || model.find(name) != nullptr,
+          c.index_path() + ": tensor '" + name + "' matches no parameter of the " + model.kind() +
+              " model");
+  for (nn::Parameter& p : model.parameters())
+    p.var.set_value(sharded_tensor(c, p.name, p.var.shape(), p.var.value().backend()));
+}
+
+std::int64_t load_sharded_checkpoint(const std::string& dir, nn::Model& model,
+                                     optim::AdamW& optimizer) {
+  const ShardedCheckpoint c = ShardedCheckpoint::open(dir);
+  const std::int64_t step = metadata_integer(c.metadata(), "step", 0, kMaxSteps, c.index_path());
+  load_sharded_weights(c, model);
+  auto& params = model.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Backend& backend = params[i].var.value().backend();
+    optimizer.first_moments()[i] =
+        sharded_tensor(c, "optimizer.m." + params[i].name, params[i].var.shape(), backend);
+    optimizer.second_moments()[i] =
+        sharded_tensor(c, "optimizer.v." + params[i].name, params[i].var.shape(), backend);
+  }
+  optimizer.set_steps_taken(
+      metadata_integer(c.metadata(), "optimizer_steps", 0, kMaxSteps, c.index_path()));
+  return step;
+}
+}  // namespace
+
 std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::AdamW& optimizer) {
+  if (is_sharded_checkpoint(dir))
+    return load_sharded_checkpoint(dir, model, optimizer);
   std::string model_path = dir + "/model.safetensors",
               state_path = dir + "/train_state.safetensors";
   std::error_code ec;  // a path too long or unreadable reads as missing, never throws
@@ -235,9 +288,20 @@ std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::Ad
 
 LoadedModel load_model_file(const std::string& path, Backend& backend) {
   std::error_code ec;
-  std::string file_path = fs::is_directory(path, ec) ? path + "/model.safetensors" : path;
-  io::SafetensorsFile file = io::SafetensorsFile::read(file_path);
-  auto meta = file.metadata();
+  const bool sharded = fs::is_directory(path, ec) && is_sharded_checkpoint(path);
+  std::optional<ShardedCheckpoint> shards;
+  std::optional<io::SafetensorsFile> whole;
+  std::string file_path;
+  std::map<std::string, std::string> meta;
+  if (sharded) {
+    shards = ShardedCheckpoint::open(path);
+    file_path = shards->index_path();
+    meta = shards->metadata();
+  } else {
+    file_path = fs::is_directory(path, ec) ? path + "/model.safetensors" : path;
+    whole = io::SafetensorsFile::read(file_path);
+    meta = whole->metadata();
+  }
   check(meta.count("loom_model"),
         file_path + ": metadata 'loom_model' is missing; not a Loom checkpoint");
   LoadedModel loaded;
@@ -255,7 +319,10 @@ LoadedModel load_model_file(const std::string& path, Backend& backend) {
     loaded.subword = data::load_tokenizer(folder.string());
   if (meta.count("step"))
     loaded.step = metadata_integer(meta, "step", 0, kMaxSteps, file_path);
-  load_weights(file_path, *loaded.model);
+  if (shards)
+    load_sharded_weights(*shards, *loaded.model);
+  else
+    load_weights(file_path, *loaded.model);
   return loaded;
 }
 

@@ -49,11 +49,13 @@ void save_checkpoint(const std::string& dir, nn::Model& model, const ModelSpec& 
 // GPT-2's causal-mask buffers, older Llama checkpoints' rotary frequencies.
 bool is_ignorable_extra(const std::string& name);
 
-// Loads weights into `model`; every model parameter must be present with its shape.
+// Loads weights into `model` from a safetensors file or a sharded checkpoint's folder
+// (sharded_checkpoint.h); every model parameter must be present with its shape.
 // Known Hugging Face extras (lm_head.weight tied to wte, attention mask buffers) are ignored.
 void load_weights(const std::string& path, nn::Model& model);
 
-// Restores weights and optimizer state; returns the step the checkpoint was taken after.
+// Restores weights and optimizer state from a checkpoint folder (whole or sharded); returns
+// the step the checkpoint was taken after.
 std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::AdamW& optimizer);
 
 struct LoadedModel {
@@ -63,7 +65,8 @@ struct LoadedModel {
   std::unique_ptr<data::Tokenizer> subword;  // the checkpoint's tokenizer file, when it has one
   std::int64_t step = 0;
 };
-// Reads model.safetensors (or a folder holding one) and rebuilds the model it describes.
+// Reads model.safetensors (or a folder holding one, or a sharded checkpoint's folder) and
+// rebuilds the model it describes.
 LoadedModel load_model_file(const std::string& path, Backend& backend);
 
 }  // namespace loom::train

@@ -44,8 +44,9 @@ std::int64_t step_of_name(const std::string& name) {
 
 bool holds_checkpoint(const fs::path& folder) {
   std::error_code ec;
-  return fs::is_regular_file(folder / "model.safetensors", ec) &&
-         fs::is_regular_file(folder / "train_state.safetensors", ec);
+  return (fs::is_regular_file(folder / "model.safetensors", ec) &&
+          fs::is_regular_file(folder / "train_state.safetensors", ec)) ||
+         fs::is_regular_file(folder / "index.json", ec);
 }
 
 }  // namespace
@@ -60,19 +61,32 @@ std::string CheckpointStore::folder_of(std::int64_t step) const {
   return out_ + "/checkpoints/" + name;
 }
 
-void CheckpointStore::publish(std::int64_t step,
-                              const std::function<void(const std::string& folder)>& write) {
+std::string CheckpointStore::writing_folder(std::int64_t step) const {
+  return out_ + "/checkpoints/.writing-" + std::to_string(step);
+}
+
+std::string CheckpointStore::prepare(std::int64_t step) {
   const std::string root = out_ + "/checkpoints";
   std::error_code ec;
   fs::create_directories(root, ec);
   check(!ec, root + ": cannot create the checkpoint folder: " + ec.message());
-  const std::string final_folder = folder_of(step);
-  const std::string temp =
-      root + "/.writing-" + std::to_string(::getpid()) + "-" + std::to_string(step);
-  fs::remove_all(temp, ec);
+  const std::string temp = writing_folder(step);
+  fs::remove_all(temp, ec);  // of a writer killed mid-checkpoint at this step
   fs::create_directory(temp, ec);
   check(!ec, temp + ": cannot create: " + ec.message());
-  write(temp);  // each file is itself written to a temporary name, synced and renamed
+  return temp;
+}
+
+void CheckpointStore::publish(std::int64_t step,
+                              const std::function<void(const std::string& folder)>& write) {
+  write(prepare(step));  // each file is itself written to a temporary name, synced and renamed
+  commit(step);
+}
+
+void CheckpointStore::commit(std::int64_t step) {
+  const std::string root = out_ + "/checkpoints";
+  std::error_code ec;
+  const std::string final_folder = folder_of(step), temp = writing_folder(step);
   sync_path(temp);
   // A checkpoint of this step may exist already (a run stopped and resumed at the same
   // step): set it aside first, since rename(2) does not replace a non-empty folder.

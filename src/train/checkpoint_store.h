@@ -1,7 +1,8 @@
 // train/checkpoint_store.h — where a run's checkpoints live, and how one appears whole or
 // not at all:
 //
-//   OUT/checkpoints/step-00000500/   one complete checkpoint (checkpoint.h's two files)
+//   OUT/checkpoints/step-00000500/   one complete checkpoint (checkpoint.h's two files, or a
+//                                    sharded one: sharded_checkpoint.h's index and shards)
 //   OUT/checkpoint -> checkpoints/step-00000500   the newest, a symbolic link
 //
 // A checkpoint is written into a temporary folder, its files and the folder are synced,
@@ -27,6 +28,12 @@ class CheckpointStore {
   // Writes the checkpoint of `step` steps: `write(folder)` puts its files in a fresh
   // temporary folder; then it is synced, renamed into place and published as the newest.
   void publish(std::int64_t step, const std::function<void(const std::string& folder)>& write);
+  // The same in two parts, for checkpoints several processes write: prepare() makes the
+  // fresh temporary folder of `step` (its name is the same for every process: writing_folder);
+  // once every file is in it, commit() syncs it, renames it into place and publishes it.
+  std::string prepare(std::int64_t step);
+  std::string writing_folder(std::int64_t step) const;
+  void commit(std::int64_t step);
 
   // The folder of the newest complete checkpoint: the link's target, else (the link
   // missing or dangling after a crash) the highest step-* folder; empty when there is none.

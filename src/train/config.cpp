@@ -208,6 +208,10 @@ bool TrainConfig::fuses() const {
   return typed<bool>("fusion", fusion, {{"true", true}, {"false", false}});
 }
 
+bool TrainConfig::sharded_checkpoints() const {
+  return typed<bool>("checkpoint_format", checkpoint_format, {{"whole", false}, {"sharded", true}});
+}
+
 Overlap TrainConfig::overlap_setting() const {
   return typed<Overlap>(
       "overlap", overlap,

@@ -24,7 +24,8 @@ struct TrainConfig {
   // model, onnx, layers, width, heads, context, dropout, bias; data, vocab, mnist_dir; batch,
   // steps, warmup, lr, min_lr, weight_decay, beta1, beta2, grad_clip, seed; threads, device,
   // pipeline, stages, tp, micro_batches, pipeline_schedule, zero, mode, fusion, overlap, bucket_mb,
-  // precision; eval_every, eval_batches, log_every, ckpt_every, keep_checkpoints, out,
+  // precision; eval_every, eval_batches, log_every, ckpt_every, keep_checkpoints,
+  // checkpoint_format, out,
   // resume, auto_resume, stop_after, init, json, progress, final_eval, save.
 #define LOOM_TRAIN_KEY(name, type, base, ...) LOOM_CONTRACT_CXX_##type name = base;
 #include "core/job_contract.def"
@@ -51,6 +52,7 @@ struct TrainConfig {
   Overlap overlap_setting() const;
   DType product_dtype() const;  // the products' operand precision (set_matmul_precision)
   dist::PipelineSchedule schedule() const;
+  bool sharded_checkpoints() const;  // checkpoint_format
   // stages read as block counts ("3,5" -> {3, 5}; "" -> {}: even); an error names the key,
   // the value and the form expected. Their sum and number are the pipeline's to check.
   std::vector<std::int64_t> stage_counts() const;

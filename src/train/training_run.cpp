@@ -440,6 +440,51 @@ void TrainingRun::write_test_gradients() {
     io::write_safetensors(path, gradients, {});
 }
 
+std::vector<ShardPiece> TrainingRun::checkpoint_pieces() const {
+  std::vector<nn::Parameter>& params = model->parameters();
+  const int tp_rank = cfg.tp > 1 ? grid_->at().tp : 0, dp_rank = data_comm_->rank();
+  std::vector<const nn::ShardedParameter*> shard_of(params.size(), nullptr);
+  for (const nn::ShardedParameter& s : sharded_)
+    shard_of[s.index] = &s;
+  std::vector<ShardPiece> pieces;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (pipeline && !(pipeline->uses(i) && pipeline->owns(i)))
+      continue;  // another stage's
+    const Tensor& value = params[i].var.value();
+    ShardPiece piece;
+    piece.shape = value.shape();
+    piece.start.assign(value.shape().size(), 0);
+    if (const nn::ShardedParameter* s = shard_of[i]) {
+      const int count = s->parts > 0 ? s->parts : static_cast<int>(cfg.tp);
+      const int holders = static_cast<int>(cfg.tp) / count;
+      if (tp_rank % holders != 0)
+        continue;  // the slice's first holder writes it
+      const auto d = static_cast<std::size_t>(s->dim);
+      piece.start[d] = s->slice * value.dim(s->dim);
+      piece.shape[d] = value.dim(s->dim) * count;
+    } else if (tp_rank != 0) {
+      continue;  // replicated over the tensor-parallel group: its rank 0 writes it
+    }
+    if (dp_rank == 0) {
+      piece.name = params[i].name;
+      piece.value = value;
+      pieces.push_back(piece);
+    }
+    const int moments_by = sharding && sharding->owner(i) >= 0 ? sharding->owner(i) : 0;
+    if (dp_rank != moments_by)
+      continue;
+    for (auto [prefix, moments] : {std::pair{"optimizer.m.", &optimizer->first_moments()},
+                                   std::pair{"optimizer.v.", &optimizer->second_moments()}}) {
+      check(i < moments->size() && (*moments)[i].defined(),
+            params[i].name + ": no optimizer moment to checkpoint on this process");
+      piece.name = prefix + params[i].name;
+      piece.value = (*moments)[i];
+      pieces.push_back(piece);
+    }
+  }
+  return pieces;
+}
+
 void TrainingRun::describe_layout(Summary& summary) const {
   if (world.size() == 1)
     return;
@@ -640,15 +685,44 @@ void Checkpoints::write(std::int64_t steps_done) {
   run_.checkpoints().publish(steps_done, [&](const std::string& folder) {
     save_checkpoint(folder, *run_.model, run_.spec, vocab_utf8_, *run_.optimizer, steps_done,
                     config_json_);
-    if (!run_.cfg.tokenizer.empty()) {  // sample, eval and export read it from the checkpoint
-      const std::string file = data::tokenizer_file_path(run_.cfg.tokenizer);
-      io::write_file_atomically(folder + "/" + std::filesystem::path(file).filename().string(),
-                                io::read_whole_file(file));
-    }
+    copy_tokenizer(folder);
   });
 }
 
+void Checkpoints::copy_tokenizer(const std::string& folder) const {
+  if (run_.cfg.tokenizer.empty())
+    return;  // sample, eval and export read it from the checkpoint
+  const std::string file = data::tokenizer_file_path(run_.cfg.tokenizer);
+  io::write_file_atomically(folder + "/" + std::filesystem::path(file).filename().string(),
+                            io::read_whole_file(file));
+}
+
+void Checkpoints::write_sharded(std::int64_t steps_done) {
+  dist::Communicator& world = run_.world;
+  float ready = 0.0f;  // rank 0 has made the folder / every shard is written
+  if (run_.lead)
+    run_.checkpoints().prepare(steps_done);
+  world.all_reduce_sum(std::span<float>(&ready, 1));
+  const std::string folder = run_.checkpoints().writing_folder(steps_done);
+  write_shard(folder, world.rank(), run_.checkpoint_pieces());
+  world.all_reduce_sum(std::span<float>(&ready, 1));
+  if (!run_.lead)
+    return;
+  write_index(folder, world.size(),
+              {{"step", std::to_string(steps_done)},
+               {"optimizer_steps", std::to_string(run_.optimizer->steps_taken())},
+               {"loom_model", run_.spec.to_json()},
+               {"loom_vocab", vocab_utf8_},
+               {"loom_config", config_json_}});
+  copy_tokenizer(folder);
+  run_.checkpoints().commit(steps_done);
+}
+
 void Checkpoints::save(std::int64_t steps_done) {
+  if (run_.cfg.sharded_checkpoints()) {  // no gathering: each process its pieces
+    write_sharded(steps_done);
+    return;
+  }
   run_.gather_full_state(true);
   if (run_.lead)
     write(steps_done);
@@ -656,6 +730,11 @@ void Checkpoints::save(std::int64_t steps_done) {
 }
 
 void Checkpoints::save_final(std::int64_t steps_done) {
+  if (run_.cfg.save && run_.cfg.sharded_checkpoints()) {
+    write_sharded(steps_done);
+    run_.gather_full_state(false);  // the whole model, for the final evaluation
+    return;
+  }
   run_.gather_full_state(run_.cfg.save);
   if (run_.lead && run_.cfg.save)
     write(steps_done);

@@ -29,6 +29,7 @@
 #include "train/checkpoint_store.h"
 #include "train/config.h"
 #include "train/progress.h"
+#include "train/sharded_checkpoint.h"
 #include "train/source.h"
 #include "train/trainer.h"
 
@@ -96,6 +97,11 @@ class TrainingRun {
   // compares a layout's gradients with one process's (tests/dist/test_layouts.sh). Nothing
   // when unset.
   void write_test_gradients();
+  // The pieces of the training state this process writes into a sharded checkpoint
+  // (sharded_checkpoint.h): each parameter and moment kept once in the job, by the first
+  // process holding it (its stage's, its tensor-parallel slice's, the replica 0's or, with the
+  // distributed optimizer, the moment's owner), with its place in the whole tensor.
+  std::vector<ShardPiece> checkpoint_pieces() const;
   // The layout of a job of several processes, into the summary.
   void describe_layout(Summary& summary) const;
 
@@ -186,6 +192,10 @@ class Checkpoints {
 
  private:
   void write(std::int64_t steps_done);
+  // checkpoint_format = sharded: every process writes its pieces, rank 0 the index, then
+  // publishes (every process calls it).
+  void write_sharded(std::int64_t steps_done);
+  void copy_tokenizer(const std::string& folder) const;  // the run's tokenizer file, if any
   TrainingRun& run_;
   std::string vocab_utf8_, config_json_;
 };
