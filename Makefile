@@ -6,9 +6,10 @@
 # test-repeat (both suites N times each, N=5 by default: every test that failed at least once),
 # bench (bench/run-all: every CPU table of bench/RESULTS.md, into build/bench/),
 # layouts (every tp x pipeline x dp layout of 2, 4 and 8 processes against one process),
+# checkpoints (a sharded checkpoint of each of 8 layouts loaded at every other one),
 # fuzz (libFuzzer on every reader of untrusted files, FUZZ_SECONDS each; fuzz/README.md),
 # format, clean.
-.PHONY: all deps build demo llama-demo fleet-demo test test-asan test-repeat bench layouts fuzz format check-floors check-size clean
+.PHONY: all deps build demo llama-demo fleet-demo test test-asan test-repeat bench layouts checkpoints fuzz format check-floors check-size clean
 
 JOBS ?= 2
 BUILD := build/release
@@ -69,6 +70,12 @@ bench: build
 # as the Markdown table of bench/RESULTS.md; the layouts it does not admit, with the reason.
 layouts: build
 	tests/dist/test_layouts.sh mpiexec $(BUILD)/loom all | tee build/layouts.md
+
+# A sharded checkpoint saved at each of 8 layouts (1, 2 and 4 processes: tp, pipeline, dp with
+# the distributed optimizer) loaded at every other one: saved again, bitwise; 10 further steps,
+# as an uninterrupted run there. The Markdown table of bench/RESULTS.md.
+checkpoints: build
+	tests/dist/test_checkpoints.sh mpiexec $(BUILD)/loom all | tee build/checkpoints.md
 
 # Clang build in build/fuzz (cmake --preset fuzz), corpora from the repository's fixtures,
 # then each harness for FUZZ_SECONDS; findings land in build/fuzz/findings/HARNESS/.
