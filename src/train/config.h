@@ -25,7 +25,7 @@ struct TrainConfig {
   // steps, warmup, lr, min_lr, weight_decay, beta1, beta2, grad_clip, seed; threads, device,
   // pipeline, stages, tp, micro_batches, pipeline_schedule, zero, mode, fusion, overlap, bucket_mb,
   // precision; eval_every, eval_batches, log_every, ckpt_every, keep_checkpoints,
-  // checkpoint_format, out,
+  // checkpoint_format, checkpoint_background, out,
   // resume, auto_resume, stop_after, init, json, progress, final_eval, save.
 #define LOOM_TRAIN_KEY(name, type, base, ...) LOOM_CONTRACT_CXX_##type name = base;
 #include "core/job_contract.def"

@@ -65,6 +65,15 @@ std::string Summary::to_json() const {
   }
   if (!peak_rss_bytes_per_rank.empty())
     j["peak_rss_bytes_per_rank"] = peak_rss_bytes_per_rank;
+  if (!checkpoint_saves.empty()) {
+    nlohmann::ordered_json saves = nlohmann::ordered_json::array();
+    for (const CheckpointSave& c : checkpoint_saves)
+      saves.push_back({{"step", c.step},
+                       {"background", c.background},
+                       {"stall_ms", c.stall_ms},
+                       {"write_ms", c.write_ms}});
+    j["checkpoint_saves"] = saves;
+  }
   if (layout)
     j["layout"] = {{"tp", layout->tp},
                    {"pp", layout->pp},
@@ -121,6 +130,7 @@ Summary run_training(const TrainConfig& cfg) {
   Summary summary = report.finish(step - run.start);
   summary.preempted = stop.preempted();
   mode->summarize(summary);
+  checkpoints.summarize(summary);
   run.describe_layout(summary);
   if (!summary.preempted)  // a preempted job must leave promptly
     evaluation.final(summary, report);

@@ -39,6 +39,15 @@ struct Summary {
   };
   std::vector<Collective> collectives_per_step;
   std::vector<std::int64_t> peak_rss_bytes_per_rank;
+  // Each checkpoint saved: its step, whether written in the background, the milliseconds
+  // the training thread stalled for it and the milliseconds its writing took (rank 0's:
+  // its shard, then every rank's awaited, the index and the publishing).
+  struct CheckpointSave {
+    std::int64_t step = 0;
+    bool background = false;
+    double stall_ms = 0, write_ms = 0;
+  };
+  std::vector<CheckpointSave> checkpoint_saves;
   bool lead = true;        // rank 0 of a data-parallel job (the one that reports)
   bool preempted = false;  // stopped by SIGTERM/SIGINT after a checkpoint: resumable
   std::string to_json() const;

@@ -697,30 +697,77 @@ void Checkpoints::copy_tokenizer(const std::string& folder) const {
                             io::read_whole_file(file));
 }
 
-void Checkpoints::write_sharded(std::int64_t steps_done) {
+void Checkpoints::write_sharded(std::int64_t steps_done, bool background) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  writer_.synchronize();  // the previous background save is complete (its failure rethrown)
   dist::Communicator& world = run_.world;
-  float ready = 0.0f;  // rank 0 has made the folder / every shard is written
+  float ready = 0.0f;  // rank 0 has made the folder
   if (run_.lead)
     run_.checkpoints().prepare(steps_done);
   world.all_reduce_sum(std::span<float>(&ready, 1));
-  const std::string folder = run_.checkpoints().writing_folder(steps_done);
-  write_shard(folder, world.rank(), run_.checkpoint_pieces());
-  world.all_reduce_sum(std::span<float>(&ready, 1));
-  if (!run_.lead)
-    return;
-  write_index(folder, world.size(),
-              {{"step", std::to_string(steps_done)},
-               {"optimizer_steps", std::to_string(run_.optimizer->steps_taken())},
-               {"loom_model", run_.spec.to_json()},
-               {"loom_vocab", vocab_utf8_},
-               {"loom_config", config_json_}});
-  copy_tokenizer(folder);
-  run_.checkpoints().commit(steps_done);
+  std::vector<ShardPiece> pieces = run_.checkpoint_pieces();
+  if (background)  // copies: the step goes on changing the parameters and moments
+    for (ShardPiece& piece : pieces)
+      piece.value = piece.value.to(dispatch::host());
+  const std::map<std::string, std::string> metadata{
+      {"step", std::to_string(steps_done)},
+      {"optimizer_steps", std::to_string(run_.optimizer->steps_taken())},
+      {"loom_model", run_.spec.to_json()},
+      {"loom_vocab", vocab_utf8_},
+      {"loom_config", config_json_}};
+  SaveTiming& timing = timings_.emplace_back();
+  timing.step = steps_done;
+  timing.background = background;
+  // Each process writes its shard; rank 0 then waits for every shard's manifest (no
+  // collective: the writer may run beside the training thread's), writes the index and
+  // publishes.
+  auto job = [this, steps_done, metadata, &timing, pieces = std::move(pieces),
+              folder = run_.checkpoints().writing_folder(steps_done), rank = world.rank(),
+              ranks = world.size(), lead = run_.lead] {
+    const auto w0 = Clock::now();
+    write_shard(folder, rank, pieces);
+    if (lead) {
+      wait_for_shards(folder, ranks, steps_done);
+      write_index(folder, ranks, metadata);
+      copy_tokenizer(folder);
+      run_.checkpoints().commit(steps_done);
+    }
+    timing.write_ms = std::chrono::duration<double, std::milli>(Clock::now() - w0).count();
+  };
+  if (background)
+    writer_.submit(std::move(job));
+  else
+    job();
+  timing.stall_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+void Checkpoints::wait_for_shards(const std::string& folder, int ranks, std::int64_t step) {
+  // Every rank's manifest appears once its shard is complete (write_shard); a rank that
+  // fails ends the job (MPI_Abort), so the wait is bounded by the slowest writer.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(30);
+  for (int r = 0; r < ranks; ++r) {
+    char name[40];
+    std::snprintf(name, sizeof name, "/shard-%05d.json", r);
+    std::error_code ec;
+    while (!std::filesystem::exists(folder + name, ec)) {
+      check(std::chrono::steady_clock::now() < deadline,
+            "checkpoint of step " + std::to_string(step) + ": rank " + std::to_string(r) +
+                " has not written its shard into " + folder + " after 30 minutes");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+}
+
+void Checkpoints::summarize(Summary& summary) {
+  writer_.synchronize();
+  for (const SaveTiming& t : timings_)
+    summary.checkpoint_saves.push_back({t.step, t.background, t.stall_ms, t.write_ms});
 }
 
 void Checkpoints::save(std::int64_t steps_done) {
   if (run_.cfg.sharded_checkpoints()) {  // no gathering: each process its pieces
-    write_sharded(steps_done);
+    write_sharded(steps_done, run_.cfg.checkpoint_background);
     return;
   }
   run_.gather_full_state(true);
@@ -730,9 +777,13 @@ void Checkpoints::save(std::int64_t steps_done) {
 }
 
 void Checkpoints::save_final(std::int64_t steps_done) {
+  writer_.synchronize();  // a background save still running finishes first
   if (run_.cfg.save && run_.cfg.sharded_checkpoints()) {
-    write_sharded(steps_done);
-    run_.gather_full_state(false);  // the whole model, for the final evaluation
+    // The run ends once its last checkpoint is published (unless that step's is already:
+    // a run stopped right after a checkpoint).
+    if (timings_.empty() || timings_.back().step != steps_done)
+      write_sharded(steps_done, false);
+    run_.gather_full_state(false);     // the whole model, for the final evaluation
     return;
   }
   run_.gather_full_state(run_.cfg.save);

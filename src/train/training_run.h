@@ -12,12 +12,14 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "core/host_stream.h"
 #include "data/text.h"
 #include "dist/communicator.h"
 #include "dist/grid.h"
@@ -189,15 +191,26 @@ class Checkpoints {
   void save(std::int64_t steps_done);
   // The end of the run: gathers the whole model (for the final evaluation too) and saves.
   void save_final(std::int64_t steps_done);
+  // Each checkpoint's stall of the training thread and write time (after the last is done).
+  void summarize(Summary& summary);
 
  private:
   void write(std::int64_t steps_done);
   // checkpoint_format = sharded: every process writes its pieces, rank 0 the index, then
-  // publishes (every process calls it).
-  void write_sharded(std::int64_t steps_done);
+  // publishes (every process calls it). In the background, the pieces are copied and the
+  // writing runs on writer_ while training goes on.
+  void write_sharded(std::int64_t steps_done, bool background);
+  static void wait_for_shards(const std::string& folder, int ranks, std::int64_t step);
   void copy_tokenizer(const std::string& folder) const;  // the run's tokenizer file, if any
   TrainingRun& run_;
   std::string vocab_utf8_, config_json_;
+  struct SaveTiming {
+    std::int64_t step = 0;
+    bool background = false;
+    double stall_ms = 0, write_ms = 0;
+  };
+  std::deque<SaveTiming> timings_;  // a deque: the writer fills in an entry it was given
+  HostStream writer_;               // last: destroyed first, finishing what was submitted
 };
 
 // When the loop stops: after `steps`; after `stop_after` (with a checkpoint); or at the

@@ -148,6 +148,73 @@ sys.exit(0 if ok else 1)
 PY
 done
 
+# --- Background saves under kill -9 and SIGTERM (2 processes, a checkpoint every step) ---
+# Each trial starts (or resumes, --auto_resume) the job, lets it log a random 1-8 more steps,
+# waits a random 0-8 ms (a background write is in flight at most instants) and kills one of
+# its two ranks with SIGKILL: the launcher ends the job. The checkpoint link must always
+# name a complete checkpoint; run to the end, the job logs each step once with the
+# uninterrupted run's losses and ends at its final loss.
+tiny=(--model llama --layers 1 --width 32 --heads 2 --kv_heads 1 --context 16 --batch 4 --steps 200
+  --eval_every 0 --final_eval false --progress false --threads 1 --log_every 100000 --json
+  --checkpoint_format sharded --ckpt_every 1)
+mpi2=("$mpiexec" -np 2 --oversubscribe --bind-to none -x OMP_WAIT_POLICY -x LOOM_TEST_HOLD_AT_STEP)
+export LOOM_TEST_HOLD_AT_STEP=""
+"${mpi2[@]}" "$loom" train "${tiny[@]}" --out "$dir/kill-ref" > "$dir/kill-ref.log" 2>&1 || fail "kill reference: $(tail -n 3 "$dir/kill-ref.log")"
+final() { grep '^{"steps"' "$1" | tail -n 1 | python3 -c 'import json,sys; print(repr(json.load(sys.stdin)["loss_last"]))'; }
+logged() {
+  local n=0
+  [[ -f "$1/metrics.jsonl" ]] && n=$(grep -c '"loss"' "$1/metrics.jsonl")
+  echo "${n:-0}"
+}
+trials=20
+[[ "$mode" == "quick" ]] && trials=5
+RANDOM=11
+out="$dir/killed" interrupted=0
+for ((k = 1; k <= trials; k++)); do
+  target=$(( $(logged "$out") + RANDOM % 8 + 1 ))
+  "${mpi2[@]}" "$loom" train "${tiny[@]}" --auto_resume --out "$out" > "$dir/kill-$k.log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null && (( $(logged "$out") < target )); do sleep 0.002; done
+  sleep "0.00$(( RANDOM % 9 ))"
+  victims=($(pgrep -P "$pid" -f "loom train"))
+  if (( ${#victims[@]} > 0 )) && kill -KILL "${victims[$(( RANDOM % ${#victims[@]} ))]}" 2>/dev/null; then
+    interrupted=$((interrupted + 1))
+  fi
+  wait "$pid" 2>/dev/null
+  if [[ -e "$out/checkpoint" && ! -f "$out/checkpoint/index.json" ]]; then
+    fail "kill $k: OUT/checkpoint names an incomplete checkpoint"
+  fi
+done
+"${mpi2[@]}" "$loom" train "${tiny[@]}" --auto_resume --out "$out" > "$dir/kill-end.log" 2>&1 || fail "after the kills: $(tail -n 3 "$dir/kill-end.log")"
+(( interrupted * 2 >= trials )) || fail "only $interrupted of $trials kills interrupted a run"
+[[ "$(final "$dir/kill-end.log")" == "$(final "$dir/kill-ref.log")" ]] ||
+  fail "after $trials kill -9: final loss $(final "$dir/kill-end.log"), uninterrupted $(final "$dir/kill-ref.log")"
+ls -a "$out/checkpoints" | grep -q '^\.writing' && fail "a temporary checkpoint folder was left behind"
+# SIGTERM while the job holds after step 20 (a background save of step 19 or 20 in flight):
+# the save finishes, the last checkpoint is step 20's, the job exits 75 (preempted).
+LOOM_TEST_HOLD_AT_STEP=20 "${mpi2[@]}" "$loom" train "${tiny[@]}" --out "$dir/term" > "$dir/term.log" 2>&1 &
+pid=$!
+while kill -0 "$pid" 2>/dev/null && (( $(logged "$dir/term") < 20 )); do sleep 0.01; done
+ranks=($(pgrep -P "$pid" -f "loom train"))  # one rank hears it; the job agrees on the stop
+kill -TERM "${ranks[-1]}"
+wait "$pid"
+rc=$?
+[[ $rc -eq 75 && "$(readlink "$dir/term/checkpoint")" == *step-00000020 && -f "$dir/term/checkpoint/index.json" ]] ||
+  fail "SIGTERM during background saves: exit $rc, checkpoint $(readlink "$dir/term/checkpoint")"
+"${mpi2[@]}" "$loom" train "${tiny[@]}" --resume --out "$dir/term" > "$dir/term2.log" 2>&1 || fail "resume after SIGTERM: $(tail -n 3 "$dir/term2.log")"
+python3 - "$dir" <<'PY' || fail "metrics after kill -9 or SIGTERM differ (above)"
+import json, sys
+d = sys.argv[1]
+def losses(n):
+    return [(r["step"], r["loss"]) for r in map(json.loads, open(f"{d}/{n}/metrics.jsonl")) if "loss" in r]
+ref = losses("kill-ref")
+assert [s for s, _ in ref] == list(range(1, 201))
+assert losses("killed") == ref, "after kill -9: the steps or losses differ from the uninterrupted run"
+assert losses("term") == ref, "after SIGTERM: the steps or losses differ from the uninterrupted run"
+print("background saves: kill -9 and SIGTERM runs end with the uninterrupted run's 200 losses")
+PY
+echo "background saves: $interrupted of $trials kill -9 interrupted the job"
+
 # A layout the checkpoint cannot load at is named before training (4 heads over 8 ranks).
 out=$("$mpiexec" -np 8 --oversubscribe --bind-to none "$loom" train "${model[@]}" "${base[@]}" --tp 8 \
   --steps 15 --resume --out "$dir/one" 2>&1); rc=$?
