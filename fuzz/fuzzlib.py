@@ -22,6 +22,7 @@ HARNESSES = {
     "text": (8192, ["text"]),
     "job_spec": (8192, ["job_spec"]),
     "pools": (8192, ["pools"]),
+    "sharded_index": (16384, ["sharded_index"]),
 }
 
 # The file names of a multi-file input's parts, in order (fuzz/unpack).
@@ -29,6 +30,7 @@ PARTS = {
     "catalog": ["chips.yaml", "models.yaml", "systems.yaml", "calibration-runs.yaml", "software.yaml"],
     "idx": ["NAME-images.idx", "NAME-labels.idx"],
     "alibaba": ["NAME-pods.csv", "NAME-nodes.csv"],
+    "sharded_index": ["index.json", "shard-00000.safetensors", "shard-00001.safetensors"],
 }
 
 

@@ -214,7 +214,10 @@ ShardedCheckpoint ShardedCheckpoint::open(const std::string& folder) {
                ", not a slice of the index's " + shape_str(logical.shape);
       });
       for (std::size_t d = 0; d < piece.shape.size(); ++d)
-        check(piece.start[d] + piece.shape[d] <= logical.shape[d], [&] {
+        // (in this order, so no sum overflows: a piece's sizes are its file's)
+        check(piece.shape[d] <= logical.shape[d] &&
+                  piece.start[d] <= logical.shape[d] - piece.shape[d],
+              [&] {
           return sf.path() + ": tensor '" + name + "' of shape " + shape_str(piece.shape) + " at " +
                  dims(piece.start) + " reaches past the index's shape " + shape_str(logical.shape);
         });
@@ -231,9 +234,17 @@ ShardedCheckpoint ShardedCheckpoint::open(const std::string& folder) {
       named[piece.file].insert(name);
       logical.pieces.push_back(std::move(piece));
     }
-    check(covered == shape_numel(logical.shape), [&] {
+    // The tensor's elements, counted without overflow (an index may claim any shape).
+    std::int64_t elements = 1;
+    bool overflow = false;
+    for (std::int64_t n : logical.shape)
+      overflow = __builtin_mul_overflow(elements, n, &elements) || overflow;
+    if (std::find(logical.shape.begin(), logical.shape.end(), 0) != logical.shape.end())
+      elements = 0, overflow = false;
+    check(!overflow && covered == elements, [&] {
       return at + ": its pieces hold " + std::to_string(covered) + " of its " +
-             std::to_string(shape_numel(logical.shape)) + " elements (a shard is missing)";
+             (overflow ? "more than 2^63" : std::to_string(elements)) +
+             " elements (a shard is missing)";
     });
     c.tensors_[name] = std::move(logical);
   }

@@ -74,6 +74,8 @@ std::string Summary::to_json() const {
                        {"write_ms", c.write_ms}});
     j["checkpoint_saves"] = saves;
   }
+  if (checkpoint_load_ms)
+    j["checkpoint_load_ms"] = *checkpoint_load_ms;
   if (layout)
     j["layout"] = {{"tp", layout->tp},
                    {"pp", layout->pp},
@@ -131,6 +133,8 @@ Summary run_training(const TrainConfig& cfg) {
   summary.preempted = stop.preempted();
   mode->summarize(summary);
   checkpoints.summarize(summary);
+  if (run.resumed)
+    summary.checkpoint_load_ms = run.load_ms;
   run.describe_layout(summary);
   if (!summary.preempted)  // a preempted job must leave promptly
     evaluation.final(summary, report);

@@ -48,6 +48,7 @@ struct Summary {
     double stall_ms = 0, write_ms = 0;
   };
   std::vector<CheckpointSave> checkpoint_saves;
+  std::optional<double> checkpoint_load_ms;  // a resumed run: reading its checkpoint
   bool lead = true;        // rank 0 of a data-parallel job (the one that reports)
   bool preempted = false;  // stopped by SIGTERM/SIGINT after a checkpoint: resumable
   std::string to_json() const;

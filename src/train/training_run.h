@@ -69,6 +69,7 @@ class TrainingRun {
   std::unique_ptr<dist::Pipeline> pipeline;
   std::int64_t start = 0;  // the first step (a resumed run's checkpoint step)
   bool resumed = false;    // started from a checkpoint (resume, or auto_resume that found one)
+  double load_ms = 0;      // reading that checkpoint into the model and optimizer
 
   // The processes that average gradients: the world, or (tp > 1 or pipeline > 1) the grid's
   // data-parallel group of this rank (same stage, same tensor-parallel rank).
@@ -201,6 +202,7 @@ class Checkpoints {
   // writing runs on writer_ while training goes on.
   void write_sharded(std::int64_t steps_done, bool background);
   static void wait_for_shards(const std::string& folder, int ranks, std::int64_t step);
+  void snapshot(std::vector<ShardPiece>& pieces);  // the pieces' values copied to snapshot_
   void copy_tokenizer(const std::string& folder) const;  // the run's tokenizer file, if any
   TrainingRun& run_;
   std::string vocab_utf8_, config_json_;
@@ -210,6 +212,7 @@ class Checkpoints {
     double stall_ms = 0, write_ms = 0;
   };
   std::deque<SaveTiming> timings_;  // a deque: the writer fills in an entry it was given
+  std::vector<Tensor> snapshot_;    // host copies of the pieces a background save writes
   HostStream writer_;               // last: destroyed first, finishing what was submitted
 };
 

@@ -8,7 +8,8 @@
 # batch is kept, each replica's share follows the process count).
 #
 # Usage: test_checkpoints.sh MPIEXEC path/to/loom [suite|quick|all]
-#   suite  each layout's checkpoint loaded at the next one's (a cycle), and 1 -> 4 processes
+#   suite  each layout's checkpoint loaded at the next one's (a cycle), 1 -> 4 and 4 -> 2
+#          processes
 #   quick  the cycle's first three moves (the sanitizer build's)
 #   all    every layout's checkpoint at every other layout (`make checkpoints`)
 set -u
@@ -23,6 +24,8 @@ base=(--final_eval false --progress false --threads 1 --eval_every 0 --ckpt_ever
   --keep_checkpoints 5 --checkpoint_format sharded)
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+export TESTS_DIST
+TESTS_DIST=$(cd "$(dirname "$0")" && pwd)  # sharded_checkpoint.py: the reader the checks use
 
 # name processes flags...
 layouts=(
@@ -75,7 +78,7 @@ else
   for ((i = 0; i < count; i++)); do
     moves+=("${names[$i]} ${names[$(((i + 1) % count))]}")
   done
-  moves+=("one dp4-zero")  # the cycle holds dp4-zero -> one
+  moves+=("one dp4-zero" "dp4-zero dp2-zero")  # the cycle holds dp4-zero -> one
   [[ "$mode" == "quick" ]] && moves=("${moves[@]:0:3}")
 fi
 
@@ -91,48 +94,10 @@ for move in "${moves[@]}"; do
   cp -r "$out/checkpoints/step-00000005" "$out/resaved"
   run "$to" "$out" --steps 15 --resume > "$out.log" 2>&1 || { fail "$from -> $to: 10 more steps: $(tail -n 3 "$out.log")"; continue; }
   python3 - "$dir" "$from" "$to" <<'PY' || fail "$from -> $to: outside the bounds (row above)"
-import json, struct, sys
-from array import array
+import json, os, sys
+sys.path.insert(0, os.environ["TESTS_DIST"])
+from sharded_checkpoint import logical
 d, src, dst = sys.argv[1:]
-def logical(folder):
-    """Every logical tensor of a sharded checkpoint, assembled whole (flat, row-major)."""
-    index = json.load(open(f"{folder}/index.json"))
-    files = []
-    for f in index["files"]:
-        b = open(f"{folder}/{f['name']}", "rb").read()
-        n = struct.unpack("<Q", b[:8])[0]
-        header = json.loads(b[8:8 + n])
-        files.append((header, b[8 + n:]))
-    out = {}
-    for name, t in index["tensors"].items():
-        shape = t["shape"]
-        whole = array("f", bytes(4 * max(1, prod(shape))))[:prod(shape)]
-        for p in t["pieces"]:
-            header, data = files[p["file"]]
-            e = header[name]
-            a, b = e["data_offsets"]
-            values = array("f", data[a:b])
-            pshape, start = e["shape"], p["start"]
-            # row-major: copy each run of the last dimension
-            run = pshape[-1] if pshape else 1
-            strides = [1] * len(shape)
-            for k in range(len(shape) - 2, -1, -1):
-                strides[k] = strides[k + 1] * shape[k + 1]
-            for r in range(len(values) // run if run else 0):
-                idx, rem = [], r
-                for k in range(len(pshape) - 2, -1, -1):
-                    idx.insert(0, rem % pshape[k])
-                    rem //= pshape[k]
-                at = sum((start[k] + idx[k]) * strides[k] for k in range(len(pshape) - 1))
-                at += start[-1] if pshape else 0
-                whole[at:at + run] = values[r * run:(r + 1) * run]
-        out[name] = whole
-    return out, index["metadata"]
-def prod(s):
-    n = 1
-    for x in s:
-        n *= x
-    return n
 a, meta_a = logical(f"{d}/{src}/checkpoints/step-00000005")
 b, meta_b = logical(f"{d}/{src}-to-{dst}/resaved")
 assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
@@ -147,6 +112,22 @@ print(f"| {src} | {dst} | {len(a)} | {'yes' if not differ else 'NO: ' + ', '.joi
 sys.exit(0 if ok else 1)
 PY
 done
+
+# `loom export --hf` of a sharded checkpoint (tp 2 x pipeline 2, 4 processes' shards) writes
+# the whole model: each tensor bitwise the checkpoint's.
+"$loom" export --hf "$dir/tp2xpp2/checkpoint" "$dir/hf" > "$dir/export.log" 2>&1 || fail "export --hf: $(tail -n 3 "$dir/export.log")"
+python3 - "$dir" <<'PY' || fail "export --hf of a sharded checkpoint (above)"
+import os, sys
+sys.path.insert(0, os.environ["TESTS_DIST"])
+from sharded_checkpoint import logical, safetensors
+d = sys.argv[1]
+saved, _ = logical(f"{d}/tp2xpp2/checkpoint")
+exported = safetensors(f"{d}/hf/model.safetensors")
+weights = {k: v for k, v in saved.items() if not k.startswith("optimizer.")}
+assert set(exported) == set(weights), sorted(set(exported) ^ set(weights))
+assert all(exported[k].tobytes() == weights[k].tobytes() for k in weights)
+print(f"export --hf of a sharded checkpoint: {len(weights)} tensors, bitwise")
+PY
 
 # --- Background saves under kill -9 and SIGTERM (2 processes, a checkpoint every step) ---
 # Each trial starts (or resumes, --auto_resume) the job, lets it log a random 1-8 more steps,
