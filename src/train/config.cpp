@@ -208,8 +208,9 @@ bool TrainConfig::fuses() const {
   return typed<bool>("fusion", fusion, {{"true", true}, {"false", false}});
 }
 
-bool TrainConfig::sharded_checkpoints() const {
-  return typed<bool>("checkpoint_format", checkpoint_format, {{"whole", false}, {"sharded", true}});
+bool TrainConfig::sharded_checkpoints(int processes) const {
+  return typed<bool>("checkpoint_format", checkpoint_format,
+                     {{"auto", processes > 1}, {"whole", false}, {"sharded", true}});
 }
 
 Overlap TrainConfig::overlap_setting() const {

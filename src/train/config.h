@@ -52,7 +52,7 @@ struct TrainConfig {
   Overlap overlap_setting() const;
   DType product_dtype() const;  // the products' operand precision (set_matmul_precision)
   dist::PipelineSchedule schedule() const;
-  bool sharded_checkpoints() const;  // checkpoint_format
+  bool sharded_checkpoints(int processes) const;  // checkpoint_format, for a job of that many
   // stages read as block counts ("3,5" -> {3, 5}; "" -> {}: even); an error names the key,
   // the value and the form expected. Their sum and number are the pipeline's to check.
   std::vector<std::int64_t> stage_counts() const;

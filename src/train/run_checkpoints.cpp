@@ -177,7 +177,7 @@ void Checkpoints::summarize(Summary& summary) {
 }
 
 void Checkpoints::save(std::int64_t steps_done) {
-  if (run_.cfg.sharded_checkpoints()) {  // no gathering: each process its pieces
+  if (run_.cfg.sharded_checkpoints(run_.world.size())) {  // no gathering: each process its pieces
     write_sharded(steps_done, run_.cfg.checkpoint_background);
     return;
   }
@@ -194,7 +194,7 @@ void Checkpoints::save(std::int64_t steps_done) {
 
 void Checkpoints::save_final(std::int64_t steps_done) {
   writer_.synchronize();  // a background save still running finishes first
-  if (run_.cfg.save && run_.cfg.sharded_checkpoints()) {
+  if (run_.cfg.save && run_.cfg.sharded_checkpoints(run_.world.size())) {
     // The run ends once its last checkpoint is published (unless that step's is already:
     // a run stopped right after a checkpoint).
     if (timings_.empty() || timings_.back().step != steps_done)

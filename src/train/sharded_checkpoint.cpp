@@ -60,6 +60,38 @@ const nlohmann::json& field(const nlohmann::json& j, const char* name, const std
   return j.at(name);
 }
 
+// The index's files: present, of the size and checksum it gives, then read.
+std::vector<io::SafetensorsFile> read_files(const nlohmann::json& files, const std::string& folder,
+                                            const std::string& where) {
+  std::vector<io::SafetensorsFile> out;
+  check(files.is_array() && !files.empty(),
+        where + ": field 'files' is " + files.dump().substr(0, 80) + ", expected a list of files");
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    const std::string at = where + ": files[" + std::to_string(f) + "]";
+    const nlohmann::json& name = field(files[f], "name", at);
+    check(name.is_string() && name.get<std::string>().find('/') == std::string::npos &&
+              !name.get<std::string>().empty() && name.get<std::string>()[0] != '.',
+          at + ": field 'name' is " + name.dump() + ", expected a file name in the folder");
+    const std::string path = folder + "/" + name.get<std::string>();
+    std::error_code ec;
+    check(fs::is_regular_file(path, ec), path + ": missing (the index " + where +
+                                             " lists it as files[" + std::to_string(f) + "])");
+    const std::string bytes = io::read_whole_file(path);
+    const nlohmann::json& size = field(files[f], "bytes", at);
+    check(size.is_number_unsigned() && size.get<std::uint64_t>() == bytes.size(),
+          path + ": " + std::to_string(bytes.size()) + " bytes, the index " + where + " says " +
+              size.dump());
+    const nlohmann::json& crc = field(files[f], "crc32", at);
+    const std::string actual = crc32_hex(bytes);
+    check(crc.is_string() && crc.get<std::string>() == actual,
+          path + ": CRC-32 " + actual + ", the index " + where + " says " + crc.dump() +
+              " (the file changed or is damaged)");
+    out.push_back(io::SafetensorsFile::read(path));
+  }
+
+  return out;
+}
+
 }  // namespace
 
 void write_shard(const std::string& folder, int rank, const std::vector<ShardPiece>& pieces) {
@@ -150,110 +182,92 @@ ShardedCheckpoint ShardedCheckpoint::open(const std::string& folder) {
     c.metadata_[key] = value.get<std::string>();
   }
 
-  // The files: present, of the size and checksum the index gives, then read.
-  const nlohmann::json& files = field(index, "files", where);
-  check(files.is_array() && !files.empty(),
-        where + ": field 'files' is " + files.dump().substr(0, 80) + ", expected a list of files");
-  for (std::size_t f = 0; f < files.size(); ++f) {
-    const std::string at = where + ": files[" + std::to_string(f) + "]";
-    const nlohmann::json& name = field(files[f], "name", at);
-    check(name.is_string() && name.get<std::string>().find('/') == std::string::npos &&
-              !name.get<std::string>().empty() && name.get<std::string>()[0] != '.',
-          at + ": field 'name' is " + name.dump() + ", expected a file name in the folder");
-    const std::string path = folder + "/" + name.get<std::string>();
-    std::error_code ec;
-    check(fs::is_regular_file(path, ec), path + ": missing (the index " + where +
-                                             " lists it as files[" + std::to_string(f) + "])");
-    const std::string bytes = io::read_whole_file(path);
-    const nlohmann::json& size = field(files[f], "bytes", at);
-    check(size.is_number_unsigned() && size.get<std::uint64_t>() == bytes.size(),
-          path + ": " + std::to_string(bytes.size()) + " bytes, the index " + where + " says " +
-              size.dump());
-    const nlohmann::json& crc = field(files[f], "crc32", at);
-    const std::string actual = crc32_hex(bytes);
-    check(crc.is_string() && crc.get<std::string>() == actual,
-          path + ": CRC-32 " + actual + ", the index " + where + " says " + crc.dump() +
-              " (the file changed or is damaged)");
-    c.files_.push_back(io::SafetensorsFile::read(path));
-  }
+  c.files_ = read_files(field(index, "files", where), folder, where);
 
   // The tensors: each piece in its file, inside its tensor; the pieces tile it.
   std::vector<std::set<std::string>> named(c.files_.size());
   const nlohmann::json& tensors = field(index, "tensors", where);
   check(tensors.is_object(), where + ": field 'tensors' is not an object");
-  for (const auto& [name, t] : tensors.items()) {
-    const std::string at = where + ": tensor '" + name + "'";
-    const nlohmann::json& dtype = field(t, "dtype", at);
-    check(dtype == "F32", at + ": dtype " + dtype.dump() + ", expected \"F32\"");
-    Logical logical;
-    logical.shape = integers(field(t, "shape", at), at + ": shape", 0, -1);
-    const nlohmann::json& pieces = field(t, "pieces", at);
-    check(pieces.is_array() && !pieces.empty(),
-          at + ": field 'pieces' is " + pieces.dump() + ", expected a non-empty list");
-    const auto rank = static_cast<long>(logical.shape.size());
-    std::int64_t covered = 0;
-    for (std::size_t k = 0; k < pieces.size(); ++k) {
-      const std::string pat = at + " piece " + std::to_string(k);
-      const nlohmann::json& file = field(pieces[k], "file", pat);
-      check(file.is_number_unsigned() && file.get<std::uint64_t>() < c.files_.size(),
-            pat + ": field 'file' is " + file.dump() + ", expected an index into 'files' (0 to " +
-                std::to_string(c.files_.size() - 1) + ")");
-      Piece piece;
-      piece.file = file.get<std::size_t>();
-      piece.start = integers(field(pieces[k], "start", pat), pat + ": start", 0, rank);
-      const io::SafetensorsFile& sf = c.files_[piece.file];
-      const io::SafetensorsEntry* e = sf.find(name);
-      check(e != nullptr, sf.path() + ": tensor '" + name + "' is missing (the index " + where +
-                              " places piece " + std::to_string(k) + " of it there)");
-      check(e->dtype == DType::f32, sf.path() + ": tensor '" + name + "' is " +
-                                        std::string(safetensors_name(e->dtype)) + ", the index " +
-                                        where + " says F32");
-      piece.shape = e->shape;
-      check(static_cast<long>(piece.shape.size()) == rank, [&] {
-        return sf.path() + ": tensor '" + name + "' has shape " + shape_str(piece.shape) +
-               ", not a slice of the index's " + shape_str(logical.shape);
-      });
-      for (std::size_t d = 0; d < piece.shape.size(); ++d)
-        // (in this order, so no sum overflows: a piece's sizes are its file's)
-        check(piece.shape[d] <= logical.shape[d] &&
-                  piece.start[d] <= logical.shape[d] - piece.shape[d],
-              [&] {
-          return sf.path() + ": tensor '" + name + "' of shape " + shape_str(piece.shape) + " at " +
-                 dims(piece.start) + " reaches past the index's shape " + shape_str(logical.shape);
-        });
-      for (const Piece& other : logical.pieces) {  // disjoint from every earlier piece
-        bool overlap = true;
-        for (std::size_t d = 0; d < piece.shape.size(); ++d)
-          overlap = overlap && piece.start[d] < other.start[d] + other.shape[d] &&
-                    other.start[d] < piece.start[d] + piece.shape[d];
-        check(!overlap, [&] {
-          return at + ": pieces at " + dims(piece.start) + " and " + dims(other.start) + " overlap";
-        });
-      }
-      covered += shape_numel(piece.shape);
-      named[piece.file].insert(name);
-      logical.pieces.push_back(std::move(piece));
-    }
-    // The tensor's elements, counted without overflow (an index may claim any shape).
-    std::int64_t elements = 1;
-    bool overflow = false;
-    for (std::int64_t n : logical.shape)
-      overflow = __builtin_mul_overflow(elements, n, &elements) || overflow;
-    if (std::find(logical.shape.begin(), logical.shape.end(), 0) != logical.shape.end())
-      elements = 0, overflow = false;
-    check(!overflow && covered == elements, [&] {
-      return at + ": its pieces hold " + std::to_string(covered) + " of its " +
-             (overflow ? "more than 2^63" : std::to_string(elements)) +
-             " elements (a shard is missing)";
-    });
-    c.tensors_[name] = std::move(logical);
-  }
+  for (const auto& [name, t] : tensors.items())
+    c.tensors_[name] = c.read_tensor(name, t, named);
   for (std::size_t f = 0; f < c.files_.size(); ++f)
     for (const io::SafetensorsEntry& e : c.files_[f].entries())
       check(named[f].count(e.name) != 0, c.files_[f].path() + ": tensor '" + e.name +
                                              "' is not in the index " + where +
                                              " (the index and its files disagree)");
   return c;
+}
+
+ShardedCheckpoint::Logical ShardedCheckpoint::read_tensor(
+    const std::string& name, const nlohmann::json& t,
+    std::vector<std::set<std::string>>& named) const {
+  const std::string& where = index_path_;
+  const std::string at = where + ": tensor '" + name + "'";
+  const nlohmann::json& dtype = field(t, "dtype", at);
+  check(dtype == "F32", at + ": dtype " + dtype.dump() + ", expected \"F32\"");
+  Logical logical;
+  logical.shape = integers(field(t, "shape", at), at + ": shape", 0, -1);
+  const nlohmann::json& pieces = field(t, "pieces", at);
+  check(pieces.is_array() && !pieces.empty(),
+        at + ": field 'pieces' is " + pieces.dump() + ", expected a non-empty list");
+  const auto rank = static_cast<long>(logical.shape.size());
+  std::int64_t covered = 0;
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const std::string pat = at + " piece " + std::to_string(k);
+    const nlohmann::json& file = field(pieces[k], "file", pat);
+    check(file.is_number_unsigned() && file.get<std::uint64_t>() < files_.size(),
+          pat + ": field 'file' is " + file.dump() + ", expected an index into 'files' (0 to " +
+              std::to_string(files_.size() - 1) + ")");
+    Piece piece;
+    piece.file = file.get<std::size_t>();
+    piece.start = integers(field(pieces[k], "start", pat), pat + ": start", 0, rank);
+    const io::SafetensorsFile& sf = files_[piece.file];
+    const io::SafetensorsEntry* e = sf.find(name);
+    check(e != nullptr, sf.path() + ": tensor '" + name + "' is missing (the index " + where +
+                            " places piece " + std::to_string(k) + " of it there)");
+    check(e->dtype == DType::f32, sf.path() + ": tensor '" + name + "' is " +
+                                      std::string(safetensors_name(e->dtype)) + ", the index " +
+                                      where + " says F32");
+    piece.shape = e->shape;
+    check(static_cast<long>(piece.shape.size()) == rank, [&] {
+      return sf.path() + ": tensor '" + name + "' has shape " + shape_str(piece.shape) +
+             ", not a slice of the index's " + shape_str(logical.shape);
+    });
+    for (std::size_t d = 0; d < piece.shape.size(); ++d)
+      // (in this order, so no sum overflows: a piece's sizes are its file's)
+      check(
+          piece.shape[d] <= logical.shape[d] && piece.start[d] <= logical.shape[d] - piece.shape[d],
+          [&] {
+            return sf.path() + ": tensor '" + name + "' of shape " + shape_str(piece.shape) +
+                   " at " + dims(piece.start) + " reaches past the index's shape " +
+                   shape_str(logical.shape);
+          });
+    for (const Piece& other : logical.pieces) {  // disjoint from every earlier piece
+      bool overlap = true;
+      for (std::size_t d = 0; d < piece.shape.size(); ++d)
+        overlap = overlap && piece.start[d] < other.start[d] + other.shape[d] &&
+                  other.start[d] < piece.start[d] + piece.shape[d];
+      check(!overlap, [&] {
+        return at + ": pieces at " + dims(piece.start) + " and " + dims(other.start) + " overlap";
+      });
+    }
+    covered += shape_numel(piece.shape);
+    named[piece.file].insert(name);
+    logical.pieces.push_back(std::move(piece));
+  }
+  // The tensor's elements, counted without overflow (an index may claim any shape).
+  std::int64_t elements = 1;
+  bool overflow = false;
+  for (std::int64_t n : logical.shape)
+    overflow = __builtin_mul_overflow(elements, n, &elements) || overflow;
+  if (std::find(logical.shape.begin(), logical.shape.end(), 0) != logical.shape.end())
+    elements = 0, overflow = false;
+  check(!overflow && covered == elements, [&] {
+    return at + ": its pieces hold " + std::to_string(covered) + " of its " +
+           (overflow ? "more than 2^63" : std::to_string(elements)) +
+           " elements (a shard is missing)";
+  });
+  return logical;
 }
 
 const Shape& ShardedCheckpoint::shape(const std::string& name) const {

@@ -23,6 +23,8 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -80,6 +82,10 @@ class ShardedCheckpoint {
     Shape shape;
     std::vector<Piece> pieces;
   };
+  // Tensor `name` of the index (its entry `t`), checked against files_; each file's tensors
+  // it names are added to named[file].
+  Logical read_tensor(const std::string& name, const nlohmann::json& t,
+                      std::vector<std::set<std::string>>& named) const;
   std::string folder_, index_path_;
   std::map<std::string, std::string> metadata_;
   std::vector<io::SafetensorsFile> files_;

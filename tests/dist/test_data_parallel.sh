@@ -25,7 +25,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as r
 # own code on this path is leak-checked by the one-process tests.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 mpi=("$mpiexec" -np 2 --oversubscribe --bind-to none)
-base=(--steps "$STEPS" --final_eval false --progress false --json --threads 1 --ckpt_every 0)
+# Whole checkpoints (rank 0's model.safetensors), compared file to file below; sharded ones
+# are tests/dist/test_checkpoints.sh's.
+base=(--steps "$STEPS" --final_eval false --progress false --json --threads 1 --ckpt_every 0
+  --checkpoint_format whole)
 common=("${base[@]}" --eval_every 0)
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }

@@ -223,6 +223,11 @@ TEST(ShardedCheckpoint, AOneProcessRunSavedShardedResumesExactly) {
   for (const std::string& name : a.names())
     EXPECT_EQ(a.load(name, cpu()).to_floats(), b.load(name, cpu()).to_floats()) << name;
   EXPECT_EQ(a.metadata().at("step"), "6");
+  // Loaded onto every backend of this machine: the same values.
+  for (const std::string& backend : backend_names())
+    for (const std::string& name : a.names())
+      EXPECT_EQ(a.load(name, backend_named(backend)).to_floats(), a.load(name, cpu()).to_floats())
+          << name << " on " << backend;
 }
 
 }  // namespace
