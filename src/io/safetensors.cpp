@@ -18,7 +18,10 @@ constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;  // the format's own limi
 }  // namespace
 
 SafetensorsFile SafetensorsFile::read(const std::string& path) {
-  std::string bytes = read_whole_file(path);
+  return parse(read_whole_file(path), path);
+}
+
+SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& path) {
   check(bytes.size() >= 8, path + ": " + std::to_string(bytes.size()) +
                                " bytes; a safetensors file starts with an 8-byte header length");
   std::uint64_t header_len = 0;
@@ -38,7 +41,8 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
         path + ": header is " + std::string(header.type_name()) + ", expected a JSON object");
   SafetensorsFile file;
   file.path_ = path;
-  file.data_ = bytes.substr(8 + header_len);
+  bytes.erase(0, 8 + header_len);  // the data section, without a second copy of it
+  file.data_ = std::move(bytes);
   const std::size_t data_size = file.data_.size();
   for (auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
@@ -134,9 +138,9 @@ Tensor SafetensorsFile::load_f32(const SafetensorsEntry& entry, Backend& backend
   return Tensor::from_floats(entry.shape, values, backend);
 }
 
-void write_safetensors(const std::string& path,
-                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+std::string safetensors_bytes(const std::string& path,
+                              const std::vector<std::pair<std::string, Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty())
     header["__metadata__"] = metadata;
@@ -159,10 +163,20 @@ void write_safetensors(const std::string& path,
     out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
   out += json;
   for (const auto& [name, tensor] : tensors) {
+    if (tensor.backend().host_accessible() && tensor.is_contiguous()) {  // no staging copy
+      out.append(reinterpret_cast<const char*>(tensor.data<float>()), tensor.nbytes());
+      continue;
+    }
     std::vector<float> values = tensor.to_floats();
     out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
   }
-  write_file_atomically(path, out);
+  return out;
+}
+
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  write_file_atomically(path, safetensors_bytes(path, tensors, metadata));
 }
 
 }  // namespace loom::io

@@ -26,6 +26,8 @@ class SafetensorsFile {
   // Reads and validates `path`; throws naming the file, the tensor or field, the value
   // and what was expected (truncated files, lying offsets, overlaps, bad JSON, ...).
   static SafetensorsFile read(const std::string& path);
+  // The same from the file's bytes, read already (`path` names it in errors).
+  static SafetensorsFile parse(std::string bytes, const std::string& path);
 
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -41,7 +43,12 @@ class SafetensorsFile {
   std::string data_;  // the data section
 };
 
-// Writes tensors (any device; copied to the host) and string metadata atomically.
+// The bytes of a safetensors file of `tensors` (any device; copied to the host) and string
+// metadata (`path` names the file in errors).
+std::string safetensors_bytes(const std::string& path,
+                              const std::vector<std::pair<std::string, Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata);
+// Writes them atomically.
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata);

@@ -95,6 +95,7 @@ void Checkpoints::write_sharded(std::int64_t steps_done, bool background) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   writer_.synchronize();  // the previous background save is complete (its failure rethrown)
+  const double waited = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   dist::Communicator& world = run_.world;
   float ready = 0.0f;  // rank 0 has made the folder
   if (run_.lead)
@@ -112,6 +113,7 @@ void Checkpoints::write_sharded(std::int64_t steps_done, bool background) {
   SaveTiming& timing = timings_.emplace_back();
   timing.step = steps_done;
   timing.background = background;
+  timing.wait_ms = waited;
   // Each process writes its shard; rank 0 then waits for every shard's manifest (no
   // collective: the writer may run beside the training thread's), writes the index and
   // publishes.
@@ -173,7 +175,7 @@ void Checkpoints::wait_for_shards(const std::string& folder, int ranks, std::int
 void Checkpoints::summarize(Summary& summary) {
   writer_.synchronize();
   for (const SaveTiming& t : timings_)
-    summary.checkpoint_saves.push_back({t.step, t.background, t.stall_ms, t.write_ms});
+    summary.checkpoint_saves.push_back({t.step, t.background, t.stall_ms, t.wait_ms, t.write_ms});
 }
 
 void Checkpoints::save(std::int64_t steps_done) {

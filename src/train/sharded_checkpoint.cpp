@@ -76,7 +76,7 @@ std::vector<io::SafetensorsFile> read_files(const nlohmann::json& files, const s
     std::error_code ec;
     check(fs::is_regular_file(path, ec), path + ": missing (the index " + where +
                                              " lists it as files[" + std::to_string(f) + "])");
-    const std::string bytes = io::read_whole_file(path);
+    std::string bytes = io::read_whole_file(path);
     const nlohmann::json& size = field(files[f], "bytes", at);
     check(size.is_number_unsigned() && size.get<std::uint64_t>() == bytes.size(),
           path + ": " + std::to_string(bytes.size()) + " bytes, the index " + where + " says " +
@@ -86,7 +86,7 @@ std::vector<io::SafetensorsFile> read_files(const nlohmann::json& files, const s
     check(crc.is_string() && crc.get<std::string>() == actual,
           path + ": CRC-32 " + actual + ", the index " + where + " says " + crc.dump() +
               " (the file changed or is damaged)");
-    out.push_back(io::SafetensorsFile::read(path));
+    out.push_back(io::SafetensorsFile::parse(std::move(bytes), path));
   }
 
   return out;
@@ -106,9 +106,9 @@ void write_shard(const std::string& folder, int rank, const std::vector<ShardPie
     tensors.emplace_back(p.name, p.value);
     manifest_pieces[p.name] = {{"shape", p.shape}, {"start", p.start}};
   }
-  io::write_safetensors(base + ".safetensors", tensors, {{"format", "pt"}});
-  // The checksum of the bytes on disk, read back (the writer formats the file itself).
-  const std::string bytes = io::read_whole_file(base + ".safetensors");
+  const std::string bytes =
+      io::safetensors_bytes(base + ".safetensors", tensors, {{"format", "pt"}});
+  io::write_file_atomically(base + ".safetensors", bytes);
   nlohmann::ordered_json manifest{{"file", shard_name(rank) + ".safetensors"},
                                   {"bytes", bytes.size()},
                                   {"crc32", crc32_hex(bytes)},

@@ -71,6 +71,7 @@ std::string Summary::to_json() const {
       saves.push_back({{"step", c.step},
                        {"background", c.background},
                        {"stall_ms", c.stall_ms},
+                       {"wait_ms", c.wait_ms},
                        {"write_ms", c.write_ms}});
     j["checkpoint_saves"] = saves;
   }

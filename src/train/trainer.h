@@ -40,16 +40,17 @@ struct Summary {
   std::vector<Collective> collectives_per_step;
   std::vector<std::int64_t> peak_rss_bytes_per_rank;
   // Each checkpoint saved: its step, whether written in the background, the milliseconds
-  // the training thread stalled for it and the milliseconds its writing took (rank 0's:
-  // its shard, then every rank's awaited, the index and the publishing).
+  // the training thread stalled for it (of which waiting for the previous background save
+  // to finish: wait_ms) and the milliseconds its writing took (rank 0's: its shard, then
+  // every rank's awaited, the index and the publishing).
   struct CheckpointSave {
     std::int64_t step = 0;
     bool background = false;
-    double stall_ms = 0, write_ms = 0;
+    double stall_ms = 0, wait_ms = 0, write_ms = 0;
   };
   std::vector<CheckpointSave> checkpoint_saves;
   std::optional<double> checkpoint_load_ms;  // a resumed run: reading its checkpoint
-  bool lead = true;        // rank 0 of a data-parallel job (the one that reports)
+  bool lead = true;                          // rank 0 of a data-parallel job (the one that reports)
   bool preempted = false;  // stopped by SIGTERM/SIGINT after a checkpoint: resumable
   std::string to_json() const;
 };

@@ -202,14 +202,14 @@ class Checkpoints {
   // writing runs on writer_ while training goes on.
   void write_sharded(std::int64_t steps_done, bool background);
   static void wait_for_shards(const std::string& folder, int ranks, std::int64_t step);
-  void snapshot(std::vector<ShardPiece>& pieces);  // the pieces' values copied to snapshot_
+  void snapshot(std::vector<ShardPiece>& pieces);        // the pieces' values copied to snapshot_
   void copy_tokenizer(const std::string& folder) const;  // the run's tokenizer file, if any
   TrainingRun& run_;
   std::string vocab_utf8_, config_json_;
   struct SaveTiming {
     std::int64_t step = 0;
     bool background = false;
-    double stall_ms = 0, write_ms = 0;
+    double stall_ms = 0, wait_ms = 0, write_ms = 0;
   };
   std::deque<SaveTiming> timings_;  // a deque: the writer fills in an entry it was given
   std::vector<Tensor> snapshot_;    // host copies of the pieces a background save writes
