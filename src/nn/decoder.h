@@ -79,6 +79,10 @@ struct ShardedParameter {
   int dim = 0;            // the dimension split
   int parts = 0;          // distinct slices: 0, one per rank; fewer, each held by several ranks
   int slice = 0;          // the slice this rank holds
+  // Of a group of `ranks`: the distinct slices, and whether `rank` is the first of the ranks
+  // holding its slice (the one that counts or writes it).
+  int slices(int ranks) const { return parts > 0 ? parts : ranks; }
+  bool first_holder(int rank, int ranks) const { return rank % (ranks / slices(ranks)) == 0; }
 };
 
 struct KvCache {

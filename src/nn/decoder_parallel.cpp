@@ -69,7 +69,7 @@ std::vector<ShardedParameter> Decoder::shard_tensor_parallel(int rank, int size)
         s.parts = static_cast<int>(config_.kv_heads);
         s.slice = rank * s.parts / size;
       }
-      const int count = s.parts > 0 ? s.parts : size;
+      const int count = s.slices(size);
       const Tensor& whole = p.var.value();
       const std::int64_t part = whole.dim(dim) / count;
       p.var.set_value(dispatch::contiguous(whole.slice(dim, s.slice * part, (s.slice + 1) * part)));

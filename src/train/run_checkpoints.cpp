@@ -29,13 +29,11 @@ std::vector<ShardPiece> TrainingRun::checkpoint_pieces() const {
     piece.shape = value.shape();
     piece.start.assign(value.shape().size(), 0);
     if (const nn::ShardedParameter* s = shard_of[i]) {
-      const int count = s->parts > 0 ? s->parts : static_cast<int>(cfg.tp);
-      const int holders = static_cast<int>(cfg.tp) / count;
-      if (tp_rank % holders != 0)
+      if (!s->first_holder(tp_rank, static_cast<int>(cfg.tp)))
         continue;  // the slice's first holder writes it
       const auto d = static_cast<std::size_t>(s->dim);
       piece.start[d] = s->slice * value.dim(s->dim);
-      piece.shape[d] = value.dim(s->dim) * count;
+      piece.shape[d] = value.dim(s->dim) * s->slices(static_cast<int>(cfg.tp));
     } else if (tp_rank != 0) {
       continue;  // replicated over the tensor-parallel group: its rank 0 writes it
     }

@@ -317,7 +317,7 @@ void TrainingRun::update(double lr) {
 namespace {
 // The slice of `whole` this rank holds, tensor parallelism over `tp` ranks splitting it as `s`.
 Tensor slice_here(const Tensor& whole, const nn::ShardedParameter& s, std::int64_t tp) {
-  return dist::slice_of(whole, s.dim, s.slice, s.parts > 0 ? s.parts : static_cast<int>(tp));
+  return dist::slice_of(whole, s.dim, s.slice, s.slices(static_cast<int>(tp)));
 }
 }  // namespace
 
@@ -343,7 +343,7 @@ double TrainingRun::clip_grad_norm(double max_norm) {
   const int tp_rank = cfg.tp > 1 ? grid_->at().tp : 0;
   for (const nn::ShardedParameter& s : sharded_) {
     is_sharded[s.index] = true;
-    held_first[s.index] = s.parts == 0 || tp_rank % (static_cast<int>(cfg.tp) / s.parts) == 0;
+    held_first[s.index] = s.first_holder(tp_rank, static_cast<int>(cfg.tp));
   }
   auto counted = [&](std::size_t i) {
     return !pipeline || (pipeline->uses(i) && pipeline->owns(i));
