@@ -18,32 +18,43 @@ constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;  // the format's own limi
 }  // namespace
 
 SafetensorsFile SafetensorsFile::read(const std::string& path) {
-  return parse(read_whole_file(path), path);
+  return open(std::make_shared<const ReadOnlyFile>(path));
 }
 
-SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& path) {
-  check(bytes.size() >= 8, path + ": " + std::to_string(bytes.size()) +
-                               " bytes; a safetensors file starts with an 8-byte header length");
-  std::uint64_t header_len = 0;
+SafetensorsFile SafetensorsFile::open(std::shared_ptr<const ReadOnlyFile> source) {
+  SafetensorsFile file;
+  file.path_ = source->path();
+  const std::uint64_t size = source->size();
+  check(size >= 8, file.path_ + ": " + std::to_string(size) +
+                       " bytes; a safetensors file starts with an 8-byte header length");
+  unsigned char first8[8] = {};
+  source->read(0, 8, first8);
+  std::uint64_t header_len = 0;  // little-endian
   for (int i = 7; i >= 0; --i)
-    header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
-  check(header_len <= kMaxHeaderBytes && header_len <= bytes.size() - 8,
-        path + ": header length = " + std::to_string(header_len) + ", but the file has only " +
-            std::to_string(bytes.size() - 8) + " bytes after it (truncated or corrupt)");
+    header_len = (header_len << 8) | first8[i];
+  check(header_len <= kMaxHeaderBytes && header_len <= size - 8,
+        file.path_ + ": header length = " + std::to_string(header_len) +
+            ", but the file has only " + std::to_string(size - 8) +
+            " bytes after it (truncated or corrupt)");
+  std::string json(header_len, '\0');
+  source->read(8, header_len, json.data());
+  file.data_start_ = 8 + header_len;
+  file.parse_header(json, size - file.data_start_);
+  file.source_ = std::move(source);
+  return file;
+}
+
+void SafetensorsFile::parse_header(std::string_view json, std::uint64_t data_size) {
+  const std::string& path = path_;
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8,
-                                   bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
+    header = nlohmann::json::parse(json.begin(), json.end());
   } catch (const nlohmann::json::exception& e) {
     throw Error(path + ": header is not valid JSON (" + e.what() + ")");
   }
   check(header.is_object(),
         path + ": header is " + std::string(header.type_name()) + ", expected a JSON object");
-  SafetensorsFile file;
-  file.path_ = path;
-  bytes.erase(0, 8 + header_len);  // the data section, without a second copy of it
-  file.data_ = std::move(bytes);
-  const std::size_t data_size = file.data_.size();
+  SafetensorsFile& file = *this;
   for (auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       check(value.is_object(), path + ": __metadata__ must be an object of strings");
@@ -95,7 +106,7 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& pat
   }
   // No two tensors may share bytes.
   std::vector<const SafetensorsEntry*> by_offset;
-  for (const auto& e : file.entries_)
+  for (const auto& e : entries_)
     by_offset.push_back(&e);
   std::sort(by_offset.begin(), by_offset.end(),
             [](auto* a, auto* b) { return a->begin < b->begin; });
@@ -103,7 +114,14 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& pat
     check(by_offset[i]->begin >= by_offset[i - 1]->end, path + ": tensors '" +
                                                             by_offset[i - 1]->name + "' and '" +
                                                             by_offset[i]->name + "' overlap");
-  return file;
+}
+
+void SafetensorsFile::read_data(const SafetensorsEntry& entry, void* out) const {
+  // The entry was checked against the data section's size: its bytes lie inside it.
+  const std::size_t n = entry.end - entry.begin;
+  if (n == 0)  // an empty tensor's buffer may be null (memcpy of null)
+    return;
+  source_->read(data_start_ + entry.begin, n, out);
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
@@ -113,21 +131,21 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
-Tensor SafetensorsFile::load_f32(const SafetensorsEntry& entry, Backend& backend) const {
-  // The entry was checked by read(): n elements of its dtype lie inside the data section.
-  const char* src = data_.data() + entry.begin;
+std::vector<float> SafetensorsFile::floats(const SafetensorsEntry& entry) const {
   const std::int64_t n = shape_numel(entry.shape);
   std::vector<float> values(static_cast<std::size_t>(n));
+  std::string half;  // bf16 and f16: the raw bits
   switch (entry.dtype) {
     case DType::f32:
-      if (n > 0)  // an empty tensor's vector may hold no storage at all (memcpy of null)
-        std::memcpy(values.data(), src, n * sizeof(float));
+      read_data(entry, values.data());
       break;
     case DType::bf16:
     case DType::f16:
+      half.resize(entry.end - entry.begin);
+      read_data(entry, half.data());
       for (std::int64_t i = 0; i < n; ++i) {
         std::uint16_t bits;
-        std::memcpy(&bits, src + 2 * i, 2);
+        std::memcpy(&bits, half.data() + 2 * i, 2);
         values[i] = entry.dtype == DType::bf16 ? bf16_to_float(bits) : f16_to_float(bits);
       }
       break;
@@ -135,7 +153,11 @@ Tensor SafetensorsFile::load_f32(const SafetensorsEntry& entry, Backend& backend
       throw Error(path_ + ": tensor '" + entry.name + "' is " +
                   std::string(safetensors_name(entry.dtype)) + ", expected a floating-point dtype");
   }
-  return Tensor::from_floats(entry.shape, values, backend);
+  return values;
+}
+
+Tensor SafetensorsFile::load_f32(const SafetensorsEntry& entry, Backend& backend) const {
+  return Tensor::from_floats(entry.shape, floats(entry), backend);
 }
 
 std::string safetensors_bytes(const std::string& path,

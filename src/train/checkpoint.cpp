@@ -227,12 +227,15 @@ void load_sharded_weights(const ShardedCheckpoint& c, nn::Model& model) {
 }
 
 std::int64_t load_sharded_checkpoint(const std::string& dir, nn::Model& model,
-                                     optim::AdamW& optimizer) {
+                                     optim::AdamW& optimizer, bool weights) {
   const ShardedCheckpoint c = ShardedCheckpoint::open(dir);
   const std::int64_t step = metadata_integer(c.metadata(), "step", 0, kMaxSteps, c.index_path());
-  load_sharded_weights(c, model);
+  if (weights)
+    load_sharded_weights(c, model);
   auto& params = model.parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!optimizer.first_moments()[i].defined())  // not kept here
+      continue;
     Backend& backend = params[i].var.value().backend();
     optimizer.first_moments()[i] =
         sharded_tensor(c, "optimizer.m." + params[i].name, params[i].var.shape(), backend);
@@ -245,9 +248,10 @@ std::int64_t load_sharded_checkpoint(const std::string& dir, nn::Model& model,
 }
 }  // namespace
 
-std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::AdamW& optimizer) {
+std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::AdamW& optimizer,
+                             bool weights) {
   if (is_sharded_checkpoint(dir))
-    return load_sharded_checkpoint(dir, model, optimizer);
+    return load_sharded_checkpoint(dir, model, optimizer, weights);
   std::string model_path = dir + "/model.safetensors",
               state_path = dir + "/train_state.safetensors";
   std::error_code ec;  // a path too long or unreadable reads as missing, never throws
@@ -255,19 +259,22 @@ std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::Ad
         dir +
             ": no checkpoint to resume from (expected model.safetensors and "
             "train_state.safetensors)");
-  io::SafetensorsFile weights = io::SafetensorsFile::read(model_path);
+  io::SafetensorsFile model_file = io::SafetensorsFile::read(model_path);
   io::SafetensorsFile state = io::SafetensorsFile::read(state_path);
   auto step_of = [](const io::SafetensorsFile& f) {
     return metadata_integer(f.metadata(), "step", 0, kMaxSteps, f.path());
   };
-  std::int64_t step = step_of(weights);
+  std::int64_t step = step_of(model_file);
   check(step == step_of(state), dir + ": model.safetensors is at step " + std::to_string(step) +
                                     " but train_state.safetensors at step " +
                                     std::to_string(step_of(state)) +
                                     " (an interrupted save); cannot resume exactly");
-  load_weights(model_path, model);
+  if (weights)
+    load_weights(model_path, model);
   auto& params = model.parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!optimizer.first_moments()[i].defined())  // not kept here
+      continue;
     for (auto [prefix, moments] : {std::pair{"optimizer.m.", &optimizer.first_moments()},
                                    std::pair{"optimizer.v.", &optimizer.second_moments()}}) {
       const io::SafetensorsEntry* e = state.find(prefix + params[i].name);

@@ -55,8 +55,11 @@ bool is_ignorable_extra(const std::string& name);
 void load_weights(const std::string& path, nn::Model& model);
 
 // Restores weights and optimizer state from a checkpoint folder (whole or sharded); returns
-// the step the checkpoint was taken after.
-std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::AdamW& optimizer);
+// the step the checkpoint was taken after. Only the moments the optimizer keeps are read (a
+// pipeline stage's, before the distributed optimizer shards them); `weights` false leaves
+// the parameters to a broadcast from a process that read them.
+std::int64_t load_checkpoint(const std::string& dir, nn::Model& model, optim::AdamW& optimizer,
+                             bool weights = true);
 
 struct LoadedModel {
   ModelSpec spec;

@@ -10,8 +10,8 @@
 #include <system_error>
 
 #include "core/error.h"
-#include "dispatch/devices.h"
 #include "io/atomic_file.h"
+#include "io/read_only_file.h"
 
 namespace loom::train {
 
@@ -25,13 +25,30 @@ std::string shard_name(int rank) {
   return name;
 }
 
-// CRC-32 (zlib's) of a file's bytes, as 8 hex digits.
-std::string crc32_hex(const std::string& bytes) {
-  uLong crc = crc32_z(0L, Z_NULL, 0);
-  crc = crc32_z(crc, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size());
+std::string hex8(uLong crc) {
   char text[16];
   std::snprintf(text, sizeof text, "%08lx", static_cast<unsigned long>(crc));
   return text;
+}
+
+// CRC-32 (zlib's) of bytes, as 8 hex digits.
+std::string crc32_hex(const std::string& bytes) {
+  const uLong crc =
+      crc32_z(crc32_z(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()), bytes.size());
+  return hex8(crc);
+}
+
+// The same of a file, read 8 MiB at a time (a shard may be gigabytes).
+std::string crc32_hex(const io::ReadOnlyFile& file) {
+  constexpr std::size_t kChunk = std::size_t{8} << 20;
+  std::vector<unsigned char> chunk(std::min<std::uint64_t>(kChunk, file.size()));
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  for (std::uint64_t at = 0; at < file.size(); at += chunk.size()) {
+    const std::size_t n = std::min<std::uint64_t>(chunk.size(), file.size() - at);
+    file.read(at, n, chunk.data());
+    crc = crc32_z(crc, chunk.data(), n);
+  }
+  return hex8(crc);
 }
 
 std::string dims(const std::vector<std::int64_t>& v) {
@@ -76,17 +93,18 @@ std::vector<io::SafetensorsFile> read_files(const nlohmann::json& files, const s
     std::error_code ec;
     check(fs::is_regular_file(path, ec), path + ": missing (the index " + where +
                                              " lists it as files[" + std::to_string(f) + "])");
-    std::string bytes = io::read_whole_file(path);
+    // Held open from here, so the bytes checked are the bytes later read.
+    auto file = std::make_shared<const io::ReadOnlyFile>(path);
     const nlohmann::json& size = field(files[f], "bytes", at);
-    check(size.is_number_unsigned() && size.get<std::uint64_t>() == bytes.size(),
-          path + ": " + std::to_string(bytes.size()) + " bytes, the index " + where + " says " +
+    check(size.is_number_unsigned() && size.get<std::uint64_t>() == file->size(),
+          path + ": " + std::to_string(file->size()) + " bytes, the index " + where + " says " +
               size.dump());
     const nlohmann::json& crc = field(files[f], "crc32", at);
-    const std::string actual = crc32_hex(bytes);
+    const std::string actual = crc32_hex(*file);
     check(crc.is_string() && crc.get<std::string>() == actual,
           path + ": CRC-32 " + actual + ", the index " + where + " says " + crc.dump() +
               " (the file changed or is damaged)");
-    out.push_back(io::SafetensorsFile::parse(std::move(bytes), path));
+    out.push_back(io::SafetensorsFile::open(std::move(file)));
   }
 
   return out;
@@ -287,6 +305,10 @@ Tensor ShardedCheckpoint::load(const std::string& name, Backend& backend) const 
   auto it = tensors_.find(name);
   check(it != tensors_.end(), index_path_ + ": tensor '" + name + "' is missing");
   const Logical& t = it->second;
+  if (t.pieces.size() == 1) {  // one piece tiles it: the piece is the tensor
+    const io::SafetensorsFile& file = files_[t.pieces[0].file];
+    return file.load_f32(*file.find(name), backend);
+  }
   std::vector<float> whole(static_cast<std::size_t>(shape_numel(t.shape)));
   // Row-major strides of the whole tensor; each piece is copied a run of its last dimension
   // at a time.
@@ -296,11 +318,7 @@ Tensor ShardedCheckpoint::load(const std::string& name, Backend& backend) const 
     stride[d - 1] = stride[d] * t.shape[d];
   for (const Piece& p : t.pieces) {
     const io::SafetensorsFile& file = files_[p.file];
-    const std::vector<float> values = file.load_f32(*file.find(name), dispatch::host()).to_floats();
-    if (rank == 0) {
-      whole = values;
-      continue;
-    }
+    const std::vector<float> values = file.floats(*file.find(name));
     const std::int64_t run = p.shape[rank - 1],
                        runs = shape_numel(p.shape) / std::max<std::int64_t>(run, 1);
     std::vector<std::int64_t> at(rank, 0);  // the run's index within the piece (last dim 0)

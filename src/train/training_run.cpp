@@ -251,13 +251,21 @@ TrainingRun::TrainingRun(const TrainConfig& config)
     load_weights(cfg.init, *model);
   optimizer = std::make_unique<optim::AdamW>(
       model->parameters(), optim::AdamWConfig{cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});
+  if (pipelined) {
+    pipeline =
+        std::make_unique<dist::Pipeline>(grid_->pp(), dynamic_cast<nn::Decoder&>(*model),
+                                         cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline,
+                                         cfg.schedule(), cfg.stage_counts());
+    optimizer->keep_only(kept_moments());  // a stage keeps its own parameters' moments
+  }
   const std::string folder = cfg.resume || cfg.auto_resume ? store_.newest() : "";
   resumed = !folder.empty();
   if (cfg.resume || resumed) {
     check(!folder.empty(), cfg.out + ": no checkpoint to resume from (expected " +
                                store_.link_path() + " or " + cfg.out + "/checkpoints/step-*)");
     const auto t0 = std::chrono::steady_clock::now();
-    start = load_checkpoint(folder, *model, *optimizer);
+    // The parameters are rank 0's, broadcast below: the others read only their moments.
+    start = load_checkpoint(folder, *model, *optimizer, lead);
     load_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     check(start <= cfg.steps, folder + ": checkpoint is at step " + std::to_string(start) +
@@ -267,18 +275,13 @@ TrainingRun::TrainingRun(const TrainConfig& config)
   dist::broadcast_parameters(world, params);
   if (cfg.tp > 1)
     shard_tensor_parallel();
-  if (pipelined)
-    pipeline =
-        std::make_unique<dist::Pipeline>(grid_->pp(), dynamic_cast<nn::Decoder&>(*model),
-                                         cfg.micro_batches > 0 ? cfg.micro_batches : cfg.pipeline,
-                                         cfg.schedule(), cfg.stage_counts());
   if (cfg.zero == 1 && data_comm_->size() > 1) {
     // Over the data-parallel group: with tp, each tensor-parallel rank's slices are sharded
     // among the replicas holding the same slices; with stages, each stage's own parameters.
     sharding = std::make_unique<dist::OptimizerSharding>(
         *data_comm_, model->parameters(),
         [this](std::size_t i) { return !pipeline || pipeline->uses(i); });
-    optimizer->keep_only(sharding->owned_here());
+    optimizer->keep_only(kept_moments());
   }
   std::error_code ec;
   fs::create_directories(cfg.out, ec);
@@ -413,8 +416,17 @@ void TrainingRun::release_full_state() {
     }
     gathered_ = gathered_moments_ = false;
   }
-  if (sharding)
-    optimizer->keep_only(sharding->owned_here());
+  if (sharding || pipeline)
+    optimizer->keep_only(kept_moments());
+}
+
+std::vector<bool> TrainingRun::kept_moments() const {
+  if (sharding)  // a subset of this stage's (OptimizerSharding is given the stage's)
+    return sharding->owned_here();
+  std::vector<bool> kept(model->parameters().size(), true);
+  for (std::size_t i = 0; i < kept.size(); ++i)
+    kept[i] = !pipeline || pipeline->uses(i);
+  return kept;
 }
 
 void TrainingRun::write_test_gradients() {

@@ -94,6 +94,9 @@ class TrainingRun {
   // release_full_state() returns to the sharded state.
   void gather_full_state(bool moments);
   void release_full_state();
+  // Per parameter: whether this process keeps its optimizer moments (its stage's, and of
+  // those its share under the distributed optimizer).
+  std::vector<bool> kept_moments() const;
   // Test hook: with LOOM_TEST_GRADIENTS=FILE in the environment, every process gathers the
   // gradients the step just left (each parameter whole, from its stage and tensor-parallel
   // slices) and rank 0 writes them to FILE (safetensors, the parameters' names), so a test

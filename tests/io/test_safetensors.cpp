@@ -57,6 +57,32 @@ TEST(Safetensors, RoundTripWithMetadata) {
   EXPECT_EQ(files, 1);
 }
 
+// Reading takes the header; each tensor's bytes are read when it is loaded, from the file
+// as it was opened: a newer file renamed into place does not change what the reader sees,
+// and a file cut short since is a named error, not garbage.
+TEST(Safetensors, TensorsAreReadFromTheFileAsItWasOpened) {
+  std::string dir = temp_dir("st-lazy");
+  nn::Rng rng(2);
+  Tensor a = random({64, 32}, rng), b = random({16}, rng);
+  const std::string path = dir + "/x.safetensors";
+  io::write_safetensors(path, {{"a", a}, {"b", b}}, {});
+  io::SafetensorsFile f = io::SafetensorsFile::read(path);
+  io::write_safetensors(path, {{"a", random({64, 32}, rng)}, {"b", random({16}, rng)}}, {});
+  EXPECT_EQ(f.load_f32(*f.find("a"), cpu()).to_floats(), a.to_floats());
+  EXPECT_EQ(f.floats(*f.find("b")), b.to_floats());
+
+  io::SafetensorsFile g = io::SafetensorsFile::read(path);
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4 * 16 - 8);
+  try {
+    g.load_f32(*g.find("a"), cpu());  // its last bytes are gone ("b" follows it)
+    FAIL() << "no error for a file cut short after it was opened";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("shrank"), std::string::npos) << msg;
+  }
+}
+
 TEST(Safetensors, CorruptFilesGiveNamedErrors) {
   std::string dir = temp_dir("st-bad");
   nn::Rng rng(1);
