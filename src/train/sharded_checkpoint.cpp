@@ -238,6 +238,10 @@ ShardedCheckpoint::Logical ShardedCheckpoint::read_tensor(
               std::to_string(files_.size() - 1) + ")");
     Piece piece;
     piece.file = file.get<std::size_t>();
+    check(named[piece.file].count(name) == 0, [&] {  // a file holds one tensor of a name
+      return pat + ": the index places a second piece of it in " + files_[piece.file].path() +
+             ", which holds one tensor of that name";
+    });
     piece.start = integers(field(pieces[k], "start", pat), pat + ": start", 0, rank);
     const io::SafetensorsFile& sf = files_[piece.file];
     const io::SafetensorsEntry* e = sf.find(name);

@@ -170,6 +170,16 @@ TEST(ShardedCheckpoint, BadCheckpointsAreRefusedByName) {
     EXPECT_NE(e.find("shard-00000.safetensors: tensor 'b' is missing"), std::string::npos) << e;
   }
   {
+    const std::string dir = sample("sharded_bad_twice");
+    nlohmann::json j = index_of(dir);
+    j["tensors"]["w"]["pieces"][1]["file"] = 0;  // shard 0's rows 0-1 read again for rows 2-3
+    write_index_json(dir, j);
+    const std::string e = refusal(dir);
+    EXPECT_NE(e.find("tensor 'w' piece 1: the index places a second piece of it in"),
+              std::string::npos)
+        << e;
+  }
+  {
     const std::string dir = sample("sharded_bad_version");
     nlohmann::json j = index_of(dir);
     j["version"] = train::kShardedFormatVersion + 1;
