@@ -145,6 +145,34 @@ TEST(Perf, OptimizerStateIsShardedOverTheChipsHoldingTheSameWeights) {
   EXPECT_NEAR(m4.optimizer_gb, m1.optimizer_gb, 1e-9 * m1.optimizer_gb);
 }
 
+// With more TP ranks than key/value heads (tp a multiple of them), each kv head is held by
+// tp / kv_heads ranks, as Loom's engine runs it: those weights do not shrink past tp =
+// kv_heads, and the layout is admitted.
+TEST(Perf, KeyValueHeadsFewerThanTheTensorParallelRanksAreHeldSeveralTimes) {
+  Catalog c = catalog();
+  const Model& m = c.model("llama3-70b");  // 64 query heads, 8 kv heads
+  ASSERT_EQ(m.kv_heads, 8);
+  const Chip& h100 = c.chip("h100-sxm");
+  Layout tp8{8, 1, 1, 1, 1, 1, 1, 8192, 1, Recompute::full, 1};
+  Layout tp16 = tp8, tp32 = tp8;
+  tp16.tp = 16;
+  tp32.tp = 32;
+  EXPECT_EQ(check_layout(m, h100, tp16), "");
+  EXPECT_EQ(check_layout(m, h100, tp32), "");
+  Layout tp12 = tp8;
+  tp12.tp = 12;  // divides neither 64 nor is it a multiple of 8
+  EXPECT_NE(check_layout(m, h100, tp12).find("does not divide the heads"), std::string::npos);
+  // Per layer, the k and v projections (2 x 8192 x 8 x 128 of the 8192 x 8192 x 2.25) stay at
+  // 1/8 of theirs on every chip past tp 8; the rest keeps halving.
+  const double kv = m.kv_projection_params(), rest = m.attention_params() - kv;
+  const double per_layer_mlp = m.dense_mlp_params();
+  auto weights = [&](const Layout& l) { return memory_per_chip(m, l).weights_gb; };
+  const double expected_ratio =
+      (rest / 16 + kv / 8 + per_layer_mlp / 16) / (rest / 8 + kv / 8 + per_layer_mlp / 8);
+  // The embedding (split over tp too) shifts the ratio a little: within 1%.
+  EXPECT_NEAR(weights(tp16) / weights(tp8), expected_ratio, 0.01);
+}
+
 TEST(Perf, ImpossibleLayoutsSayWhy) {
   Catalog c = catalog();
   const Model& m = c.model("llama3-70b");

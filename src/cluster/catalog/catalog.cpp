@@ -231,7 +231,13 @@ double Model::attention_params() const {
   }
   // q and out: h x (heads x head dim); k and v: h x (kv heads x head dim).
   const double d = static_cast<double>(head_width());
-  return 2.0 * h * static_cast<double>(heads) * d + 2.0 * h * static_cast<double>(kv_heads) * d;
+  return 2.0 * h * static_cast<double>(heads) * d + kv_projection_params();
+}
+double Model::kv_projection_params() const {
+  if (mla())
+    return 0.0;
+  return 2.0 * static_cast<double>(hidden) * static_cast<double>(kv_heads) *
+         static_cast<double>(head_width());
 }
 double Model::qk_width() const {
   return mla() ? static_cast<double>(heads * (qk_nope_dim + qk_rope_dim))

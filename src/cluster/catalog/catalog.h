@@ -76,6 +76,9 @@ struct Model {
   }
   double attention_params()
       const;  // per layer: q, k, v, o projections (MLA: its down and up projections)
+  // Per layer: the k and v projections alone (grouped attention; 0 under MLA, whose
+  // latents are not split by key/value head).
+  double kv_projection_params() const;
   // Per token and layer: the widths of the attention core's operands, in elements:
   // query/key width (heads x head dim; MLA: heads x (nope + rope)) and value width.
   double qk_width() const;

@@ -61,6 +61,14 @@ std::int64_t expert_replicas(const Layout& l) {
   return std::max<std::int64_t>(1, l.tp * l.cp * l.dp / (l.ep * expert_tp(l)));
 }
 
+// Copies of each key/value head in a TP group: with fewer kv heads G than TP ranks T (T a
+// multiple of G), T/G ranks hold each head, the one their query heads use (Loom's engine,
+// docs/parallel.md); otherwise each rank holds G/T heads of its own. Their weights, the
+// projections' FLOPs and K and V then cost T/G times their even share.
+double kv_copies(const Model& m, const Layout& l) {
+  return !m.mla() && l.tp > m.kv_heads ? static_cast<double>(l.tp) / static_cast<double>(m.kv_heads) : 1.0;
+}
+
 // Parameters held by one chip of a pipeline stage of `layers` layers: the dense part
 // (attention, dense MLPs, shared experts, the embedding on the first stage) split over tp,
 // and the routed experts split over ep x expert-tp. A shared expert sees every token, so
@@ -71,7 +79,8 @@ struct ChipParams {
 };
 ChipParams params_per_chip(const Model& m, const Layout& l, double layers, bool first) {
   const double dense_share = m.dense_share();
-  double per_layer = m.attention_params() + dense_share * m.dense_mlp_params() +
+  double per_layer = m.attention_params() + (kv_copies(m, l) - 1.0) * m.kv_projection_params() +
+                     dense_share * m.dense_mlp_params() +
                      (1.0 - dense_share) * static_cast<double>(m.shared_experts) * m.expert_params();
   double experts = (1.0 - dense_share) * static_cast<double>(m.experts) * m.expert_params() /
                    static_cast<double>(l.ep * expert_tp(l));
@@ -126,7 +135,7 @@ double activation_bytes_per_token(const Model& m, const Layout& l, const Softwar
       attention += 2.0 * m.qk_width() * 2.0 + 2.0 * m.v_width();
   } else {
     const double kv = m.qk_width() * static_cast<double>(m.kv_heads) / static_cast<double>(m.heads);
-    attention = 2.0 * m.qk_width() + 2.0 * 2.0 * kv + core_output;
+    attention = 2.0 * m.qk_width() + 2.0 * 2.0 * kv * kv_copies(m, l) + core_output;
   }
   // Materialised scores: softmax input and output (2 bytes each) and their dropout mask,
   // 5 a s per token; selective recomputation drops them (its whole point).
@@ -286,8 +295,10 @@ std::string check_layout(const Model& m, const Chip& chip, const Layout& l) {
   auto s = [](std::int64_t v) { return std::to_string(v); };
   if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.cp < 1 || l.ep < 1 || l.micro_batch < 1 || l.interleave < 1)
     return "every parallel degree and the micro-batch must be >= 1";
-  if (m.heads % l.tp != 0 || m.kv_heads % l.tp != 0)
-    return "tp " + s(l.tp) + " does not divide the heads (" + s(m.heads) + " query, " + s(m.kv_heads) + " kv)";
+  // Key/value heads: split over tp, or each held by tp / kv_heads ranks (kv_copies).
+  if (m.heads % l.tp != 0 || (m.kv_heads % l.tp != 0 && l.tp % m.kv_heads != 0))
+    return "tp " + s(l.tp) + " does not divide the heads (" + s(m.heads) + " query, " + s(m.kv_heads) +
+           " kv) nor is a multiple of the kv heads";
   if (m.ffn % l.tp != 0) return "tp " + s(l.tp) + " does not divide the ffn width " + s(m.ffn);
   if (l.interleave > 1 && l.pp == 1) return "interleaving needs pp > 1";
   // A virtual stage may hold the embedding or the loss alone (Megatron-Core's
@@ -439,7 +450,8 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   double x = tokens_chip * h / t;
   double eff = gemm_eff(x);
   double attn_flops = attention_core_flops(m, tokens_mb, seq) / (t * cp);
-  double gemm_flops = layer_forward_flops(m, tokens_mb, seq) / (t * cp) - attn_flops;
+  double gemm_flops = layer_forward_flops(m, tokens_mb, seq) / (t * cp) - attn_flops +
+                      (kv_copies(m, l) - 1.0) * 2.0 * tokens_chip * m.kv_projection_params() / t;
   // Routed experts: each expert's GEMMs see only the rows routed to it. An expert group of
   // ep x expert-tp chips receives the tokens of ep x expert-tp / tp of them (tokens_chip
   // each per TP group), k copies of each spread over the experts, so one expert's GEMM has
@@ -500,7 +512,7 @@ Estimate estimate(const Model& m, const Chip& chip, const Layout& l, const Softw
   double t_cp = 0.0;
   if (l.cp > 1) {  // ring attention: K and V blocks travel around the cp ring, hidden under attention
     auto [cp_bw, cp_alpha] = link(l.tp * l.cp);
-    double kv_bytes = 2.0 * tokens_chip * h * (static_cast<double>(m.kv_heads) / m.heads) / t * 2.0;
+    double kv_bytes = 2.0 * tokens_chip * h * (static_cast<double>(m.kv_heads) / m.heads) / t * 2.0 * kv_copies(m, l);
     double comm = (3.0 + r) * (static_cast<double>(l.cp - 1) * (kv_bytes / (cp_bw * kLinkEfficiency) + cp_alpha));
     t_cp = std::max(0.0, comm - (3.0 + r) * t_attention);
   }
