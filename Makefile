@@ -8,8 +8,9 @@
 # layouts (every tp x pipeline x dp layout of 2, 4 and 8 processes against one process),
 # checkpoints (a sharded checkpoint of each of 8 layouts loaded at every other one),
 # fuzz (libFuzzer on every reader of untrusted files, FUZZ_SECONDS each; fuzz/README.md),
+# torch (the PyTorch device "loom": the extension against the pinned torch, and its tests),
 # format, clean.
-.PHONY: all deps build demo llama-demo fleet-demo test test-asan test-repeat bench layouts checkpoints fuzz format check-floors check-size clean
+.PHONY: all deps build demo llama-demo fleet-demo test test-asan test-repeat bench layouts checkpoints fuzz torch format check-floors check-size clean
 
 JOBS ?= 2
 BUILD := build/release
@@ -79,6 +80,16 @@ checkpoints: build
 
 # Clang build in build/fuzz (cmake --preset fuzz), corpora from the repository's fixtures,
 # then each harness for FUZZ_SECONDS; findings land in build/fuzz/findings/HARNESS/.
+# The PyTorch device (python/loom_torch, src/torch, docs/pytorch.md): the pinned Python
+# environment (scripts/python-env; a large download the first time), the extension built
+# against its torch into $(BUILD)/python, and the device's tests.
+torch: build
+	scripts/install-deps --bench
+	scripts/python-env
+	cmake --preset release -DLOOM_TORCH=ON
+	cmake --build --preset release -j $(JOBS) --target loom_torch_C
+	PYTHONPATH=$(BUILD)/python .venv/bin/python -m unittest discover -s tests/torch -v
+
 fuzz:
 	scripts/install-deps
 	scripts/install-deps --fuzz

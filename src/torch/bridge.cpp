@@ -1,0 +1,80 @@
+#include "torch/bridge.h"
+
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Exception.h>
+
+#include "dispatch/dispatch.h"
+#include "torch/runtime.h"
+
+namespace loom::torch_device {
+
+DType loom_dtype(c10::ScalarType type, const char* op, const c10::Device& device) {
+  switch (type) {
+    case c10::ScalarType::Float:
+      return DType::f32;
+    case c10::ScalarType::BFloat16:
+      return DType::bf16;
+    case c10::ScalarType::Half:
+      return DType::f16;
+    case c10::ScalarType::Int:
+      return DType::i32;
+    case c10::ScalarType::Long:
+      return DType::i64;
+    case c10::ScalarType::Byte:
+    case c10::ScalarType::Bool:  // one byte, 0 or 1
+      return DType::u8;
+    default:
+      TORCH_CHECK_TYPE(false, "loom: ", op, " on ", device, ": dtype ", c10::toString(type),
+                       " is not one Loom holds (float32, bfloat16, float16, int32, int64, "
+                       "uint8, bool)");
+  }
+}
+
+c10::ScalarType torch_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return c10::ScalarType::Float;
+    case DType::bf16:
+      return c10::ScalarType::BFloat16;
+    case DType::f16:
+      return c10::ScalarType::Half;
+    case DType::i32:
+      return c10::ScalarType::Int;
+    case DType::i64:
+      return c10::ScalarType::Long;
+    case DType::u8:
+      return c10::ScalarType::Byte;
+  }
+  return c10::ScalarType::Undefined;
+}
+
+Tensor as_loom(const at::Tensor& t, const char* op) {
+  TORCH_CHECK(t.device().is_privateuseone(), "loom: ", op, ": a tensor on ", t.device(),
+              " where a loom tensor was expected");
+  const DType dtype = loom_dtype(t.scalar_type(), op, t.device());
+  return Tensor::view_of(buffer_of(t.storage().data_ptr()), t.storage_offset(),
+                         Shape(t.sizes().begin(), t.sizes().end()),
+                         Strides(t.strides().begin(), t.strides().end()), dtype);
+}
+
+void write_into(const at::Tensor& to, const Tensor& from, const char* op) {
+  const Tensor target = as_loom(to, op);
+  if (target.is_contiguous()) {
+    Tensor out = target;
+    dispatch::call_into(OpId::copy, std::span<const Tensor>(&from, 1), std::span<Tensor>(&out, 1),
+                        {});
+    return;
+  }
+  // A strided destination: written in place on host memory; a device's needs a strided
+  // copy kernel Loom's catalog does not have yet.
+  TORCH_CHECK(target.backend().host_accessible(), "loom: ", op, " on ", to.device(),
+              ": writing into a non-contiguous tensor on ", target.backend().name(),
+              " is not supported yet; make it contiguous first");
+  const at::Tensor source =
+      at::from_blob(from.device_address(), to.sizes(), to.options().device(at::kCPU));
+  at::Tensor alias =
+      at::from_blob(to.data_ptr(), to.sizes(), to.strides(), to.options().device(at::kCPU));
+  alias.copy_(source);
+}
+
+}  // namespace loom::torch_device

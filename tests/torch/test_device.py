@@ -1,0 +1,186 @@
+"""The PyTorch device "loom" (python/loom_torch, src/torch): tensors move to every Loom
+device and back bitwise, read, print and save as PyTorch's do; mapped ops run on Loom's
+kernels and agree with PyTorch's CPU device; every op is in the coverage report with its
+path; bad use is a PyTorch error naming the device, op and dtype.
+
+Run: PYTHONPATH=<build>/python <the pinned python> -m unittest tests/torch/test_device.py
+(`make torch` builds the extension and runs this)."""
+import io
+import os
+import subprocess
+import sys
+import unittest
+
+import torch
+
+import loom_torch
+
+
+def loom_devices():
+    return [f"loom:{i}" for i in range(len(loom_torch.devices()))]
+
+
+def bits(x):
+    """The bytes of x's elements in row-major order (bool: its values)."""
+    x = x.contiguous()
+    return x if x.dtype == torch.bool else x.view(torch.uint8)
+
+
+def coverage_of(op):
+    return next((c for c in loom_torch.coverage() if c["op"] == op), None)
+
+
+class Devices(unittest.TestCase):
+    def test_devices_are_listed_in_the_documented_order(self):
+        names = loom_torch.devices()
+        self.assertEqual(names[0], "cpu")
+        order = ["cpu", "opencl", "cuda", "partial"]
+        self.assertEqual(names, sorted(names, key=order.index))
+        self.assertIn("partial", names)
+        self.assertEqual(torch.loom.device_count(), len(names))
+        self.assertTrue(torch.loom.is_available())
+
+    def test_an_unknown_index_is_an_error_naming_the_devices_there_are(self):
+        with self.assertRaises(RuntimeError) as caught:
+            torch.ones(2).to(f"loom:{len(loom_torch.devices()) + 5}")
+        message = str(caught.exception)
+        self.assertIn("no device loom:", message)
+        self.assertIn("loom:0 (cpu)", message)
+
+    def test_a_dtype_loom_has_no_kernels_for_is_held_and_runs_on_pytorchs_kernels(self):
+        # float64: held as bytes on every device; its ops take PyTorch's CPU kernels, counted.
+        loom_torch.device.reset_coverage()
+        t = torch.linspace(0, 1, 5, dtype=torch.float64)
+        for device in loom_devices():
+            with self.subTest(device=device):
+                x = t.to(device)
+                self.assertTrue(torch.equal(x.cpu(), t))
+                self.assertTrue(torch.equal((x + x).cpu(), t + t))
+        self.assertEqual(coverage_of("add.out")["pytorch_fallback"], len(loom_devices()))
+
+
+class RoundTrips(unittest.TestCase):
+    def cases(self):
+        g = torch.Generator().manual_seed(1)
+        base = torch.randn(6, 8, generator=g)
+        return {
+            "contiguous": base,
+            "transposed": base.t(),
+            "sliced": base[1:5, ::2],
+            "offset": base.flatten()[3:27],
+            "int64": torch.arange(-5, 7),
+            "bool": base > 0,
+            "bfloat16": base.to(torch.bfloat16),
+        }
+
+    def test_cpu_to_loom_and_back_is_bitwise_on_every_device(self):
+        for device in loom_devices():
+            for name, t in self.cases().items():
+                with self.subTest(device=device, case=name):
+                    moved = t.to(device)
+                    self.assertEqual(moved.device, torch.device(device))
+                    self.assertEqual(moved.dtype, t.dtype)
+                    back = moved.cpu()
+                    self.assertTrue(torch.equal(bits(back), bits(t)))
+
+    def test_views_of_loom_tensors_read_back_as_the_cpu_views(self):
+        t = torch.randn(5, 7)
+        for device in loom_devices():
+            with self.subTest(device=device):
+                x = t.to(device)
+                self.assertTrue(torch.equal(x.t().cpu(), t.t()))
+                self.assertTrue(torch.equal(x[2:4, 1:6].cpu(), t[2:4, 1:6]))
+                self.assertTrue(torch.equal(x.t().contiguous().cpu(), t.t().contiguous()))
+                self.assertTrue(torch.equal(x.reshape(35).cpu(), t.reshape(35)))
+
+    def test_item_printing_and_save_load(self):
+        t = torch.tensor([[1.5, -2.25], [3.0, 4.125]])
+        x = t.to("loom")
+        self.assertEqual(x[1, 1].item(), 4.125)
+        self.assertIn("4.1250", repr(x))
+        self.assertIn("device='loom:0'", repr(x))
+        buffer = io.BytesIO()
+        torch.save({"x": x}, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer)["x"]
+        self.assertEqual(loaded.device, torch.device("loom:0"))
+        self.assertTrue(torch.equal(loaded.cpu(), t))
+
+    def test_a_module_and_its_state_dict_move(self):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        reference = {k: v.clone() for k, v in model.state_dict().items()}
+        model.to("loom")
+        self.assertTrue(all(p.device.type == "loom" for p in model.parameters()))
+        state = {k: v.cpu() for k, v in model.state_dict().items()}
+        for k in reference:
+            self.assertTrue(torch.equal(state[k], reference[k]), k)
+
+    def test_a_tied_weight_stays_tied(self):
+        embedding = torch.nn.Embedding(10, 4)
+        head = torch.nn.Linear(4, 10, bias=False)
+        head.weight = embedding.weight
+        model = torch.nn.ModuleDict({"embedding": embedding, "head": head}).to("loom")
+        self.assertIs(model["embedding"].weight, model["head"].weight)
+
+
+class MappedOps(unittest.TestCase):
+    def setUp(self):
+        loom_torch.device.reset_coverage()
+
+    def test_add_mul_mm_agree_with_the_cpu_device_and_run_on_loom(self):
+        g = torch.Generator().manual_seed(2)
+        a, b = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+        w = torch.randn(16, 5, generator=g)
+        for device in loom_devices():
+            with self.subTest(device=device):
+                la, lb, lw = a.to(device), b.to(device), w.to(device)
+                self.assertTrue(torch.equal((la + lb).cpu(), a + b))
+                self.assertTrue(torch.equal(torch.add(la, lb, alpha=0.5).cpu(), torch.add(a, b, alpha=0.5)))
+                self.assertTrue(torch.equal((la * lb).cpu(), a * b))
+                self.assertTrue(torch.equal((la * 3.0).cpu(), a * 3.0))
+                product = (la @ lw).cpu()
+                expected = a @ w
+                self.assertLess(((product - expected).abs().max() / expected.abs().max()).item(), 1e-6)
+        for op in ("add.out", "mul.out", "mm.out"):
+            record = coverage_of(op)
+            self.assertIsNotNone(record, op)
+            self.assertGreaterEqual(record["calls"], len(loom_devices()))
+            self.assertEqual(record["pytorch_fallback"], 0, op)
+            self.assertEqual(record["native"] + record["decomposed"] + record["loom_fallback"],
+                             record["calls"], op)
+        # Loom's CPU backend has every one of them natively.
+        self.assertGreaterEqual(coverage_of("mm.out")["native"], 1)
+
+    def test_an_unmapped_op_runs_on_pytorchs_cpu_kernels_and_is_counted(self):
+        t = torch.linspace(-1, 1, 9)
+        x = t.to("loom")
+        self.assertTrue(torch.equal(torch.sin(x).cpu(), torch.sin(t)))
+        record = coverage_of("sin.out")
+        self.assertIsNotNone(record, [c["op"] for c in loom_torch.coverage()])
+        self.assertEqual(record["pytorch_fallback"], record["calls"])
+        self.assertGreater(record["bytes_copied"], 0)
+
+    def test_tensors_on_two_loom_devices_are_an_error_naming_both(self):
+        if len(loom_devices()) < 2:
+            self.skipTest("one loom device in this build")
+        a, b = torch.ones(3).to("loom:0"), torch.ones(3).to("loom:1")
+        with self.assertRaises(RuntimeError) as caught:
+            a + b
+        message = str(caught.exception)
+        self.assertIn("loom:0", message)
+        self.assertIn("loom:1", message)
+
+    def test_fallback_error_names_the_op(self):
+        script = ("import torch, loom_torch\n"
+                  "torch.sin(torch.ones(3).to('loom'))\n")
+        env = dict(os.environ, LOOM_TORCH_FALLBACK="error")
+        run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("aten::sin", run.stderr)
+        self.assertIn("Float", run.stderr)
+        self.assertIn("LOOM_TORCH_FALLBACK=error", run.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
