@@ -152,6 +152,58 @@ class MappedOps(unittest.TestCase):
         # Loom's CPU backend has every one of them natively.
         self.assertGreaterEqual(coverage_of("mm.out")["native"], 1)
 
+    def test_the_elementwise_reduction_softmax_and_batched_ops_agree_with_the_cpu_device(self):
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(4, 6, 10, generator=g)
+        y = torch.randn(4, 6, 10, generator=g)
+        positive = x.abs() + 0.1
+        batched = torch.randn(4, 10, 3, generator=g)
+        cases = {
+            "sub.out": lambda t: torch.sub(t(x), t(y), alpha=2.0),
+            "div.out": lambda t: t(x) / t(positive),
+            "neg.out": lambda t: -t(x),
+            "sqrt.out": lambda t: torch.sqrt(t(positive)),
+            "exp.out": lambda t: torch.exp(t(x)),
+            "log.out": lambda t: torch.log(t(positive)),
+            "tanh.out": lambda t: torch.tanh(t(x)),
+            "erf.out": lambda t: torch.erf(t(x)),
+            "silu.out": lambda t: torch.nn.functional.silu(t(x)),
+            "sum.IntList_out": lambda t: t(x).sum(dim=(0, 2), keepdim=True),
+            "mean.out": lambda t: t(x).mean(dim=-1),
+            "_softmax.out": lambda t: torch.softmax(t(x), dim=-1),
+            "_log_softmax.out": lambda t: torch.log_softmax(t(x), dim=-1),
+            "bmm.out": lambda t: torch.bmm(t(x[:, :, :]), t(batched)),
+        }
+        for device in loom_devices():
+            loom_torch.device.reset_coverage()
+            for op, f in cases.items():
+                with self.subTest(device=device, op=op):
+                    expected = f(lambda v: v)
+                    got = f(lambda v: v.to(device)).cpu()
+                    self.assertEqual(got.shape, expected.shape)
+                    scale = max(expected.abs().max().item(), 1e-30)
+                    self.assertLess(((got - expected).abs().max() / scale).item(), 2e-6, op)
+                    record = coverage_of(op)
+                    self.assertIsNotNone(record, op)
+                    self.assertEqual(record["pytorch_fallback"], 0, op)
+
+    def test_softmax_gradients_run_on_loom_and_agree(self):
+        g = torch.Generator().manual_seed(4)
+        x = torch.randn(5, 7, generator=g)
+        for device in loom_devices():
+            loom_torch.device.reset_coverage()
+            with self.subTest(device=device):
+                for f, op in ((torch.softmax, "_softmax_backward_data.out"),
+                              (torch.log_softmax, "_log_softmax_backward_data.out")):
+                    a = x.clone().requires_grad_()
+                    b = x.to(device).requires_grad_()
+                    weights = torch.linspace(-1, 1, 35).reshape(5, 7)
+                    (f(a, dim=-1) * weights).sum().backward()
+                    (f(b, dim=-1) * weights.to(device)).sum().backward()
+                    diff = (b.grad.cpu() - a.grad).abs().max() / a.grad.abs().max()
+                    self.assertLess(diff.item(), 2e-6, op)
+                    self.assertEqual(coverage_of(op)["pytorch_fallback"], 0, op)
+
     def test_an_unmapped_op_runs_on_pytorchs_cpu_kernels_and_is_counted(self):
         t = torch.linspace(-1, 1, 9)
         x = t.to("loom")
