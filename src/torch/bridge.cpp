@@ -1,5 +1,6 @@
 #include "torch/bridge.h"
 
+#include <ATen/native/Resize.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
@@ -75,6 +76,13 @@ void write_into(const at::Tensor& to, const Tensor& from, const char* op) {
   at::Tensor alias =
       at::from_blob(to.data_ptr(), to.sizes(), to.strides(), to.options().device(at::kCPU));
   alias.copy_(source);
+}
+
+at::Tensor& write_result(at::Tensor& out, const Tensor& result, const char* op) {
+  const Shape& shape = result.shape();
+  at::native::resize_output(out, c10::IntArrayRef(shape.data(), shape.size()));
+  write_into(out, result, op);
+  return out;
 }
 
 }  // namespace loom::torch_device

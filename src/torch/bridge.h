@@ -22,4 +22,8 @@ Tensor as_loom(const at::Tensor& t, const char* op);
 // dtype) into the PyTorch tensor `to`, whatever its strides.
 void write_into(const at::Tensor& to, const Tensor& from, const char* op);
 
+// An out= operator's end: `out` resized to `result`'s shape (as PyTorch's out= ops do) and
+// `result` (Loom's, contiguous, on out's device) written into it.
+at::Tensor& write_result(at::Tensor& out, const Tensor& result, const char* op);
+
 }  // namespace loom::torch_device

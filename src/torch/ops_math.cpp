@@ -42,14 +42,6 @@ Tensor operand(const at::Tensor& t, const at::Tensor& out, const char* op) {
   return Tensor::from_floats({}, std::span<const float>(&value, 1), backend(out.device().index()));
 }
 
-// `result` (Loom's, contiguous) into `out`, resized to its shape as an out= op must be.
-at::Tensor& finish(at::Tensor& out, const Tensor& result, const char* op) {
-  const Shape& shape = result.shape();
-  at::native::resize_output(out, c10::IntArrayRef(shape.data(), shape.size()));
-  write_into(out, result, op);
-  return out;
-}
-
 at::Tensor& add_out(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha,
                     at::Tensor& out) {
   check_one_device("add.out", out, {&self, &other});
@@ -63,7 +55,8 @@ at::Tensor& add_out(const at::Tensor& self, const at::Tensor& other, const at::S
     scale.alpha = alpha.toDouble();
     b = dispatch::call1(OpId::scale, {b}, scale);
   }
-  at::Tensor& r = finish(out, dispatch::call1(OpId::add, {operand(self, out, "add"), b}), "add");
+  at::Tensor& r =
+      write_result(out, dispatch::call1(OpId::add, {operand(self, out, "add"), b}), "add");
   record.done();
   return r;
 }
@@ -74,7 +67,7 @@ at::Tensor& mul_out(const at::Tensor& self, const at::Tensor& other, at::Tensor&
     return at::native::call_fallback_fn<&pytorch_fallback, at::_ops::mul_out>::call(self, other,
                                                                                     out);
   RecordedCall record("mul.out", out.device());
-  at::Tensor& r = finish(
+  at::Tensor& r = write_result(
       out, dispatch::call1(OpId::mul, {operand(self, out, "mul"), operand(other, out, "mul")}),
       "mul");
   record.done();
@@ -88,8 +81,8 @@ at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& o
       mat2.scalar_type() != c10::ScalarType::Float || out.scalar_type() != c10::ScalarType::Float)
     return at::native::call_fallback_fn<&pytorch_fallback, at::_ops::mm_out>::call(self, mat2, out);
   RecordedCall record("mm.out", out.device());
-  at::Tensor& r =
-      finish(out, dispatch::call1(OpId::matmul, {as_loom(self, "mm"), as_loom(mat2, "mm")}), "mm");
+  at::Tensor& r = write_result(
+      out, dispatch::call1(OpId::matmul, {as_loom(self, "mm"), as_loom(mat2, "mm")}), "mm");
   record.done();
   return r;
 }

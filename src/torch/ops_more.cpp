@@ -51,13 +51,6 @@ bool float_on(const at::Tensor& out, std::initializer_list<const at::Tensor*> in
   return true;
 }
 
-at::Tensor& finish(at::Tensor& out, const Tensor& result, const char* op) {
-  const Shape& shape = result.shape();
-  at::native::resize_output(out, c10::IntArrayRef(shape.data(), shape.size()));
-  write_into(out, result, op);
-  return out;
-}
-
 // out = f(self), f Loom's `kOp` (with `attrs`).
 template <class AtenOp, OpId kOp>
 at::Tensor& unary(const at::Tensor& self, at::Tensor& out) {
@@ -67,7 +60,8 @@ at::Tensor& unary(const at::Tensor& self, at::Tensor& out) {
   Attrs attrs;
   if constexpr (kOp == OpId::scale)
     attrs.alpha = -1.0;  // neg
-  finish(out, dispatch::call1(kOp, {as_loom(self, name_of<AtenOp>())}, attrs), name_of<AtenOp>());
+  write_result(out, dispatch::call1(kOp, {as_loom(self, name_of<AtenOp>())}, attrs),
+               name_of<AtenOp>());
   record.done();
   return out;
 }
@@ -84,7 +78,7 @@ at::Tensor& sub_out(const at::Tensor& self, const at::Tensor& other, const at::S
     scale.alpha = alpha.toDouble();
     b = dispatch::call1(OpId::scale, {b}, scale);
   }
-  finish(out, dispatch::call1(OpId::sub, {as_loom(self, "sub"), b}), "sub");
+  write_result(out, dispatch::call1(OpId::sub, {as_loom(self, "sub"), b}), "sub");
   record.done();
   return out;
 }
@@ -94,7 +88,8 @@ at::Tensor& div_out(const at::Tensor& self, const at::Tensor& other, at::Tensor&
   if (!float_on(out, {&self, &other}))
     return at::native::call_fallback_fn<&pytorch_fallback, Op>::call(self, other, out);
   RecordedCall record(name_of<Op>(), out.device());
-  finish(out, dispatch::call1(OpId::div, {as_loom(self, "div"), as_loom(other, "div")}), "div");
+  write_result(out, dispatch::call1(OpId::div, {as_loom(self, "div"), as_loom(other, "div")}),
+               "div");
   record.done();
   return out;
 }
@@ -119,7 +114,8 @@ at::Tensor& reduce(const at::Tensor& self, at::OptionalIntArrayRef dim, bool kee
   Attrs attrs;
   attrs.axes = axes_of(dim, self.dim());
   attrs.keepdim = keepdim;
-  finish(out, dispatch::call1(kOp, {as_loom(self, name_of<AtenOp>())}, attrs), name_of<AtenOp>());
+  write_result(out, dispatch::call1(kOp, {as_loom(self, name_of<AtenOp>())}, attrs),
+               name_of<AtenOp>());
   record.done();
   return out;
 }
@@ -132,7 +128,7 @@ at::Tensor& softmax(const at::Tensor& self, int64_t dim, bool half_to_float, at:
     return at::native::call_fallback_fn<&pytorch_fallback, AtenOp>::call(self, dim, half_to_float,
                                                                          out);
   RecordedCall record(name_of<AtenOp>(), out.device());
-  finish(out, dispatch::call1(kOp, {as_loom(self, name_of<AtenOp>())}), name_of<AtenOp>());
+  write_result(out, dispatch::call1(kOp, {as_loom(self, name_of<AtenOp>())}), name_of<AtenOp>());
   record.done();
   return out;
 }
@@ -145,10 +141,10 @@ at::Tensor& softmax_backward(const at::Tensor& grad_output, const at::Tensor& ou
     return at::native::call_fallback_fn<&pytorch_fallback, AtenOp>::call(grad_output, output, dim,
                                                                          input_dtype, grad_input);
   RecordedCall record(name_of<AtenOp>(), grad_input.device());
-  finish(grad_input,
-         dispatch::call1(
-             kOp, {as_loom(grad_output, name_of<AtenOp>()), as_loom(output, name_of<AtenOp>())}),
-         name_of<AtenOp>());
+  write_result(grad_input,
+               dispatch::call1(kOp, {as_loom(grad_output, name_of<AtenOp>()),
+                                     as_loom(output, name_of<AtenOp>())}),
+               name_of<AtenOp>());
   record.done();
   return grad_input;
 }
@@ -158,7 +154,8 @@ at::Tensor& bmm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& 
   if (!float_on(out, {&self, &mat2}))
     return at::native::call_fallback_fn<&pytorch_fallback, Op>::call(self, mat2, out);
   RecordedCall record(name_of<Op>(), out.device());
-  finish(out, dispatch::call1(OpId::matmul, {as_loom(self, "bmm"), as_loom(mat2, "bmm")}), "bmm");
+  write_result(out, dispatch::call1(OpId::matmul, {as_loom(self, "bmm"), as_loom(mat2, "bmm")}),
+               "bmm");
   record.done();
   return out;
 }
