@@ -85,4 +85,24 @@ at::Tensor& write_result(at::Tensor& out, const Tensor& result, const char* op) 
   return out;
 }
 
+void check_one_device(const char* op, const at::Tensor& out,
+                      std::initializer_list<const at::Tensor*> operands) {
+  for (const at::Tensor* t : operands)
+    TORCH_CHECK(!t->device().is_privateuseone() || t->device() == out.device(), "loom: aten::", op,
+                ": expected every tensor on ", out.device(), ", got one on ", t->device(),
+                " (dtype ", t->scalar_type(), ")");
+}
+
+bool takes_float(const at::Tensor& t, const at::Tensor& out) {
+  return (t.device() == out.device() && t.scalar_type() == c10::ScalarType::Float) ||
+         (t.is_cpu() && t.dim() == 0);
+}
+
+Tensor float_operand(const at::Tensor& t, const at::Tensor& out, const char* op) {
+  if (t.device() == out.device())
+    return as_loom(t, op);
+  const float value = t.item<float>();
+  return Tensor::from_floats({}, std::span<const float>(&value, 1), backend(out.device().index()));
+}
+
 }  // namespace loom::torch_device

@@ -18,58 +18,37 @@
 namespace loom::torch_device {
 namespace {
 
-// Tensors of one op on two loom devices: a PyTorch error naming the op and both devices
-// (a CPU scalar beside them is PyTorch's wrapped number, allowed).
-void check_one_device(const char* op, const at::Tensor& out,
-                      std::initializer_list<const at::Tensor*> operands) {
-  for (const at::Tensor* t : operands)
-    TORCH_CHECK(!t->device().is_privateuseone() || t->device() == out.device(), "loom: aten::", op,
-                ": expected every tensor on ", out.device(), ", got one on ", t->device(),
-                " (dtype ", t->scalar_type(), ")");
-}
-
-// Whether Loom takes an operand of an op writing into a float32 `out`: float32 on out's
-// device, or a CPU scalar (PyTorch's wrapped numbers: `x * 2.0`, a double), taken as float.
-bool takes(const at::Tensor& t, const at::Tensor& out) {
-  return (t.device() == out.device() && t.scalar_type() == c10::ScalarType::Float) ||
-         (t.is_cpu() && t.dim() == 0);
-}
-
-Tensor operand(const at::Tensor& t, const at::Tensor& out, const char* op) {
-  if (t.device() == out.device())
-    return as_loom(t, op);
-  const float value = t.item<float>();  // a CPU scalar, as a loom scalar on out's device
-  return Tensor::from_floats({}, std::span<const float>(&value, 1), backend(out.device().index()));
-}
-
 at::Tensor& add_out(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha,
                     at::Tensor& out) {
   check_one_device("add.out", out, {&self, &other});
-  if (!takes(self, out) || !takes(other, out) || out.scalar_type() != c10::ScalarType::Float)
+  if (!takes_float(self, out) || !takes_float(other, out) ||
+      out.scalar_type() != c10::ScalarType::Float)
     return at::native::call_fallback_fn<&pytorch_fallback, at::_ops::add_out>::call(self, other,
                                                                                     alpha, out);
   RecordedCall record("add.out", out.device());
-  Tensor b = operand(other, out, "add");
+  Tensor b = float_operand(other, out, "add");
   if (alpha.toDouble() != 1.0) {  // self + alpha other
     Attrs scale;
     scale.alpha = alpha.toDouble();
     b = dispatch::call1(OpId::scale, {b}, scale);
   }
   at::Tensor& r =
-      write_result(out, dispatch::call1(OpId::add, {operand(self, out, "add"), b}), "add");
+      write_result(out, dispatch::call1(OpId::add, {float_operand(self, out, "add"), b}), "add");
   record.done();
   return r;
 }
 
 at::Tensor& mul_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   check_one_device("mul.out", out, {&self, &other});
-  if (!takes(self, out) || !takes(other, out) || out.scalar_type() != c10::ScalarType::Float)
+  if (!takes_float(self, out) || !takes_float(other, out) ||
+      out.scalar_type() != c10::ScalarType::Float)
     return at::native::call_fallback_fn<&pytorch_fallback, at::_ops::mul_out>::call(self, other,
                                                                                     out);
   RecordedCall record("mul.out", out.device());
-  at::Tensor& r = write_result(
-      out, dispatch::call1(OpId::mul, {operand(self, out, "mul"), operand(other, out, "mul")}),
-      "mul");
+  at::Tensor& r = write_result(out,
+                               dispatch::call1(OpId::mul, {float_operand(self, out, "mul"),
+                                                           float_operand(other, out, "mul")}),
+                               "mul");
   record.done();
   return r;
 }

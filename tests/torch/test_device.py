@@ -187,6 +187,64 @@ class MappedOps(unittest.TestCase):
                     self.assertIsNotNone(record, op)
                     self.assertEqual(record["pytorch_fallback"], 0, op)
 
+    def test_the_optimizer_and_activation_ops_agree_with_the_cpu_device(self):
+        g = torch.Generator().manual_seed(5)
+        x, y, z = (torch.randn(6, 9, generator=g) for _ in range(3))
+        positive = z.abs() + 0.5
+        bias, w = torch.randn(9, generator=g), torch.randn(9, 9, generator=g)
+        cases = {
+            "addcmul.out": lambda t: torch.addcmul(t(x), t(y), t(z), value=0.3),
+            "addcdiv.out": lambda t: torch.addcdiv(t(x), t(y), t(positive), value=-0.7),
+            "lerp.Scalar_out": lambda t: torch.lerp(t(x), t(y), 0.3) + torch.lerp(t(x), t(y), 0.8),
+            "pow.Tensor_Scalar_out": lambda t: (t(x) ** 2 + t(positive) ** 0.5 + t(positive) ** -0.5
+                                                + t(x) ** 3),
+            "rsqrt.out": lambda t: torch.rsqrt(t(positive)),
+            "sigmoid.out": lambda t: torch.sigmoid(t(x)),
+            "gelu.out": lambda t: (torch.nn.functional.gelu(t(x))
+                                   + torch.nn.functional.gelu(t(x), approximate="tanh")),
+            "where.self_out": lambda t: torch.where(t(x) > 0, t(y), t(z)),
+            "cat.out": lambda t: torch.cat([t(x), t(y)], dim=1),
+            "addmm.out": lambda t: torch.addmm(t(bias), t(x), t(w)),
+        }
+        for device in loom_devices():
+            loom_torch.device.reset_coverage()
+            for op, f in cases.items():
+                with self.subTest(device=device, op=op):
+                    expected = f(lambda v: v)
+                    got = f(lambda v: v.to(device)).cpu()
+                    scale = max(expected.abs().max().item(), 1e-30)
+                    self.assertLess(((got - expected).abs().max() / scale).item(), 2e-6, op)
+                    self.assertEqual(coverage_of(op)["pytorch_fallback"], 0, op)
+        # An exponent the map does not take runs on PyTorch's kernels, counted.
+        loom_torch.device.reset_coverage()
+        self.assertTrue(torch.equal((positive.to("loom") ** 1.7).cpu(), positive ** 1.7))
+        self.assertEqual(coverage_of("pow.Tensor_Scalar_out")["pytorch_fallback"], 1)
+
+    def test_a_small_network_trains_as_on_the_cpu_device(self):
+        def run(device):
+            torch.manual_seed(7)
+            model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(approximate="tanh"),
+                                        torch.nn.Linear(32, 5)).to(device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+            g = torch.Generator().manual_seed(8)
+            inputs, targets = torch.randn(16, 12, generator=g), torch.randn(16, 5, generator=g)
+            losses = []
+            for _ in range(5):
+                optimizer.zero_grad()
+                out = torch.log_softmax(model(inputs.to(device)), dim=-1)
+                loss = ((out - targets.to(device)) ** 2).mean()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+            return losses
+        reference = run("cpu")
+        for device in loom_devices():
+            with self.subTest(device=device):
+                losses = run(device)
+                for a, b in zip(losses, reference):
+                    self.assertLess(abs(a - b) / abs(b), 1e-5, (losses, reference))
+                self.assertLess(losses[-1], losses[0])
+
     def test_softmax_gradients_run_on_loom_and_agree(self):
         g = torch.Generator().manual_seed(4)
         x = torch.randn(5, 7, generator=g)
