@@ -1,6 +1,7 @@
 #include "torch/bridge.h"
 
 #include <ATen/native/Resize.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
@@ -59,6 +60,8 @@ Tensor as_loom(const at::Tensor& t, const char* op) {
 }
 
 void write_into(const at::Tensor& to, const Tensor& from, const char* op) {
+  if (to.numel() == 0)
+    return;
   const Tensor target = as_loom(to, op);
   if (target.is_contiguous()) {
     Tensor out = target;
@@ -66,16 +69,32 @@ void write_into(const at::Tensor& to, const Tensor& from, const char* op) {
                         {});
     return;
   }
-  // A strided destination: written in place on host memory; a device's needs a strided
-  // copy kernel Loom's catalog does not have yet.
-  TORCH_CHECK(target.backend().host_accessible(), "loom: ", op, " on ", to.device(),
-              ": writing into a non-contiguous tensor on ", target.backend().name(),
-              " is not supported yet; make it contiguous first");
-  const at::Tensor source =
-      at::from_blob(from.device_address(), to.sizes(), to.options().device(at::kCPU));
-  at::Tensor alias =
-      at::from_blob(to.data_ptr(), to.sizes(), to.strides(), to.options().device(at::kCPU));
-  alias.copy_(source);
+  if (target.backend().host_accessible()) {  // host memory: written in place
+    const at::Tensor source =
+        at::from_blob(from.device_address(), to.sizes(), to.options().device(at::kCPU));
+    at::Tensor alias =
+        at::from_blob(to.data_ptr(), to.sizes(), to.strides(), to.options().device(at::kCPU));
+    alias.copy_(source);
+    return;
+  }
+  // A strided view of a device's memory: the span of storage it covers is read to the host,
+  // the values written into it there, and the span written back (the elements between the
+  // view's, which belong to others, go back unchanged).
+  std::int64_t last = 0;  // the view's last element, from its first
+  for (std::int64_t d = 0; d < to.dim(); ++d)
+    last += (to.size(d) - 1) * to.stride(d);
+  const std::size_t span = static_cast<std::size_t>(last + 1) * to.element_size();
+  const std::size_t first = static_cast<std::size_t>(to.storage_offset()) * to.element_size();
+  at::Tensor bytes = at::empty({static_cast<int64_t>(span)}, at::TensorOptions().dtype(at::kByte));
+  Backend& device = target.backend();
+  Buffer& storage = *target.storage();
+  device.download(storage, first, bytes.data_ptr(), span);
+  std::vector<std::byte> values(from.nbytes());
+  device.download(*from.storage(), static_cast<std::size_t>(from.offset()) * to.element_size(),
+                  values.data(), values.size());
+  at::from_blob(bytes.data_ptr(), to.sizes(), to.strides(), to.options().device(at::kCPU))
+      .copy_(at::from_blob(values.data(), to.sizes(), to.options().device(at::kCPU)));
+  device.upload(bytes.data_ptr(), storage, first, span);
 }
 
 at::Tensor& write_result(at::Tensor& out, const Tensor& result, const char* op) {

@@ -73,10 +73,25 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
                                     C10_AS_INTARRAYREF_SLOW(stride));
 }
 
+// resize_: the storage grown on its device when the new sizes need more (the old bytes
+// kept), then the sizes and contiguous strides set (PyTorch's resize_ semantics).
 const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
                          std::optional<at::MemoryFormat> memory_format) {
-  const c10::DeviceGuard guard(self.device());
-  return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), memory_format);
+  const c10::IntArrayRef sizes = C10_AS_INTARRAYREF_SLOW(size);
+  int64_t numel = 1;
+  for (int64_t n : sizes) {
+    TORCH_CHECK(n >= 0, "loom: resize_: negative dimension ", n, " in ", sizes);
+    numel *= n;
+  }
+  const std::size_t needed =
+      static_cast<std::size_t>(self.storage_offset() + numel) * self.element_size();
+  if (numel > 0 && needed > self.storage().nbytes())
+    resize_storage(self.storage(), needed);
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(sizes);
+  if (memory_format.has_value() && *memory_format != at::MemoryFormat::Preserve)
+    impl->empty_tensor_restride(*memory_format);
+  return self;
 }
 
 at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
@@ -170,7 +185,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  at::native::resize_(dst, self.sizes(), std::nullopt);
+  resize(dst, c10::fromIntArrayRefSlow(self.sizes()), std::nullopt);
   return copy_from(self, dst, false);
 }
 

@@ -85,10 +85,14 @@ at::Tensor& sub_out(const at::Tensor& self, const at::Tensor& other, const at::S
 
 at::Tensor& div_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   using Op = at::_ops::div_out;
-  if (!float_on(out, {&self, &other}))
+  check_one_device("div.out", out, {&self, &other});
+  if (out.scalar_type() != c10::ScalarType::Float || !takes_float(self, out) ||
+      !takes_float(other, out))
     return at::native::call_fallback_fn<&pytorch_fallback, Op>::call(self, other, out);
   RecordedCall record(name_of<Op>(), out.device());
-  write_result(out, dispatch::call1(OpId::div, {as_loom(self, "div"), as_loom(other, "div")}),
+  write_result(out,
+               dispatch::call1(OpId::div,
+                               {float_operand(self, out, "div"), float_operand(other, out, "div")}),
                "div");
   record.done();
   return out;

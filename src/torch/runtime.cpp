@@ -121,22 +121,7 @@ struct LoomHooks final : public at::PrivateUse1HooksInterface {
     return c10::Device(c10::DeviceType::PrivateUse1, current_device());
   }
   void resizePrivateUse1Bytes(const c10::Storage& storage, std::size_t bytes) const override {
-    // A storage grown or shrunk in place (untyped_storage().resize_()): new bytes on its
-    // device, the old ones copied over as far as both reach.
-    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-    const c10::DeviceIndex index = impl->device().index();
-    const c10::DeviceIndex saved = current_device();
-    set_current_device(index);
-    c10::DataPtr fresh = allocator().allocate(bytes);
-    set_current_device(saved);
-    const std::size_t kept = std::min(bytes, impl->nbytes());
-    if (kept > 0) {
-      std::shared_ptr<Buffer> from = buffer_of(impl->data_ptr()), to = buffer_of(fresh);
-      backend(index).default_stream().copy(*from, 0, *to, 0, kept);
-      backend(index).default_stream().synchronize();
-    }
-    impl->set_data_ptr_noswap(std::move(fresh));
-    impl->set_nbytes(bytes);
+    resize_storage(storage, bytes);  // untyped_storage().resize_()
   }
 };
 
@@ -211,6 +196,23 @@ void LoomAllocator::copy_data(void* dest, const void* src, std::size_t count) co
 LoomAllocator& allocator() {
   static LoomAllocator instance;
   return instance;
+}
+
+void resize_storage(const c10::Storage& storage, std::size_t bytes) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  const c10::DeviceIndex index = impl->device().index();
+  const c10::DeviceIndex saved = current_device();
+  set_current_device(index);
+  c10::DataPtr fresh = allocator().allocate(bytes);
+  set_current_device(saved);
+  const std::size_t kept = std::min(bytes, impl->nbytes());
+  if (kept > 0) {
+    const std::shared_ptr<Buffer> from = buffer_of(impl->data_ptr()), to = buffer_of(fresh);
+    backend(index).default_stream().copy(*from, 0, *to, 0, kept);
+    backend(index).default_stream().synchronize();
+  }
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(bytes);
 }
 
 }  // namespace loom::torch_device

@@ -8,6 +8,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
+#include <c10/core/Storage.h>
 
 #include <memory>
 #include <string>
@@ -26,6 +27,10 @@ void set_current_device(c10::DeviceIndex index);
 
 // The Loom Buffer behind a loom storage's data pointer (its context).
 std::shared_ptr<Buffer> buffer_of(const c10::DataPtr& data);
+
+// Grows or shrinks `storage` (on a loom device) to `bytes`: new memory on its device, the old
+// bytes copied there as far as both reach.
+void resize_storage(const c10::Storage& storage, std::size_t bytes);
 
 // Allocates on the current device (c10::GetAllocator(PrivateUse1) is this).
 class LoomAllocator final : public c10::Allocator {
