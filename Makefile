@@ -82,13 +82,14 @@ checkpoints: build
 # then each harness for FUZZ_SECONDS; findings land in build/fuzz/findings/HARNESS/.
 # The PyTorch device (python/loom_torch, src/torch, docs/pytorch.md): the pinned Python
 # environment (scripts/python-env; a large download the first time), the extension built
-# against its torch into $(BUILD)/python, and the device's tests.
+# against its torch into $(BUILD)/python, and the device's tests on every Loom device (the
+# CUDA backend on its emulator where no GPU is present).
 torch: build
 	scripts/install-deps --bench
 	scripts/python-env
 	cmake --preset release -DLOOM_TORCH=ON
 	cmake --build --preset release -j $(JOBS) --target loom_torch_C
-	PYTHONPATH=$(BUILD)/python .venv/bin/python -m unittest discover -s tests/torch -v
+	LOOM_CUDA_EMULATOR=1 PYTHONPATH=$(BUILD)/python .venv/bin/python -m unittest discover -s tests/torch -v
 
 fuzz:
 	scripts/install-deps
