@@ -1,8 +1,10 @@
 #include "torch/bridge.h"
 
+#include <ATen/core/TensorBody.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
 #include "dispatch/dispatch.h"
@@ -57,6 +59,17 @@ Tensor as_loom(const at::Tensor& t, const char* op) {
   return Tensor::view_of(buffer_of(t.storage().data_ptr()), t.storage_offset(),
                          Shape(t.sizes().begin(), t.sizes().end()),
                          Strides(t.strides().begin(), t.strides().end()), dtype);
+}
+
+at::Tensor as_torch(const Tensor& t, const c10::Device& device) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage()->bytes(),
+                       data_ptr_of(t.storage(), device), &allocator(), /*resizable=*/true);
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      caffe2::TypeMeta::fromScalarType(torch_dtype(t.dtype())));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(t.shape()),
+                                                   c10::IntArrayRef(t.strides()), t.offset());
+  return out;
 }
 
 void write_into(const at::Tensor& to, const Tensor& from, const char* op) {

@@ -19,6 +19,10 @@ c10::ScalarType torch_dtype(DType dtype);
 // The loom::Tensor viewing `t`'s storage (t on a loom device).
 Tensor as_loom(const at::Tensor& t, const char* op);
 
+// The loom::Tensor `t` (on loom `device`'s backend) as a PyTorch tensor over the same bytes:
+// a functional operator's result, without a copy.
+at::Tensor as_torch(const Tensor& t, const c10::Device& device);
+
 // Copies the values of `from` (a loom::Tensor on `to`'s device, contiguous, `to`'s shape and
 // dtype) into the PyTorch tensor `to`, whatever its strides.
 void write_into(const at::Tensor& to, const Tensor& from, const char* op);

@@ -174,6 +174,13 @@ std::shared_ptr<Buffer> buffer_of(const c10::DataPtr& data) {
   return static_cast<BufferContext*>(data.get_context())->buffer;
 }
 
+c10::DataPtr data_ptr_of(std::shared_ptr<Buffer> buffer, const c10::Device& device) {
+  auto context = std::make_unique<BufferContext>();
+  context->buffer = std::move(buffer);
+  void* data = context->buffer->data();
+  return c10::DataPtr(data, context.release(), &delete_context, device);
+}
+
 c10::DataPtr LoomAllocator::allocate(std::size_t bytes) {
   const c10::DeviceIndex index = current_device();
   auto context = std::make_unique<BufferContext>();

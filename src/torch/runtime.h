@@ -27,6 +27,9 @@ void set_current_device(c10::DeviceIndex index);
 
 // The Loom Buffer behind a loom storage's data pointer (its context).
 std::shared_ptr<Buffer> buffer_of(const c10::DataPtr& data);
+// A data pointer for storage on `device` that shares `buffer` (a Loom kernel's result handed
+// to PyTorch without a copy).
+c10::DataPtr data_ptr_of(std::shared_ptr<Buffer> buffer, const c10::Device& device);
 
 // Grows or shrinks `storage` (on a loom device) to `bytes`: new memory on its device, the old
 // bytes copied there as far as both reach.
