@@ -176,19 +176,31 @@ at::Tensor& gelu_out(const at::Tensor& self, c10::string_view approximate, at::T
   return out;
 }
 
+// tanh form: Loom's gelu_backward; exact form, in PyTorch's order: dy (cdf + x pdf), cdf =
+// (1 + erf(x / sqrt 2)) / 2, pdf = exp(-x^2 / 2) / sqrt(2 pi).
 at::Tensor& gelu_backward_out(const at::Tensor& grad_output, const at::Tensor& self,
                               c10::string_view approximate, at::Tensor& grad_input) {
-  if (approximate != "tanh" || !all_float(grad_input, {&grad_output, &self}) ||
-      self.device() != grad_input.device() || grad_output.device() != grad_input.device())
+  if (!all_float(grad_input, {&grad_output, &self}) || self.device() != grad_input.device() ||
+      grad_output.device() != grad_input.device())
     return at::native::call_fallback_fn<&pytorch_fallback,
                                         at::_ops::gelu_backward_grad_input>::call(grad_output, self,
                                                                                   approximate,
                                                                                   grad_input);
   RecordedCall record("gelu_backward.grad_input", grad_input.device());
-  write_result(grad_input,
-               binary(OpId::gelu_backward, as_loom(grad_output, "gelu_backward"),
-                      as_loom(self, "gelu_backward")),
-               "gelu_backward");
+  const Tensor dy = as_loom(grad_output, "gelu_backward"), x = as_loom(self, "gelu_backward");
+  if (approximate == "tanh") {
+    write_result(grad_input, binary(OpId::gelu_backward, dy, x), "gelu_backward");
+  } else {
+    constexpr double kBeta = M_2_SQRTPI * M_SQRT1_2 * 0.5;  // 1 / sqrt(2 pi)
+    const Tensor cdf = scale(binary(OpId::add, constant(1.0f, grad_input),
+                                    dispatch::call1(OpId::erf, {scale(x, M_SQRT1_2)})),
+                             0.5);
+    const Tensor pdf =
+        scale(dispatch::call1(OpId::exp, {scale(binary(OpId::mul, x, x), -0.5)}), kBeta);
+    write_result(grad_input,
+                 binary(OpId::mul, dy, binary(OpId::add, cdf, binary(OpId::mul, x, pdf))),
+                 "gelu_backward");
+  }
   record.done();
   return grad_input;
 }
