@@ -8,9 +8,13 @@
 #include <ATen/ops/index_select_ops.h>
 #include <ATen/ops/native_layer_norm_backward_ops.h>
 #include <ATen/ops/native_layer_norm_ops.h>
+#include <ATen/ops/nll_loss_backward_ops.h>
+#include <ATen/ops/nll_loss_forward_ops.h>
 #include <torch/library.h>
 
+#include <ATen/core/Reduction.h>
 #include <limits>
+#include <optional>
 #include <tuple>
 
 #include "dispatch/dispatch.h"
@@ -146,9 +150,108 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
   return result;
 }
 
+// The negative log-likelihood of log-probabilities `self` [N, C] at `target` [N]: the
+// picked entries are gathered as rows of self seen as an [N C, 1] table (ids i C + t_i, made
+// on the host from the targets, the ignored ones left out), so the loss is Loom's gather and
+// sum and its gradient Loom's scatter. Empty when Loom does not take the call.
+struct Picks {
+  Tensor ids;         // [K] int32 on the device
+  std::int64_t kept;  // K
+};
+std::optional<Picks> picks(const at::Tensor& self, const at::Tensor& target,
+                           const std::optional<at::Tensor>& weight, int64_t reduction,
+                           int64_t ignore_index) {
+  const c10::Device device = self.device();
+  if (!is_float_on(self, device) || self.dim() != 2 || target.dim() != 1 ||
+      target.device() != device || target.scalar_type() != at::kLong ||
+      target.size(0) != self.size(0) || (weight.has_value() && weight->defined()) ||
+      (reduction != at::Reduction::Mean && reduction != at::Reduction::Sum))
+    return std::nullopt;
+  const at::Tensor host = target.cpu().contiguous();
+  const int64_t* t = host.data_ptr<int64_t>();
+  const int64_t classes = self.size(1);
+  std::vector<std::int32_t> ids;
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    if (t[i] == ignore_index)
+      continue;
+    if (t[i] < 0 || t[i] >= classes ||
+        i * classes + t[i] > std::numeric_limits<std::int32_t>::max())
+      return std::nullopt;  // PyTorch's kernel names the bad target
+    ids.push_back(static_cast<std::int32_t>(i * classes + t[i]));
+  }
+  if (ids.empty())
+    return std::nullopt;
+  const auto kept = static_cast<std::int64_t>(ids.size());
+  return Picks{Tensor::from_ints({kept}, ids, backend(device.index())), kept};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> nll_loss_forward(
+    const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+    int64_t reduction, c10::SymInt ignore_index, at::Tensor& output, at::Tensor& total_weight) {
+  const std::optional<Picks> p =
+      output.scalar_type() == at::kFloat && total_weight.scalar_type() == at::kFloat
+          ? picks(self, target, weight, reduction, ignore_index.expect_int())
+          : std::nullopt;
+  if (!p)
+    return at::native::call_fallback_fn_symint<
+        &pytorch_fallback, at::_ops::nll_loss_forward_output>::call(self, target, weight, reduction,
+                                                                    ignore_index, output,
+                                                                    total_weight);
+  RecordedCall record("nll_loss_forward.output", self.device());
+  const Tensor table = dispatch::contiguous(as_loom(self, "nll_loss")).reshape({self.numel(), 1});
+  const Tensor picked = dispatch::call1(OpId::embedding, {table, p->ids});
+  Attrs negate;
+  negate.alpha = reduction == at::Reduction::Mean ? -1.0 / static_cast<double>(p->kept) : -1.0;
+  write_result(output, dispatch::call1(OpId::scale, {dispatch::call1(OpId::sum, {picked})}, negate),
+               "nll_loss");
+  Attrs count;
+  count.shape = {};
+  count.alpha = static_cast<double>(p->kept);
+  write_result(total_weight,
+               dispatch::call(OpId::fill, {}, count, &backend(self.device().index())).front(),
+               "nll_loss");
+  record.done();
+  return {output, total_weight};
+}
+
+at::Tensor& nll_loss_backward(const at::Tensor& grad_output, const at::Tensor& self,
+                              const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                              int64_t reduction, c10::SymInt ignore_index,
+                              const at::Tensor& total_weight, at::Tensor& grad_input) {
+  const std::optional<Picks> p =
+      is_float_on(grad_output, self.device()) && grad_output.dim() == 0 &&
+              is_float_on(total_weight, self.device()) && grad_input.scalar_type() == at::kFloat
+          ? picks(self, target, weight, reduction, ignore_index.expect_int())
+          : std::nullopt;
+  if (!p)
+    return at::native::call_fallback_fn_symint<
+        &pytorch_fallback, at::_ops::nll_loss_backward_grad_input>::call(grad_output, self, target,
+                                                                         weight, reduction,
+                                                                         ignore_index, total_weight,
+                                                                         grad_input);
+  RecordedCall record("nll_loss_backward.grad_input", self.device());
+  // Each picked entry's gradient: -dloss / total weight (mean) or -dloss (sum).
+  Attrs negate;
+  negate.alpha = -1.0;
+  Tensor g = dispatch::call1(OpId::scale, {as_loom(grad_output, "nll_loss_backward")}, negate);
+  if (reduction == at::Reduction::Mean)
+    g = dispatch::call1(OpId::div, {g, as_loom(total_weight, "nll_loss_backward")});
+  Attrs rows;
+  rows.shape = {p->kept, 1};
+  const Tensor dy = dispatch::call1(OpId::expand, {g}, rows);
+  Attrs table;
+  table.shape = {self.numel(), 1};
+  const Tensor grad = dispatch::call1(OpId::embedding_backward, {dy, p->ids}, table);
+  write_result(grad_input, grad.reshape({self.size(0), self.size(1)}), "nll_loss_backward");
+  record.done();
+  return grad_input;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("nll_loss_forward.output", nll_loss_forward);
+  m.impl("nll_loss_backward.grad_input", nll_loss_backward);
   m.impl("index_select", index_select);
   m.impl("embedding_dense_backward", embedding_dense_backward);
   m.impl("native_layer_norm", native_layer_norm);

@@ -262,6 +262,27 @@ class MappedOps(unittest.TestCase):
                     self.assertLess(diff.item(), 2e-6, op)
                     self.assertEqual(coverage_of(op)["pytorch_fallback"], 0, op)
 
+    def test_the_loss_with_ignored_targets_and_its_gradient_agree(self):
+        g = torch.Generator().manual_seed(9)
+        logits = torch.randn(12, 7, generator=g)
+        targets = torch.randint(0, 7, (12,), generator=g)
+        targets[[2, 5]] = -100  # ignored
+        for reduction in ("mean", "sum"):
+            a = logits.clone().requires_grad_()
+            expected = torch.nn.functional.cross_entropy(a, targets, reduction=reduction)
+            expected.backward()
+            for device in loom_devices():
+                loom_torch.device.reset_coverage()
+                with self.subTest(device=device, reduction=reduction):
+                    b = logits.to(device).requires_grad_()
+                    got = torch.nn.functional.cross_entropy(b, targets.to(device), reduction=reduction)
+                    got.backward()
+                    self.assertLess(abs(got.item() - expected.item()) / abs(expected.item()), 1e-6)
+                    diff = (b.grad.cpu() - a.grad).abs().max() / a.grad.abs().max()
+                    self.assertLess(diff.item(), 1e-6)
+                    for op in ("nll_loss_forward.output", "nll_loss_backward.grad_input"):
+                        self.assertEqual(coverage_of(op)["pytorch_fallback"], 0, op)
+
     def test_an_unmapped_op_runs_on_pytorchs_cpu_kernels_and_is_counted(self):
         t = torch.linspace(-1, 1, 9)
         x = t.to("loom")
