@@ -42,10 +42,12 @@ void debug_once(const std::string& backend, OpId op, Path path) {
 }
 
 void count(const std::string& backend, OpId op, Path path, std::uint64_t bytes, double seconds) {
-  PathCount& c = stats().counts[{backend, op, path}];
-  ++c.calls;
-  c.bytes_moved += bytes;
-  c.seconds += seconds;
+  for (PathCount* c : {&stats().counts[{backend, op, path}],
+                       &stats().totals[static_cast<int>(path)]}) {
+    ++c->calls;
+    c->bytes_moved += bytes;
+    c->seconds += seconds;
+  }
 }
 
 double since(std::chrono::steady_clock::time_point start) {

@@ -30,10 +30,16 @@ struct PathCount {
   double seconds = 0;             // wall time in the kernel (and copies), host-measured
 };
 
-// Counts per (backend name, op, path).
+// Counts per (backend name, op, path), and per path over all of them (read cheaply around
+// one call: the PyTorch device's coverage report).
 struct Stats {
   std::map<std::tuple<std::string, OpId, Path>, PathCount> counts;
-  void reset() { counts.clear(); }
+  PathCount totals[3];  // by Path: native, decomposed, fallback
+  void reset() {
+    counts.clear();
+    for (PathCount& t : totals)
+      t = PathCount{};
+  }
 };
 Stats& stats();
 

@@ -33,8 +33,10 @@ bool fallback_is_error() {
 RecordedCall::RecordedCall(const char* name, const c10::Device& device)
     : name_(name),
       device_(device),
-      before_(dispatch::stats()),
-      start_(std::chrono::steady_clock::now()) {}
+      start_(std::chrono::steady_clock::now()) {
+  for (int p = 0; p < 3; ++p)
+    before_[p] = dispatch::stats().totals[p];
+}
 
 RecordedCall::~RecordedCall() = default;
 
@@ -45,13 +47,10 @@ void RecordedCall::done() {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   std::uint64_t paths[3] = {0, 0, 0}, bytes = 0;  // native, decomposed, fallback kernels
-  for (const auto& [key, count] : dispatch::stats().counts) {
-    auto it = before_.counts.find(key);
-    const std::uint64_t calls = count.calls - (it == before_.counts.end() ? 0 : it->second.calls);
-    const std::uint64_t moved =
-        count.bytes_moved - (it == before_.counts.end() ? 0 : it->second.bytes_moved);
-    paths[static_cast<int>(std::get<2>(key))] += calls;
-    bytes += moved;
+  for (int p = 0; p < 3; ++p) {
+    const dispatch::PathCount& now = dispatch::stats().totals[p];
+    paths[p] = now.calls - before_[p].calls;
+    bytes += now.bytes_moved - before_[p].bytes_moved;
   }
   {
     std::lock_guard<std::mutex> lock(mutex);

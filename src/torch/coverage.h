@@ -43,7 +43,7 @@ class RecordedCall {
  private:
   std::string name_;
   c10::Device device_;
-  dispatch::Stats before_;
+  dispatch::PathCount before_[3];  // dispatch's totals by path when the call began
   std::chrono::steady_clock::time_point start_;
   bool done_ = false;
 };
