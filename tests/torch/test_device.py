@@ -128,6 +128,22 @@ class MappedOps(unittest.TestCase):
     def setUp(self):
         loom_torch.device.reset_coverage()
 
+    def check_against_cpu(self, cases):
+        """Each case f(t), t moving its inputs, on every loom device against PyTorch's CPU
+        device: within 2e-6 of the largest value, and its ATen op (the key) on Loom."""
+        for device in loom_devices():
+            loom_torch.device.reset_coverage()
+            for op, f in cases.items():
+                with self.subTest(device=device, op=op):
+                    expected = f(lambda v: v)
+                    got = f(lambda v: v.to(device)).cpu()
+                    self.assertEqual(got.shape, expected.shape)
+                    scale = max(expected.abs().max().item(), 1e-30)
+                    self.assertLess(((got - expected).abs().max() / scale).item(), 2e-6, op)
+                    record = coverage_of(op)
+                    self.assertIsNotNone(record, op)
+                    self.assertEqual(record["pytorch_fallback"], 0, op)
+
     def test_add_mul_mm_agree_with_the_cpu_device_and_run_on_loom(self):
         g = torch.Generator().manual_seed(2)
         a, b = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
@@ -174,18 +190,7 @@ class MappedOps(unittest.TestCase):
             "_log_softmax.out": lambda t: torch.log_softmax(t(x), dim=-1),
             "bmm.out": lambda t: torch.bmm(t(x[:, :, :]), t(batched)),
         }
-        for device in loom_devices():
-            loom_torch.device.reset_coverage()
-            for op, f in cases.items():
-                with self.subTest(device=device, op=op):
-                    expected = f(lambda v: v)
-                    got = f(lambda v: v.to(device)).cpu()
-                    self.assertEqual(got.shape, expected.shape)
-                    scale = max(expected.abs().max().item(), 1e-30)
-                    self.assertLess(((got - expected).abs().max() / scale).item(), 2e-6, op)
-                    record = coverage_of(op)
-                    self.assertIsNotNone(record, op)
-                    self.assertEqual(record["pytorch_fallback"], 0, op)
+        self.check_against_cpu(cases)
 
     def test_the_optimizer_and_activation_ops_agree_with_the_cpu_device(self):
         g = torch.Generator().manual_seed(5)
@@ -206,15 +211,7 @@ class MappedOps(unittest.TestCase):
             "cat.out": lambda t: torch.cat([t(x), t(y)], dim=1),
             "addmm.out": lambda t: torch.addmm(t(bias), t(x), t(w)),
         }
-        for device in loom_devices():
-            loom_torch.device.reset_coverage()
-            for op, f in cases.items():
-                with self.subTest(device=device, op=op):
-                    expected = f(lambda v: v)
-                    got = f(lambda v: v.to(device)).cpu()
-                    scale = max(expected.abs().max().item(), 1e-30)
-                    self.assertLess(((got - expected).abs().max() / scale).item(), 2e-6, op)
-                    self.assertEqual(coverage_of(op)["pytorch_fallback"], 0, op)
+        self.check_against_cpu(cases)
         # An exponent the map does not take runs on PyTorch's kernels, counted.
         loom_torch.device.reset_coverage()
         self.assertTrue(torch.equal((positive.to("loom") ** 1.7).cpu(), positive ** 1.7))
