@@ -31,9 +31,7 @@ bool fallback_is_error() {
 }
 
 RecordedCall::RecordedCall(const char* name, const c10::Device& device)
-    : name_(name),
-      device_(device),
-      start_(std::chrono::steady_clock::now()) {
+    : name_(name), device_(device), start_(std::chrono::steady_clock::now()) {
   for (int p = 0; p < 3; ++p)
     before_[p] = dispatch::stats().totals[p];
 }

@@ -48,6 +48,13 @@ class RecordedCall {
   bool done_ = false;
 };
 
+// An ATen op's name in the report, "sqrt.out", from its at::_ops type ("aten::sqrt", "out").
+template <class AtenOp>
+const char* name_of() {
+  static const std::string name = std::string(AtenOp::name).substr(6) + "." + AtenOp::overload_name;
+  return name.c_str();
+}
+
 // PyTorch's CPU fallback took `name` (with the bytes copied and the time).
 void record_pytorch_fallback(const std::string& name, double seconds, std::uint64_t bytes);
 

@@ -35,13 +35,6 @@
 namespace loom::torch_device {
 namespace {
 
-// "sqrt.out" from the ATen op's name ("aten::sqrt") and overload ("out").
-template <class AtenOp>
-const char* name_of() {
-  static const std::string name = std::string(AtenOp::name).substr(6) + "." + AtenOp::overload_name;
-  return name.c_str();
-}
-
 bool float_on(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs) {
   if (out.scalar_type() != c10::ScalarType::Float)
     return false;

@@ -55,34 +55,19 @@ bool all_float(const at::Tensor& out, std::initializer_list<const at::Tensor*> o
   return true;
 }
 
-// self + value * t1 * t2 (PyTorch: (value t1) t2, then the sum).
-at::Tensor& addcmul_out(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
-                        const at::Scalar& value, at::Tensor& out) {
-  check_one_device("addcmul.out", out, {&self, &t1, &t2});
+// self + value * t1 * t2 (addcmul) and self + value * t1 / t2 (addcdiv), in PyTorch's order:
+// (value t1) combined with t2, then the sum.
+template <class AtenOp, OpId kCombine>
+at::Tensor& addc_out(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                     const at::Scalar& value, at::Tensor& out) {
+  const char* name = name_of<AtenOp>();
+  check_one_device(name, out, {&self, &t1, &t2});
   if (!all_float(out, {&self, &t1, &t2}))
-    return at::native::call_fallback_fn<&pytorch_fallback, at::_ops::addcmul_out>::call(
-        self, t1, t2, value, out);
-  RecordedCall record("addcmul.out", out.device());
-  const Tensor product =
-      binary(OpId::mul, scale(float_operand(t1, out, "addcmul"), value.toDouble()),
-             float_operand(t2, out, "addcmul"));
-  write_result(out, binary(OpId::add, float_operand(self, out, "addcmul"), product), "addcmul");
-  record.done();
-  return out;
-}
-
-// self + value * t1 / t2 (PyTorch: (value t1) / t2, then the sum).
-at::Tensor& addcdiv_out(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
-                        const at::Scalar& value, at::Tensor& out) {
-  check_one_device("addcdiv.out", out, {&self, &t1, &t2});
-  if (!all_float(out, {&self, &t1, &t2}))
-    return at::native::call_fallback_fn<&pytorch_fallback, at::_ops::addcdiv_out>::call(
-        self, t1, t2, value, out);
-  RecordedCall record("addcdiv.out", out.device());
-  const Tensor quotient =
-      binary(OpId::div, scale(float_operand(t1, out, "addcdiv"), value.toDouble()),
-             float_operand(t2, out, "addcdiv"));
-  write_result(out, binary(OpId::add, float_operand(self, out, "addcdiv"), quotient), "addcdiv");
+    return at::native::call_fallback_fn<&pytorch_fallback, AtenOp>::call(self, t1, t2, value, out);
+  RecordedCall record(name, out.device());
+  const Tensor combined = binary(kCombine, scale(float_operand(t1, out, name), value.toDouble()),
+                                 float_operand(t2, out, name));
+  write_result(out, binary(OpId::add, float_operand(self, out, name), combined), name);
   record.done();
   return out;
 }
@@ -281,8 +266,8 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("addcmul.out", addcmul_out);
-  m.impl("addcdiv.out", addcdiv_out);
+  m.impl("addcmul.out", addc_out<at::_ops::addcmul_out, OpId::mul>);
+  m.impl("addcdiv.out", addc_out<at::_ops::addcdiv_out, OpId::div>);
   m.impl("lerp.Scalar_out", lerp_out);
   m.impl("pow.Tensor_Scalar_out", pow_out);
   m.impl("rsqrt.out", rsqrt_out);

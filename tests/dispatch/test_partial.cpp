@@ -115,6 +115,18 @@ TEST(PartialBackend, PathsAgreeWithTheNativeSetAndTheDecompositions) {
   }
   EXPECT_GT(decomposed, 0);
   EXPECT_GT(fallbacks, 0);
+  // The totals per path are the per-op counts summed over every backend and op.
+  dispatch::PathCount sums[3];
+  for (const auto& [key, count] : dispatch::stats().counts) {
+    sums[static_cast<int>(std::get<2>(key))].calls += count.calls;
+    sums[static_cast<int>(std::get<2>(key))].bytes_moved += count.bytes_moved;
+  }
+  for (int p = 0; p < 3; ++p) {
+    SCOPED_TRACE(dispatch::path_name(static_cast<dispatch::Path>(p)));
+    EXPECT_GT(sums[p].calls, 0u);
+    EXPECT_EQ(dispatch::stats().totals[p].calls, sums[p].calls);
+    EXPECT_EQ(dispatch::stats().totals[p].bytes_moved, sums[p].bytes_moved);
+  }
 }
 
 TEST(PartialBackend, StrictModeNamesTheOpThatWouldFallBack) {
