@@ -1,6 +1,6 @@
 """Loom's devices as a PyTorch device named "loom" (docs/pytorch.md).
 
-    import torch, loom_torch
+    import torch                          # loads this package (the "torch.backends" entry point)
     x = torch.randn(4, 4).to("loom")      # loom:0, Loom's first backend (see devices())
     torch.loom.coverage()                 # which ATen ops ran, and how
 
@@ -39,3 +39,8 @@ torch.__future__.set_swap_module_params_on_conversion(True)
 
 devices = _device.devices
 coverage = _device.coverage
+
+
+def _autoload():
+    """The "torch.backends" entry point: `import torch` imports this package and calls this.
+    Importing did the work; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns it off."""

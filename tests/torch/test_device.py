@@ -40,6 +40,18 @@ class Devices(unittest.TestCase):
         self.assertEqual(torch.loom.device_count(), len(names))
         self.assertTrue(torch.loom.is_available())
 
+    def test_import_torch_alone_loads_the_device_and_the_switch_turns_it_off(self):
+        """The "torch.backends" entry point: an unmodified script only names the device."""
+        script = "import torch; x = torch.ones(2, device='loom'); print(torch.loom.device_count(), (x + x).tolist())"
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(run.stdout.split(), [str(len(loom_torch.devices())), "[2.0,", "2.0]"])
+        env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+        script = "import sys, torch; print(hasattr(torch, 'loom'), 'loom_torch' in sys.modules)"
+        run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(run.stdout.split(), ["False", "False"])
+
     def test_an_unknown_index_is_an_error_naming_the_devices_there_are(self):
         with self.assertRaises(RuntimeError) as caught:
             torch.ones(2).to(f"loom:{len(loom_torch.devices()) + 5}")
