@@ -7,7 +7,16 @@
 loom:N is the N-th of Loom's backends in this build, in the order cpu, opencl, cuda, partial
 (as present): `torch.loom.devices()` lists them.
 """
-import torch
+
+
+def _autoload():
+    """The "torch.backends" entry point: `import torch` imports this package and calls this.
+    Importing does the work; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns it off. Defined before
+    `import torch` below: a script that imports this package first has torch's autoload find
+    it half-imported, and calling this then is right (the import goes on after torch's)."""
+
+
+import torch  # noqa: E402
 
 torch.utils.rename_privateuse1_backend("loom")
 
@@ -40,7 +49,3 @@ torch.__future__.set_swap_module_params_on_conversion(True)
 devices = _device.devices
 coverage = _device.coverage
 
-
-def _autoload():
-    """The "torch.backends" entry point: `import torch` imports this package and calls this.
-    Importing did the work; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns it off."""

@@ -215,6 +215,20 @@ at::Tensor& zero(at::Tensor& self) {
   return fill_scalar(self, 0);
 }
 
+// start, start + step, ... below end: made on the host and sent (positions and indices are
+// int64, which Loom's kernels do not compute in; Loom's catalog has no counting op).
+at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step,
+                       at::Tensor& out) {
+  RecordedCall record("arange.start_out", out.device());
+  at::Tensor host = at::empty({0}, out.options().device(at::kCPU));
+  at::arange_out(host, start, end, step);
+  if (out.sizes() != host.sizes())
+    out.resize_(host.sizes());
+  copy_from(host, out, false);
+  record.done();
+  return out;
+}
+
 }  // namespace
 
 namespace {
@@ -270,6 +284,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("fill_.Scalar", fill_scalar);
   m.impl("zero_", zero);
+  m.impl("arange.start_out", arange_out);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -77,6 +77,8 @@ void utility_cases(Builder& b) {
   b.add("axis1", OpId::concat, {b.r({2, 3}), b.r({2, 5})}, concat);
   concat.axis = 0;
   b.add("axis0_three", OpId::concat, {b.r({1, 4}), b.nc({3, 4}), b.r({2, 4})}, concat);
+  concat.axis = 2;
+  b.add("ints_inner_axis", OpId::concat, {b.ids({2, 3, 1}, 50), b.ids({2, 3, 4}, 50)}, concat);
   Attrs sb;
   sb.shape = {2, 7};
   sb.axis = 1;

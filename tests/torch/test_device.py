@@ -201,6 +201,8 @@ class MappedOps(unittest.TestCase):
             "_softmax.out": lambda t: torch.softmax(t(x), dim=-1),
             "_log_softmax.out": lambda t: torch.log_softmax(t(x), dim=-1),
             "bmm.out": lambda t: torch.bmm(t(x[:, :, :]), t(batched)),
+            "arange.start_out": lambda t: torch.arange(2.0, 9.0, 0.5, device=t(x).device)
+            + torch.arange(14, device=t(x).device),
         }
         self.check_against_cpu(cases)
 

@@ -179,6 +179,7 @@ class OpenClBackend final : public Backend {
   void copy(const OpCall& call);
   void expand(const OpCall& call);
   void slice_backward(const OpCall& call);
+  void concat(const OpCall& call);
   void sum_squares(const OpCall& call);
   void embedding(const OpCall& call);
   void embedding_backward(const OpCall& call);

@@ -44,6 +44,10 @@ bool f32_cheap_epilogue(const OpCall& call) {
       return false;
   return true;
 }
+// Copies of bytes: the catalog has checked that the inputs share one dtype.
+bool any_dtype(const OpCall&) {
+  return true;
+}
 bool f32_expand(const OpCall& call) {
   return device_ops::f32_except_ids(call) &&
          call.attrs.shape.size() <= static_cast<std::size_t>(kMaxCopyRank);
@@ -222,6 +226,34 @@ void OpenClBackend::slice_backward(const OpCall& call) {
            inner == 0 ? 0 : count(dx) / static_cast<std::size_t>(inner), mem_of(dy), off_of(dy),
            mem_of(dx), off_of(dx), static_cast<cl_ulong>(dx.shape()[axis]),
            static_cast<cl_ulong>(dy.shape()[axis]), inner, static_cast<cl_ulong>(call.attrs.start));
+}
+
+// y viewed as [outer, axis * inner] rows; input i fills the block of columns
+// [column_i, column_i + axis_i * inner) of every row: one rectangular buffer copy per input,
+// in bytes, so any dtype (dispatch hands the inputs over contiguous).
+void OpenClBackend::concat(const OpCall& call) {
+  Tensor& y = call.outputs[0];
+  const int axis = normalize_axis(call.attrs.axis, y.rank(), "concat");
+  const std::size_t element = dtype_size(y.dtype());
+  std::size_t outer = 1, inner = 1;
+  for (int d = 0; d < axis; ++d)
+    outer *= static_cast<std::size_t>(y.shape()[d]);
+  for (int d = axis + 1; d < y.rank(); ++d)
+    inner *= static_cast<std::size_t>(y.shape()[d]);
+  const std::size_t out_row = static_cast<std::size_t>(y.shape()[axis]) * inner * element;
+  std::size_t column = 0;  // bytes into a row of y
+  for (const Tensor& x : call.inputs) {
+    const std::size_t run = static_cast<std::size_t>(x.shape()[axis]) * inner * element;
+    if (run > 0 && outer > 0) {
+      const std::size_t from[3] = {off_of(x) * element, 0, 0};
+      const std::size_t to[3] = {off_of(y) * element + column, 0, 0};
+      const std::size_t region[3] = {run, outer, 1};
+      ok(clEnqueueCopyBufferRect(current_queue(), mem_of(x), mem_of(y), from, to, region, run, 0,
+                                 out_row, 0, 0, nullptr, nullptr),
+         "clEnqueueCopyBufferRect concat");
+    }
+    column += run;
+  }
 }
 
 void OpenClBackend::sum_squares(const OpCall& call) {
@@ -446,6 +478,7 @@ const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
   static const KernelTable<B> table(
       "opencl", device_ops::SharedKernelRows<B, kMaxCopyRank>::with({
                     {OpId::expand, f32_expand, &B::expand},
+                    {OpId::concat, any_dtype, &B::concat},
                     {OpId::matmul_elementwise, f32_cheap_epilogue, &B::matmul_elementwise},
                     {OpId::causal_attention, f32_attention, &B::attention},
                     {OpId::causal_attention_backward, f32_attention, &B::attention},
