@@ -48,4 +48,17 @@ torch.__future__.set_swap_module_params_on_conversion(True)
 
 devices = _device.devices
 coverage = _device.coverage
+write_report = _device.write_report
+
+
+def _report_at_exit():
+    """LOOM_TORCH_REPORT=path: the coverage report written there when the script ends."""
+    import atexit
+    import os
+    path = os.environ.get("LOOM_TORCH_REPORT")
+    if path:
+        atexit.register(write_report, path)
+
+
+_report_at_exit()
 

@@ -79,3 +79,18 @@ def coverage():
 
 def reset_coverage():
     _C.reset_coverage()
+
+
+def write_report(path):
+    """Writes the coverage report `loom ops --torch_report PATH` shows: {"schema_version": 1,
+    "torch", "devices", "ops": coverage()}, atomically (a temporary file renamed into place)."""
+    import json
+    import os
+    report = {"schema_version": 1, "torch": torch.__version__.split("+")[0],
+              "devices": devices(), "ops": coverage()}
+    temporary = f"{path}.tmp.{os.getpid()}"
+    with open(temporary, "w") as f:
+        json.dump(report, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)

@@ -127,6 +127,35 @@ expect_error "--price: '-1' is not a price" plan --model deepseek-v3 --chip b200
 "$loom" ops --model gpt --backend cpu --precision bf16 --sync | head -n 1 | grep -q 'bf16 products.*device time per step' \
   || { echo "FAIL: loom ops --precision bf16 --sync"; failures=$((failures + 1)); }
 expect_error "partial has no bf16 matmul products" ops --backend partial --precision bf16
+# A PyTorch script's coverage report (LOOM_TORCH_REPORT, python/loom_torch): shown as a table
+# with fallbacks first; a bad one names the file, the field, its value and what was expected.
+cat > "$dir/torch.json" <<'EOF_JSON'
+{"schema_version": 1, "torch": "2.15.0", "devices": ["cpu", "opencl"], "ops": [
+ {"op": "mm.out", "calls": 4, "native": 4, "decomposed": 0, "loom_fallback": 0, "pytorch_fallback": 0, "seconds": 0.002, "bytes_copied": 0},
+ {"op": "isin.Tensor_Tensor_out", "calls": 2, "native": 0, "decomposed": 0, "loom_fallback": 0, "pytorch_fallback": 2, "seconds": 0.001, "bytes_copied": 4000000}]}
+EOF_JSON
+"$loom" ops --torch_report "$dir/torch.json" > "$dir/torch.txt" 2>&1
+{ sed -n 3p "$dir/torch.txt" | grep -q '^isin.Tensor_Tensor_out  *pytorch fallback  *2 .* 4.00$' &&
+  sed -n 4p "$dir/torch.txt" | grep -q '^mm.out  *native  *4 ' &&
+  grep -q '^2 ATen ops, 6 calls: 1 ops native, 0 by decomposition, 0 through Loom.s CPU fallback, 1 through PyTorch.s (2 calls fell back)$' "$dir/torch.txt"; } \
+  || { echo "FAIL: loom ops --torch_report: $(cat "$dir/torch.txt")"; failures=$((failures + 1)); }
+"$loom" ops --torch_report "$dir/torch.json" --json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+assert [o["path"] for o in r["ops"]] == ["pytorch fallback", "native"], r
+assert r["devices"] == ["cpu", "opencl"] and r["torch"] == "2.15.0", r' \
+  || { echo "FAIL: loom ops --torch_report --json"; failures=$((failures + 1)); }
+printf '{"schema_version": 1, "torch": "2.15.0", "devices": [],' > "$dir/cut.json"
+expect_error "cut.json: not JSON" ops --torch_report "$dir/cut.json"
+sed 's/"calls": 4,/"calls": 5,/' "$dir/torch.json" > "$dir/sum.json"
+expect_error "sum.json: field 'ops[0].calls' is 5, expected the sum of native, decomposed, loom_fallback and pytorch_fallback (4)" ops --torch_report "$dir/sum.json"
+sed 's/"seconds": 0.001/"seconds": "fast"/' "$dir/torch.json" > "$dir/seconds.json"
+expect_error "seconds.json: field 'ops[1].seconds' is \"fast\", expected a non-negative number" ops --torch_report "$dir/seconds.json"
+sed 's/"schema_version": 1/"schema_version": 7/' "$dir/torch.json" > "$dir/version.json"
+expect_error "version.json: field 'schema_version' is 7, expected 1" ops --torch_report "$dir/version.json"
+sed 's/"op": "mm.out", //' "$dir/torch.json" > "$dir/noname.json"
+expect_error "noname.json: field 'ops[0].op' is missing" ops --torch_report "$dir/noname.json"
+expect_error "absent.json: cannot open the report" ops --torch_report "$dir/absent.json"
 # A training config's model as the fleet service probes it: coverage, step time, and for a
 # transformer the shape the performance model needs (vocabulary from the data).
 printf 'layers: 2\nwidth: 64\nheads: 2\ncontext: 32\nbatch: 4\nprecision: bf16\n' > "$dir/probe.yaml"

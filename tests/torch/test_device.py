@@ -52,6 +52,38 @@ class Devices(unittest.TestCase):
         self.assertEqual(run.returncode, 0, run.stderr)
         self.assertEqual(run.stdout.split(), ["False", "False"])
 
+    def test_the_report_is_written_at_exit_and_loom_ops_shows_it(self):
+        import json
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "report.json")
+            script = ("import torch; x = torch.randn(3, 3, device='loom'); "
+                      "(x @ x).sum().item(); torch.isin(x, x)")
+            env = dict(os.environ, LOOM_TORCH_REPORT=path)
+            run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            with open(path) as f:
+                report = json.load(f)
+            self.assertEqual(report["schema_version"], 1)
+            self.assertEqual(report["devices"], loom_torch.devices())
+            ops = {o["op"]: o for o in report["ops"]}
+            self.assertEqual(ops["mm.out"]["native"], 1)
+            self.assertEqual(ops["isin.Tensor_Tensor_out"]["pytorch_fallback"], 1)
+            self.assertEqual(os.listdir(d), ["report.json"])  # no temporary left behind
+            # The loom program of the same build reads it back.
+            loom = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+                os.path.abspath(loom_torch.__file__)))), "loom")
+            if not os.path.exists(loom):
+                self.skipTest(f"no loom program at {loom}")
+            table = subprocess.run([loom, "ops", "--torch_report", path], capture_output=True,
+                                   text=True)
+            self.assertEqual(table.returncode, 0, table.stderr)
+            rows = [line.split()[:2] for line in table.stdout.splitlines()[2:-1]]
+            self.assertIn(["isin.Tensor_Tensor_out", "pytorch"], rows)
+            self.assertIn(["mm.out", "native"], rows)
+            paths = [row[1] for row in rows]  # fallbacks listed first
+            self.assertEqual(paths, sorted(paths, key=lambda p: p == "native"))
+
     def test_an_unknown_index_is_an_error_naming_the_devices_there_are(self):
         with self.assertRaises(RuntimeError) as caught:
             torch.ones(2).to(f"loom:{len(loom_torch.devices()) + 5}")

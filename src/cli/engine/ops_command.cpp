@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "autograd/functions.h"
+#include "cli/engine/torch_report.h"
 #include "core/error.h"
 #include "core/job_contract.h"
 #include "core/op_catalog.h"
@@ -237,6 +238,12 @@ CLI::App* add_ops_command(CLI::App& app, OpsOptions& o) {
   ops->add_flag("--sync", o.sync,
                 "wait for each op to finish on its device, so times are device times per op "
                 "(removes overlap: for profiling)");
+  ops->add_option("--torch_report", o.torch_report,
+                  "show the report a PyTorch script on the loom device wrote at exit "
+                  "(LOOM_TORCH_REPORT=FILE, docs/pytorch.md) instead of measuring a model")
+      ->excludes(ops->get_option("--config"))
+      ->excludes(ops->get_option("--onnx"))
+      ->excludes(ops->get_option("--fusion"));
   return ops;
 }
 
@@ -411,6 +418,8 @@ void print_table(const OpsOptions& o, const std::vector<std::string>& names,
 }  // namespace
 
 int run_ops(const OpsOptions& given) {
+  if (!given.torch_report.empty())
+    return print_torch_report(given.torch_report, given.json);
   train::TrainConfig cfg;
   const OpsOptions o = given.config.empty() ? given : with_config(given, cfg);
   if (o.threads > 0)

@@ -22,6 +22,7 @@ struct OpsOptions {
                         // per step unfused and fused
   std::string config;   // a training config (YAML): its step, as loom train runs it, is measured
   std::int64_t threads = 0;  // CPU threads (0: the default)
+  std::string torch_report;  // a PyTorch script's LOOM_TORCH_REPORT file, shown instead
 };
 
 CLI::App* add_ops_command(CLI::App& app, OpsOptions& options);
