@@ -110,6 +110,90 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
+class BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock: two 3x3 convolutions with batch norm, ReLU in place,
+    a 1x1 strided convolution on the shortcut when the shape changes."""
+
+    def __init__(self, inputs, outputs, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(outputs)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(outputs)
+        self.downsample = None
+        if stride != 1 or inputs != outputs:
+            self.downsample = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False),
+                                            nn.BatchNorm2d(outputs))
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        y = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(y)) + identity)
+
+
+class ResNet18(nn.Module):
+    """torchvision.models.resnet18(num_classes=...)'s layers and initialisation, in plain
+    torch.nn (torchvision's wheels are built for one torch release each, and the pinned torch
+    has none yet): a 7x7 stride-2 stem, a 3x3 stride-2 max pool, four stages of two blocks
+    (64, 128, 256, 512 channels), global average pooling, a linear classifier."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        stages, inputs = [], 64
+        for outputs, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            stages.append(nn.Sequential(BasicBlock(inputs, outputs, stride),
+                                        BasicBlock(outputs, outputs, 1)))
+            inputs = outputs
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet18():
+    """torchvision's resnet18(num_classes=10) where torchvision is installed, else the same
+    network above."""
+    try:
+        import torchvision
+        return torchvision.models.resnet18(num_classes=10)
+    except ImportError:
+        return ResNet18(10)
+
+
+def train_images(make_model, device, steps, seed=0, batch=4):
+    """`steps` AdamW steps of a fresh image classifier on `device` with 3x32x32 inputs: the
+    losses and the final parameters and buffers (on the CPU)."""
+    torch.manual_seed(seed)
+    model = make_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(seed + 1)
+    images = torch.randn(batch, 3, 32, 32, generator=g).to(device)
+    labels = torch.randint(0, 10, (batch,), generator=g).to(device)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
 def train(make_model, device, steps, seed=0):
     """`steps` AdamW steps of a fresh model on `device`: the losses and the final parameters
     (on the CPU)."""
