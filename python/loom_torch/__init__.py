@@ -49,6 +49,7 @@ torch.__future__.set_swap_module_params_on_conversion(True)
 devices = _device.devices
 coverage = _device.coverage
 write_report = _device.write_report
+mapped_ops = _device.mapped_ops
 
 
 def _report_at_exit():

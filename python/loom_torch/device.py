@@ -94,3 +94,12 @@ def write_report(path):
         f.flush()
         os.fsync(f.fileno())
     os.replace(temporary, path)
+
+
+def mapped_ops():
+    """The ATen operators registered for the loom device, sorted ("add.out", ...): the list in
+    docs/pytorch.md, which tests/torch/test_device.py keeps equal to this."""
+    key = "PrivateUse1"
+    return sorted(name[len("aten::"):] for name in
+                  torch._C._dispatch_get_registrations_for_dispatch_key(key)
+                  if name.startswith("aten::"))

@@ -84,6 +84,19 @@ class Devices(unittest.TestCase):
             paths = [row[1] for row in rows]  # fallbacks listed first
             self.assertEqual(paths, sorted(paths, key=lambda p: p == "native"))
 
+    def test_the_documented_op_list_is_the_registered_one(self):
+        import re
+        import textwrap
+        doc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                           "pytorch.md")
+        with open(doc) as f:
+            text = f.read()
+        block = text.split("<!-- mapped-ops: begin -->")[1].split("<!-- mapped-ops: end -->")[0]
+        listed = re.findall(r"`([^`]+)`", block)
+        ops = loom_torch.mapped_ops()
+        self.assertEqual(listed, ops, "docs/pytorch.md's list, from torch.loom.mapped_ops():\n" +
+                         textwrap.fill(", ".join(f"`{o}`" for o in ops), 92))
+
     def test_an_unknown_index_is_an_error_naming_the_devices_there_are(self):
         with self.assertRaises(RuntimeError) as caught:
             torch.ones(2).to(f"loom:{len(loom_torch.devices()) + 5}")
