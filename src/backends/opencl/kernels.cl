@@ -194,6 +194,15 @@ __kernel void slice_backward(__global const float* dy, const ulong dy_off, __glo
   dx[dx_off + i] = (a >= start && a < start + l) ? dy[dy_off + (o * l + (a - start)) * inner + in] : 0.0f;
 }
 
+// y viewed as [outer, row] bytes, x as [outer, run] bytes: x's rows placed at byte `column`
+// of y's (concat, any dtype). Bytes by rows.
+__kernel void place_columns(__global const uchar* x, const ulong x_off, __global uchar* y,
+                            const ulong y_off, const ulong run, const ulong row,
+                            const ulong column) {
+  const ulong i = get_global_id(0), o = get_global_id(1);
+  y[y_off + o * row + column + i] = x[x_off + o * run + i];
+}
+
 // partial[c] = sum of squares of chunk c (chunks of `chunk` elements; the last may be short).
 __kernel void sum_squares_partial(__global const float* x, const ulong x_off, const ulong n, const ulong chunk,
                                   __global float* partial) {

@@ -228,9 +228,11 @@ void OpenClBackend::slice_backward(const OpCall& call) {
            static_cast<cl_ulong>(dy.shape()[axis]), inner, static_cast<cl_ulong>(call.attrs.start));
 }
 
-// y viewed as [outer, axis * inner] rows; input i fills the block of columns
-// [column_i, column_i + axis_i * inner) of every row: one rectangular buffer copy per input,
-// in bytes, so any dtype (dispatch hands the inputs over contiguous).
+// y viewed as [outer, axis * inner] rows of bytes; input i fills the block of columns
+// [column_i, column_i + axis_i * inner) of every row (kernels.cl's place_columns, in bytes,
+// so any dtype; dispatch hands the inputs over contiguous). A rectangular buffer copy
+// (clEnqueueCopyBufferRect) would be one call, but PoCL bounds-checks the destination's
+// whole last row from the column onward, which passes the buffer's end.
 void OpenClBackend::concat(const OpCall& call) {
   Tensor& y = call.outputs[0];
   const int axis = normalize_axis(call.attrs.axis, y.rank(), "concat");
@@ -240,18 +242,14 @@ void OpenClBackend::concat(const OpCall& call) {
     outer *= static_cast<std::size_t>(y.shape()[d]);
   for (int d = axis + 1; d < y.rank(); ++d)
     inner *= static_cast<std::size_t>(y.shape()[d]);
-  const std::size_t out_row = static_cast<std::size_t>(y.shape()[axis]) * inner * element;
+  const std::size_t row = static_cast<std::size_t>(y.shape()[axis]) * inner * element;
   std::size_t column = 0;  // bytes into a row of y
   for (const Tensor& x : call.inputs) {
     const std::size_t run = static_cast<std::size_t>(x.shape()[axis]) * inner * element;
-    if (run > 0 && outer > 0) {
-      const std::size_t from[3] = {off_of(x) * element, 0, 0};
-      const std::size_t to[3] = {off_of(y) * element + column, 0, 0};
-      const std::size_t region[3] = {run, outer, 1};
-      ok(clEnqueueCopyBufferRect(current_queue(), mem_of(x), mem_of(y), from, to, region, run, 0,
-                                 out_row, 0, 0, nullptr, nullptr),
-         "clEnqueueCopyBufferRect concat");
-    }
+    if (run > 0 && outer > 0)
+      run_rows("place_columns", run, outer, mem_of(x), static_cast<cl_ulong>(off_of(x) * element),
+               mem_of(y), static_cast<cl_ulong>(off_of(y) * element), static_cast<cl_ulong>(run),
+               static_cast<cl_ulong>(row), static_cast<cl_ulong>(column));
     column += run;
   }
 }

@@ -259,6 +259,7 @@ void OpenClBackend::build_program() {
                            "adamw",
                            "copy_strided",
                            "slice_backward",
+                           "place_columns",
                            "sum_squares_partial",
                            "embedding",
                            "embedding_zero",
