@@ -10,7 +10,7 @@
 # fuzz (libFuzzer on every reader of untrusted files, FUZZ_SECONDS each; fuzz/README.md),
 # torch (the PyTorch device "loom": the extension against the pinned torch, and its tests),
 # format, clean.
-.PHONY: all deps build demo llama-demo fleet-demo test test-asan test-repeat bench layouts checkpoints fuzz torch format check-floors check-size clean
+.PHONY: all deps build demo llama-demo fleet-demo test test-asan test-repeat bench layouts checkpoints fuzz torch test-torch torch-tests format check-floors check-size clean
 
 JOBS ?= 2
 BUILD := build/release
@@ -78,19 +78,29 @@ layouts: build
 checkpoints: build
 	tests/dist/test_checkpoints.sh mpiexec $(BUILD)/loom all | tee build/checkpoints.md
 
-# Clang build in build/fuzz (cmake --preset fuzz), corpora from the repository's fixtures,
-# then each harness for FUZZ_SECONDS; findings land in build/fuzz/findings/HARNESS/.
 # The PyTorch device (python/loom_torch, src/torch, docs/pytorch.md): the pinned Python
 # environment (scripts/python-env; a large download the first time), the extension built
 # against its torch into $(BUILD)/python, and the device's tests on every Loom device (the
-# CUDA backend on its emulator where no GPU is present).
+# CUDA backend on its emulator where no GPU is present). `make test-torch` (CI runs it after
+# `make test`) does the same in an environment of its own with only torch and numpy
+# ($(BUILD)/torch-env, about a minute to install).
 torch: build
-	scripts/install-deps --bench
+	scripts/install-deps --torch
 	scripts/python-env
-	cmake --preset release -DLOOM_TORCH=ON
-	cmake --build --preset release -j $(JOBS) --target loom_torch_C
-	LOOM_CUDA_EMULATOR=1 PYTHONPATH=$(BUILD)/python .venv/bin/python -m unittest discover -s tests/torch -v
+	$(MAKE) torch-tests TORCH_PYTHON=$(CURDIR)/.venv/bin/python
 
+test-torch: build
+	scripts/install-deps --torch
+	LOOM_PYTHON_ENV=$(CURDIR)/$(BUILD)/torch-env LOOM_PYTHON_PACKAGES="torch numpy" scripts/python-env
+	$(MAKE) torch-tests TORCH_PYTHON=$(CURDIR)/$(BUILD)/torch-env/bin/python
+
+torch-tests:
+	cmake --preset release -DLOOM_TORCH=ON -DLOOM_TORCH_PYTHON=$(TORCH_PYTHON)
+	cmake --build --preset release -j $(JOBS) --target loom_torch_C
+	LOOM_CUDA_EMULATOR=1 PYTHONPATH=$(BUILD)/python $(TORCH_PYTHON) -m unittest discover -s tests/torch -v
+
+# Clang build in build/fuzz (cmake --preset fuzz), corpora from the repository's fixtures,
+# then each harness for FUZZ_SECONDS; findings land in build/fuzz/findings/HARNESS/.
 fuzz:
 	scripts/install-deps
 	scripts/install-deps --fuzz
