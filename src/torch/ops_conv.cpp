@@ -1,6 +1,7 @@
 // torch/ops_conv.cpp — the image layers' ATen operators on Loom's catalog: convolution
 // (convolution_overrideable and its backward, which PyTorch calls for a device of its own),
-// ReLU (relu, relu_, threshold_backward) and batch normalisation in training
+// ReLU (relu, relu_, threshold_backward), max pooling with PyTorch's indices
+// (max_pool2d_with_indices and its backward) and batch normalisation in training
 // (native_batch_norm and its backward, composed of Loom's reductions and elementwise ops).
 // Convolutions Loom's conv2d does not take (groups, dilation, unequal strides or paddings,
 // transposed) run on PyTorch's CPU kernels, counted.
@@ -8,6 +9,8 @@
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/max_pool2d_with_indices_backward_ops.h>
+#include <ATen/ops/max_pool2d_with_indices_ops.h>
 #include <ATen/ops/native_batch_norm_backward_ops.h>
 #include <ATen/ops/native_batch_norm_ops.h>
 #include <ATen/ops/relu_ops.h>
@@ -16,6 +19,7 @@
 
 #include <array>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -340,9 +344,132 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
   return std::make_tuple(dx_out, dw_out, db_out);
 }
 
+// Max pooling as Loom's max_pool2d takes it: a square window, one stride, no dilation, floor
+// mode; padding p (as wide as PyTorch allows, at most half the window) is added as -inf
+// borders, concatenated on the device. The window, stride and padding when the call is one.
+struct Window {
+  std::int64_t kernel, stride, padding;
+};
+std::optional<Window> square_window(at::IntArrayRef kernel, at::IntArrayRef stride,
+                                    at::IntArrayRef padding, at::IntArrayRef dilation,
+                                    bool ceil_mode) {
+  auto same = [](at::IntArrayRef v) { return v.size() == 1 || (v.size() == 2 && v[0] == v[1]); };
+  if (ceil_mode || kernel.empty() || !same(kernel) || (!stride.empty() && !same(stride)) ||
+      padding.empty() || !same(padding))
+    return std::nullopt;
+  for (const int64_t d : dilation)
+    if (d != 1)
+      return std::nullopt;
+  return Window{kernel[0], stride.empty() ? kernel[0] : stride[0], padding[0]};
+}
+
+// x [N, C, H, W] with p rows and columns of `value` around its planes.
+Tensor padded(const Tensor& x, std::int64_t p, double value, const c10::Device& device) {
+  if (p == 0)
+    return x;
+  Tensor y = x;
+  for (int axis : {2, 3}) {
+    Shape border = y.shape();
+    border[static_cast<std::size_t>(axis)] = p;
+    const Tensor edge = filled(border, value, device);
+    Attrs join;
+    join.axis = axis;
+    y = dispatch::call1(OpId::concat, {edge, y, edge}, join);
+  }
+  return y;
+}
+
+bool pool_taken(const at::Tensor& self, const std::optional<Window>& w) {
+  return w && is_float_on(self, self.device()) && self.dim() == 4 &&
+         self.size(2) + 2 * w->padding >= w->kernel && self.size(3) + 2 * w->padding >= w->kernel;
+}
+
+// PyTorch's indices are flat h W + w in the unpadded plane; Loom's argmax is flat in the
+// padded one (W + 2p wide). Converted on the host, as the embedding's ids are.
+std::tuple<at::Tensor&, at::Tensor&> max_pool_out(const at::Tensor& self, at::IntArrayRef kernel,
+                                                  at::IntArrayRef stride, at::IntArrayRef padding,
+                                                  at::IntArrayRef dilation, bool ceil_mode,
+                                                  at::Tensor& out, at::Tensor& indices) {
+  const std::optional<Window> w = square_window(kernel, stride, padding, dilation, ceil_mode);
+  if (!pool_taken(self, w) || out.scalar_type() != at::kFloat || indices.scalar_type() != at::kLong)
+    return at::native::call_fallback_fn<
+        &pytorch_fallback, at::_ops::max_pool2d_with_indices_out>::call(self, kernel, stride,
+                                                                        padding, dilation,
+                                                                        ceil_mode, out, indices);
+  const c10::Device device = self.device();
+  RecordedCall record("max_pool2d_with_indices.out", device);
+  Attrs attrs;
+  attrs.kernel = w->kernel;
+  attrs.stride = w->stride;
+  const std::vector<Tensor> r =
+      dispatch::call(OpId::max_pool2d,
+                     {padded(as_loom(self, "max_pool2d"), w->padding,
+                             -std::numeric_limits<double>::infinity(), device)},
+                     attrs);
+  write_result(out, r[0], "max_pool2d");
+  const std::vector<std::int32_t> argmax = r[1].to_ints();
+  const int64_t width = self.size(3), padded_width = width + 2 * w->padding;
+  at::Tensor host = at::empty(out.sizes(), at::TensorOptions().dtype(at::kLong));
+  int64_t* flat = host.data_ptr<int64_t>();
+  for (std::size_t i = 0; i < argmax.size(); ++i)
+    flat[i] =
+        (argmax[i] / padded_width - w->padding) * width + argmax[i] % padded_width - w->padding;
+  if (indices.sizes() != host.sizes())
+    indices.resize_(host.sizes());
+  indices.copy_(host);
+  record.done();
+  return {out, indices};
+}
+
+at::Tensor& max_pool_backward_out(const at::Tensor& grad_output, const at::Tensor& self,
+                                  at::IntArrayRef kernel, at::IntArrayRef stride,
+                                  at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
+                                  const at::Tensor& indices, at::Tensor& grad_input) {
+  const std::optional<Window> w = square_window(kernel, stride, padding, dilation, ceil_mode);
+  if (!pool_taken(self, w) || !is_float_on(grad_output, self.device()) ||
+      grad_input.scalar_type() != at::kFloat)
+    return at::native::call_fallback_fn<
+        &pytorch_fallback, at::_ops::max_pool2d_with_indices_backward_grad_input>::call(grad_output,
+                                                                                        self,
+                                                                                        kernel,
+                                                                                        stride,
+                                                                                        padding,
+                                                                                        dilation,
+                                                                                        ceil_mode,
+                                                                                        indices,
+                                                                                        grad_input);
+  const c10::Device device = self.device();
+  RecordedCall record("max_pool2d_with_indices_backward.grad_input", device);
+  const int64_t p = w->padding, width = self.size(3), padded_width = width + 2 * p;
+  const at::Tensor host = indices.cpu().contiguous();
+  const int64_t* flat = host.data_ptr<int64_t>();
+  std::vector<std::int32_t> argmax(static_cast<std::size_t>(host.numel()));
+  for (std::size_t i = 0; i < argmax.size(); ++i)
+    argmax[i] =
+        static_cast<std::int32_t>((flat[i] / width + p) * padded_width + flat[i] % width + p);
+  Attrs attrs;
+  attrs.kernel = w->kernel;
+  attrs.stride = w->stride;
+  attrs.shape = {self.size(0), self.size(1), self.size(2) + 2 * p, padded_width};
+  const Tensor dx_padded =
+      dispatch::call1(OpId::max_pool2d_backward,
+                      {as_loom(grad_output, "max_pool2d_backward"),
+                       Tensor::from_ints(Shape(host.sizes().begin(), host.sizes().end()), argmax,
+                                         backend(device.index()))},
+                      attrs);
+  const Tensor dx =
+      p == 0 ? dx_padded
+             : dispatch::contiguous(dx_padded.slice(2, p, p + self.size(2)).slice(3, p, p + width));
+  at::Tensor& r = write_result(grad_input, dx, "max_pool2d_backward");
+  record.done();
+  return r;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("max_pool2d_with_indices.out", max_pool_out);
+  m.impl("max_pool2d_with_indices_backward.grad_input", max_pool_backward_out);
   m.impl("convolution_overrideable", convolution);
   m.impl("convolution_backward_overrideable", convolution_backward);
   m.impl("relu", relu);

@@ -67,15 +67,39 @@ class ResNet(unittest.TestCase):
                 self.assertLess(losses[-1], 0.25 * losses[0], losses)
                 self.assertTrue(all(torch.isfinite(v.float()).all() for v in params.values()))
 
-    def test_convolutions_run_on_loom_on_the_cpu_backend(self):
+    def test_convolutions_norms_and_pooling_run_on_loom_on_the_cpu_backend(self):
         loom_torch.device.reset_coverage()
         first_step(f"loom:{loom_torch.devices().index('cpu')}")
         report = {c["op"]: c for c in loom_torch.coverage()}
         for op in ("convolution_overrideable", "convolution_backward_overrideable",
                    "native_batch_norm", "native_batch_norm_backward", "relu_",
-                   "threshold_backward.grad_input"):
+                   "threshold_backward.grad_input", "max_pool2d_with_indices.out",
+                   "max_pool2d_with_indices_backward.grad_input"):
             self.assertEqual(report[op]["native"], report[op]["calls"], report[op])
             self.assertGreater(report[op]["calls"], 0)
+
+    def test_max_pooling_with_padding_gives_pytorchs_values_indices_and_gradients(self):
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(2, 3, 9, 8, generator=g)
+        dy_like = {}
+        for kernel, stride, padding in ((3, 2, 1), (2, 2, 0), (3, 1, 1), (2, 1, 1)):
+            for device in self.devices:
+                with self.subTest(kernel=kernel, stride=stride, padding=padding, device=device):
+                    cpu_x = x.clone().requires_grad_()
+                    y, i = F.max_pool2d(cpu_x, kernel, stride, padding, return_indices=True)
+                    dy = dy_like.setdefault(y.shape, torch.randn(y.shape, generator=g))
+                    y.backward(dy)
+                    loom_x = x.to(device).requires_grad_()
+                    loom_torch.device.reset_coverage()
+                    ly, li = F.max_pool2d(loom_x, kernel, stride, padding, return_indices=True)
+                    ly.backward(dy.to(device))
+                    self.assertTrue(torch.equal(ly.cpu(), y))
+                    self.assertTrue(torch.equal(li.cpu(), i))
+                    self.assertTrue(torch.equal(loom_x.grad.cpu(), cpu_x.grad))
+                    report = {c["op"]: c for c in loom_torch.coverage()}
+                    for op in ("max_pool2d_with_indices.out",
+                               "max_pool2d_with_indices_backward.grad_input"):
+                        self.assertEqual(report[op]["pytorch_fallback"], 0, report[op])
 
     def test_an_unmapped_convolution_runs_on_pytorchs_kernels_and_is_counted(self):
         device = "loom:0"
