@@ -364,6 +364,34 @@ def avg_pool_cases(fx, backward):
 
 # ---- main -------------------------------------------------------------------------------------------
 
+# ---- top_k, top_k_backward ----------------------------------------------------------------------
+
+TOP_K_CASES = [  # name, shape, k: router scores, one row per token, experts on the last axis
+    ("tokens_8_experts_top2", [5, 8], 2),
+    ("tokens_64_experts_top6", [4, 64], 6),
+    ("batched_rank3", [2, 3, 16], 4),
+    ("k_is_the_row", [3, 5], 5),
+    ("k_1", [7, 12], 1),
+]
+
+
+def top_k_cases(fx, backward):
+    """torch.topk along the last axis (sorted); rows of distinct values: PyTorch does not say
+    which of two equal values it returns first (Loom's rule, the lower index, is the
+    conformance suite's)."""
+    for name, shape, k in TOP_K_CASES:
+        x = fx.randn(*shape)
+        values, indices = torch.topk(x, k, dim=-1)
+        indices = indices.to(torch.int32)
+        if not backward:
+            fx.add(name, [x], [values, indices], {"k": k})
+            continue
+        xg = x.clone().requires_grad_(True)
+        dv = fx.randn(*values.shape) + 2.0
+        torch.topk(xg, k, dim=-1).values.backward(dv)
+        fx.add(name, [dv, indices], [xg.grad], {"shape": shape})
+
+
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "fixtures", "reference")
     os.makedirs(out_dir, exist_ok=True)
@@ -381,6 +409,9 @@ def main():
          lambda fx: avg_pool_cases(fx, False)),
         ("avg_pool2d_backward", "torch autograd of avg_pool2d in float64, rounded to float32",
          lambda fx: avg_pool_cases(fx, True)),
+        ("top_k", "torch.topk(x, k, dim=-1), indices as int32", lambda fx: top_k_cases(fx, False)),
+        ("top_k_backward", "torch autograd of torch.topk(x, k, dim=-1).values",
+         lambda fx: top_k_cases(fx, True)),
     ]
     total = 0
     for i, (op, source, make) in enumerate(ops):

@@ -521,6 +521,18 @@ Var max_pool2d(Tape& tape, const Var& x, std::int64_t kernel, std::int64_t strid
   });
 }
 
+TopK top_k(Tape& tape, const Var& x, std::int64_t k) {
+  Attrs a;
+  a.k = k;
+  a.shape = x.shape();
+  std::vector<Tensor> out = call(OpId::top_k, {x.value()}, a);
+  Tensor indices = out[1];
+  Var values = tape.record({x}, out[0], [indices, a](const Tensor& g) {
+    return std::vector<Tensor>{call1(OpId::top_k_backward, {g, indices}, a)};
+  });
+  return {values, indices};
+}
+
 Var avg_pool2d(Tape& tape, const Var& x, std::int64_t kernel, std::int64_t stride) {
   Attrs a;
   a.kernel = kernel;

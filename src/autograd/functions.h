@@ -71,6 +71,14 @@ Var conv2d(Tape& tape, const Var& x, const Var& weight, const Var& bias, std::in
 Var max_pool2d(Tape& tape, const Var& x, std::int64_t kernel, std::int64_t stride);
 Var avg_pool2d(Tape& tape, const Var& x, std::int64_t kernel, std::int64_t stride);
 
+// Routing: each row's k largest of x[..., E] (largest first; equal values by the lower index)
+// and their indices (i32, no gradient); the values' gradient goes back to where they came from.
+struct TopK {
+  Var values;
+  Tensor indices;
+};
+TopK top_k(Tape& tape, const Var& x, std::int64_t k);
+
 // Views and layout (the backward of a view is the matching inverse).
 Var reshape(Tape& tape, const Var& x, const Shape& shape);
 Var permute(Tape& tape, const Var& x, const std::vector<int>& order);

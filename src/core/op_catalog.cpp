@@ -585,6 +585,32 @@ Specs infer_adamw_step(Inputs in, const Attrs& a) {
   return {{in[0].shape(), DType::f32}, {in[0].shape(), DType::f32}, {in[0].shape(), DType::f32}};
 }
 
+Specs infer_top_k(Inputs in, const Attrs& a) {
+  expect_dtype(in, 0, DType::f32, "top_k");
+  check(in[0].rank() >= 1 && a.k >= 1 && a.k <= in[0].dim(-1), [&] {
+    return "top_k: k " + std::to_string(a.k) + " must be in [1, " +
+           (in[0].rank() >= 1 ? std::to_string(in[0].dim(-1)) : std::string("the last axis")) +
+           "] for x " + in[0].describe();
+  });
+  Shape out = in[0].shape();
+  out.back() = a.k;
+  return {{out, DType::f32}, {out, DType::i32}};
+}
+Specs infer_top_k_backward(Inputs in, const Attrs& a) {
+  expect_dtype(in, 0, DType::f32, "top_k_backward");
+  expect_dtype(in, 1, DType::i32, "top_k_backward");
+  expect_same_shape(in, 0, 1, "top_k_backward");
+  Shape rows = a.shape;
+  check(!rows.empty() && in[0].rank() == static_cast<int>(rows.size()) &&
+            std::equal(rows.begin(), rows.end() - 1, in[0].shape().begin()) &&
+            in[0].dim(-1) <= rows.back(),
+        [&] {
+          return "top_k_backward: dvalues " + in[0].describe() + " does not fit shape " +
+                 shape_str(rows);
+        });
+  return {{rows, DType::f32}};
+}
+
 constexpr OpRole forward = OpRole::forward;
 constexpr OpRole backward = OpRole::backward;
 constexpr OpRole optimizer = OpRole::optimizer;

@@ -73,6 +73,7 @@ struct Attrs {
   std::uint64_t seed_site = 0;
   std::int64_t heads = 1;                            // causal_attention
   std::int64_t kernel = 2, stride = 1, padding = 0;  // conv2d, pooling
+  std::int64_t k = 1;                                // top_k
   DType dtype = DType::f32;                          // cast, fill
   Comparison comparison = Comparison::eq;            // compare
   MathFunction function = MathFunction::sin;         // math

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/op_catalog.h"
+#include "core/reference_util.h"
 
 namespace loom::reference {
 
@@ -534,6 +535,33 @@ void avg_pool2d(const OpCall& call) {
             acc += px[plane + (y0 + u) * w + x0 + v];
         y[at] = static_cast<float>(acc / static_cast<double>(k * k));
       });
+}
+
+void top_k(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  const std::int64_t width = x.dim(-1), k = call.attrs.k, rows = x.numel() / width;
+  std::vector<std::int32_t> order;
+  for (std::int64_t r = 0; r < rows; ++r)
+    top_k_row(x.data<float>() + r * width, width, k, call.outputs[0].data<float>() + r * k,
+              call.outputs[1].data<std::int32_t>() + r * k, order);
+}
+
+void top_k_backward(const OpCall& call) {
+  const Tensor& dv = call.inputs[0];
+  const std::int64_t k = dv.dim(-1), width = call.outputs[0].dim(-1), rows = dv.numel() / k;
+  const float* pdv = dv.data<float>();
+  const std::int32_t* indices = call.inputs[1].data<std::int32_t>();
+  float* dx = call.outputs[0].data<float>();
+  std::fill_n(dx, call.outputs[0].numel(), 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int32_t at = indices[r * k + j];
+      check(at >= 0 && at < width, [&] {
+        return "top_k_backward: index " + std::to_string(at) + " outside [0, " +
+               std::to_string(width) + ")";
+      });
+      dx[r * width + at] += pdv[r * k + j];
+    }
 }
 
 void avg_pool2d_backward(const OpCall& call) {

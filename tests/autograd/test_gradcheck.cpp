@@ -252,6 +252,15 @@ TEST_P(Gradcheck, Conv2dAndPooling) {
   gradcheck({r({1, 2, 4, 6})}, [](ag::Tape& t, auto& v) { return ag::avg_pool2d(t, v[0], 2, 2); });
 }
 
+TEST_P(Gradcheck, TopKValues) {
+  // Random rows keep the k-th and (k+1)-th values apart by more than the finite-difference
+  // step, so the choice does not move under it.
+  gradcheck(
+      {r({4, 8})}, [](ag::Tape& t, auto& v) { return ag::top_k(t, v[0], 2).values; }, {}, 1e-3);
+  gradcheck(
+      {r({2, 3, 6})}, [](ag::Tape& t, auto& v) { return ag::top_k(t, v[0], 6).values; }, {}, 1e-3);
+}
+
 TEST_P(Gradcheck, ViewsAndConcat) {
   gradcheck({r({2, 6})}, [](ag::Tape& t, auto& v) { return ag::reshape(t, v[0], {3, 4}); });
   gradcheck({r({2, 3, 4})}, [](ag::Tape& t, auto& v) { return ag::permute(t, v[0], {2, 0, 1}); });

@@ -363,6 +363,22 @@ void nn_cases(Builder& b) {
     b.add(label, OpId::avg_pool2d, {x}, a);
     b.add(label, OpId::avg_pool2d_backward, {b.r(fwd[0].shape())}, a);
   }
+  // Routing: each row's k largest; equal values by the lower index; the backward's scatter.
+  Attrs top;
+  top.k = 3;
+  const Tensor scores = b.r({6, 16});
+  b.add("rows_k3", OpId::top_k, {scores}, top);
+  Attrs place = top;
+  place.shape = {6, 16};
+  b.add("rows_k3", OpId::top_k_backward,
+        {b.r({6, 3}), run_reference(OpId::top_k, {scores}, top)[1]}, place);
+  top.k = 8;
+  b.add("whole_rows", OpId::top_k, {b.r({2, 3, 8})}, top);
+  top.k = 4;
+  b.add(
+      "ties", OpId::top_k,
+      {Tensor::from_floats({2, 6}, std::vector<float>{1, 3, 3, 0, 3, 1, 2, 2, 2, 2, 2, 2}, cpu())},
+      top);
   Attrs adam;
   adam.lr = 0.01;
   adam.weight_decay = 0.1;

@@ -47,7 +47,8 @@ Tolerance tolerance_of(const std::string& op) {
     return {Tolerance::ulp, 2};
   if (op == "avg_pool2d" || op == "avg_pool2d_backward")
     return {Tolerance::scaled, 0, 2e-7, 2e-7};
-  return {};  // cast, expand, concat, max, max_backward: bit for bit, any NaN matches any NaN
+  return {};  // cast, expand, concat, max, max_backward, top_k, top_k_backward: bit for bit,
+              // any NaN matches any NaN
 }
 
 // Float32 values ordered as integers, so that adjacent floats differ by one.
@@ -144,6 +145,8 @@ Attrs attrs_of(const json& j) {
       a.kernel = it->get<std::int64_t>();
     else if (key == "stride")
       a.stride = it->get<std::int64_t>();
+    else if (key == "k")
+      a.k = it->get<std::int64_t>();
     else
       throw Error("reference fixture: unknown attribute '" + key + "'");
   }
@@ -204,8 +207,8 @@ std::string show(const Tensor& t, std::int64_t i) {
   return s.str();
 }
 
-bool element_matches(const Tensor& loom, const Tensor& torch, std::int64_t i,
-                     const Tolerance& tol, double scale) {
+bool element_matches(const Tensor& loom, const Tensor& torch, std::int64_t i, const Tolerance& tol,
+                     double scale) {
   switch (torch.dtype()) {
     case DType::f32:
       return floats_match(loom.data<float>()[i], torch.data<float>()[i], tol, scale);
@@ -283,11 +286,10 @@ TEST_P(ReferenceFixture, MatchesPyTorch) {
       const std::string issue = c.at("known_issue").get<std::string>();
       if (m.count == 0)
         ADD_FAILURE() << op_text << "/" << name << " now agrees with PyTorch: remove its "
-                      << "known_issue in tools/make_reference_fixtures.py and regenerate ("
-                      << issue << ")";
+                      << "known_issue in tools/make_reference_fixtures.py and regenerate (" << issue
+                      << ")";
       else
-        std::cout << "[  KNOWN   ] " << op_text << "/" << name << ": " << issue << "\n"
-                  << m.text;
+        std::cout << "[  KNOWN   ] " << op_text << "/" << name << ": " << issue << "\n" << m.text;
       continue;
     }
     EXPECT_EQ(m.count, 0) << m.count << " element(s) differ from PyTorch:\n" << m.text;
@@ -296,7 +298,8 @@ TEST_P(ReferenceFixture, MatchesPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(PyTorch, ReferenceFixture,
                          ::testing::Values("cast", "expand", "concat", "sqrt", "erf", "max",
-                                           "max_backward", "avg_pool2d", "avg_pool2d_backward"),
+                                           "max_backward", "avg_pool2d", "avg_pool2d_backward",
+                                           "top_k", "top_k_backward"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

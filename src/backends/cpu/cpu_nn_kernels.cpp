@@ -14,6 +14,7 @@
 #include "backends/cpu/vec_math.h"
 #include "backends/device_ops.h"
 #include "core/error.h"
+#include "core/reference_util.h"
 
 namespace loom::cpu {
 
@@ -677,6 +678,22 @@ void max_pool2d_backward(const OpCall& call) {
   }
 }
 
+// ---- routing: rows in parallel ----------------------------------------------------------
+void top_k(const OpCall& call) {
+  const Tensor& x = call.inputs[0];
+  const std::int64_t width = x.dim(-1), k = call.attrs.k, rows = x.numel() / width;
+  const float* px = x.data<float>();
+  float* values = call.outputs[0].data<float>();
+  std::int32_t* indices = call.outputs[1].data<std::int32_t>();
+#pragma omp parallel if (x.numel() > kParallelGrain)
+  {
+    std::vector<std::int32_t> order;
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r)
+      top_k_row(px + r * width, width, k, values + r * k, indices + r * k, order);
+  }
+}
+
 }  // namespace
 
 void register_nn_kernels(std::array<KernelFn, kNumOps>& table) {
@@ -699,6 +716,8 @@ void register_nn_kernels(std::array<KernelFn, kNumOps>& table) {
   set(OpId::conv2d_backward, conv2d_backward);
   set(OpId::max_pool2d, max_pool2d);
   set(OpId::max_pool2d_backward, max_pool2d_backward);
+  set(OpId::top_k, top_k);
+  set(OpId::top_k_backward, reference::top_k_backward);  // a scatter of k values a row
 }
 
 }  // namespace loom::cpu

@@ -203,6 +203,48 @@ __kernel void place_columns(__global const uchar* x, const ulong x_off, __global
   y[y_off + o * row + column + i] = x[x_off + o * run + i];
 }
 
+// Row r's k largest, larger first, equal values by the lower index (core/reference_util.h's
+// order): pick j is the best element after pick j - 1 in that order, one scan of the row a
+// pick and no scratch (k is small: experts chosen per token). Rows without NaN.
+__kernel void top_k_rows(__global const float* x, const ulong x_off, __global float* values,
+                         const ulong v_off, __global int* indices, const ulong i_off,
+                         const ulong width, const ulong k) {
+  const ulong r = get_global_id(0);
+  __global const float* row = x + x_off + r * width;
+  float prev_v = INFINITY;
+  long prev_i = -1;
+  for (ulong j = 0; j < k; ++j) {
+    float best_v = -INFINITY;
+    long best_i = -1;
+    for (ulong e = 0; e < width; ++e) {
+      const float v = row[e];
+      const bool after = v < prev_v || (v == prev_v && (long)e > prev_i);
+      if (after && (best_i < 0 || v > best_v)) {
+        best_v = v;
+        best_i = (long)e;
+      }
+    }
+    values[v_off + r * k + j] = best_v;
+    indices[i_off + r * k + j] = (int)best_i;
+    prev_v = best_v;
+    prev_i = best_i;
+  }
+}
+
+// top_k's backward, a row a work-item: zeros, then each picked value's gradient at its index
+// (indices outside the row, which top_k never gives, are left out).
+__kernel void top_k_scatter(__global const float* dv, const ulong dv_off, __global const int* indices,
+                            const ulong i_off, __global float* dx, const ulong dx_off,
+                            const ulong width, const ulong k) {
+  const ulong r = get_global_id(0);
+  __global float* out = dx + dx_off + r * width;
+  for (ulong e = 0; e < width; ++e) out[e] = 0.0f;
+  for (ulong j = 0; j < k; ++j) {
+    const int at = indices[i_off + r * k + j];
+    if (at >= 0 && (ulong)at < width) out[at] += dv[dv_off + r * k + j];
+  }
+}
+
 // partial[c] = sum of squares of chunk c (chunks of `chunk` elements; the last may be short).
 __kernel void sum_squares_partial(__global const float* x, const ulong x_off, const ulong n, const ulong chunk,
                                   __global float* partial) {

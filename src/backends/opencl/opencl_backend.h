@@ -180,6 +180,7 @@ class OpenClBackend final : public Backend {
   void expand(const OpCall& call);
   void slice_backward(const OpCall& call);
   void concat(const OpCall& call);
+  void top_k(const OpCall& call);
   void sum_squares(const OpCall& call);
   void embedding(const OpCall& call);
   void embedding_backward(const OpCall& call);

@@ -44,7 +44,8 @@ bool f32_cheap_epilogue(const OpCall& call) {
       return false;
   return true;
 }
-// Copies of bytes: the catalog has checked that the inputs share one dtype.
+// The catalog has checked the dtypes (concat: one for all inputs, copied as bytes; top_k:
+// f32 values, i32 indices).
 bool any_dtype(const OpCall&) {
   return true;
 }
@@ -252,6 +253,22 @@ void OpenClBackend::concat(const OpCall& call) {
                static_cast<cl_ulong>(row), static_cast<cl_ulong>(column));
     column += run;
   }
+}
+
+// A row a work-item (kernels.cl's top_k_rows and top_k_scatter).
+void OpenClBackend::top_k(const OpCall& call) {
+  if (call.op == OpId::top_k) {
+    const Tensor& x = call.inputs[0];
+    const auto width = static_cast<cl_ulong>(x.dim(-1)), k = static_cast<cl_ulong>(call.attrs.k);
+    run("top_k_rows", count(x) / width, mem_of(x), off_of(x), mem_of(call.outputs[0]),
+        off_of(call.outputs[0]), mem_of(call.outputs[1]), off_of(call.outputs[1]), width, k);
+    return;
+  }
+  const Tensor& dv = call.inputs[0];
+  const auto k = static_cast<cl_ulong>(dv.dim(-1)),
+             width = static_cast<cl_ulong>(call.outputs[0].dim(-1));
+  run("top_k_scatter", count(dv) / k, mem_of(dv), off_of(dv), mem_of(call.inputs[1]),
+      off_of(call.inputs[1]), mem_of(call.outputs[0]), off_of(call.outputs[0]), width, k);
 }
 
 void OpenClBackend::sum_squares(const OpCall& call) {
@@ -477,6 +494,8 @@ const KernelTable<OpenClBackend>& OpenClBackend::kernels() {
       "opencl", device_ops::SharedKernelRows<B, kMaxCopyRank>::with({
                     {OpId::expand, f32_expand, &B::expand},
                     {OpId::concat, any_dtype, &B::concat},
+                    {OpId::top_k, any_dtype, &B::top_k},
+                    {OpId::top_k_backward, any_dtype, &B::top_k},
                     {OpId::matmul_elementwise, f32_cheap_epilogue, &B::matmul_elementwise},
                     {OpId::causal_attention, f32_attention, &B::attention},
                     {OpId::causal_attention_backward, f32_attention, &B::attention},

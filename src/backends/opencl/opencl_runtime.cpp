@@ -260,6 +260,8 @@ void OpenClBackend::build_program() {
                            "copy_strided",
                            "slice_backward",
                            "place_columns",
+                           "top_k_rows",
+                           "top_k_scatter",
                            "sum_squares_partial",
                            "embedding",
                            "embedding_zero",
