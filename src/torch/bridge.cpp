@@ -137,4 +137,8 @@ Tensor float_operand(const at::Tensor& t, const at::Tensor& out, const char* op)
   return Tensor::from_floats({}, std::span<const float>(&value, 1), backend(out.device().index()));
 }
 
+bool is_float_on(const at::Tensor& t, const c10::Device& device) {
+  return t.defined() && t.device() == device && t.scalar_type() == c10::ScalarType::Float;
+}
+
 }  // namespace loom::torch_device

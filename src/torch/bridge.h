@@ -32,6 +32,9 @@ void write_into(const at::Tensor& to, const Tensor& from, const char* op);
 void check_one_device(const char* op, const at::Tensor& out,
                       std::initializer_list<const at::Tensor*> operands);
 
+// Whether `t` is a float32 tensor on `device` (defined).
+bool is_float_on(const at::Tensor& t, const c10::Device& device);
+
 // Whether Loom's kernels take `t` as an operand of an op writing into a float32 `out`:
 // float32 on out's device, or a CPU scalar (PyTorch's wrapped numbers: `x * 2.0` passes a
 // double), taken as a float.

@@ -33,10 +33,6 @@
 namespace loom::torch_device {
 namespace {
 
-bool is_float_on(const at::Tensor& t, const c10::Device& device) {
-  return t.defined() && t.device() == device && t.scalar_type() == c10::ScalarType::Float;
-}
-
 // Loom's conv2d: a 2-D convolution with one stride and one padding for both axes, no
 // dilation, no groups. The attributes when the call is one, else empty.
 std::optional<Attrs> conv2d_attrs(const at::Tensor& input, const at::Tensor& weight,

@@ -26,10 +26,6 @@
 namespace loom::torch_device {
 namespace {
 
-bool is_float_on(const at::Tensor& t, const c10::Device& device) {
-  return t.defined() && t.device() == device && t.scalar_type() == c10::ScalarType::Float;
-}
-
 // Integer indices on a loom device as Loom's int32 ids on the same backend, or undefined when
 // one lies outside int32 (the caller then falls back).
 Tensor int32_ids(const at::Tensor& index) {
