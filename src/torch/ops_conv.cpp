@@ -356,6 +356,8 @@ std::optional<Window> square_window(at::IntArrayRef kernel, at::IntArrayRef stri
   for (const int64_t d : dilation)
     if (d != 1)
       return std::nullopt;
+  if (padding[0] < 0 || 2 * padding[0] > kernel[0])  // PyTorch's kernel names the error
+    return std::nullopt;
   return Window{kernel[0], stride.empty() ? kernel[0] : stride[0], padding[0]};
 }
 

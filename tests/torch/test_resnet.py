@@ -101,6 +101,13 @@ class ResNet(unittest.TestCase):
                                "max_pool2d_with_indices_backward.grad_input"):
                         self.assertEqual(report[op]["pytorch_fallback"], 0, report[op])
 
+    def test_a_padding_wider_than_half_the_window_is_pytorchs_error(self):
+        x = torch.randn(1, 1, 6, 6)
+        with self.assertRaisesRegex(RuntimeError, "pad should be"):
+            F.max_pool2d(x, 2, 2, 2)
+        with self.assertRaisesRegex(RuntimeError, "pad should be"):
+            F.max_pool2d(x.to("loom:0"), 2, 2, 2)
+
     def test_an_unmapped_convolution_runs_on_pytorchs_kernels_and_is_counted(self):
         device = "loom:0"
         conv = torch.nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=2)
