@@ -81,9 +81,9 @@ checkpoints: build
 # The PyTorch device (python/loom_torch, src/torch, docs/pytorch.md): the pinned Python
 # environment (scripts/python-env; a large download the first time), the extension built
 # against its torch into $(BUILD)/python, and the device's tests on every Loom device (the
-# CUDA backend on its emulator where no GPU is present). `make test-torch` (CI runs it after
-# `make test`) does the same in an environment of its own with only torch and numpy
-# ($(BUILD)/torch-env, about a minute to install).
+# CUDA backend on its emulator where no GPU is present). `make test-torch` does the same in
+# an environment of its own with only torch and numpy ($(BUILD)/torch-env, about a minute
+# to install): the form CI will run once it has the minutes (docs/pytorch.md, "CI").
 torch: build
 	scripts/install-deps --torch
 	scripts/python-env
